@@ -1,0 +1,54 @@
+"""dot_product_attention through cuDNN's fused kernels (`jax.nn`)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from tokamax._src import device
+from tokamax._src.ops import op
+from tokamax._src.ops.attention import spec
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CudnnAttention(op.Op):
+  """cuDNN flash attention, via `jax.nn.dot_product_attention(implementation='cudnn')`."""
+
+  name = "cudnn"
+  spec = spec.SPEC
+  platforms = ("gpu",)
+
+  def _platform_reason(self, platform, dev):
+    if platform == "gpu" and not device.is_nvidia_gpu(dev):
+      return "needs an NVIDIA GPU"
+    return super()._platform_reason(platform, dev)
+
+  def _unsupported_reason(self, args) -> str | None:
+    h, hv = args.query.shape[-1], args.value.shape[-1]
+    if args.query.dtype not in (jnp.bfloat16, jnp.float16):
+      return f"dtype {args.query.dtype} (cuDNN takes bfloat16 and float16)"
+    if h != hv:
+      return f"value head dim {hv} differs from query head dim {h}"
+    if h % 8 or h > 256:
+      return f"head dim {h} (cuDNN takes multiples of 8 up to 256)"
+    if args.soft_cap is not None:
+      return "logits_soft_cap"
+    if args.local_window is not None:
+      return "local_window_size"
+    if args.q_seq_lengths is not None or args.kv_seq_lengths is not None:
+      # jax.nn requires both, and cuDNN leaves padded query rows unspecified.
+      return "query/key_value sequence lengths"
+    return None
+
+  def _fwd(self, args, config):
+    out = jax.nn.dot_product_attention(
+      args.query,
+      args.key,
+      args.value,
+      bias=args.bias,
+      mask=args.mask,
+      scale=args.scale,
+      is_causal=args.is_causal,
+      implementation="cudnn",
+    )
+    return out, None

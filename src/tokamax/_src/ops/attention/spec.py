@@ -1,0 +1,239 @@
+"""The dot_product_attention op.
+
+Canonical layout: the batch dims of the public call are flattened into one, so
+implementations see query [B,T,N,H], key [B,S,K,H], value [B,S,K,h], bias and
+mask [B|1, N|1, T|1, S|1], sequence lengths [B]. Semantics shared by every
+implementation:
+
+- logits = scale * q.k + bias, then `soft_cap * tanh(logits / soft_cap)`.
+- key j is visible to query i when the mask allows it, j <= i if causal (top-left
+  aligned, as `jax.nn.dot_product_attention`), i - left <= j <= i + right for a
+  local window, j < kv_seq_length and i < q_seq_length.
+- a query row that sees no key outputs zeros (and gets zero gradient).
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int
+
+from tokamax._src import arguments, validation
+from tokamax._src.ops import op
+
+LAYOUT = "query [*B,T,N,H], key [*B,S,K,H], value [*B,S,K,h], bias/mask [*#B,#N,#T,#S]"
+
+
+@arguments.op_arguments
+class AttentionArgs:
+  """Canonical arguments of `dot_product_attention`."""
+
+  query: Float[Array, "B T N H"]
+  key: Float[Array, "B S K H"]
+  value: Float[Array, "B S K h"]
+  bias: Float[Array, "#B #N #T #S"] | None
+  mask: Bool[Array, "#B #N #T #S"] | None
+  q_seq_lengths: Int[Array, " B"] | None
+  kv_seq_lengths: Int[Array, " B"] | None
+  scale: float = arguments.static()
+  is_causal: bool = arguments.static()
+  local_window: tuple[int, int] | None = arguments.static()
+  soft_cap: float | None = arguments.static()
+  precision: object = arguments.static()
+  batch_shape: tuple[int, ...] = arguments.static()
+
+  @property
+  def num_groups(self) -> int:
+    """Query heads per key/value head."""
+    return self.query.shape[2] // self.key.shape[2]
+
+
+def _batch_broadcast(name: str, x, batch_shape: tuple[int, ...], trailing: int):
+  """Broadcasts the batch dims of `x` and flattens them into one (1 if all broadcast)."""
+  lead = x.shape[: x.ndim - trailing]
+  lead = (1,) * (len(batch_shape) - len(lead)) + tuple(lead)
+  x = x.reshape(lead + x.shape[x.ndim - trailing :])
+  if all(d == 1 for d in lead):
+    return x.reshape((1, *x.shape[len(lead) :]))
+  x = jnp.broadcast_to(x, batch_shape + x.shape[len(lead) :])
+  return x.reshape((math.prod(batch_shape), *x.shape[len(batch_shape) :]))
+
+
+def _window(local_window_size) -> tuple[int, int] | None:
+  if local_window_size is None:
+    return None
+  if isinstance(local_window_size, int | np.integer):
+    window = (int(local_window_size), int(local_window_size))
+  elif isinstance(local_window_size, tuple | list) and len(local_window_size) == 2:
+    window = tuple(int(w) for w in local_window_size)
+  else:
+    raise ValueError(
+      f"`local_window_size` must be an int or a (left, right) pair, got {local_window_size!r}."
+    )
+  if min(window) < 0:
+    raise ValueError(f"`local_window_size` must be non-negative, got {local_window_size!r}.")
+  return window
+
+
+def canonicalize(
+  query,
+  key,
+  value,
+  bias=None,
+  mask=None,
+  *,
+  scale=None,
+  is_causal=False,
+  query_seq_lengths=None,
+  key_value_seq_lengths=None,
+  local_window_size=None,
+  logits_soft_cap=None,
+  precision=None,
+) -> AttentionArgs:
+  q = validation.floating("query", query)
+  k = validation.floating("key", key)
+  v = validation.floating("value", value)
+  for name, x in (("query", q), ("key", k), ("value", v)):
+    validation.min_rank(name, x, 3, LAYOUT)
+  if not q.ndim == k.ndim == v.ndim:
+    raise ValueError(f"`query`, `key` and `value` must have one rank ({LAYOUT}).")
+  validation.same_dtype(query=q, key=k, value=v)
+  batch_shape = tuple(q.shape[:-3])
+  *_, t, n, h = q.shape
+  for name, x in (("key", k), ("value", v)):
+    if tuple(x.shape[:-3]) != batch_shape:
+      raise ValueError(f"`{name}` batch dims {x.shape[:-3]} differ from `query`'s {batch_shape}.")
+  *_, s, kh, hk = k.shape
+  if k.shape[-1] != h:
+    raise ValueError(f"`key` head dim {hk} must equal `query` head dim {h}.")
+  if v.shape[-3:-1] != (s, kh):
+    raise ValueError(f"`value` shape {v.shape} must match `key` {k.shape} in S and K.")
+  if n % kh:
+    raise ValueError(f"query heads N={n} must be a multiple of key/value heads K={kh}.")
+  b = math.prod(batch_shape)
+  target = (*batch_shape, n, t, s)
+  if bias is not None:
+    bias = validation.floating("bias", bias)
+    validation.min_rank("bias", bias, 4 if batch_shape else 3, LAYOUT)
+    validation.broadcastable("bias", bias.shape, target, LAYOUT)
+    bias = _batch_broadcast("bias", bias, batch_shape, 3)
+  if mask is not None:
+    mask = validation.as_array("mask", mask)
+    if mask.dtype != jnp.bool_:
+      raise TypeError(f"`mask` must be boolean, got {mask.dtype}.")
+    validation.broadcastable("mask", mask.shape, target, LAYOUT)
+    mask = _batch_broadcast("mask", mask, batch_shape, 3)
+  lengths = {}
+  for name, x in (("query_seq_lengths", query_seq_lengths), ("key_value_seq_lengths", key_value_seq_lengths)):
+    if x is not None:
+      x = validation.integer(name, x)
+      validation.broadcastable(name, x.shape, batch_shape, "[*#B]")
+      x = jnp.broadcast_to(x, batch_shape).reshape((b,)).astype(jnp.int32)
+    lengths[name] = x
+  if scale is None:
+    scale = 1.0 / math.sqrt(h)
+  if logits_soft_cap is not None and not logits_soft_cap > 0:
+    raise ValueError(f"`logits_soft_cap` must be positive, got {logits_soft_cap!r}.")
+  return AttentionArgs(
+    query=q.reshape((b, t, n, h)),
+    key=k.reshape((b, s, kh, h)),
+    value=v.reshape((b, s, kh, v.shape[-1])),
+    bias=bias,
+    mask=mask,
+    q_seq_lengths=lengths["query_seq_lengths"],
+    kv_seq_lengths=lengths["key_value_seq_lengths"],
+    scale=float(scale),
+    is_causal=bool(is_causal),
+    local_window=_window(local_window_size),
+    soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
+    precision=validation.precision(precision),
+    batch_shape=batch_shape,
+  )
+
+
+def finalize(args: AttentionArgs, out: jax.Array) -> jax.Array:
+  return out.reshape((*args.batch_shape, *out.shape[1:]))
+
+
+def visible(args: AttentionArgs, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array | None:
+  """The visibility mask [B|1, N|1, Tq, Sk] from everything but `mask`, or None.
+
+  `q_pos` and `k_pos` are the absolute positions of the query rows and key
+  columns considered (so chunks can ask for their own slice).
+  """
+  qi = q_pos[:, None]
+  kj = k_pos[None, :]
+  ok = None
+
+  def both(a, b):
+    return b if a is None else a & b
+
+  if args.is_causal:
+    ok = both(ok, kj <= qi)
+  if args.local_window is not None:
+    left, right = args.local_window
+    ok = both(ok, (kj >= qi - left) & (kj <= qi + right))
+  ok = None if ok is None else ok[None, None]
+  if args.kv_seq_lengths is not None:
+    ok = both(ok, kj[None, None] < args.kv_seq_lengths[:, None, None, None])
+  if args.q_seq_lengths is not None:
+    ok = both(ok, qi[None, None] < args.q_seq_lengths[:, None, None, None])
+  return ok
+
+
+def cost(args: AttentionArgs) -> op.Cost:
+  b, t, n, h = args.query.shape
+  s, hv = args.key.shape[1], args.value.shape[-1]
+  pairs = float(t * s)
+  if args.is_causal:
+    pairs = float(sum(min(i + 1, s) for i in range(t))) if t * s < 1 << 26 else t * s / 2.0
+  flops = 2.0 * b * n * pairs * (h + hv)
+  itemsize = np.dtype(args.query.dtype).itemsize
+  nbytes = itemsize * (args.query.size + args.key.size + args.value.size + b * t * n * hv)
+  return op.Cost(flops=flops, bytes=float(nbytes))
+
+
+SPEC = op.OpSpec(
+  name="dot_product_attention",
+  canonicalize=canonicalize,
+  implementations={
+    "xla": "tokamax._src.ops.attention.xla:XlaAttention",
+    "xla_chunked": "tokamax._src.ops.attention.xla_chunked:XlaChunkedAttention",
+    "cudnn": "tokamax._src.ops.attention.cudnn:CudnnAttention",
+    "triton": "tokamax._src.ops.attention.triton:TritonAttention",
+    "mosaic": "tokamax._src.ops.attention.mosaic:MosaicAttention",
+  },
+  preference={"gpu": ("mosaic", "cudnn", "triton")},
+  cost=cost,
+  finalize=finalize,
+)
+
+
+def logits_and_mask(
+  args: AttentionArgs, q, k, bias, mask, q_pos, k_pos
+) -> tuple[jax.Array, jax.Array | None]:
+  """Soft-capped logits [B,K,G,Tq,Sk] in float32 and their visibility mask."""
+  b, tq, n, h = q.shape
+  kh = k.shape[2]
+  qg = q.reshape(b, tq, kh, n // kh, h)
+  logits = jnp.einsum(
+    "btkgh,bskh->bkgts", qg, k, precision=args.precision, preferred_element_type=jnp.float32
+  )
+  logits = logits * args.scale
+  if bias is not None:
+    logits = logits + _grouped(bias.astype(jnp.float32), kh)
+  if args.soft_cap is not None:
+    logits = args.soft_cap * jnp.tanh(logits / args.soft_cap)
+  ok = visible(args, q_pos, k_pos)
+  if mask is not None:
+    ok = mask if ok is None else ok & mask
+  return logits, None if ok is None else _grouped(ok, kh)
+
+
+def _grouped(x: jax.Array, kh: int) -> jax.Array:
+  """[B|1, N|1, T, S] -> [B|1, K|1, G|1, T, S]."""
+  b, n, t, s = x.shape
+  if n == 1:
+    return x[:, :, None]
+  return x.reshape(b, kh, n // kh, t, s)

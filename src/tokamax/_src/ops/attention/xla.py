@@ -1,0 +1,44 @@
+"""dot_product_attention with the full T x S logits in memory."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from tokamax._src.ops import op
+from tokamax._src.ops.attention import spec
+
+
+def attend(args: spec.AttentionArgs) -> tuple[jax.Array, jax.Array]:
+  """Returns the output [B,T,N,h] and the log-sum-exp [B,N,T] (-inf where nothing is visible)."""
+  q, k, v = args.query, args.key, args.value
+  b, t, n, _ = q.shape
+  s, kh = k.shape[1], k.shape[2]
+  logits, ok = spec.logits_and_mask(args, q, k, args.bias, args.mask, jnp.arange(t), jnp.arange(s))
+  if ok is not None:
+    logits = jnp.where(ok, logits, -jnp.inf)
+  row_max = jnp.max(logits, axis=-1, keepdims=True)
+  safe_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+  unnormalized = jnp.exp(logits - jax.lax.stop_gradient(safe_max))
+  denom = jnp.sum(unnormalized, axis=-1, keepdims=True)
+  probs = unnormalized / jnp.where(denom == 0, 1.0, denom)
+  out = jnp.einsum(
+    "bkgts,bskh->btkgh",
+    probs.astype(v.dtype),
+    v,
+    precision=args.precision,
+    preferred_element_type=jnp.float32,
+  )
+  lse = (jnp.log(denom) + safe_max)[..., 0].reshape(b, n, t)
+  return out.reshape(b, t, n, v.shape[-1]).astype(q.dtype), lse
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class XlaAttention(op.Op):
+  """Attention as einsums and a softmax; memory grows with T x S."""
+
+  name = "xla"
+  spec = spec.SPEC
+
+  def _fwd(self, args, config):
+    return attend(args)[0], None

@@ -1,0 +1,183 @@
+"""dot_product_attention over key/value chunks: memory linear in sequence length.
+
+The forward pass keeps a running max and sum per query row (online softmax) and
+never holds more than [T, kv_chunk_size] logits per head; the backward pass
+recomputes them chunk by chunk from the saved log-sum-exp.
+"""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+from tokamax._src.ops import op
+from tokamax._src.ops.attention import spec
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkedConfig:
+  """Args: kv_chunk_size: keys per step of the scan."""
+
+  kv_chunk_size: int = 512
+
+  def __post_init__(self):
+    if self.kv_chunk_size < 1:
+      raise ValueError(f"`kv_chunk_size` must be positive, got {self.kv_chunk_size}.")
+
+
+def _pad_s(x: jax.Array | None, axis: int, length: int) -> jax.Array | None:
+  if x is None or x.shape[axis] in (1, length):
+    return x
+  pad = [(0, 0)] * x.ndim
+  pad[axis] = (0, length - x.shape[axis])
+  return jnp.pad(x, pad)
+
+
+def _chunk(x: jax.Array | None, axis: int, start, size: int) -> jax.Array | None:
+  if x is None or x.shape[axis] == 1:
+    return x
+  return jax.lax.dynamic_slice_in_dim(x, start, size, axis)
+
+
+class _Chunks:
+  """The padded key-side arrays and the per-chunk slices of them."""
+
+  def __init__(self, args: spec.AttentionArgs, size: int):
+    s = args.key.shape[1]
+    self.size = min(size, s)
+    self.count = math.ceil(s / self.size)
+    self.padded = self.count * self.size
+    self.s = s
+    self.key = _pad_s(args.key, 1, self.padded)
+    self.value = _pad_s(args.value, 1, self.padded)
+    self.bias = _pad_s(args.bias, 3, self.padded)
+    self.mask = _pad_s(args.mask, 3, self.padded)
+
+  def logits(self, args: spec.AttentionArgs, q: jax.Array, i):
+    start = i * self.size
+    k = _chunk(self.key, 1, start, self.size)
+    k_pos = start + jnp.arange(self.size)
+    bias = _chunk(self.bias, 3, start, self.size)
+    mask = _chunk(self.mask, 3, start, self.size)
+    logits, ok = spec.logits_and_mask(args, q, k, bias, mask, jnp.arange(q.shape[1]), k_pos)
+    in_range = k_pos < self.s
+    ok = in_range if ok is None else ok & in_range
+    return jnp.where(ok, logits, -jnp.inf), k, _chunk(self.value, 1, start, self.size)
+
+
+def _forward(args: spec.AttentionArgs, config: ChunkedConfig):
+  q = args.query
+  b, t, n, _ = q.shape
+  kh, hv = args.key.shape[2], args.value.shape[-1]
+  chunks = _Chunks(args, config.kv_chunk_size)
+  shape = (b, kh, n // kh, t)
+
+  def step(carry, i):
+    m, l, acc = carry
+    logits, _, v = chunks.logits(args, q, i)
+    m_new = jnp.maximum(m, logits.max(axis=-1))
+    m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+    p = jnp.exp(logits - m_safe[..., None])
+    alpha = jnp.exp(m - m_safe)
+    pv = jnp.einsum(
+      "bkgts,bskh->bkgth",
+      p.astype(v.dtype),
+      v,
+      precision=args.precision,
+      preferred_element_type=jnp.float32,
+    )
+    return (m_new, alpha * l + p.sum(-1), alpha[..., None] * acc + pv), None
+
+  init = (
+    jnp.full(shape, -jnp.inf, jnp.float32),
+    jnp.zeros(shape, jnp.float32),
+    jnp.zeros((*shape, hv), jnp.float32),
+  )
+  (m, l, acc), _ = jax.lax.scan(step, init, jnp.arange(chunks.count))
+  out = acc / jnp.where(l == 0, 1.0, l)[..., None]
+  lse = jnp.where(l == 0, -jnp.inf, jnp.log(jnp.where(l == 0, 1.0, l)) + m)
+  out = jnp.moveaxis(out, 3, 1).reshape(b, t, n, hv).astype(q.dtype)
+  return out, lse
+
+
+def _backward(args: spec.AttentionArgs, config: ChunkedConfig, out, lse, dout):
+  q = args.query
+  b, t, n, h = q.shape
+  kh, hv = args.key.shape[2], args.value.shape[-1]
+  g = n // kh
+  chunks = _Chunks(args, config.kv_chunk_size)
+  do = dout.reshape(b, t, kh, g, hv)
+  delta = jnp.einsum("btkgh,btkgh->bkgt", do.astype(jnp.float32), out.reshape(do.shape).astype(jnp.float32))
+  lse_safe = jnp.where(jnp.isfinite(lse), lse, jnp.inf)[..., None]
+  bias = chunks.bias
+
+  def step(carry, i):
+    dq, dbias = carry
+    logits, k, v = chunks.logits(args, q, i)
+    p = jnp.exp(logits - lse_safe)
+    dv = jnp.einsum("bkgts,btkgh->bskh", p.astype(do.dtype), do, preferred_element_type=jnp.float32)
+    dp = jnp.einsum("btkgh,bskh->bkgts", do, v, preferred_element_type=jnp.float32)
+    ds = p * (dp - delta[..., None])
+    if args.soft_cap is not None:
+      capped = jnp.where(jnp.isfinite(logits), logits, 0.0) / args.soft_cap
+      ds = ds * (1.0 - capped * capped)
+    if dbias is not None:
+      dbias = _accumulate_bias(dbias, ds, i * chunks.size, chunks.size)
+    ds_c = ds.astype(q.dtype)
+    dq = dq + jnp.einsum("bkgts,bskh->btkgh", ds_c, k, preferred_element_type=jnp.float32)
+    qg = q.reshape(b, t, kh, g, h)
+    dk = jnp.einsum("bkgts,btkgh->bskh", ds_c, qg, preferred_element_type=jnp.float32)
+    return (dq, dbias), (dk * args.scale, dv)
+
+  dbias0 = None if bias is None else jnp.zeros(bias.shape, jnp.float32)
+  init = (jnp.zeros((b, t, kh, g, h), jnp.float32), dbias0)
+  (dq, dbias), (dk, dv) = jax.lax.scan(step, init, jnp.arange(chunks.count))
+
+  def unchunk(x):  # [count, B, C, K, H] -> [B, S, K, H]
+    x = jnp.moveaxis(x, 0, 1).reshape(b, chunks.padded, *x.shape[3:])
+    return x[:, : chunks.s]
+
+  grads = {
+    "query": (dq * args.scale).reshape(q.shape).astype(q.dtype),
+    "key": unchunk(dk).astype(args.key.dtype),
+    "value": unchunk(dv).astype(args.value.dtype),
+  }
+  if dbias is not None:
+    grads["bias"] = dbias[..., : args.bias.shape[3]].astype(args.bias.dtype)
+  return grads
+
+
+def _accumulate_bias(dbias: jax.Array, ds: jax.Array, start, size: int) -> jax.Array:
+  """Adds ds [B,K,G,T,C] into dbias [B|1,N|1,T|1,S|1], summing broadcast dims."""
+  b, kh, g, t, c = ds.shape
+  ds = ds.reshape(b, kh * g, t, c)
+  for axis in range(3):
+    if dbias.shape[axis] == 1:
+      ds = ds.sum(axis=axis, keepdims=True)
+  if dbias.shape[3] == 1:
+    return dbias + ds.sum(axis=3, keepdims=True)
+  current = jax.lax.dynamic_slice_in_dim(dbias, start, size, 3)
+  return jax.lax.dynamic_update_slice_in_dim(dbias, current + ds, start, 3)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class XlaChunkedAttention(op.Op):
+  """Flash-style attention in XLA: a scan over key/value chunks."""
+
+  name = "xla_chunked"
+  spec = spec.SPEC
+  config_cls = ChunkedConfig
+
+  def _fwd(self, args, config):
+    return _forward(args, config)
+
+  def _bwd(self, args, config, out, residuals, dout):
+    return _backward(args, config, out, residuals, dout)
+
+  def _get_heuristics_config(self, args):
+    return ChunkedConfig(kv_chunk_size=min(512, args.key.shape[1]))
+
+  def _get_autotuning_configs(self, args):
+    s = args.key.shape[1]
+    return {ChunkedConfig(kv_chunk_size=min(c, s)) for c in (128, 256, 512, 1024, 2048)}

@@ -1,0 +1,82 @@
+"""The gated_linear_unit op: activation(x @ w_gate) * (x @ w_up)."""
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from tokamax._src import arguments, validation
+from tokamax._src.ops import op
+
+
+@arguments.op_arguments
+class GluArgs:
+  """Canonical arguments; `weights` is fused [K,2,N] (gate first) or (w_gate, w_up)."""
+
+  x: Float[Array, "*B M K"]
+  weights: Float[Array, "K 2 N"] | tuple[Float[Array, "K N"], Float[Array, "K N"]]
+  activation: Callable[[jax.Array], jax.Array] | None = arguments.static()
+  precision: object = arguments.static()
+
+  def gate_and_up_weights(self) -> tuple[jax.Array, jax.Array]:
+    if isinstance(self.weights, tuple):
+      return self.weights
+    return self.weights[:, 0], self.weights[:, 1]
+
+  @property
+  def n(self) -> int:
+    return self.gate_and_up_weights()[0].shape[-1]
+
+
+def canonicalize(x, weights, *, activation=None, precision=None) -> GluArgs:
+  x = validation.floating("x", x)
+  validation.min_rank("x", x, 2, "x [*B, M, K]")
+  k = x.shape[-1]
+  if isinstance(weights, tuple | list):
+    if len(weights) != 2:
+      raise ValueError(f"`weights` as a sequence must be (w_gate, w_up), got {len(weights)} arrays.")
+    weights = tuple(validation.floating(f"weights[{i}]", w) for i, w in enumerate(weights))
+    for i, w in enumerate(weights):
+      if w.ndim != 2 or w.shape[0] != k:
+        raise ValueError(f"`weights[{i}]` must have shape [K={k}, N], got {w.shape}.")
+    if weights[0].shape != weights[1].shape:
+      raise ValueError(f"`w_gate` {weights[0].shape} and `w_up` {weights[1].shape} must match.")
+  else:
+    weights = validation.floating("weights", weights)
+    if weights.ndim != 3 or weights.shape[0] != k or weights.shape[1] != 2:
+      raise ValueError(f"`weights` must have shape [K={k}, 2, N], got {weights.shape}.")
+  if activation is not None and not callable(activation):
+    raise TypeError(f"`activation` must be callable or None, got {activation!r}.")
+  return GluArgs(x=x, weights=weights, activation=activation, precision=validation.precision(precision))
+
+
+def cost(args: GluArgs) -> op.Cost:
+  m = args.x.size // args.x.shape[-1]
+  k, n = args.x.shape[-1], args.n
+  itemsize = np.dtype(args.x.dtype).itemsize
+  return op.Cost(flops=2.0 * m * k * 2 * n, bytes=float(itemsize * (m * k + 2 * k * n + m * n)))
+
+
+SPEC = op.OpSpec(
+  name="gated_linear_unit",
+  canonicalize=canonicalize,
+  implementations={
+    "xla": "tokamax._src.ops.gated_linear_unit.xla:XlaGatedLinearUnit",
+    "triton": "tokamax._src.ops.gated_linear_unit.triton:TritonGatedLinearUnit",
+    "mosaic": "tokamax._src.ops.gated_linear_unit.mosaic:MosaicGatedLinearUnit",
+  },
+  preference={"gpu": ("mosaic", "triton")},
+  cost=cost,
+)
+
+
+def reference(args: GluArgs) -> jax.Array:
+  """Two matmuls and the gate, in XLA."""
+  w_gate, w_up = args.gate_and_up_weights()
+  dot = lambda w: jnp.einsum("...k,kn->...n", args.x, w, precision=args.precision)
+  gate, up = dot(w_gate), dot(w_up)
+  if args.activation is not None:
+    gate = args.activation(gate)
+  return (gate * up).astype(args.x.dtype)

@@ -1,0 +1,76 @@
+"""The linear_softmax_cross_entropy_loss op: cross entropy of softmax(x @ W)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from tokamax._src import arguments, validation
+from tokamax._src.ops import op
+
+REDUCTIONS = ("sum", "mean", "none")
+
+
+@arguments.op_arguments
+class LossArgs:
+  """Canonical arguments of `linear_softmax_cross_entropy_loss`."""
+
+  x: Float[Array, "B H"]
+  labels: Int[Array, " B"]
+  weights: Float[Array, "H V"]
+  reduction: str = arguments.static()
+  precision: object = arguments.static()
+
+
+def canonicalize(x, labels, weights, *, reduction="sum", precision=None) -> LossArgs:
+  x = validation.floating("x", x)
+  weights = validation.floating("weights", weights)
+  labels = validation.integer("labels", labels)
+  validation.rank("x", x, 2, "x [B, H]")
+  validation.rank("weights", weights, 2, "weights [H, V]")
+  validation.rank("labels", labels, 1, "labels [B]")
+  validation.same_dtype(x=x, weights=weights)
+  if weights.shape[0] != x.shape[1]:
+    raise ValueError(f"`weights` rows {weights.shape[0]} must equal `x` features {x.shape[1]}.")
+  if labels.shape[0] != x.shape[0]:
+    raise ValueError(f"`labels` length {labels.shape[0]} must equal `x` rows {x.shape[0]}.")
+  if reduction not in REDUCTIONS:
+    raise ValueError(f"`reduction` must be one of {REDUCTIONS}, got {reduction!r}.")
+  if not isinstance(labels, jax.core.Tracer):
+    values = np.asarray(labels)
+    if values.size and (values.min() < 0 or values.max() >= weights.shape[1]):
+      raise ValueError(f"`labels` must lie in [0, {weights.shape[1]}), got [{values.min()}, {values.max()}].")
+  return LossArgs(
+    x=x,
+    labels=labels.astype(jnp.int32),
+    weights=weights,
+    reduction=reduction,
+    precision=validation.precision(precision),
+  )
+
+
+def reduce(args: LossArgs, per_row: jax.Array) -> jax.Array:
+  if args.reduction == "sum":
+    return per_row.sum()
+  if args.reduction == "mean":
+    return per_row.mean()
+  return per_row
+
+
+def cost(args: LossArgs) -> op.Cost:
+  b, h = args.x.shape
+  v = args.weights.shape[1]
+  itemsize = np.dtype(args.x.dtype).itemsize
+  return op.Cost(flops=2.0 * b * h * v, bytes=float(itemsize * (b * h + h * v)))
+
+
+SPEC = op.OpSpec(
+  name="linear_softmax_cross_entropy_loss",
+  canonicalize=canonicalize,
+  implementations={
+    "xla": "tokamax._src.ops.linear_softmax_cross_entropy_loss.xla:XlaLoss",
+    "chunked_xla": "tokamax._src.ops.linear_softmax_cross_entropy_loss.chunked_xla:ChunkedXlaLoss",
+  },
+  preference={},
+  cost=cost,
+)

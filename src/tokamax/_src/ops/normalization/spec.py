@@ -1,0 +1,87 @@
+"""The layer_norm op: LayerNorm and RMSNorm over one axis."""
+
+import jax
+import numpy as np
+from jaxtyping import Array, Float
+
+from tokamax._src import arguments, validation
+from tokamax._src.ops import op
+
+
+@arguments.op_arguments
+class NormArgs:
+  """Canonical arguments of `layer_norm`; `axis` is non-negative."""
+
+  x: Float[Array, "..."]
+  scale: Float[Array, " D"] | None
+  offset: Float[Array, " D"] | None
+  axis: int = arguments.static()
+  epsilon: float = arguments.static()
+  scale_offset: float = arguments.static()
+  subtract_mean: bool = arguments.static()
+
+
+def canonicalize(
+  x, scale, offset, *, axis=-1, epsilon=1e-6, scale_offset=0.0, subtract_mean=True
+) -> NormArgs:
+  x = validation.floating("x", x)
+  if not isinstance(axis, int | np.integer) or not -x.ndim <= axis < x.ndim:
+    raise ValueError(f"`axis` must be an int in [{-x.ndim}, {x.ndim}), got {axis!r}.")
+  axis = int(axis) % x.ndim
+  for name, value in (("scale", scale), ("offset", offset)):
+    if value is not None:
+      value = validation.floating(name, value)
+      if value.shape != (x.shape[axis],):
+        raise ValueError(
+          f"`{name}` must have shape ({x.shape[axis]},) to match `x.shape[{axis}]`, "
+          f"got {value.shape}."
+        )
+  if not epsilon >= 0:
+    raise ValueError(f"`epsilon` must be >= 0, got {epsilon!r}.")
+  return NormArgs(
+    x=x,
+    scale=None if scale is None else validation.floating("scale", scale),
+    offset=None if offset is None else validation.floating("offset", offset),
+    axis=axis,
+    epsilon=float(epsilon),
+    scale_offset=float(scale_offset),
+    subtract_mean=bool(subtract_mean),
+  )
+
+
+def cost(args: NormArgs) -> op.Cost:
+  size = args.x.size
+  itemsize = np.dtype(args.x.dtype).itemsize
+  return op.Cost(flops=8.0 * size, bytes=2.0 * size * itemsize)
+
+
+SPEC = op.OpSpec(
+  name="layer_norm",
+  canonicalize=canonicalize,
+  implementations={
+    "xla": "tokamax._src.ops.normalization.xla:XlaLayerNorm",
+    "triton": "tokamax._src.ops.normalization.triton:TritonLayerNorm",
+  },
+  preference={"gpu": ("triton",)},
+  cost=cost,
+)
+
+
+def reference(args: NormArgs) -> jax.Array:
+  """Plain jnp LayerNorm/RMSNorm with statistics in at least float32."""
+  x = args.x
+  stat_dtype = np.promote_types(x.dtype, np.float32)
+  xf = x.astype(stat_dtype)
+  if args.subtract_mean:
+    xf = xf - xf.mean(axis=args.axis, keepdims=True)
+  var = (xf * xf).mean(axis=args.axis, keepdims=True)
+  y = xf * jax.lax.rsqrt(var + args.epsilon)
+  shape = [1] * x.ndim
+  shape[args.axis] = x.shape[args.axis]
+  if args.scale is not None:
+    y = y * (args.scale.astype(stat_dtype) + args.scale_offset).reshape(shape)
+  elif args.scale_offset:
+    y = y * (1.0 + args.scale_offset)
+  if args.offset is not None:
+    y = y + args.offset.astype(stat_dtype).reshape(shape)
+  return y.astype(x.dtype)

@@ -1,0 +1,326 @@
+"""The Op model: an op is declared once, implementations register against it.
+
+`OpSpec` declares an op: how its public arguments are validated into one
+canonical record, which implementations exist and in which order `None` tries
+them. `Op` is the base class of an implementation: a frozen dataclass holding
+its config, with hooks for support checks, heuristics, autotuning candidates
+and an optional custom backward pass. `dispatch` is the one rule that every op
+follows.
+"""
+
+import abc
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Self
+
+import jax
+import numpy as np
+
+from tokamax._src import arguments as arguments_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class NoConfig:
+  """The config of an implementation that has nothing to tune."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cost:
+  """Work done by one call: floating-point operations and minimum bytes moved."""
+
+  flops: float
+  bytes: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Op(abc.ABC):
+  """Base class of an implementation of an op.
+
+  Subclasses are frozen dataclasses. They set `name`, `spec` and, when they have
+  tunable parameters, `config_cls`; they implement `_fwd` and may implement
+  `_bwd` for a custom backward pass.
+
+  Attributes:
+    config: A fixed config; `None` takes it from the autotuning cache or the
+      heuristics.
+  """
+
+  name: ClassVar[str]
+  spec: ClassVar["OpSpec"]
+  config_cls: ClassVar[type] = NoConfig
+  # Platforms on which the implementation compiles natively.
+  platforms: ClassVar[tuple[str, ...]] = ("cpu", "gpu", "tpu")
+  # Whether JAX can differentiate `_fwd` itself; if not and there is no `_bwd`,
+  # the gradient comes from the XLA implementation.
+  differentiable: ClassVar[bool] = True
+
+  config: Any = None
+
+  # -- Hooks for subclasses --------------------------------------------------
+
+  @abc.abstractmethod
+  def _fwd(self, args: Any, config: Any) -> tuple[jax.Array, Any]:
+    """Returns the output and the residuals that `_bwd` needs (or None)."""
+
+  def _bwd(self, args: Any, config: Any, out: jax.Array, residuals: Any, dout: jax.Array) -> dict:
+    """Returns the cotangents of the array fields of `args`, by field name."""
+    raise NotImplementedError
+
+  def _unsupported_reason(self, args: Any) -> str | None:
+    """Why this implementation cannot compute `args`, or None if it can."""
+    del args
+    return None
+
+  def _bwd_unsupported_reason(self, args: Any) -> str | None:
+    """Why `_bwd` cannot compute the gradient for `args`, or None."""
+    del args
+    if type(self)._bwd is Op._bwd:
+      return "no custom backward pass"
+    return None
+
+  def _get_heuristics_config(self, args: Any) -> Any:
+    """The config used when nothing else chooses one."""
+    del args
+    return self.config_cls()
+
+  def _get_autotuning_configs(self, args: Any) -> set[Any]:
+    """The candidate configs that autotuning tries for `args`."""
+    return {self._get_heuristics_config(args)}
+
+  # -- Public interface --------------------------------------------------------
+
+  def bind(self, *args, **kwargs) -> "BoundArguments":
+    """Validates the public arguments into the op's canonical record."""
+    return BoundArguments(self, self.spec.canonicalize(*args, **kwargs))
+
+  def __call__(self, *args, **kwargs) -> jax.Array:
+    """Computes the op, raising `NotImplementedError` if unsupported."""
+    record = self.bind(*args, **kwargs).args
+    reason = self.unsupported_reason(record)
+    if reason is not None:
+      raise NotImplementedError(f"{self.spec.name}[{self.name}]: {reason}")
+    return self.spec.finalize(record, self.apply(record))
+
+  def supported_on(self, device: jax.Device | None = None) -> bool:
+    """Whether this implementation can run on `device` (default backend if None)."""
+    platform = device.platform if device is not None else jax.default_backend()
+    return self._platform_reason(platform, device) is None
+
+  def _platform_reason(self, platform: str, device: jax.Device | None) -> str | None:
+    if platform not in self.platforms:
+      return f"runs on {'/'.join(self.platforms)}, not on {platform}"
+    return None
+
+  def unsupported_reason(self, args: Any) -> str | None:
+    """Why this implementation cannot compute `args` here, or None."""
+    return self._platform_reason(jax.default_backend(), None) or self._unsupported_reason(args)
+
+  def resolve_config(self, args: Any) -> Any:
+    """The config for `args`: fixed, else tuned, else heuristic."""
+    if self.config is not None:
+      return self.config
+    from tokamax._src.autotuning import cache  # noqa: PLC0415 (avoids an import cycle)
+
+    tuned = cache.lookup(self, args)
+    if tuned is not None:
+      return tuned
+    return self._get_heuristics_config(args)
+
+  def apply(self, args: Any) -> jax.Array:
+    """Computes the op for a canonical record, choosing the backward pass."""
+    config = self.resolve_config(args)
+    if self.differentiable and self._bwd_unsupported_reason(args) is not None:
+      return self._fwd(args, config)[0]
+    return _with_custom_vjp(self, args, config)
+
+  def with_config(self, config: Any) -> Self:
+    return dataclasses.replace(self, config=config)
+
+
+def _zero_cotangent(x: Any) -> Any:
+  if x is None:
+    return None
+  if jax.dtypes.issubdtype(x.dtype, np.inexact):
+    return jax.numpy.zeros(np.shape(x), x.dtype)
+  return np.zeros(np.shape(x), jax.dtypes.float0)
+
+
+def _with_custom_vjp(op: Op, args: Any, config: Any) -> jax.Array:
+  """Runs `op._fwd` with its own backward pass, or XLA's where it has none."""
+  arrays = arguments_lib.array_fields(args)
+  rebuild = lambda arrays: dataclasses.replace(args, **arrays)
+
+  @jax.custom_vjp
+  def run(arrays):
+    return op._fwd(rebuild(arrays), config)[0]
+
+  def run_fwd(arrays):
+    out, residuals = op._fwd(rebuild(arrays), config)
+    return out, (arrays, out, residuals)
+
+  def run_bwd(saved, dout):
+    arrays, out, residuals = saved
+    record = rebuild(arrays)
+    if op._bwd_unsupported_reason(record) is None:
+      grads = op._bwd(record, config, out, residuals, dout)
+    else:
+      reference = op.spec.get("xla")
+      _, vjp = jax.vjp(lambda a: reference.apply(rebuild(a)), arrays)
+      (grads,) = vjp(dout)
+    return (
+      {
+        name: (
+          grads[name]
+          if grads.get(name) is not None and jax.dtypes.issubdtype(value.dtype, np.inexact)
+          else jax.tree.map(_zero_cotangent, value)
+        )
+        for name, value in arrays.items()
+      },
+    )
+
+  run.defvjp(run_fwd, run_bwd)
+  return run(arrays)
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundArguments:
+  """An implementation together with canonical arguments."""
+
+  op: Op
+  args: Any
+
+  @property
+  def arguments(self) -> dict[str, Any]:
+    return {f.name: getattr(self.args, f.name) for f in dataclasses.fields(self.args)}
+
+  @property
+  def default_config(self) -> Any:
+    return self.op.resolve_config(self.args)
+
+  @property
+  def heuristics_config(self) -> Any:
+    return self.op._get_heuristics_config(self.args)
+
+  @property
+  def autotuning_configs(self) -> set[Any]:
+    return self.op._get_autotuning_configs(self.args)
+
+  @property
+  def key(self) -> str:
+    return arguments_lib.signature_key(self.args)
+
+  def autotune(self, **kwargs) -> Any:
+    """Times every candidate config and returns the autotuning data."""
+    from tokamax._src.autotuning import autotuner  # noqa: PLC0415
+
+    return autotuner.autotune_bound(self, **kwargs)
+
+
+ImplementationLike = str | Op | Callable[..., jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+  """The declaration of an op.
+
+  Attributes:
+    name: The public name, e.g. "layer_norm".
+    canonicalize: Validates the public arguments (without `implementation`)
+      and returns the canonical record; raises `ValueError`/`TypeError`.
+    implementations: Implementation name to "module:Class", imported lazily.
+    preference: Platform to the names that `implementation=None` tries, in
+      order; "xla" is always tried last.
+    cost: Floating-point operations and bytes of one forward call.
+    finalize: Maps the implementations' output back to the public layout.
+  """
+
+  name: str
+  canonicalize: Callable[..., Any]
+  implementations: Mapping[str, str]
+  preference: Mapping[str, tuple[str, ...]]
+  cost: Callable[[Any], Cost]
+  finalize: Callable[[Any, Any], Any] = lambda args, out: out
+  _cache: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+  def __hash__(self) -> int:
+    return hash(self.name)
+
+  @property
+  def implementation_names(self) -> tuple[str, ...]:
+    return tuple(self.implementations)
+
+  def implementation_class(self, name: str) -> type[Op]:
+    """The class registered under `name`; `ImportError` if it cannot load."""
+    if name not in self.implementations:
+      raise ValueError(
+        f"{self.name}: unknown implementation {name!r}; valid names are "
+        f"{', '.join(map(repr, self.implementations))}."
+      )
+    module_name, class_name = self.implementations[name].split(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+  def get(self, name: str) -> Op:
+    """The implementation `name` with its default config."""
+    if name not in self._cache:
+      self._cache[name] = self.implementation_class(name)()
+    return self._cache[name]
+
+  def default_order(self, platform: str | None = None) -> tuple[str, ...]:
+    platform = platform or jax.default_backend()
+    names = [n for n in self.preference.get(platform, ()) if n != "xla"]
+    return (*names, "xla")
+
+  def resolve(self, implementation: Any) -> list[Any]:
+    """The candidates for `implementation`, in the order they are tried."""
+    if implementation is None:
+      return list(self.default_order())
+    if isinstance(implementation, str | Op) or callable(implementation):
+      return [implementation]
+    if isinstance(implementation, Sequence) and implementation:
+      return list(implementation)
+    raise ValueError(
+      f"{self.name}: `implementation` must be None, a name, an Op, or a non-empty "
+      f"sequence of them; got {implementation!r}."
+    )
+
+  def __call__(self, *args, implementation: Any = None, **kwargs) -> jax.Array:
+    """Validates the arguments and runs the first implementation that supports them."""
+    candidates = self.resolve(implementation)
+    for c in candidates:  # Unknown names fail before anything runs.
+      if isinstance(c, str):
+        self.implementation_class_or_reason(c)
+    record = self.canonicalize(*args, **kwargs)
+    return dispatch(self, candidates, record, args, kwargs)
+
+  def implementation_class_or_reason(self, name: str) -> type[Op] | str:
+    try:
+      return self.implementation_class(name)
+    except ImportError as e:
+      return f"not available ({e})"
+
+
+def dispatch(spec: OpSpec, candidates: list[Any], record: Any, args: tuple, kwargs: dict) -> Any:
+  """Runs the first candidate that supports `record`; else one error with every reason."""
+  reasons = []
+  for candidate in candidates:
+    if isinstance(candidate, str):
+      cls = spec.implementation_class_or_reason(candidate)
+      if isinstance(cls, str):
+        reasons.append(f"{candidate}: {cls}")
+        continue
+      candidate = spec.get(candidate)
+    if isinstance(candidate, Op):
+      reason = candidate.unsupported_reason(record)
+      if reason is None:
+        return spec.finalize(record, candidate.apply(record))
+      reasons.append(f"{candidate.name}: {reason}")
+      continue
+    try:
+      return candidate(*args, **kwargs)
+    except NotImplementedError as e:
+      reasons.append(f"{getattr(candidate, '__name__', candidate)!r}: {e}")
+  raise NotImplementedError(
+    f"{spec.name}: no implementation supports this call:\n  " + "\n  ".join(reasons)
+  )
+

@@ -1,0 +1,44 @@
+"""ragged_dot through `jax.lax.ragged_dot_general`."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from tokamax._src.ops import op
+from tokamax._src.ops.ragged_dot import spec
+
+
+def ragged_dot_xla(args: spec.RaggedDotArgs) -> jax.Array:
+  """The XLA ragged dot; a group offset becomes two zero groups around the local ones."""
+  sizes, before = spec.local_group_sizes(args)
+  rhs = args.rhs
+  if before is not None:
+    m = args.lhs.shape[0]
+    after = m - before - sizes.sum()
+    sizes = jnp.concatenate([before[None], sizes, jnp.maximum(after, 0)[None]])
+    if args.layout != spec.RAGGED_CONTRACTING:
+      zero = jnp.zeros((1, *rhs.shape[1:]), rhs.dtype)
+      rhs = jnp.concatenate([zero, rhs, zero])
+  out = jax.lax.ragged_dot_general(
+    args.lhs,
+    rhs,
+    sizes,
+    spec.dimension_numbers(args.layout),
+    precision=args.precision,
+    preferred_element_type=args.out_dtype,
+  )
+  if before is not None and args.layout == spec.RAGGED_CONTRACTING:
+    out = out[1:-1]
+  return out.astype(args.out_dtype)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class XlaRaggedDot(op.Op):
+  """`jax.lax.ragged_dot_general`."""
+
+  name = "xla"
+  spec = spec.SPEC
+
+  def _fwd(self, args, config):
+    return ragged_dot_xla(args), None

@@ -1,0 +1,75 @@
+"""Argument checks that name the argument and what was expected."""
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def as_array(name: str, value: Any) -> jax.Array:
+  if value is None:
+    raise TypeError(f"`{name}` must be an array, got None.")
+  if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+    try:
+      value = jnp.asarray(value)
+    except TypeError as e:
+      raise TypeError(f"`{name}` must be an array, got {type(value).__name__}.") from e
+  return value
+
+
+def floating(name: str, value: Any) -> jax.Array:
+  """`value` as an array of a floating dtype."""
+  value = as_array(name, value)
+  if not jnp.issubdtype(value.dtype, jnp.floating):
+    raise TypeError(f"`{name}` must have a floating dtype, got {value.dtype}.")
+  return value
+
+
+def integer(name: str, value: Any) -> jax.Array:
+  """`value` as an array of an integer dtype."""
+  value = as_array(name, value)
+  if not jnp.issubdtype(value.dtype, jnp.integer):
+    raise TypeError(f"`{name}` must have an integer dtype, got {value.dtype}.")
+  return value
+
+
+def rank(name: str, value: Any, expected: int | Sequence[int], layout: str = "") -> None:
+  expected = (expected,) if isinstance(expected, int) else tuple(expected)
+  if np.ndim(value) not in expected:
+    what = " or ".join(map(str, expected))
+    hint = f" ({layout})" if layout else ""
+    raise ValueError(f"`{name}` must have rank {what}{hint}, got shape {np.shape(value)}.")
+
+
+def min_rank(name: str, value: Any, minimum: int, layout: str = "") -> None:
+  if np.ndim(value) < minimum:
+    hint = f" ({layout})" if layout else ""
+    raise ValueError(f"`{name}` must have rank >= {minimum}{hint}, got shape {np.shape(value)}.")
+
+
+def same_dtype(**arrays: Any) -> None:
+  dtypes = {name: a.dtype for name, a in arrays.items() if a is not None}
+  if len(set(dtypes.values())) > 1:
+    listed = ", ".join(f"`{n}`: {d}" for n, d in dtypes.items())
+    raise TypeError(f"Expected one dtype for {', '.join(dtypes)}; got {listed}.")
+
+
+def broadcastable(name: str, shape: Sequence[int], target: Sequence[int], layout: str) -> None:
+  """Checks that `shape` broadcasts to `target` without growing its rank past it."""
+  if len(shape) > len(target) or any(
+    s not in (1, t) for s, t in zip(shape[::-1], target[::-1], strict=False)
+  ):
+    raise ValueError(
+      f"`{name}` of shape {tuple(shape)} does not broadcast to {tuple(target)} ({layout})."
+    )
+
+
+def precision(value: Any) -> Any:
+  """A canonical, hashable precision."""
+  if value is None or isinstance(value, jax.lax.Precision | str):
+    return None if value is None else jax.lax.Precision(value)
+  if isinstance(value, tuple) and len(value) == 2:
+    return tuple(None if p is None else jax.lax.Precision(p) for p in value)
+  raise ValueError(f"`precision` must be None, a jax.lax.Precision or a pair, got {value!r}.")
