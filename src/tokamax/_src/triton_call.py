@@ -1,0 +1,216 @@
+"""Calling Triton kernels from JAX, and compiling them without a GPU.
+
+Kernels are written in Triton (`@triton.jit`) and launched through jax-triton,
+which passes a kernel its inputs first, then its outputs. jax-triton imports
+only where jax has GPU support, so it is imported lazily here.
+
+- `unavailable_reason()` says why Triton kernels cannot run here (or None).
+- `call(kernel, *args, out_shape=..., grid=..., **meta)` launches a kernel.
+- `compile_for(kernel, signature, constexprs, sm=90)` compiles one for an
+  NVIDIA target on any machine (CI compiles every kernel for sm_80 and sm_90).
+- `capture()` records the launches `call` would make instead of running them,
+  so that wrapper logic runs on a CPU; `compile_launch` compiles a recording.
+"""
+
+import contextlib
+import dataclasses
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas")
+
+_TRITON_TYPES = {
+  "bfloat16": "bf16",
+  "float64": "fp64",
+  "float32": "fp32",
+  "float16": "fp16",
+  "int64": "i64",
+  "int32": "i32",
+  "int16": "i16",
+  "int8": "i8",
+  "uint32": "u32",
+  "uint8": "u8",
+  "bool": "i1",
+}
+
+
+@functools.cache
+def _import_error() -> str | None:
+  try:
+    import jax_triton  # noqa: F401
+  except ImportError as e:
+    return f"jax-triton cannot be imported ({e})".replace("\n", " ")
+  return None
+
+
+def unavailable_reason(platform: str | None = None) -> str | None:
+  """Why Triton kernels cannot run on `platform` (default backend), or None."""
+  platform = platform or jax.default_backend()
+  if platform != "gpu":
+    return f"Triton kernels run on NVIDIA GPUs, not on {platform}"
+  devices = jax.devices()
+  if getattr(devices[0], "compute_capability", None) is None:
+    return "Triton kernels here need an NVIDIA GPU (no CUDA compute capability)"
+  return _import_error()
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+  """One recorded kernel launch: what `call` was given."""
+
+  kernel: Any
+  args: tuple[Any, ...]
+  out_shape: tuple[jax.ShapeDtypeStruct, ...]
+  grid: tuple[int, ...]
+  meta: dict[str, Any]
+
+
+_captured: list[list[Launch]] = []
+
+
+@contextlib.contextmanager
+def capture() -> Iterator[list[Launch]]:
+  """Records launches instead of running them; outputs are random placeholders.
+
+  Yields:
+    The list that the launches made inside the block are appended to.
+  """
+  launches: list[Launch] = []
+  _captured.append(launches)
+  try:
+    yield launches
+  finally:
+    _captured.pop()
+
+
+def _normalize_grid(grid: Any, meta: dict[str, Any]) -> tuple[int, ...]:
+  if callable(grid):
+    grid = grid(meta)
+  if isinstance(grid, int | np.integer):
+    grid = (grid,)
+  return tuple(int(g) for g in grid)
+
+
+def call(
+  kernel: Callable,
+  *args: Any,
+  out_shape: jax.ShapeDtypeStruct | Sequence[jax.ShapeDtypeStruct],
+  grid: Any,
+  **meta: Any,
+) -> Any:
+  """Launches `kernel(*args, *outputs, **meta)` through jax-triton.
+
+  Args:
+    kernel: A `triton.jit` function taking the inputs, then the outputs.
+    *args: Arrays and Python scalars, in the kernel's order.
+    out_shape: One `jax.ShapeDtypeStruct` or a sequence of them.
+    grid: The launch grid, or a function of `meta` returning it.
+    **meta: Constexpr values, and `num_warps`/`num_stages`/`num_ctas`; jax-triton
+      options such as `zeroed_outputs` or `input_output_aliases` pass through.
+
+  Returns:
+    The output array, or a list of them when `out_shape` is a sequence.
+  """
+  single = not isinstance(out_shape, Sequence)
+  shapes = (out_shape,) if single else tuple(out_shape)
+  if _captured:
+    _captured[-1].append(Launch(kernel, tuple(args), shapes, _normalize_grid(grid, meta), meta))
+    key = jax.random.key(len(_captured[-1]))
+    outs = [
+      jax.random.normal(jax.random.fold_in(key, i), s.shape, jnp.float32).astype(s.dtype)
+      for i, s in enumerate(shapes)
+    ]
+    return outs[0] if single else outs
+  import jax_triton
+
+  return jax_triton.triton_call(*args, kernel=kernel, out_shape=out_shape, grid=grid, **meta)
+
+
+def _type_of(value: Any) -> str:
+  if hasattr(value, "shape") and hasattr(value, "dtype"):
+    return "*" + _TRITON_TYPES[np.dtype(value.dtype).name]
+  if isinstance(value, bool):
+    return "i1"
+  if isinstance(value, int | np.integer):
+    return "i32" if -(2**31) <= value < 2**31 else "i64"
+  if isinstance(value, np.float32):
+    return "fp32"
+  if isinstance(value, float):
+    return "fp64"
+  raise TypeError(f"no Triton type for {value!r}")
+
+
+def compile_for(
+  kernel: Any,
+  signature: dict[str, str],
+  constexprs: dict[str, Any],
+  sm: int = 90,
+  *,
+  num_warps: int = 4,
+  num_stages: int = 3,
+  aligned: Sequence[str] | None = None,
+) -> Any:
+  """Compiles `kernel` for an NVIDIA target; works without a GPU.
+
+  Args:
+    kernel: A `triton.jit` function.
+    signature: Runtime argument name to Triton type ("*bf16", "i32", ...).
+    constexprs: Constexpr argument name to value.
+    sm: Compute capability as an int: 80 (A100) or 90 (H100/H200).
+    num_warps: Warps per program.
+    num_stages: Software-pipelining depth.
+    aligned: Arguments assumed 16-byte aligned/divisible, as jax-triton assumes
+      for every array; None means every pointer argument.
+
+  Returns:
+    The compiled kernel (`.asm` holds "ttgir", "ptx", "cubin"; `.metadata`).
+  """
+  import triton
+  from triton.backends.compiler import GPUTarget
+  from triton.compiler import ASTSource
+
+  full = dict(signature)
+  for name in constexprs:
+    full[name] = "constexpr"
+  if aligned is None:
+    aligned = [n for n, t in signature.items() if t.startswith("*")]
+  names = list(kernel.arg_names)
+  attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+  ordered = {n: full[n] for n in names if n in full}
+  missing = [n for n in names if n not in full]
+  if missing:
+    raise ValueError(f"{kernel.__name__}: no type or value for arguments {missing}")
+  src = ASTSource(fn=kernel, signature=ordered, constexprs=dict(constexprs), attrs=attrs)
+  target = GPUTarget("cuda", sm, 64 if sm >= 90 else 32)
+  return triton.compile(
+    src, target=target, options={"num_warps": num_warps, "num_stages": num_stages}
+  )
+
+
+def compile_launch(launch: Launch, sm: int = 90) -> Any:
+  """Compiles a launch recorded by `capture` exactly as jax-triton would run it."""
+  names = list(launch.kernel.arg_names)
+  values = [*launch.args, *launch.out_shape]
+  signature, constexprs = {}, {}
+  for name, value in zip(names, values, strict=False):
+    if not hasattr(value, "shape") and not isinstance(value, bool) and value == 1:
+      constexprs[name] = 1  # jax-triton specializes scalars equal to 1.
+    else:
+      signature[name] = _type_of(value)
+  options = {k: v for k, v in launch.meta.items() if k in _LAUNCH_OPTIONS}
+  for name, value in launch.meta.items():
+    if name in names:
+      constexprs[name] = value
+  return compile_for(
+    launch.kernel,
+    signature,
+    constexprs,
+    sm,
+    num_warps=options.get("num_warps", 4),
+    num_stages=options.get("num_stages", 3),
+  )
