@@ -63,6 +63,10 @@ class Op(abc.ABC):
   def _fwd(self, args: Any, config: Any) -> tuple[jax.Array, Any]:
     """Returns the output and the residuals that `_bwd` needs (or None)."""
 
+  def _fwd_primal(self, args: Any, config: Any) -> jax.Array:
+    """The output alone, when no gradient is taken; may skip saving residuals."""
+    return self._fwd(args, config)[0]
+
   def _bwd(self, args: Any, config: Any, out: jax.Array, residuals: Any, dout: jax.Array) -> dict:
     """Returns the cotangents of the array fields of `args`, by field name."""
     raise NotImplementedError
@@ -131,7 +135,7 @@ class Op(abc.ABC):
     """Computes the op for a canonical record, choosing the backward pass."""
     config = self.resolve_config(args)
     if self.differentiable and self._bwd_unsupported_reason(args) is not None:
-      return self._fwd(args, config)[0]
+      return self._fwd_primal(args, config)
     return _with_custom_vjp(self, args, config)
 
   def with_config(self, config: Any) -> Self:
@@ -153,7 +157,7 @@ def _with_custom_vjp(op: Op, args: Any, config: Any) -> jax.Array:
 
   @jax.custom_vjp
   def run(arrays):
-    return op._fwd(rebuild(arrays), config)[0]
+    return op._fwd_primal(rebuild(arrays), config)
 
   def run_fwd(arrays):
     out, residuals = op._fwd(rebuild(arrays), config)
