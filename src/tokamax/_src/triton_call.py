@@ -10,6 +10,9 @@ only where jax has GPU support, so it is imported lazily here.
   NVIDIA target on any machine (CI compiles every kernel for sm_80 and sm_90).
 - `capture()` records the launches `call` would make instead of running them,
   so that wrapper logic runs on a CPU; `compile_launch` compiles a recording.
+- `interpret()` runs launches in Triton's interpreter on the host instead
+  (eager calls only, small shapes, float32/float16: its bfloat16 is unreliable),
+  so that CPU tests can check a kernel's numbers.
 """
 
 import contextlib
@@ -71,6 +74,7 @@ class Launch:
 
 
 _captured: list[list[Launch]] = []
+_interpreting: list[bool] = []
 
 
 @contextlib.contextmanager
@@ -86,6 +90,66 @@ def capture() -> Iterator[list[Launch]]:
     yield launches
   finally:
     _captured.pop()
+
+
+@contextlib.contextmanager
+def interpret() -> Iterator[None]:
+  """Runs launches made inside the block in Triton's interpreter, on the host."""
+  _interpreting.append(True)
+  try:
+    yield
+  finally:
+    _interpreting.pop()
+
+
+class _HostTensor:
+  """The slice of the torch tensor interface that Triton's interpreter reads."""
+
+  def __init__(self, array: np.ndarray):
+    self.array = array
+
+  def data_ptr(self) -> int:
+    return self.array.ctypes.data
+
+  @property
+  def dtype(self) -> Any:
+    name = self.array.dtype.name
+    return type("dtype", (), {"__str__": lambda _: f"torch.{name}"})()
+
+
+def _run_interpreted(kernel, args, shapes, grid, meta) -> list[jax.Array]:
+  from triton.runtime import interpreter
+
+  class Executor(interpreter.GridExecutor):
+    def _init_args_hst(self, args_dev, kwargs):
+      return args_dev, kwargs
+
+    def _restore_args_dev(self, *unused):
+      pass
+
+  inputs = [np.array(a) if hasattr(a, "shape") else a for a in args]
+  outputs = [
+    np.full(s.shape, np.nan if np.issubdtype(s.dtype, np.inexact) else -1, s.dtype) for s in shapes
+  ]
+  wrapped = [
+    _HostTensor(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a for a in inputs
+  ]
+  wrapped += [_HostTensor(o) for o in outputs]
+  fn = interpreter.InterpretedFunction(kernel.fn)
+  constexprs = {k: v for k, v in meta.items() if k in fn.arg_names}
+  patch_tensor = interpreter._patch_lang_tensor
+
+  def patch_tensor_index(tensor, scope):
+    # Scalars are 1-element arrays there, which numpy >= 2.5 no longer turns into ints.
+    patch_tensor(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(np.ravel(self.handle.data)[0]))
+
+  interpreter._patch_lang_tensor = patch_tensor_index
+  try:
+    Executor(fn.fn, fn.arg_names, _normalize_grid(grid, meta))(*wrapped, **constexprs)
+  finally:
+    interpreter._patch_lang_tensor = patch_tensor
+  return [jnp.asarray(o) for o in outputs]
 
 
 def _normalize_grid(grid: Any, meta: dict[str, Any]) -> tuple[int, ...]:
@@ -125,6 +189,9 @@ def call(
       jax.random.normal(jax.random.fold_in(key, i), s.shape, jnp.float32).astype(s.dtype)
       for i, s in enumerate(shapes)
     ]
+    return outs[0] if single else outs
+  if _interpreting:
+    outs = _run_interpreted(kernel, args, shapes, grid, meta)
     return outs[0] if single else outs
   import jax_triton
 

@@ -1,0 +1,211 @@
+"""layer_norm (LayerNorm/RMSNorm) as Triton kernels, with a fused backward pass."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tokamax._src import triton_call
+from tokamax._src.ops import op
+from tokamax._src.ops.normalization import spec
+from tokamax._src.ops.normalization import triton_layer_norm as kernels
+
+_DTYPES = ("float32", "bfloat16", "float16")
+_MAX_D = 32768  # Rows are held in registers; longer rows would spill.
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Launch parameters.
+
+  Attributes:
+    block_m: Rows per program in the forward kernel.
+    num_warps: Warps per program in the forward kernel.
+    bwd_block_m: Rows per step in the backward kernel.
+    bwd_num_warps: Warps per program in the backward kernel.
+    bwd_programs: Programs of the backward kernel (each sums dscale/doffset
+      over a contiguous run of rows).
+  """
+
+  block_m: int = 1
+  num_warps: int = 8
+  bwd_block_m: int = 1
+  bwd_num_warps: int = 8
+  bwd_programs: int = 528
+
+
+def _rows(args: spec.NormArgs) -> tuple[int, int]:
+  d = args.x.shape[args.axis]
+  return math.prod(args.x.shape) // max(d, 1), d
+
+
+def _block_d(d: int) -> int:
+  return max(16, 1 << (d - 1).bit_length())
+
+
+def _to_rows(args: spec.NormArgs) -> jax.Array:
+  x = jnp.moveaxis(args.x, args.axis, -1)
+  return x.reshape(-1, x.shape[-1])
+
+
+def _from_rows(args: spec.NormArgs, y: jax.Array) -> jax.Array:
+  shape = list(args.x.shape)
+  shape.append(shape.pop(args.axis))
+  return jnp.moveaxis(y.reshape(shape), -1, args.axis)
+
+
+def _common_meta(args: spec.NormArgs, d: int) -> dict:
+  return dict(
+    D=d,
+    BLOCK_D=_block_d(d),
+    SCALE_OFFSET=float(args.scale_offset),
+    HAS_SCALE=args.scale is not None,
+    SUBTRACT_MEAN=bool(args.subtract_mean),
+  )
+
+
+def _vector(value: jax.Array | None, d: int) -> jax.Array:
+  # An unused pointer argument still needs an array.
+  return value if value is not None else jnp.zeros((d,), jnp.float32)
+
+
+def forward(args: spec.NormArgs, config: Config) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Returns y (rows layout), mean and rstd (float32, [M])."""
+  x = _to_rows(args)
+  m, d = x.shape
+  y, mean, rstd = triton_call.call(
+    kernels.layer_norm_fwd,
+    x,
+    _vector(args.scale, d),
+    _vector(args.offset, d),
+    m,
+    out_shape=[
+      jax.ShapeDtypeStruct((m, d), x.dtype),
+      jax.ShapeDtypeStruct((m,), jnp.float32),
+      jax.ShapeDtypeStruct((m,), jnp.float32),
+    ],
+    grid=(_cdiv(m, config.block_m),),
+    BLOCK_M=config.block_m,
+    EPS=float(args.epsilon),
+    HAS_OFFSET=args.offset is not None,
+    num_warps=config.num_warps,
+    num_stages=1,
+    **_common_meta(args, d),
+  )
+  return y, mean, rstd
+
+
+def backward(
+  args: spec.NormArgs, config: Config, mean: jax.Array, rstd: jax.Array, dy: jax.Array
+) -> dict:
+  """Returns the cotangents of x, scale and offset."""
+  x = _to_rows(args)
+  m, d = x.shape
+  dy = _to_rows(dataclasses.replace(args, x=dy))
+  programs = max(1, min(config.bwd_programs, _cdiv(m, config.bwd_block_m)))
+  rows_per_program = _cdiv(_cdiv(m, programs), config.bwd_block_m) * config.bwd_block_m
+  programs = _cdiv(m, rows_per_program)
+  dx, dscale, doffset = triton_call.call(
+    kernels.layer_norm_bwd,
+    x,
+    _vector(args.scale, d),
+    dy,
+    mean,
+    rstd,
+    m,
+    rows_per_program,
+    out_shape=[
+      jax.ShapeDtypeStruct((m, d), x.dtype),
+      jax.ShapeDtypeStruct((programs, d), jnp.float32),
+      jax.ShapeDtypeStruct((programs, d), jnp.float32),
+    ],
+    grid=(programs,),
+    BLOCK_M=config.bwd_block_m,
+    num_warps=config.bwd_num_warps,
+    num_stages=2,
+    **_common_meta(args, d),
+  )
+  grads = {"x": _from_rows(args, dx), "scale": None, "offset": None}
+  if args.scale is not None:
+    grads["scale"] = dscale.sum(axis=0).astype(args.scale.dtype)
+  if args.offset is not None:
+    grads["offset"] = doffset.sum(axis=0).astype(args.offset.dtype)
+  return grads
+
+
+def _cdiv(a: int, b: int) -> int:
+  return -(-a // b)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TritonLayerNorm(op.Op):
+  """LayerNorm/RMSNorm in Triton: one pass forward, one fused pass backward."""
+
+  name = "triton"
+  spec = spec.SPEC
+  config_cls = Config
+  platforms = ("gpu",)
+  differentiable = False
+
+  def _platform_reason(self, platform, device):
+    return triton_call.unavailable_reason(platform)
+
+  def _unsupported_reason(self, args: spec.NormArgs) -> str | None:
+    m, d = _rows(args)
+    for name in ("x", "scale", "offset"):
+      value = getattr(args, name)
+      if value is not None and np.dtype(value.dtype).name not in _DTYPES:
+        return f"`{name}` dtype {np.dtype(value.dtype).name} (supported: {', '.join(_DTYPES)})"
+    if m * d == 0:
+      return "empty input"
+    if d > _MAX_D:
+      return f"normalised axis of size {d} > {_MAX_D}"
+    return None
+
+  def _get_heuristics_config(self, args: spec.NormArgs) -> Config:
+    _, d = _rows(args)
+    block_d = _block_d(d)
+    # About 4-16 elements per thread, and enough rows to fill the programs.
+    num_warps = int(np.clip(block_d // 512, 1, 16))
+    block_m = int(np.clip(2048 // block_d, 1, 16))
+    bwd_block_m = int(np.clip(1024 // block_d, 1, 8))
+    bwd_num_warps = int(np.clip(block_d * bwd_block_m // 256, 1, 16))
+    return Config(
+      block_m=block_m,
+      num_warps=num_warps,
+      bwd_block_m=bwd_block_m,
+      bwd_num_warps=bwd_num_warps,
+      bwd_programs=132 * 4,
+    )
+
+  def _get_autotuning_configs(self, args: spec.NormArgs) -> set[Config]:
+    _, d = _rows(args)
+    block_d = _block_d(d)
+    configs = {self._get_heuristics_config(args)}
+    for block_m in (1, 2, 4, 8):
+      for num_warps in (4, 8, 16):
+        if block_m * block_d // (32 * num_warps) > 64 or block_m * block_d < 32 * num_warps:
+          continue
+        for bwd_programs in (264, 528, 1056):
+          configs.add(
+            Config(
+              block_m=block_m,
+              num_warps=num_warps,
+              bwd_block_m=block_m,
+              bwd_num_warps=num_warps,
+              bwd_programs=bwd_programs,
+            )
+          )
+    return configs
+
+  def _fwd(self, args: spec.NormArgs, config: Config):
+    y, mean, rstd = forward(args, config)
+    return _from_rows(args, y), (mean, rstd)
+
+  def _bwd(self, args, config, out, residuals, dout) -> dict:
+    mean, rstd = residuals
+    return backward(args, config, mean, rstd, dout)

@@ -1,0 +1,114 @@
+"""Triton kernels of LayerNorm/RMSNorm over the last axis of a [M, D] array.
+
+Each program normalises BLOCK_M whole rows held in registers (BLOCK_D >= D).
+Statistics are float32. The backward kernel walks a contiguous run of rows per
+program and writes per-program partial sums of dscale and doffset, which the
+wrapper adds up.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def layer_norm_fwd(
+  x_ptr,
+  scale_ptr,
+  offset_ptr,
+  m,
+  y_ptr,
+  mean_ptr,
+  rstd_ptr,
+  D: tl.constexpr,
+  BLOCK_M: tl.constexpr,
+  BLOCK_D: tl.constexpr,
+  EPS: tl.constexpr,
+  SCALE_OFFSET: tl.constexpr,
+  HAS_SCALE: tl.constexpr,
+  HAS_OFFSET: tl.constexpr,
+  SUBTRACT_MEAN: tl.constexpr,
+):
+  rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+  cols = tl.arange(0, BLOCK_D)
+  row_ok = rows < m
+  col_ok = cols < D
+  mask = row_ok[:, None] & col_ok[None, :]
+  offs = rows[:, None].to(tl.int64) * D + cols[None, :]
+  x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+  if SUBTRACT_MEAN:
+    mean = tl.sum(x, axis=1) / D
+    xc = tl.where(mask, x - mean[:, None], 0.0)
+  else:
+    mean = tl.zeros((BLOCK_M,), tl.float32)
+    xc = x
+  var = tl.sum(xc * xc, axis=1) / D
+  rstd = 1.0 / tl.sqrt(var + EPS)
+  y = xc * rstd[:, None]
+  if HAS_SCALE:
+    w = tl.load(scale_ptr + cols, mask=col_ok, other=0.0).to(tl.float32) + SCALE_OFFSET
+    y = y * w[None, :]
+  elif SCALE_OFFSET != 0.0:
+    y = y * (1.0 + SCALE_OFFSET)
+  if HAS_OFFSET:
+    b = tl.load(offset_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    y = y + b[None, :]
+  tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+  tl.store(mean_ptr + rows, mean, mask=row_ok)
+  tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+
+
+@triton.jit
+def layer_norm_bwd(
+  x_ptr,
+  scale_ptr,
+  dy_ptr,
+  mean_ptr,
+  rstd_ptr,
+  m,
+  rows_per_program,
+  dx_ptr,
+  dscale_ptr,
+  doffset_ptr,
+  D: tl.constexpr,
+  BLOCK_M: tl.constexpr,
+  BLOCK_D: tl.constexpr,
+  SCALE_OFFSET: tl.constexpr,
+  HAS_SCALE: tl.constexpr,
+  SUBTRACT_MEAN: tl.constexpr,
+):
+  pid = tl.program_id(0)
+  cols = tl.arange(0, BLOCK_D)
+  col_ok = cols < D
+  if HAS_SCALE:
+    w = tl.load(scale_ptr + cols, mask=col_ok, other=0.0).to(tl.float32) + SCALE_OFFSET
+  else:
+    w = tl.full((BLOCK_D,), 1.0 + SCALE_OFFSET, tl.float32)
+  dscale = tl.zeros((BLOCK_D,), tl.float32)
+  doffset = tl.zeros((BLOCK_D,), tl.float32)
+  first = pid * rows_per_program
+  last = tl.minimum(first + rows_per_program, m)
+  for start in range(first, last, BLOCK_M):
+    rows = start + tl.arange(0, BLOCK_M)
+    row_ok = rows < last
+    mask = row_ok[:, None] & col_ok[None, :]
+    offs = rows[:, None].to(tl.int64) * D + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
+    if SUBTRACT_MEAN:
+      mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
+      xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+    else:
+      xhat = x * rstd[:, None]
+    wdy = dy * w[None, :]
+    c1 = tl.sum(xhat * wdy, axis=1) / D
+    if SUBTRACT_MEAN:
+      c2 = tl.sum(wdy, axis=1) / D
+      dx = (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+    else:
+      dx = (wdy - xhat * c1[:, None]) * rstd[:, None]
+    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    dscale += tl.sum(dy * xhat, axis=0)
+    doffset += tl.sum(dy, axis=0)
+  tl.store(dscale_ptr + pid * D + cols, dscale, mask=col_ok)
+  tl.store(doffset_ptr + pid * D + cols, doffset, mask=col_ok)
