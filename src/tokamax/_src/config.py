@@ -1,13 +1,26 @@
-"""Library-wide options."""
+"""Library-wide options.
+
+Options are read when an op is traced. `override` also changes a JAX user
+context, so jitted functions called inside it retrace with the new options;
+assigning to `OPTIONS` directly does not retrace what is already cached.
+"""
 
 import contextlib
 import dataclasses
 import enum
 import os
 
+import jax
+
 
 class CacheMiss(enum.StrEnum):
-  """What happens when no tuned config exists for a call."""
+  """What happens when no tuned config exists for an op with something to tune.
+
+  HEURISTICS: use the implementation's heuristic config.
+  AUTOTUNE: tune the op for these arguments at trace time (remembered for the
+    rest of the process).
+  ERROR: raise `LookupError`, naming the op and its arguments.
+  """
 
   HEURISTICS = "heuristics"
   AUTOTUNE = "autotune"
@@ -16,23 +29,36 @@ class CacheMiss(enum.StrEnum):
 
 @dataclasses.dataclass
 class _Options:
+  """Attributes:
+
+  cache_miss: What a cache miss does (`CacheMiss`); env TOKAMAX_CACHE_MISS.
+  use_default_cache: Whether the config cache shipped for the device kind is
+    consulted; env TOKAMAX_USE_DEFAULT_CACHE=0 turns it off.
+  """
+
   cache_miss: CacheMiss = CacheMiss(os.environ.get("TOKAMAX_CACHE_MISS", "heuristics"))
   use_default_cache: bool = os.environ.get("TOKAMAX_USE_DEFAULT_CACHE", "1") != "0"
 
 
 OPTIONS = _Options()
 
+# Part of JAX's trace cache key: the options set by `override`.
+_TRACE_CONTEXT = jax.make_user_context(())
+
 
 @contextlib.contextmanager
 def override(**changes):
   """Temporarily sets options, e.g. `with override(cache_miss="error"): ...`."""
   old = dataclasses.asdict(OPTIONS)
+  for name in changes:
+    if name not in old:
+      raise ValueError(f"unknown option {name!r}; options are {list(old)}.")
   try:
     for name, value in changes.items():
-      if not hasattr(OPTIONS, name):
-        raise ValueError(f"unknown option {name!r}; options are {list(old)}.")
       setattr(OPTIONS, name, type(old[name])(value))
-    yield OPTIONS
+    key = tuple(sorted((k, str(v)) for k, v in dataclasses.asdict(OPTIONS).items()))
+    with _TRACE_CONTEXT(key):
+      yield OPTIONS
   finally:
     for name, value in old.items():
       setattr(OPTIONS, name, value)

@@ -1,31 +1,125 @@
-"""Where tuned configs are looked up: active results first, then the shipped cache."""
+"""Where tuned configs come from, in order.
+
+1. The `AutotuningResult`s entered as context managers, innermost first. They
+   are the value of a JAX user context, so they are part of JAX's trace cache
+   key: a jitted function called inside another set of results retraces.
+2. Configs tuned in this process on a cache miss (`cache_miss="autotune"`).
+3. The default cache shipped for the device kind under `tokamax/data/`
+   (when `config.OPTIONS.use_default_cache`).
+4. A miss: heuristics, autotuning or an error, as `config.OPTIONS.cache_miss`
+   says. An op with at most one candidate config has nothing to tune and
+   always falls back to its heuristics.
+"""
 
 import contextvars
+import functools
+import importlib.resources
+import pathlib
+import re
+import threading
 from typing import Any
 
-from tokamax._src import arguments
+import jax
 
-# The AutotuningResult objects entered as context managers, innermost last.
-_ACTIVE: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar("active", default=())
+from tokamax._src import arguments, config, device
+
+# The active AutotuningResults, innermost last; part of JAX's trace cache key.
+_ACTIVE = jax.make_user_context(())
+# The JAX contexts entered by `push`, innermost last (per thread, like _ACTIVE).
+_ENTERED: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar("entered", default=())
+
+# Configs tuned on a cache miss: (device kind, op, implementation, key) -> AutotuningData.
+_TUNED_ON_MISS: dict[tuple[str, str, str, str], Any] = {}
+_TUNED_ON_MISS_LOCK = threading.Lock()
+
+DATA_DIR = pathlib.Path(str(importlib.resources.files("tokamax") / "data"))
 
 
 def active_results() -> tuple[Any, ...]:
-  return _ACTIVE.get()
+  """The entered results, innermost last."""
+  return _ACTIVE.value
 
 
-def push(result: Any) -> contextvars.Token:
-  return _ACTIVE.set((*_ACTIVE.get(), result))
+def push(result: Any) -> None:
+  """Makes `result` the innermost active result (until `pop`)."""
+  context = _ACTIVE((*_ACTIVE.value, result))
+  context.__enter__()
+  _ENTERED.set((*_ENTERED.get(), context))
 
 
-def pop(token: contextvars.Token) -> None:
-  _ACTIVE.reset(token)
+def pop() -> None:
+  """Undoes the last `push` of this thread."""
+  *rest, context = _ENTERED.get()
+  _ENTERED.set(tuple(rest))
+  context.__exit__(None, None, None)
+
+
+def device_kind() -> str:
+  return device.default_device().device_kind
+
+
+def file_name(kind: str) -> str:
+  """The default cache file name of a device kind, e.g. "NVIDIA_H200.json"."""
+  return re.sub(r"[^A-Za-z0-9.-]+", "_", kind).strip("_") + ".json"
+
+
+@functools.cache
+def default_result(kind: str) -> Any | None:
+  """The shipped `AutotuningResult` of a device kind, or None."""
+  from tokamax._src.autotuning import api  # noqa: PLC0415 (api imports this module)
+
+  path = DATA_DIR / file_name(kind)
+  if not path.is_file():
+    return None
+  with path.open() as f:
+    return api.AutotuningResult.load(f)
+
+
+def lookup_data(op: Any, key: str, kind: str | None = None) -> Any | None:
+  """The cached `AutotuningData` of `op` for a signature key, or None."""
+  kind = kind or device_kind()
+  for result in reversed(active_results()):
+    data = result.data_for(op, key)
+    if data is not None:
+      return data
+  data = _TUNED_ON_MISS.get((kind, op.spec.name, op.name, key))
+  if data is not None:
+    return data
+  if config.OPTIONS.use_default_cache:
+    default = default_result(kind)
+    if default is not None and default.device_kind == kind:
+      return default.data_for(op, key)
+  return None
+
+
+def _nothing_to_tune(op: Any, args: Any) -> bool:
+  return len(op._get_autotuning_configs(args)) <= 1
 
 
 def lookup(op: Any, args: Any) -> Any | None:
-  """The tuned config of `op` for `args`, or None."""
+  """The config of `op` for `args` from the caches, or None for heuristics."""
   key = arguments.signature_key(args)
-  for result in reversed(_ACTIVE.get()):
-    config = result.lookup(op, key)
-    if config is not None:
-      return config
-  return None
+  data = lookup_data(op, key)
+  if data is not None:  # With no working candidate, the heuristics.
+    return data.fastest_config
+  miss = config.OPTIONS.cache_miss
+  if miss == config.CacheMiss.HEURISTICS or _nothing_to_tune(op, args):
+    return None
+  if miss == config.CacheMiss.ERROR:
+    raise LookupError(
+      f"{op.spec.name}[{op.name}]: no tuned config for {key} on {device_kind()} "
+      "(tokamax.config.OPTIONS.cache_miss='error'); run tokamax.autotune and enter its result."
+    )
+  from tokamax._src.autotuning import autotuner  # noqa: PLC0415
+  from tokamax._src.ops import op as op_lib  # noqa: PLC0415
+
+  data = autotuner.autotune_bound(op_lib.BoundArguments(op, arguments.abstract(args)))
+  with _TUNED_ON_MISS_LOCK:
+    _TUNED_ON_MISS[(device_kind(), op.spec.name, op.name, key)] = data
+  return data.fastest_config
+
+
+def clear_tuned_on_miss() -> None:
+  """Forgets the configs tuned on cache misses."""
+  with _TUNED_ON_MISS_LOCK:
+    _TUNED_ON_MISS.clear()

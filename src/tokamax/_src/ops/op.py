@@ -9,6 +9,7 @@ follows.
 """
 
 import abc
+import contextvars
 import dataclasses
 import importlib
 from collections.abc import Callable, Mapping, Sequence
@@ -18,6 +19,19 @@ import jax
 import numpy as np
 
 from tokamax._src import arguments as arguments_lib
+
+
+# While `tokamax.autotune` traces a function, every op call appends
+# (op, abstract args, mode) here, mode "forward" or "vjp" (its custom backward ran).
+RECORDED_CALLS: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+  "tokamax_recorded_calls", default=None
+)
+
+
+def _record(op: "Op", args: Any, mode: str) -> None:
+  calls = RECORDED_CALLS.get()
+  if calls is not None:
+    calls.append((op, arguments_lib.abstract(args), mode))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +147,7 @@ class Op(abc.ABC):
 
   def apply(self, args: Any) -> jax.Array:
     """Computes the op for a canonical record, choosing the backward pass."""
+    _record(self, args, "forward")
     config = self.resolve_config(args)
     if self.differentiable and self._bwd_unsupported_reason(args) is not None:
       return self._fwd_primal(args, config)
@@ -167,6 +182,7 @@ def _with_custom_vjp(op: Op, args: Any, config: Any) -> jax.Array:
     arrays, out, residuals = saved
     record = rebuild(arrays)
     if op._bwd_unsupported_reason(record) is None:
+      _record(op, record, "vjp")
       grads = op._bwd(record, config, out, residuals, dout)
     else:
       reference = op.spec.get("xla")
