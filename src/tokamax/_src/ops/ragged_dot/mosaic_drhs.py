@@ -1,0 +1,200 @@
+"""Mosaic GPU (Hopper) ragged-contracting grouped matmul: the drhs kernel.
+
+`out[g] = lhs[rows of g].T @ rhs[rows of g]`, lhs [M,K], rhs [M,N], out [G,K,N].
+
+Persistent over work items (group, K tile, N tile). Each item pipelines over
+the row chunks that its group touches (a dynamic count, zero for an empty
+group, which then just writes zeros). The first and last chunk of a group may
+hold rows of its neighbours: the compute warpgroups zero those rows of the lhs
+tile in shared memory before their wgmma. Two compute warpgroups each own 64
+rows of the K tile; a third warpgroup issues the TMA loads.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from tokamax._src.ops.ragged_dot import mosaic_fwd
+
+WG_ROWS = mosaic_fwd.WG_ROWS
+NUM_COMPUTE_WGS = mosaic_fwd.NUM_COMPUTE_WGS
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+  """Tiling of the drhs kernel.
+
+  Attributes:
+    block_n: Output columns per work item.
+    block_m: Rows of lhs/rhs (the contraction) per pipeline stage.
+    num_stages: Shared-memory stages of the load pipeline.
+    epi_n: Output columns per epilogue store.
+  """
+
+  block_n: int = 256
+  block_m: int = 64
+  num_stages: int = 4
+  epi_n: int = 128
+
+  @property
+  def block_k(self) -> int:
+    return WG_ROWS * NUM_COMPUTE_WGS
+
+
+def smem_bytes(config: Config, in_itemsize: int, out_itemsize: int) -> int:
+  stage = (config.block_k + config.block_n) * config.block_m * in_itemsize
+  epilogue = NUM_COMPUTE_WGS * WG_ROWS * config.epi_n * out_itemsize
+  return config.num_stages * stage + epilogue
+
+
+def config_reason(config: Config, m: int, k: int, n: int, in_itemsize: int, out_itemsize: int):
+  del m
+  if n % config.block_n or config.block_n % config.epi_n:
+    return f"N={n} must be a multiple of block_n={config.block_n} (and of epi_n={config.epi_n})"
+  if k % config.block_k:
+    return f"K={k} must be a multiple of {config.block_k}"
+  if config.block_m * in_itemsize != 128:
+    return f"block_m={config.block_m} must span 128 bytes"
+  if config.block_n > 256 or config.block_n % 64:
+    return f"block_n={config.block_n} must be a multiple of 64 up to 256"
+  if smem_bytes(config, in_itemsize, out_itemsize) > mosaic_fwd.SMEM_BYTES:
+    return f"{config} needs more than {mosaic_fwd.SMEM_BYTES} bytes of shared memory"
+  return None
+
+
+def group_bounds(sizes: jax.Array, before: jax.Array | None, m: int) -> jax.Array:
+  """int32 [G, 2]: first and end row of each group, clipped to [0, m]."""
+  before = jnp.zeros((), jnp.int32) if before is None else before.astype(jnp.int32)
+  ends = jnp.minimum(before + jnp.cumsum(sizes.astype(jnp.int32)), m)
+  starts = jnp.concatenate([jnp.minimum(before, m)[None], ends[:-1]])
+  return jnp.stack([starts, jnp.maximum(ends, starts)], axis=1)
+
+
+def ragged_contracting_dot(
+  lhs: jax.Array,
+  rhs: jax.Array,
+  sizes: jax.Array,
+  before: jax.Array | None,
+  *,
+  out_dtype,
+  config: Config,
+  num_sms: int,
+  interpret=None,
+) -> jax.Array:
+  """Per group g, `lhs[rows g].T @ rhs[rows g]`.
+
+  Args:
+    lhs: [M, K].
+    rhs: [M, N].
+    sizes: [G] rows per group.
+    before: Rows before the first group, or None.
+    out_dtype: Output dtype.
+    config: Tiling.
+    num_sms: Persistent CTAs.
+    interpret: Pallas interpret parameters, or None.
+
+  Returns:
+    [G, K, N].
+  """
+  m, k = lhs.shape
+  n = rhs.shape[1]
+  g = sizes.shape[0]
+  bk, bn, bm = config.block_k, config.block_n, config.block_m
+  epi_n = config.epi_n
+  k_tiles, n_tiles = k // bk, n // bn
+  bounds = group_bounds(sizes, before, m)
+  tf = mosaic_fwd._transforms(lhs.dtype)
+  out_tf = mosaic_fwd._transforms(out_dtype) if epi_n * jnp.dtype(out_dtype).itemsize >= 128 else ()
+  out_dtype = jnp.dtype(out_dtype)
+
+  def make_pipeline(body, compute_context, steps, first, ki, ni):
+    return plgpu.emit_pipeline_warp_specialized(
+      body,
+      grid=(steps,),
+      memory_registers=mosaic_fwd.MEMORY_REGISTERS,
+      in_specs=[
+        plgpu.BlockSpec((bm, bk), lambda s: (first + s, ki), transforms=tf, delay_release=1),
+        plgpu.BlockSpec((bm, bn), lambda s: (first + s, ni), transforms=tf, delay_release=1),
+      ],
+      wg_axis="wg",
+      num_compute_wgs=NUM_COMPUTE_WGS,
+      max_concurrent_steps=config.num_stages,
+      compute_context=compute_context,
+    )
+
+  def kernel(bounds_ref, lhs_ref, rhs_ref, out_ref):
+    nothing = lambda *_, **__: None
+
+    @functools.partial(
+      pl.run_scoped,
+      allocs=make_pipeline(nothing, nothing, jnp.int32(1), 0, 0, 0).get_allocations(lhs_ref, rhs_ref),
+      o_smem=plgpu.SMEM((NUM_COMPUTE_WGS, WG_ROWS, epi_n), out_dtype, transforms=out_tf),
+      collective_axes="wg",
+    )
+    def scope(allocs, o_smem):
+      wg = lax.axis_index("wg")
+
+      @plgpu.nd_loop((g * k_tiles * n_tiles,), collective_axes="sm")
+      def _item_loop(info):
+        (idx,) = info.index
+        gi = lax.div(idx, k_tiles * n_tiles)
+        rest = lax.rem(idx, k_tiles * n_tiles)
+        ki = lax.div(rest, n_tiles)
+        ni = lax.rem(rest, n_tiles)
+        start = bounds_ref[gi, 0]
+        end = bounds_ref[gi, 1]
+        first = lax.div(start, bm)
+        steps = jnp.where(end > start, lax.div(end + bm - 1, bm) - first, 0)
+
+        def mma(idxs, a_smem, b_smem, acc):
+          (s,) = idxs
+          a_wg = a_smem.at[:, pl.ds(wg * WG_ROWS, WG_ROWS)]
+
+          @pl.when((s == 0) | (s == steps - 1))
+          def _mask_rows_outside_group():
+            row = (first + s) * bm + plgpu.layout_cast(
+              lax.broadcasted_iota(jnp.int32, (bm, WG_ROWS), 0), plgpu.Layout.WGMMA
+            )
+            keep = (row >= start) & (row < end)
+            a_wg[...] = jnp.where(keep, a_wg[...], jnp.zeros((), a_wg.dtype))
+            plgpu.commit_smem()
+
+          plgpu.wgmma(acc, a_wg.T, b_smem)
+          plgpu.wgmma_wait(1)
+          return acc
+
+        def compute_context(run):
+          @functools.partial(pl.run_scoped, acc=plgpu.ACC((WG_ROWS, bn), jnp.float32))
+          def _acc_scope(acc):
+            run(acc)
+            out = acc[...].astype(out_dtype)
+            o_wg = o_smem.at[wg]
+            for c in range(bn // epi_n):
+              plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+              o_wg[...] = out[:, c * epi_n : (c + 1) * epi_n]
+              plgpu.commit_smem()
+              plgpu.copy_smem_to_gmem(
+                o_wg,
+                out_ref.at[gi, pl.ds(ki * bk + wg * WG_ROWS, WG_ROWS), pl.ds(ni * bn + c * epi_n, epi_n)],
+              )
+
+        make_pipeline(mma, compute_context, steps, first, ki, ni)(lhs_ref, rhs_ref, allocations=allocs)
+
+      plgpu.wait_smem_to_gmem(0)
+
+  call = plgpu.kernel(
+    kernel,
+    out_type=jax.ShapeDtypeStruct((g, k, n), out_dtype),
+    grid=(num_sms,),
+    grid_names=("sm",),
+    num_threads=NUM_COMPUTE_WGS + 1,
+    thread_name="wg",
+    compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+    interpret=interpret,
+  )
+  return call(bounds, lhs, rhs)

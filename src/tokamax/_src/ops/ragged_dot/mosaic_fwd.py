@@ -1,0 +1,276 @@
+"""Mosaic GPU (Hopper) grouped matmul over row groups: the forward and dlhs kernel.
+
+`out[rows of group g] = lhs[rows of group g] @ rhs[g]` (or `@ rhs[g].T`).
+
+The kernel is persistent: every SM walks a list of work items, each a
+(row block, N tile) pair that belongs to one segment of rows. Segments are the
+computed groups plus two zero segments (rows before a group offset and rows
+past the last group), so every output row is written exactly once and empty
+groups produce no work item at all. The work list is computed by a few tiny
+XLA ops before the kernel.
+
+Each CTA runs three warpgroups: one issues TMA loads into a ring of shared
+memory stages, two compute (wgmma) on 64-row halves of the row block. A half
+with no row of the item's segment skips its wgmmas, so a block that straddles
+a group boundary costs only the halves it needs. The epilogue stores the rows
+of the segment with a ladder of power-of-two TMA stores.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+# Rows of the row block handled by one compute warpgroup.
+WG_ROWS = 64
+NUM_COMPUTE_WGS = 2
+# Shared memory a CTA can use on sm_90 (227 KiB), less room for barriers.
+SMEM_BYTES = 227 * 1024 - 1024
+MEMORY_REGISTERS = 40
+ITEM_FIELDS = 4  # rhs index (-1: zero segment), row block, first row, end row.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+  """Tiling of the grouped matmul kernel.
+
+  Attributes:
+    block_n: Output columns per work item.
+    block_k: Contraction depth per pipeline stage.
+    num_stages: Shared-memory stages of the load pipeline.
+    epi_n: Output columns per epilogue store.
+  """
+
+  block_n: int = 256
+  block_k: int = 64
+  num_stages: int = 4
+  epi_n: int = 128
+
+  @property
+  def block_m(self) -> int:
+    return WG_ROWS * NUM_COMPUTE_WGS
+
+
+def smem_bytes(config: Config, in_itemsize: int, out_itemsize: int) -> int:
+  """Shared memory the kernel allocates for `config`."""
+  stage = (config.block_m + config.block_n) * config.block_k * in_itemsize
+  epilogue = NUM_COMPUTE_WGS * WG_ROWS * config.epi_n * out_itemsize
+  return config.num_stages * stage + epilogue
+
+
+def config_reason(config: Config, m: int, k: int, n: int, in_itemsize: int, out_itemsize: int):
+  """Why `config` cannot run this shape, or None."""
+  del m
+  if n % config.block_n or config.block_n % config.epi_n:
+    return f"N={n} must be a multiple of block_n={config.block_n} (and of epi_n={config.epi_n})"
+  if k % config.block_k:
+    return f"K={k} must be a multiple of block_k={config.block_k}"
+  if k // config.block_k < config.num_stages:
+    return f"K={k} gives fewer than num_stages={config.num_stages} steps of block_k={config.block_k}"
+  if config.block_k * in_itemsize != 128:
+    return f"block_k={config.block_k} must span 128 bytes"
+  if config.block_n > 256 or config.block_n % 64:
+    return f"block_n={config.block_n} must be a multiple of 64 up to 256"
+  if smem_bytes(config, in_itemsize, out_itemsize) > SMEM_BYTES:
+    return f"{config} needs more than {SMEM_BYTES} bytes of shared memory"
+  return None
+
+
+def work_items(
+  sizes: jax.Array, before: jax.Array | None, m: int, block_m: int
+) -> tuple[jax.Array, int]:
+  """The work list: row blocks of each segment, then padding.
+
+  Args:
+    sizes: [G] rows of each computed group, in row order.
+    before: Rows before the first computed group (None: zero).
+    m: Rows of lhs.
+    block_m: Rows per block.
+
+  Returns:
+    int32 [1 + T, 4]: row 0 holds the number of items; row 1 + t holds item t
+    as (rhs index or -1, row block, first row, end row); and T.
+  """
+  g = sizes.shape[0]
+  before = jnp.zeros((), jnp.int32) if before is None else before.astype(jnp.int32)
+  ends = jnp.minimum(before + jnp.cumsum(sizes.astype(jnp.int32)), m)
+  starts = jnp.concatenate([before[None], ends[:-1]])
+  seg_start = jnp.concatenate([jnp.zeros(1, jnp.int32), starts, ends[-1:]])
+  seg_end = jnp.concatenate([jnp.minimum(before, m)[None], ends, jnp.full((1,), m, jnp.int32)])
+  seg_end = jnp.maximum(seg_end, seg_start)
+  seg_rhs = jnp.concatenate([jnp.full((1,), -1), jnp.arange(g), jnp.full((1,), -1)]).astype(jnp.int32)
+  first = seg_start // block_m
+  count = jnp.where(seg_end > seg_start, (seg_end - 1) // block_m + 1 - first, 0)
+  offsets = jnp.cumsum(count)
+  total = offsets[-1]
+  num_items = pl.cdiv(m, block_m) + g + 1  # Each of the g + 1 inner boundaries adds at most one.
+  t = jnp.arange(num_items, dtype=jnp.int32)
+  seg = jnp.minimum(jnp.sum(offsets[None, :] <= t[:, None], axis=1), g + 1)
+  block = first[seg] + t - (offsets[seg] - count[seg])
+  lo = jnp.maximum(seg_start[seg], block * block_m)
+  hi = jnp.minimum(seg_end[seg], block * block_m + block_m)
+  valid = t < total
+  items = jnp.stack(
+    [jnp.where(valid, seg_rhs[seg], -1), jnp.where(valid, block, 0), jnp.where(valid, lo, 0), jnp.where(valid, hi, 0)],
+    axis=1,
+  )
+  header = jnp.zeros((1, ITEM_FIELDS), jnp.int32).at[0, 0].set(total)
+  return jnp.concatenate([header, items.astype(jnp.int32)]), num_items
+
+
+def _transforms(dtype) -> tuple:
+  swizzle = 128
+  elems = swizzle // jnp.dtype(dtype).itemsize
+  return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle))
+
+
+def store_rows(o_smem, o_gmem, row0, first, size, max_rows: int):
+  """Stores rows [first, first + size) of `o_smem` to rows row0 + first.. of `o_gmem`.
+
+  A ladder of power-of-two TMA stores, so that any row count up to `max_rows`
+  needs static copy shapes only.
+  """
+  start = first
+  p = 1 << (max_rows.bit_length() - 1)
+  while p >= 1:
+    bit = jnp.bitwise_and(size, p)
+
+    @pl.when(bit != 0)
+    def _(start=start, p=p):
+      plgpu.copy_smem_to_gmem(o_smem.at[pl.ds(start, p)], o_gmem.at[pl.ds(row0 + start, p)])
+
+    start = start + bit
+    p //= 2
+
+
+def ragged_dot_fwd(
+  lhs: jax.Array,
+  rhs: jax.Array,
+  sizes: jax.Array,
+  before: jax.Array | None,
+  *,
+  transpose_rhs: bool,
+  out_dtype,
+  config: Config,
+  num_sms: int,
+  interpret=None,
+) -> jax.Array:
+  """`lhs [M,K]` times `rhs [G,K,N]` (or `[G,N,K]` transposed) by row groups.
+
+  Args:
+    lhs: [M, K].
+    rhs: [G, K, N], or [G, N, K] with `transpose_rhs`.
+    sizes: [G] rows per group.
+    before: Rows before the first group, or None.
+    transpose_rhs: Whether rhs holds each group's matrix transposed.
+    out_dtype: Output dtype.
+    config: Tiling.
+    num_sms: Persistent CTAs.
+    interpret: Pallas interpret parameters, or None.
+
+  Returns:
+    [M, N]; rows outside every group are zero.
+  """
+  m, k = lhs.shape
+  n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+  bm, bn, bk = config.block_m, config.block_n, config.block_k
+  epi_n = config.epi_n
+  n_tiles = n // bn
+  k_steps = k // bk
+  items, num_items = work_items(sizes, before, m, bm)
+  in_tf = _transforms(lhs.dtype)
+  out_dtype = jnp.dtype(out_dtype)
+
+  def make_pipeline(body, compute_context, steps, block, ni):
+    return plgpu.emit_pipeline_warp_specialized(
+      body,
+      grid=(steps,),
+      memory_registers=MEMORY_REGISTERS,
+      in_specs=[
+        plgpu.BlockSpec((bm, bk), lambda s: (block, s), transforms=in_tf, delay_release=1),
+        plgpu.BlockSpec(
+          (bn, bk) if transpose_rhs else (bk, bn),
+          (lambda s: (ni, s)) if transpose_rhs else (lambda s: (s, ni)),
+          transforms=in_tf,
+          delay_release=1,
+        ),
+      ],
+      wg_axis="wg",
+      num_compute_wgs=NUM_COMPUTE_WGS,
+      max_concurrent_steps=config.num_stages,
+      compute_context=compute_context,
+    )
+
+  def kernel(items_ref, lhs_ref, rhs_ref, out_ref):
+    nothing = lambda *_, **__: None
+    rhs_block = (bn, k) if transpose_rhs else (k, bn)
+
+    @functools.partial(
+      pl.run_scoped,
+      allocs=make_pipeline(nothing, nothing, k_steps, 0, 0).get_allocations(
+        lhs_ref.at[pl.ds(0, bm)],
+        rhs_ref.at[0, pl.ds(0, rhs_block[0]), pl.ds(0, rhs_block[1])],
+      ),
+      o_smem=plgpu.SMEM((NUM_COMPUTE_WGS, WG_ROWS, epi_n), out_dtype),
+      collective_axes="wg",
+    )
+    def scope(allocs, o_smem):
+      wg = lax.axis_index("wg")
+      total = items_ref[0, 0] * n_tiles
+
+      @plgpu.nd_loop((total,), collective_axes="sm")
+      def _item_loop(info):
+        (idx,) = info.index
+        item = lax.div(idx, n_tiles) + 1
+        ni = lax.rem(idx, n_tiles)
+        g = items_ref[item, 0]
+        block = items_ref[item, 1]
+        lo = items_ref[item, 2]
+        hi = items_ref[item, 3]
+        row0 = block * bm + wg * WG_ROWS
+        first = jnp.clip(lo - row0, 0, WG_ROWS)
+        size = jnp.clip(hi - row0, 0, WG_ROWS) - first
+        steps = jnp.where(g >= 0, k_steps, 0)
+
+        def mma(_, a_smem, b_smem, acc):
+          @pl.when(size > 0)
+          def _():
+            b = b_smem.T if transpose_rhs else b_smem
+            plgpu.wgmma(acc, a_smem.at[pl.ds(wg * WG_ROWS, WG_ROWS)], b)
+
+          plgpu.wgmma_wait(1)
+          return acc
+
+        def compute_context(run):
+          @functools.partial(pl.run_scoped, acc=plgpu.ACC((WG_ROWS, bn), jnp.float32))
+          def _acc_scope(acc):
+            run(acc)
+            out = acc[...].astype(out_dtype)
+            o_wg = o_smem.at[wg]
+            for c in range(bn // epi_n):
+              plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+              o_wg[...] = out[:, c * epi_n : (c + 1) * epi_n]
+              plgpu.commit_smem()
+              cols = pl.ds(ni * bn + c * epi_n, epi_n)
+              store_rows(o_wg, out_ref.at[:, cols], row0, first, size, WG_ROWS)
+
+        pipeline = make_pipeline(mma, compute_context, steps, block, ni)
+        pipeline(lhs_ref, rhs_ref.at[jnp.maximum(g, 0)], allocations=allocs)
+
+      plgpu.wait_smem_to_gmem(0)
+
+  call = plgpu.kernel(
+    kernel,
+    out_type=jax.ShapeDtypeStruct((m, n), out_dtype),
+    grid=(num_sms,),
+    grid_names=("sm",),
+    num_threads=NUM_COMPUTE_WGS + 1,
+    thread_name="wg",
+    compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+    interpret=interpret,
+  )
+  return call(items, lhs, rhs)
