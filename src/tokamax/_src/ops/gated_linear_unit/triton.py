@@ -1,0 +1,202 @@
+"""gated_linear_unit as one fused Triton matmul; the backward pass in XLA matmuls.
+
+The forward kernel reads each x tile once for both projections and applies the
+gate in its epilogue. Under differentiation it also writes the pre-activation
+projections; the backward pass forms d(gate), d(up) from them and runs one
+XLA matmul for dx and one for the (fused) weight gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tokamax._src import device, triton_call
+from tokamax._src.ops import op
+from tokamax._src.ops.gated_linear_unit import spec
+from tokamax._src.ops.gated_linear_unit import triton_glu as kernels
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _activation_name(activation) -> str | None:
+  """The kernel's name for `activation`, or None if the kernel lacks it."""
+  known = {
+    None: "none",
+    jax.nn.silu: "silu",
+    jax.nn.sigmoid: "sigmoid",
+    jax.nn.relu: "relu",
+    jax.nn.gelu: "gelu_tanh",  # jax.nn.gelu defaults to the tanh approximation.
+    jnp.tanh: "tanh",
+  }
+  try:
+    return known.get(activation)
+  except TypeError:  # Unhashable callables.
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Tile shape of the fused forward kernel (each projection is block_m x block_n)."""
+
+  block_m: int = 128
+  block_n: int = 128
+  block_k: int = 64
+  group_m: int = 8
+  num_warps: int = 8
+  num_stages: int = 4
+
+
+def _input_precision(args: spec.GluArgs) -> str:
+  if np.dtype(args.x.dtype) != np.float32:
+    return "ieee"  # Unused for 16-bit inputs.
+  precision = args.precision
+  if isinstance(precision, tuple):
+    precision = max((p for p in precision if p is not None), default=None, key=lambda p: p.value)
+  if precision == jax.lax.Precision.HIGHEST:
+    return "ieee"
+  if precision == jax.lax.Precision.HIGH:
+    return "tf32x3"
+  return "tf32"
+
+
+def _weights(args: spec.GluArgs) -> tuple[jax.Array, jax.Array, int, int]:
+  """Gate and up weight arrays, the weights' row stride and the up offset."""
+  k, n = args.x.shape[-1], args.n
+  if isinstance(args.weights, tuple):
+    return (*args.weights, n, 0)
+  fused = args.weights.reshape(k, 2 * n)  # Free: [K, 2, N] is row-major.
+  return fused, fused, 2 * n, n
+
+
+def forward(args: spec.GluArgs, config: Config, save: bool) -> tuple[jax.Array, ...]:
+  """Returns out [M, N] and, with `save`, gate and up [M, N] (before activation)."""
+  x = args.x.reshape(-1, args.x.shape[-1])
+  (m, k), n = x.shape, args.n
+  wg, wu, stride, up_offset = _weights(args)
+  res_shape = (m, n) if save else (1,)
+  tiles = math.ceil(m / config.block_m) * math.ceil(n / config.block_n)
+  outs = triton_call.call(
+    kernels.glu_fwd,
+    x,
+    wg,
+    wu,
+    out_shape=[
+      jax.ShapeDtypeStruct((m, n), args.x.dtype),
+      jax.ShapeDtypeStruct(res_shape, args.x.dtype),
+      jax.ShapeDtypeStruct(res_shape, args.x.dtype),
+    ],
+    grid=(tiles,),
+    M=m,
+    K=k,
+    N=n,
+    W_STRIDE=stride,
+    UP_OFFSET=up_offset,
+    ACTIVATION=_activation_name(args.activation),
+    SAVE=save,
+    BLOCK_M=config.block_m,
+    BLOCK_N=config.block_n,
+    BLOCK_K=config.block_k,
+    GROUP_M=config.group_m,
+    INPUT_PRECISION=_input_precision(args),
+    num_warps=config.num_warps,
+    num_stages=config.num_stages,
+  )
+  return tuple(outs) if save else (outs[0],)
+
+
+def backward(args: spec.GluArgs, gate: jax.Array, up: jax.Array, dout: jax.Array) -> dict:
+  """Cotangents of x and the weights from the saved projections."""
+  x = args.x.reshape(-1, args.x.shape[-1])
+  dout = dout.reshape(gate.shape).astype(jnp.float32)
+  gate, up = gate.astype(jnp.float32), up.astype(jnp.float32)
+  act = args.activation or (lambda g: g)
+  activated, act_vjp = jax.vjp(act, gate)
+  (dgate,) = act_vjp(dout * up)
+  dup = dout * activated
+  d = jnp.stack([dgate, dup], axis=1).astype(args.x.dtype)  # [M, 2, N]
+  wg, wu = args.gate_and_up_weights()
+  w = jnp.stack([wg, wu], axis=1) if isinstance(args.weights, tuple) else args.weights  # [K, 2, N]
+  prec = args.precision
+  dx = jnp.einsum("mjn,kjn->mk", d, w, precision=prec, preferred_element_type=jnp.float32)
+  dw = jnp.einsum("mk,mjn->kjn", x, d, precision=prec, preferred_element_type=jnp.float32)
+  if isinstance(args.weights, tuple):
+    dweights = (dw[:, 0].astype(wg.dtype), dw[:, 1].astype(wu.dtype))
+  else:
+    dweights = dw.astype(args.weights.dtype)
+  return {"x": dx.astype(args.x.dtype).reshape(args.x.shape), "weights": dweights}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TritonGatedLinearUnit(op.Op):
+  """Fused GLU matmul in Triton (gate applied in the epilogue)."""
+
+  name = "triton"
+  spec = spec.SPEC
+  config_cls = Config
+  platforms = ("gpu",)
+  differentiable = False
+
+  def _platform_reason(self, platform, device):
+    return triton_call.unavailable_reason(platform)
+
+  def _unsupported_reason(self, args: spec.GluArgs) -> str | None:
+    dtypes = {np.dtype(a.dtype).name for a in (args.x, *jax.tree.leaves(args.weights))}
+    if len(dtypes) != 1:
+      return f"mixed dtypes {sorted(dtypes)}"
+    (dtype,) = dtypes
+    if dtype not in _DTYPES:
+      return f"dtype {dtype} (supported: {', '.join(_DTYPES)})"
+    if _activation_name(args.activation) is None:
+      return (
+        f"activation {args.activation!r} (supported: None, silu/swish, sigmoid, relu, gelu, tanh)"
+      )
+    if args.x.size == 0 or args.n == 0:
+      return "empty input"
+    return None
+
+  def _get_heuristics_config(self, args: spec.GluArgs) -> Config:
+    m = args.x.size // args.x.shape[-1]
+    wide = np.dtype(args.x.dtype).itemsize == 4
+    cc = device.compute_capability() if jax.default_backend() == "gpu" else None
+    hopper = cc is None or cc >= (9, 0)
+    block_m = 128 if m >= 128 else 64
+    block_k = 32 if wide else 64
+    stages = (4 if hopper else 3) if not wide else 3
+    return Config(
+      block_m=block_m,
+      block_n=128 if args.n >= 128 else 64,
+      block_k=block_k,
+      group_m=8,
+      num_warps=8 if block_m == 128 else 4,
+      num_stages=stages,
+    )
+
+  def _get_autotuning_configs(self, args: spec.GluArgs) -> set[Config]:
+    configs = {self._get_heuristics_config(args)}
+    itemsize = np.dtype(args.x.dtype).itemsize
+    for bm, bn in ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256)):
+      for bk in (32, 64):
+        for stages in (2, 3, 4):
+          if (bm * bk + 2 * bk * bn) * itemsize * stages > 220 * 1024:
+            continue
+          warps = 8 if bm * bn >= 128 * 128 else 4
+          configs.add(Config(bm, bn, bk, group_m=8, num_warps=warps, num_stages=stages))
+    return configs
+
+  def _fwd(self, args: spec.GluArgs, config: Config):
+    out, gate, up = forward(args, config, save=True)
+    return out.reshape(*args.x.shape[:-1], args.n), (gate, up)
+
+  def _fwd_primal(self, args: spec.GluArgs, config: Config) -> jax.Array:
+    (out,) = forward(args, config, save=False)
+    return out.reshape(*args.x.shape[:-1], args.n)
+
+  def _bwd(self, args, config, out, residuals, dout) -> dict:
+    del config, out
+    gate, up = residuals
+    return backward(args, gate, up, dout)
