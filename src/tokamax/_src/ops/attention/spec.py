@@ -51,6 +51,8 @@ class AttentionArgs:
 
 def _batch_broadcast(name: str, x, batch_shape: tuple[int, ...], trailing: int):
   """Broadcasts the batch dims of `x` and flattens them into one (1 if all broadcast)."""
+  if x.ndim < trailing:
+    x = x.reshape((1,) * (trailing - x.ndim) + x.shape)
   lead = x.shape[: x.ndim - trailing]
   lead = (1,) * (len(batch_shape) - len(lead)) + tuple(lead)
   x = x.reshape(lead + x.shape[x.ndim - trailing :])
@@ -115,7 +117,6 @@ def canonicalize(
   target = (*batch_shape, n, t, s)
   if bias is not None:
     bias = validation.floating("bias", bias)
-    validation.min_rank("bias", bias, 4 if batch_shape else 3, LAYOUT)
     validation.broadcastable("bias", bias.shape, target, LAYOUT)
     bias = _batch_broadcast("bias", bias, batch_shape, 3)
   if mask is not None:

@@ -212,3 +212,38 @@ def local_group_sizes(args: RaggedDotArgs) -> tuple[jax.Array, jax.Array | None]
     jnp.concatenate([args.group_sizes, jnp.zeros(g, jnp.int32)]), offset, g
   )
   return sizes, before
+
+
+# For each layout: the layouts and operands of the two gradients, as
+# (layout, lhs operand, rhs operand); "dout" is the output cotangent.
+_GRADIENTS = {
+  DEFAULT: {"lhs": (RHS_TRANSPOSED, "dout", "rhs"), "rhs": (RAGGED_CONTRACTING, "lhs", "dout")},
+  RHS_TRANSPOSED: {"lhs": (DEFAULT, "dout", "rhs"), "rhs": (RAGGED_CONTRACTING, "dout", "lhs")},
+  RAGGED_CONTRACTING: {"lhs": (RHS_TRANSPOSED, "rhs", "dout"), "rhs": (DEFAULT, "lhs", "dout")},
+}
+
+
+def gradients(args: RaggedDotArgs, dout: jax.Array, compute) -> dict[str, jax.Array]:
+  """The lhs and rhs cotangents, each one ragged dot of another layout.
+
+  Args:
+    args: The forward call.
+    dout: The output cotangent.
+    compute: Computes a `RaggedDotArgs` record (the implementation's forward).
+
+  Returns:
+    {"lhs": ..., "rhs": ...} in the dtypes of the inputs.
+  """
+  operands = {"lhs": args.lhs, "rhs": args.rhs, "dout": dout.astype(args.lhs.dtype)}
+  grads = {}
+  for name, (layout, a, b) in _GRADIENTS[args.layout].items():
+    record = dataclasses.replace(
+      args,
+      lhs=operands[a],
+      rhs=operands[b],
+      layout=layout,
+      out_dtype=jnp.dtype(jnp.float32),
+      num_groups=args.num_groups,
+    )
+    grads[name] = compute(record).astype(operands[name].dtype)
+  return grads

@@ -35,10 +35,13 @@ def ragged_dot_xla(args: spec.RaggedDotArgs) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class XlaRaggedDot(op.Op):
-  """`jax.lax.ragged_dot_general`."""
+  """`jax.lax.ragged_dot_general`, with gradients from the other two layouts."""
 
   name = "xla"
   spec = spec.SPEC
 
   def _fwd(self, args, config):
     return ragged_dot_xla(args), None
+
+  def _bwd(self, args, config, out, residuals, dout):
+    return spec.gradients(args, dout, ragged_dot_xla)

@@ -1,0 +1,217 @@
+"""ragged_dot with Pallas Mosaic GPU kernels for Hopper (sm_90), all three layouts.
+
+"default" and "rhs_transposed" run `mosaic_fwd` (a persistent, warp-specialised
+TMA + wgmma grouped matmul); "ragged_contracting" runs `mosaic_drhs`. The
+backward pass of each layout is made of the other two.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from tokamax._src import device as device_lib
+from tokamax._src.ops import op
+from tokamax._src.ops.ragged_dot import mosaic_drhs, mosaic_fwd, spec
+
+_DTYPES = ("bfloat16", "float16")
+_OUT_DTYPES = ("float32", "bfloat16", "float16")
+# SMs of an H100/H200 SXM, used when lowering without a GPU at hand.
+DEFAULT_NUM_SMS = 132
+_ROW_ALIGN = 8  # TMA tiling of the row dimension.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+  """Tiling shared by the kernels of the three layouts.
+
+  Attributes:
+    block_n: Output columns per work item.
+    num_stages: Shared-memory stages of the load pipeline.
+    epi_n: Output columns per epilogue store.
+  """
+
+  block_n: int = 256
+  num_stages: int = 4
+  epi_n: int = 128
+
+
+def _dims(args: spec.RaggedDotArgs) -> tuple[int, int, int]:
+  """(M, K, N) of the product, whatever the layout."""
+  m, k = args.lhs.shape
+  n = args.rhs.shape[1] if args.layout == spec.RHS_TRANSPOSED else args.rhs.shape[-1]
+  return m, k, n
+
+
+def _kernel_config(args: spec.RaggedDotArgs, config: Config):
+  block = 128 // np.dtype(args.lhs.dtype).itemsize
+  if args.layout == spec.RAGGED_CONTRACTING:
+    return mosaic_drhs.Config(
+      block_n=config.block_n, block_m=block, num_stages=config.num_stages, epi_n=config.epi_n
+    )
+  return mosaic_fwd.Config(
+    block_n=config.block_n, block_k=block, num_stages=config.num_stages, epi_n=config.epi_n
+  )
+
+
+def _config_reason(args: spec.RaggedDotArgs, config: Config) -> str | None:
+  m, k, n = _dims(args)
+  module = mosaic_drhs if args.layout == spec.RAGGED_CONTRACTING else mosaic_fwd
+  return module.config_reason(
+    _kernel_config(args, config),
+    m,
+    k,
+    n,
+    np.dtype(args.lhs.dtype).itemsize,
+    np.dtype(args.out_dtype).itemsize,
+  )
+
+
+def num_sms() -> int:
+  """Persistent CTAs: the SMs of the GPU at hand, else an H100/H200's."""
+  dev = device_lib.default_device()
+  count = getattr(dev, "core_count", None) if dev.platform == "gpu" else None
+  return int(count) if count else DEFAULT_NUM_SMS
+
+
+def _with(args: spec.RaggedDotArgs, lhs, rhs, layout: str, out_dtype) -> spec.RaggedDotArgs:
+  return dataclasses.replace(args, lhs=lhs, rhs=rhs, layout=layout, out_dtype=jnp.dtype(out_dtype))
+
+
+def gradient_records(args: spec.RaggedDotArgs, dout: jax.Array) -> dict[str, spec.RaggedDotArgs]:
+  """The records whose outputs are the gradients of lhs and rhs: the other two layouts."""
+  lhs, rhs = args.lhs, args.rhs
+  dt = lhs.dtype
+  if isinstance(dout, jax.Array):
+    dout = dout.astype(dt)
+  if args.layout == spec.DEFAULT:
+    return {
+      "lhs": _with(args, dout, rhs, spec.RHS_TRANSPOSED, dt),
+      "rhs": _with(args, lhs, dout, spec.RAGGED_CONTRACTING, dt),
+    }
+  if args.layout == spec.RHS_TRANSPOSED:
+    return {
+      "lhs": _with(args, dout, rhs, spec.DEFAULT, dt),
+      "rhs": _with(args, dout, lhs, spec.RAGGED_CONTRACTING, dt),
+    }
+  return {
+    "lhs": _with(args, rhs, dout, spec.RHS_TRANSPOSED, dt),
+    "rhs": _with(args, lhs, dout, spec.DEFAULT, dt),
+  }
+
+
+def _abstract_dout(args: spec.RaggedDotArgs) -> jax.ShapeDtypeStruct:
+  """A stand-in for the output cotangent, for support checks."""
+  return jax.ShapeDtypeStruct(args.out_shape, args.lhs.dtype)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MosaicRaggedDot(op.Op):
+  """Grouped matmul in Pallas Mosaic GPU (Hopper); gradients use the other layouts.
+
+  Attributes:
+    interpret: Run the kernels in the Pallas GPU interpreter (on CPU), with
+      race detection.
+  """
+
+  name = "mosaic"
+  spec = spec.SPEC
+  config_cls = Config
+  platforms = ("gpu",)
+  differentiable = False
+
+  interpret: bool = False
+
+  def _platform_reason(self, platform, device):
+    if self.interpret:
+      return None if platform in ("cpu", "gpu") else f"interpret mode runs on cpu/gpu, not {platform}"
+    if platform != "gpu":
+      return f"runs on gpu, not on {platform}"
+    cc = device_lib.compute_capability(device)
+    if cc != (9, 0):
+      return f"needs a Hopper GPU (sm_90, wgmma), got compute capability {cc}"
+    return None
+
+  def _unsupported_reason(self, args: spec.RaggedDotArgs) -> str | None:
+    dtype = np.dtype(args.lhs.dtype).name
+    if dtype not in _DTYPES:
+      return f"input dtype {dtype} (supported: {', '.join(_DTYPES)})"
+    if np.dtype(args.out_dtype).name not in _OUT_DTYPES:
+      return f"preferred_element_type {np.dtype(args.out_dtype).name}"
+    m, k, n = _dims(args)
+    if min(m, k, n, args.num_groups) == 0:
+      return f"empty dimension (M={m}, K={k}, N={n}, G={args.num_groups})"
+    config = self.config if self.config is not None else self._get_heuristics_config(args)
+    return _config_reason(args, config)
+
+  def _bwd_unsupported_reason(self, args: spec.RaggedDotArgs) -> str | None:
+    for name, record in gradient_records(args, _abstract_dout(args)).items():
+      reason = self._unsupported_reason(record)
+      if reason is not None:
+        return f"gradient of {name}: {reason}"
+    return None
+
+  def _get_heuristics_config(self, args: spec.RaggedDotArgs) -> Config:
+    _, _, n = _dims(args)
+    block_n = next((b for b in (256, 128, 64) if n % b == 0), 64)
+    epi_n = min(128, block_n)
+    for stages in (4, 3, 2):
+      config = Config(block_n=block_n, num_stages=stages, epi_n=epi_n)
+      if _config_reason(args, config) is None:
+        return config
+    return Config(block_n=block_n, num_stages=2, epi_n=min(64, block_n))
+
+  def _get_autotuning_configs(self, args: spec.RaggedDotArgs) -> set[Config]:
+    configs = {
+      Config(block_n=b, num_stages=s, epi_n=e)
+      for b, s, e in itertools.product((64, 128, 256), (2, 3, 4, 5), (64, 128))
+      if e <= b
+    }
+    return {c for c in configs if _config_reason(args, c) is None} or {
+      self._get_heuristics_config(args)
+    }
+
+  def _interpret_params(self):
+    return plgpu.InterpretGPUParams(detect_races=True) if self.interpret else None
+
+  def _fwd(self, args: spec.RaggedDotArgs, config: Config):
+    return self._compute(args, config), None
+
+  def _compute(self, args: spec.RaggedDotArgs, config: Config) -> jax.Array:
+    sizes, before = spec.local_group_sizes(args)
+    lhs, rhs = args.lhs, args.rhs
+    m = lhs.shape[0]
+    pad = -m % _ROW_ALIGN
+    if pad:  # Padded rows fall outside every group.
+      lhs = jnp.pad(lhs, ((0, pad), (0, 0)))
+      if args.layout == spec.RAGGED_CONTRACTING:
+        rhs = jnp.pad(rhs, ((0, pad), (0, 0)))
+    kernel_config = _kernel_config(args, config)
+    common = dict(
+      out_dtype=args.out_dtype,
+      config=kernel_config,
+      num_sms=num_sms(),
+      interpret=self._interpret_params(),
+    )
+    if args.layout == spec.RAGGED_CONTRACTING:
+      return mosaic_drhs.ragged_contracting_dot(lhs, rhs, sizes, before, **common)
+    out = mosaic_fwd.ragged_dot_fwd(
+      lhs, rhs, sizes, before, transpose_rhs=args.layout == spec.RHS_TRANSPOSED, **common
+    )
+    return out[:m] if pad else out
+
+  def _bwd(self, args, config, out, residuals, dout):
+    del config, out, residuals
+    tuned = dataclasses.replace(self, config=None)
+    grads = {}
+    for name, record in gradient_records(args, dout).items():
+      grads[name] = self._compute(record, tuned.resolve_config(record)).astype(
+        getattr(args, name).dtype
+      )
+    return grads
+

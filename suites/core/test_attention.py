@@ -1,0 +1,138 @@
+"""dot_product_attention (xla, xla_chunked) against the float64 reference, every feature."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tokamax
+from suites.core.conftest import assert_matches, references
+
+IMPLEMENTATIONS = ("xla", "xla_chunked", None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """One attention call: shapes and features."""
+
+  name: str
+  batch: tuple[int, ...] = (2,)
+  t: int = 24
+  s: int = 24
+  n: int = 4
+  k: int = 4
+  h: int = 16
+  hv: int = 16
+  bias: tuple[int, ...] | None = None  # shape, as a broadcast of [*B, N, T, S]
+  mask: tuple[int, ...] | None = None
+  is_causal: bool = False
+  q_lengths: bool = False
+  kv_lengths: bool = False
+  window: int | tuple[int, int] | None = None
+  soft_cap: float | None = None
+  scale: float | None = None
+
+
+CASES = [
+  Case("plain"),
+  Case("gqa", n=8, k=2),
+  Case("mqa", n=6, k=1),
+  Case("no_batch", batch=()),
+  Case("two_batch_dims", batch=(2, 3), t=12, s=12),
+  Case("value_head_dim_differs", hv=8),
+  Case("t_ne_s", t=20, s=33),
+  Case("causal", is_causal=True),
+  Case("causal_t_lt_s", t=13, s=30, is_causal=True),
+  Case("causal_t_gt_s", t=30, s=13, is_causal=True),
+  Case("bias_full", bias=(2, 4, 24, 24)),
+  Case("bias_bcast_batch", bias=(1, 4, 24, 24)),
+  Case("bias_bcast_heads", bias=(2, 1, 24, 24)),
+  Case("bias_bcast_rows", bias=(2, 4, 1, 24)),
+  Case("bias_bcast_cols", bias=(2, 4, 24, 1)),
+  Case("bias_no_batch_dims", bias=(4, 24, 24)),
+  Case("bias_two_batch_dims", batch=(2, 3), t=12, s=12, bias=(1, 3, 1, 12, 12)),
+  Case("mask_full", mask=(2, 4, 24, 24)),
+  Case("mask_bcast", mask=(1, 1, 24, 24)),
+  Case("mask_bcast_heads_rows", mask=(2, 1, 1, 24)),
+  Case("bias_and_mask_gqa", n=8, k=2, bias=(2, 8, 24, 24), mask=(2, 1, 24, 24)),
+  Case("q_lengths", q_lengths=True),
+  Case("kv_lengths", kv_lengths=True),
+  Case("both_lengths_causal", q_lengths=True, kv_lengths=True, is_causal=True),
+  Case("window_int", window=3),
+  Case("window_pair", window=(5, 0)),
+  Case("window_pair_asym_causal", window=(4, 2), is_causal=True),
+  Case("soft_cap", soft_cap=2.0),
+  Case("soft_cap_bias", soft_cap=1.5, bias=(2, 4, 24, 24)),
+  Case("scale", scale=0.3),
+  Case("odd_sizes_everything", t=37, s=53, n=6, k=3, h=8, hv=12, bias=(2, 1, 37, 53), mask=(2, 6, 1, 53), is_causal=True, kv_lengths=True, window=(9, 4), soft_cap=3.0),
+]
+
+
+def make(case: Case, inputs):
+  q = inputs.normal((*case.batch, case.t, case.n, case.h))
+  k = inputs.normal((*case.batch, case.s, case.k, case.h))
+  v = inputs.normal((*case.batch, case.s, case.k, case.hv))
+  bias = None if case.bias is None else inputs.normal(case.bias)
+  mask = None if case.mask is None else inputs.bools(case.mask)
+  kwargs = dict(
+    is_causal=case.is_causal,
+    local_window_size=case.window,
+    logits_soft_cap=case.soft_cap,
+    scale=case.scale,
+  )
+  if case.q_lengths:
+    kwargs["query_seq_lengths"] = inputs.ints(case.batch, 1, case.t)
+  if case.kv_lengths:
+    kwargs["key_value_seq_lengths"] = inputs.ints(case.batch, 1, case.s)
+  return (q, k, v, bias, mask), kwargs
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_forward_and_gradient(case, impl, inputs):
+  arrays, kwargs = make(case, inputs)
+  q, k, v, bias, mask = arrays
+
+  def run(q, k, v, bias):
+    return tokamax.dot_product_attention(q, k, v, bias, mask, implementation=impl, **kwargs)
+
+  def reference(q, k, v, bias):
+    return references.attention(q, k, v, bias, mask, **kwargs)
+
+  out = run(q, k, v, bias)
+  dout = inputs.normal(out.shape)
+  differentiable = (q, k, v) + (() if bias is None else (bias,))
+  ref_out, ref_grads = references.high_precision_vjp(
+    lambda *a: reference(*a, *(() if bias is not None else (None,))), differentiable, dout
+  )
+  assert_matches(out, ref_out, what="output")
+  _, vjp = jax.vjp(lambda *a: run(*a, *(() if bias is not None else (None,))), *differentiable)
+  for name, g, ref in zip(("dq", "dk", "dv", "dbias"), vjp(dout), ref_grads, strict=False):
+    assert_matches(g, ref, what=name)
+
+
+@pytest.mark.parametrize("impl", ("xla", "xla_chunked"))
+def test_rows_that_see_nothing_are_zero(impl, inputs):
+  q = inputs.normal((2, 10, 2, 8))
+  k = inputs.normal((2, 10, 2, 8))
+  v = inputs.normal((2, 10, 2, 8))
+  lengths = jnp.array([4, 10])
+  mask = jnp.ones((10, 10), bool).at[7].set(False)[None, None]
+  out = tokamax.dot_product_attention(
+    q, k, v, mask=mask, query_seq_lengths=lengths, implementation=impl
+  )
+  assert np.all(np.asarray(out[0, 4:]) == 0), "padded query rows must be zero"
+  assert np.all(np.asarray(out[:, 7]) == 0), "fully masked rows must be zero"
+  assert np.all(np.abs(np.asarray(out[1, :7])).sum(-1) > 0), "visible rows must be written"
+
+
+@pytest.mark.parametrize("chunk", (1, 5, 7, 64))
+def test_chunked_any_chunk_size(chunk, inputs):
+  from tokamax._src.ops.attention import xla_chunked
+
+  q, k, v = (inputs.normal((1, 19, 2, 8)) for _ in range(3))
+  op = xla_chunked.XlaChunkedAttention(config=xla_chunked.ChunkedConfig(kv_chunk_size=chunk))
+  out = tokamax.dot_product_attention(q, k, v, is_causal=True, implementation=op)
+  assert_matches(out, references.high_precision(references.attention)(q, k, v, is_causal=True))

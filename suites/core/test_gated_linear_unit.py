@@ -1,0 +1,34 @@
+"""gated_linear_unit against the float64 reference."""
+
+import jax
+import pytest
+
+import tokamax
+from suites.core.conftest import assert_matches, references
+
+ACTIVATIONS = {"none": None, "swish": jax.nn.swish, "gelu": jax.nn.gelu, "relu": jax.nn.relu}
+
+
+@pytest.mark.parametrize("impl", ("xla", None))
+@pytest.mark.parametrize("fused", (True, False), ids=("fused", "pair"))
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("x_shape", ((13, 24), (2, 3, 24)), ids=("2d", "batched"))
+def test_forward_and_gradient(x_shape, activation, fused, impl, inputs):
+  act = ACTIVATIONS[activation]
+  x = inputs.normal(x_shape)
+  w = inputs.normal((24, 2, 19), 0.3) if fused else (inputs.normal((24, 19), 0.3), inputs.normal((24, 19), 0.3))
+
+  def run(x, w):
+    return tokamax.gated_linear_unit(x, w, activation=act, implementation=impl)
+
+  def reference(x, w):
+    return references.gated_linear_unit(x, w, activation=act)
+
+  out = run(x, w)
+  dout = inputs.normal(out.shape)
+  ref_out, ref_grads = references.high_precision_vjp(reference, (x, w), dout)
+  assert_matches(out, ref_out, what="output")
+  grads = jax.vjp(run, x, w)[1](dout)
+  assert_matches(grads[0], ref_grads[0], what="dx")
+  for g, r in zip(jax.tree.leaves(grads[1]), jax.tree.leaves(ref_grads[1]), strict=True):
+    assert_matches(g, r, what="dweights")

@@ -1,0 +1,55 @@
+"""layer_norm against the float64 reference."""
+
+import jax
+import pytest
+
+import tokamax
+from suites.core.conftest import assert_matches, references
+
+CASES = {
+  "layernorm": dict(shape=(6, 37)),
+  "rmsnorm": dict(shape=(6, 37), subtract_mean=False),
+  "axis0": dict(shape=(19, 5), axis=0),
+  "axis_middle_3d": dict(shape=(3, 21, 4), axis=1),
+  "negative_axis": dict(shape=(3, 4, 9), axis=-2),
+  "no_scale": dict(shape=(4, 33), scale=False),
+  "no_offset": dict(shape=(4, 33), offset=False),
+  "neither": dict(shape=(4, 33), scale=False, offset=False),
+  "scale_offset": dict(shape=(4, 33), scale_offset=1.0),
+  "scale_offset_no_scale_rms": dict(shape=(4, 33), scale=False, scale_offset=0.5, subtract_mean=False),
+  "epsilon": dict(shape=(4, 16), epsilon=0.3),
+  "vector": dict(shape=(50,)),
+}
+
+
+@pytest.mark.parametrize("impl", ("xla", None))
+@pytest.mark.parametrize("name", CASES)
+def test_forward_and_gradient(name, impl, inputs):
+  case = dict(CASES[name])
+  shape = case.pop("shape")
+  axis = case.pop("axis", -1)
+  with_scale, with_offset = case.pop("scale", True), case.pop("offset", True)
+  x = inputs.normal(shape, 2.0) + 0.5
+  d = shape[axis]
+  params = {}
+  if with_scale:
+    params["scale"] = inputs.normal((d,))
+  if with_offset:
+    params["offset"] = inputs.normal((d,))
+
+  def run(x, p):
+    return tokamax.layer_norm(
+      x, p.get("scale"), p.get("offset"), axis=axis, implementation=impl, **case
+    )
+
+  def reference(x, p):
+    return references.layer_norm(x, p.get("scale"), p.get("offset"), axis=axis, **case)
+
+  out = run(x, params)
+  dout = inputs.normal(out.shape)
+  ref_out, ref_grads = references.high_precision_vjp(reference, (x, params), dout)
+  assert_matches(out, ref_out, what="output")
+  grads = jax.vjp(run, x, params)[1](dout)
+  assert_matches(grads[0], ref_grads[0], what="dx")
+  for key in params:
+    assert_matches(grads[1][key], ref_grads[1][key], what=f"d{key}")

@@ -1,0 +1,91 @@
+"""ragged_dot and ragged_dot_general against the dense one-hot float64 reference."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tokamax
+from suites.core.conftest import assert_matches, references
+from tokamax._src.ops.ragged_dot import spec
+
+M, K, N = 45, 24, 13
+SIZES = {
+  "uneven": [10, 0, 17, 3, 15],
+  "empty_groups": [0, 20, 0, 0, 25],
+  "short_sum": [5, 9, 0, 4, 2],  # rows past the sum take part in no group
+  "one_group_all": [0, 0, 45, 0, 0],
+}
+
+
+def _rhs(layout, inputs, g):
+  if layout == spec.DEFAULT:
+    return inputs.normal((g, K, N))
+  if layout == spec.RHS_TRANSPOSED:
+    return inputs.normal((g, N, K))
+  return inputs.normal((M, N))
+
+
+@pytest.mark.parametrize("impl", ("xla", None))
+@pytest.mark.parametrize("layout", spec.LAYOUTS)
+@pytest.mark.parametrize("sizes", SIZES)
+def test_layouts(sizes, layout, impl, inputs):
+  group_sizes = jnp.array(SIZES[sizes], jnp.int32)
+  lhs = inputs.normal((M, K))
+  rhs = _rhs(layout, inputs, len(SIZES[sizes]))
+
+  def run(lhs, rhs):
+    return tokamax.ragged_dot_general(
+      lhs, rhs, group_sizes, spec.dimension_numbers(layout), implementation=impl
+    )
+
+  out = run(lhs, rhs)
+  dout = inputs.normal(out.shape)
+  ref_out, ref_grads = references.high_precision_vjp(
+    lambda a, b: references.ragged_dot_general(a, b, group_sizes, layout), (lhs, rhs), dout
+  )
+  assert_matches(out, ref_out, what="output")
+  grads = jax.vjp(run, lhs, rhs)[1](dout)
+  assert_matches(grads[0], ref_grads[0], what="dlhs")
+  assert_matches(grads[1], ref_grads[1], what="drhs")
+  if layout != spec.RAGGED_CONTRACTING and sizes == "short_sum":
+    assert np.all(np.asarray(out)[sum(SIZES[sizes]) :] == 0), "rows past the groups must be zero"
+
+
+@pytest.mark.parametrize("layout", spec.LAYOUTS)
+@pytest.mark.parametrize("offset", (0, 2, 3))
+def test_group_offset(layout, offset, inputs):
+  sizes = jnp.array([7, 0, 11, 9, 6, 8], jnp.int32)
+  local = 3
+  lhs = inputs.normal((M, K))
+  rhs = _rhs(layout, inputs, local)
+  out = spec.SPEC(
+    lhs,
+    rhs,
+    sizes,
+    spec.dimension_numbers(layout),
+    group_offset=jnp.array([offset]),
+    num_local_groups=local,
+    implementation="xla",
+  )
+  ref = references.high_precision(references.ragged_dot_general)(
+    lhs, rhs, sizes, layout, jnp.array([offset]), local
+  )
+  assert_matches(out, ref)
+
+
+def test_ragged_dot_matches_default_layout_and_group_sizes_object(inputs):
+  sizes = tokamax.generate_ragged_dot_group_sizes(M, 4, seed=3)
+  assert sizes.sum() == M and sizes.shape == (4,) and sizes.dtype == np.int32
+  lhs, rhs = inputs.normal((M, K)), inputs.normal((4, K, N))
+  wrapped = tokamax.RaggedDotGroupSizes(jnp.asarray(sizes), tuple(int(s) for s in sizes))
+  out = tokamax.ragged_dot(lhs, rhs, wrapped, preferred_element_type=jnp.float32)
+  ref = references.high_precision(references.ragged_dot_general)(lhs, rhs, sizes, "default")
+  assert_matches(out, ref)
+
+
+def test_generated_sizes_are_uneven_and_can_be_empty():
+  sizes = tokamax.generate_ragged_dot_group_sizes(4096, 16, seed=1, alpha=0.5, empty_fraction=0.25)
+  assert sizes.sum() == 4096
+  assert (sizes == 0).sum() >= 4
+  assert sizes.max() > 2 * sizes[sizes > 0].min()
