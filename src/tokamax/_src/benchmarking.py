@@ -170,9 +170,9 @@ def _wallclock_times(fn: Callable, args: Any, iterations: int) -> list[float]:
 def _cupti_profiler() -> Any | None:
   """The CUPTI profiler class, or None where it cannot load."""
   try:
-    from jax._src.lib import mosaic_gpu  # noqa: PLC0415
-    from jax.experimental.mosaic.gpu import profiler  # noqa: PLC0415
-  except Exception:  # noqa: BLE001 (any import failure means no CUPTI)
+    from jax._src.lib import mosaic_gpu
+    from jax.experimental.mosaic.gpu import profiler
+  except Exception:
     return None
   return None if mosaic_gpu is None else profiler.Cupti
 
@@ -225,7 +225,7 @@ def time_compiled(
 def _peak_memory_bytes(compiled: jax.stages.Compiled) -> int | None:
   try:
     stats = compiled.memory_analysis()
-  except Exception:  # noqa: BLE001 (not every backend reports it)
+  except Exception:
     return None
   if stats is None:
     return None

@@ -36,7 +36,9 @@ class _Options:
     consulted; env TOKAMAX_USE_DEFAULT_CACHE=0 turns it off.
   """
 
-  cache_miss: CacheMiss = CacheMiss(os.environ.get("TOKAMAX_CACHE_MISS", "heuristics"))
+  cache_miss: CacheMiss = dataclasses.field(
+    default_factory=lambda: CacheMiss(os.environ.get("TOKAMAX_CACHE_MISS", "heuristics"))
+  )
   use_default_cache: bool = os.environ.get("TOKAMAX_USE_DEFAULT_CACHE", "1") != "0"
 
 

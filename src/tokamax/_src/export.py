@@ -76,7 +76,7 @@ def abstract_gpu(device_kind: str = "NVIDIA H200", num_cores: int = 132) -> Iter
   from the abstract mesh's device. Kernels that need the GPU plugin to lower
   (Mosaic GPU, jax-triton, cuDNN) still need a GPU machine.
   """
-  from jax._src import mesh as mesh_lib  # noqa: PLC0415 (AbstractDevice is not public)
+  from jax._src import mesh as mesh_lib
 
   device = mesh_lib.AbstractDevice(device_kind=device_kind, num_cores=num_cores, platform="gpu")
   mesh = mesh_lib.AbstractMesh((1,), ("_tokamax_export",), abstract_device=device)

@@ -94,7 +94,9 @@ class AutotuningResult:
   # -- Serialization ------------------------------------------------------------
 
   def to_json(self) -> dict[str, Any]:
-    load = lambda text: None if text is None else json.loads(text)
+    def load(text):
+      return None if text is None else json.loads(text)
+
     return {
       "format": FORMAT,
       "format_version": FORMAT_VERSION,
@@ -117,10 +119,16 @@ class AutotuningResult:
   @classmethod
   def from_json(cls, obj: Mapping[str, Any]) -> Self:
     if obj.get("format") != FORMAT:
-      raise ValueError(f"not an autotuning result: format {obj.get('format')!r}, expected {FORMAT!r}.")
+      raise ValueError(
+        f"not an autotuning result: format {obj.get('format')!r}, expected {FORMAT!r}."
+      )
     if obj.get("format_version") != FORMAT_VERSION:
-      raise ValueError(f"unsupported autotuning result format_version {obj.get('format_version')!r}.")
-    dump = lambda value: None if value is None else json.dumps(value, sort_keys=True, separators=(",", ":"))
+      raise ValueError(
+        f"unsupported autotuning result format_version {obj.get('format_version')!r}."
+      )
+    dump = lambda value: (
+      None if value is None else json.dumps(value, sort_keys=True, separators=(",", ":"))
+    )
     data = tuple(
       AutotuningData(
         op=d["op"],
@@ -295,10 +303,7 @@ def autotune(
   Returns:
     The `AutotuningResult` of the ops with something to tune.
   """
-  if callable(f):
-    found = find_ops(f, *args, kwargs=kwargs)
-  else:
-    found = [(bound, "forward") for bound in f]
+  found = find_ops(f, *args, kwargs=kwargs) if callable(f) else [(b, "forward") for b in f]
   work: dict[tuple, tuple[op_lib.BoundArguments, str]] = {}
   for bound, mode in found:
     if bound.op.config is not None:  # A fixed config: nothing to choose.
@@ -311,7 +316,9 @@ def autotune(
         mode = "forward_and_vjp" if "forward_and_vjp" in (mode, work[key][1]) else mode
       work[key] = (b, mode)
   tunable = [
-    (key, b, mode) for key, (b, mode) in work.items() if len(b.op._get_autotuning_configs(b.args)) > 1
+    (key, b, mode)
+    for key, (b, mode) in work.items()
+    if len(b.op._get_autotuning_configs(b.args)) > 1
   ]
   kind = cache.device_kind()
   start = time.monotonic()
@@ -350,10 +357,11 @@ def autotune(
 
 
 def _failed(key: tuple[str, str, str], mode: str, message: str) -> AutotuningData:
-  return AutotuningData(op=key[0], implementation=key[1], key=key[2], mode=mode, config=None, errors=((None, message),))
+  return AutotuningData(
+    op=key[0], implementation=key[1], key=key[2], mode=mode, config=None, errors=((None, message),)
+  )
 
 
 def _note(enabled: bool, text: str) -> None:
   if enabled:
     print(f"[tokamax.autotune] {text}", file=sys.stderr, flush=True)
-

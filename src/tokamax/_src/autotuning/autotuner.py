@@ -59,7 +59,7 @@ class AutotuningData:
     if text is None:
       return None
     if self.config_cls is None:
-      import json  # noqa: PLC0415
+      import json
 
       return json.loads(text)
     return configs.decode(self.config_cls, text)
@@ -105,7 +105,9 @@ def _compile_all(
     fn, args = candidates[i]
     return jax.jit(fn).lower(args).compile()
 
-  pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="tokamax-autotune")
+  pool = concurrent.futures.ThreadPoolExecutor(
+    max_workers=max_workers, thread_name_prefix="tokamax-autotune"
+  )
   futures = {pool.submit(work, i): i for i in range(len(candidates))}
   compiled, errors = {}, {}
   pending = set(futures)
@@ -173,6 +175,14 @@ def autotune_bound(
   """
   if mode not in ("forward", "forward_and_vjp"):
     raise ValueError(f"`mode` must be 'forward' or 'forward_and_vjp', got {mode!r}.")
+  # Tuning may start while a function is traced (a cache miss): run eagerly.
+  with jax.ensure_compile_time_eval():
+    return _autotune(
+      bound, mode, candidates, timeout_s, max_workers, iterations, method, seed, progress
+    )
+
+
+def _autotune(bound, mode, candidates, timeout_s, max_workers, iterations, method, seed, progress):
   op = bound.op.with_config(None)
   abstract = arguments.abstract(bound.args)
   if candidates is None:
@@ -196,9 +206,11 @@ def autotune_bound(
       bar.update(f"skipped {text}", advance=1)
       continue
     try:
-      times = benchmarking.time_compiled(compiled[i], fns[i][1], iterations=iterations, method=method)
+      times = benchmarking.time_compiled(
+        compiled[i], fns[i][1], iterations=iterations, method=method
+      )
       timings.append((text, float(np.median(times))))
-    except Exception as e:  # noqa: BLE001 (a failing candidate is recorded, not fatal)
+    except Exception as e:
       errors[text] = _short_error(e)
     bar.update(f"timed {text}", advance=1)
   timings.sort(key=lambda item: (item[1], item[0]))

@@ -66,7 +66,7 @@ def file_name(kind: str) -> str:
 @functools.cache
 def default_result(kind: str) -> Any | None:
   """The shipped `AutotuningResult` of a device kind, or None."""
-  from tokamax._src.autotuning import api  # noqa: PLC0415 (api imports this module)
+  from tokamax._src.autotuning import api
 
   path = DATA_DIR / file_name(kind)
   if not path.is_file():
@@ -110,8 +110,8 @@ def lookup(op: Any, args: Any) -> Any | None:
       f"{op.spec.name}[{op.name}]: no tuned config for {key} on {device_kind()} "
       "(tokamax.config.OPTIONS.cache_miss='error'); run tokamax.autotune and enter its result."
     )
-  from tokamax._src.autotuning import autotuner  # noqa: PLC0415
-  from tokamax._src.ops import op as op_lib  # noqa: PLC0415
+  from tokamax._src.autotuning import autotuner
+  from tokamax._src.ops import op as op_lib
 
   data = autotuner.autotune_bound(op_lib.BoundArguments(op, arguments.abstract(args)))
   with _TUNED_ON_MISS_LOCK:

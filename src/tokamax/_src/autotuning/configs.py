@@ -26,7 +26,9 @@ def to_json(value: Any) -> Any:
     return value
   if hasattr(value, "item"):  # NumPy scalars.
     return value.item()
-  raise TypeError(f"cannot write config field value {value!r} of type {type(value).__name__} as JSON.")
+  raise TypeError(
+    f"cannot write config field value {value!r} of type {type(value).__name__} as JSON."
+  )
 
 
 def encode(config: Any) -> str:

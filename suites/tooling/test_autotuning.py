@@ -1,0 +1,363 @@
+"""tokamax.autotune, AutotuningResult and the config cache, on CPU (issue 7).
+
+The XLA chunked implementations are the search spaces: the attention's key
+chunk and the loss's vocabulary chunk change the scan's trip count, which the
+tests read from the lowered StableHLO.
+"""
+
+import dataclasses
+import io
+import json
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tokamax
+from tokamax._src.autotuning import api, autotuner, cache
+from tokamax._src.autotuning import example_user_op as ex
+from tokamax._src.ops.attention import xla_chunked
+from tokamax._src.ops.linear_softmax_cross_entropy_loss import chunked_xla
+
+S = 256  # Key length: chunk candidates 128 and 256.
+V = 2048  # Vocabulary: chunk candidates 1024 and 2048.
+_TRIP = re.compile(
+  r"cond \{\s*%\S+ = stablehlo\.constant dense<(\d+)> : tensor<i32>\s*%\S+ = stablehlo\.compare\s+LT"
+)
+
+
+def trip_counts(lowered_text: str) -> list[int]:
+  """The trip counts of the scans (while loops with a constant bound) in StableHLO."""
+  return [int(n) for n in _TRIP.findall(lowered_text)]
+
+
+def make_inputs(seed: int = 0):
+  keys = jax.random.split(jax.random.key(seed), 6)
+  q = jax.random.normal(keys[0], (1, S, 2, 16), jnp.float32)
+  k = jax.random.normal(keys[1], (1, S, 2, 16), jnp.float32)
+  v = jax.random.normal(keys[2], (1, S, 2, 16), jnp.float32)
+  x = jax.random.normal(keys[3], (8, 32), jnp.float32)
+  w = 0.2 * jax.random.normal(keys[4], (32, V), jnp.float32)
+  labels = jax.random.randint(keys[5], (8,), 0, V)
+  return q, k, v, x, w, labels
+
+
+def loss(q, k, v, x, w, labels):
+  o = tokamax.dot_product_attention(q, k, v, implementation="xla_chunked")
+  h = tokamax.layer_norm(x, None, None, implementation="xla")
+  ce = tokamax.linear_softmax_cross_entropy_loss(h, labels, w, implementation="chunked_xla")
+  return jnp.sum(o * o) + ce
+
+
+def attention_only(q):
+  return tokamax.dot_product_attention(q, q, q, implementation="xla_chunked")
+
+
+def chunk_result(chunk: int, q) -> tokamax.AutotuningResult:
+  """A result fixing the attention key chunk of `attention_only(q)`."""
+  (bound,) = api.get_bound_args(attention_only, q)
+  data = api.AutotuningData(
+    op=bound.op.spec.name,
+    implementation=bound.op.name,
+    key=bound.key,
+    mode="forward",
+    config=json.dumps({"kv_chunk_size": chunk}),
+  )
+  return tokamax.AutotuningResult(jax.devices()[0].device_kind, (data,))
+
+
+@pytest.fixture(scope="module")
+def tuned():
+  """The jitted gradient of `loss`, its inputs and its autotuning result."""
+  args = make_inputs()
+  grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))
+  return grad, args, tokamax.autotune(grad, *args, iterations=3, progress=False)
+
+
+def names(found) -> dict[tuple[str, str], str]:
+  return {(b.op.spec.name, b.op.name): mode for b, mode in found}
+
+
+def test_finds_ops_in_jitted_function_and_gradient():
+  args = make_inputs()
+  forward = names(api.find_ops(jax.jit(loss), *args))
+  assert forward == {
+    ("dot_product_attention", "xla_chunked"): "forward",
+    ("layer_norm", "xla"): "forward",
+    ("linear_softmax_cross_entropy_loss", "chunked_xla"): "forward",
+  }
+  grad = names(api.find_ops(jax.jit(jax.grad(loss, argnums=(0, 3))), *args))
+  # The chunked implementations' custom backward passes ran: their configs matter there.
+  assert grad[("dot_product_attention", "xla_chunked")] == "forward_and_vjp"
+  assert grad[("linear_softmax_cross_entropy_loss", "chunked_xla")] == "forward_and_vjp"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _ChunkedWithXlaGradient(xla_chunked.XlaChunkedAttention):
+  """Chunked forward whose gradient comes from the XLA implementation."""
+
+  differentiable = False
+
+  def _bwd_unsupported_reason(self, args):
+    return "test: the gradient comes from the XLA implementation"
+
+
+def test_finds_ops_that_only_appear_in_the_gradient():
+  q = make_inputs()[0]
+  op = _ChunkedWithXlaGradient()
+
+  def f(q):
+    return jnp.sum(tokamax.dot_product_attention(q, q, q, implementation=op))
+
+  assert ("dot_product_attention", "xla") not in names(api.find_ops(f, q))
+  assert ("dot_product_attention", "xla") in names(api.find_ops(jax.jit(jax.grad(f)), q))
+
+
+def test_finds_ops_of_an_already_traced_jitted_function():
+  q = make_inputs()[0]
+  f = jax.jit(attention_only)
+  f(q)  # Traced and cached; finding the ops must trace again.
+  assert list(names(api.find_ops(f, q))) == [("dot_product_attention", "xla_chunked")]
+  # Shapes suffice.
+  assert len(api.get_bound_args(f, jax.ShapeDtypeStruct(q.shape, q.dtype))) == 1
+
+
+def test_autotune_tunes_chunk_sizes_of_the_jitted_gradient(tuned):
+  _, _, result = tuned
+  assert result.device_kind == jax.devices()[0].device_kind
+  assert result.library_version == tokamax.__version__
+  by_op = {(d.op, d.implementation): d for d in result.data}
+  # layer_norm[xla] has nothing to tune, so it has no entry.
+  assert set(by_op) == {
+    ("dot_product_attention", "xla_chunked"),
+    ("linear_softmax_cross_entropy_loss", "chunked_xla"),
+  }
+  attention = by_op[("dot_product_attention", "xla_chunked")]
+  assert attention.mode == "forward_and_vjp"
+  assert {json.loads(c)["kv_chunk_size"] for c, _ in attention.timings_ms} == {128, 256}
+  assert not attention.errors
+  times = [t for _, t in attention.timings_ms]
+  assert times == sorted(times) and all(t > 0 for t in times)
+  assert attention.config == attention.timings_ms[0][0]
+  loss_data = by_op[("linear_softmax_cross_entropy_loss", "chunked_xla")]
+  assert {json.loads(c)["vocab_chunk_size"] for c, _ in loss_data.timings_ms} == {1024, 2048}
+  # Configs decode to the implementation's config class.
+  (bound,) = api.get_bound_args(attention_only, make_inputs()[0])
+  assert isinstance(
+    result.data_for(bound.op, attention.key).fastest_config, xla_chunked.ChunkedConfig
+  )
+
+
+def test_dumps_loads_round_trip(tuned, tmp_path):
+  _, _, result = tuned
+  text = result.dumps()
+  obj = json.loads(text)
+  assert obj["format"] == "tokamax.AutotuningResult" and obj["format_version"] == 1
+  assert obj["device_kind"] == result.device_kind and obj["library_version"] == tokamax.__version__
+  again = tokamax.AutotuningResult.loads(text)
+  assert again == result and hash(again) == hash(result)
+  assert again.dumps() == text
+  assert [dataclasses.replace(d, config_cls=None) for d in again.data] == [
+    dataclasses.replace(d, config_cls=None) for d in result.data
+  ]
+  path = tmp_path / "result.json"
+  result.dump(path)
+  assert tokamax.AutotuningResult.load(path) == result
+  buffer = io.StringIO()
+  result.dump(buffer)
+  assert tokamax.AutotuningResult.load(io.StringIO(buffer.getvalue())) == result
+  with pytest.raises(ValueError, match="format"):
+    tokamax.AutotuningResult.loads(json.dumps({"format": "other"}))
+
+
+def test_context_manager_changes_the_config_in_the_lowered_program():
+  q = make_inputs()[0]
+  traces = []
+
+  @jax.jit
+  def f(q):
+    traces.append(1)
+    return attention_only(q)
+
+  assert trip_counts(f.lower(q).as_text()) == [1]  # Heuristic chunk 256: one step.
+  with chunk_result(64, q):
+    assert trip_counts(f.lower(q).as_text()) == [4]
+    with chunk_result(128, q):  # The innermost result wins.
+      assert trip_counts(f.lower(q).as_text()) == [2]
+    assert trip_counts(f.lower(q).as_text()) == [4]
+  assert trip_counts(f.lower(q).as_text()) == [1]
+  # Calls retrace inside a result and reuse the trace of an equal result.
+  f(q)
+  n = len(traces)
+  with chunk_result(32, q):
+    f(q)
+  assert len(traces) == n + 1
+  with chunk_result(32, q):  # An equal result (another object).
+    f(q)
+  assert len(traces) == n + 1
+
+
+def test_reloaded_result_gives_bitwise_the_same_outputs(tuned):
+  grad, args, result = tuned
+  with result:
+    tuned_out = grad(*args)
+  reloaded = tokamax.AutotuningResult.loads(result.dumps())
+  fresh = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))
+  with reloaded:
+    reloaded_out = fresh(*args)
+  for a, b in zip(tuned_out, reloaded_out, strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # The tuned configs are the ones in use: fixing them by hand gives the same bits.
+  by_op = {d.implementation: d for d in result.data}
+  attn_cfg = xla_chunked.ChunkedConfig(**json.loads(by_op["xla_chunked"].config))
+  loss_cfg = chunked_xla.ChunkedLossConfig(**json.loads(by_op["chunked_xla"].config))
+
+  def fixed_loss(q, k, v, x, w, labels):
+    o = tokamax.dot_product_attention(
+      q, k, v, implementation=xla_chunked.XlaChunkedAttention(config=attn_cfg)
+    )
+    h = tokamax.layer_norm(x, None, None, implementation="xla")
+    ce = tokamax.linear_softmax_cross_entropy_loss(
+      h, labels, w, implementation=chunked_xla.ChunkedXlaLoss(config=loss_cfg)
+    )
+    return jnp.sum(o * o) + ce
+
+  fixed_out = jax.jit(jax.grad(fixed_loss, argnums=(0, 1, 2, 3, 4)))(*args)
+  for a, b in zip(tuned_out, fixed_out, strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_merge():
+  q = make_inputs()[0]
+  a, b = chunk_result(64, q), chunk_result(128, q)
+  assert a.merge(b).data == b.data  # Same key: the later result wins.
+  assert (b | a).data == a.data
+  other = dataclasses.replace(a.data[0], key=a.data[0].key + "-other")
+  merged = a.merge(b, tokamax.AutotuningResult(a.device_kind, (other,)))
+  assert len(merged) == 2
+  assert json.loads(
+    merged.data_for(api.get_bound_args(attention_only, q)[0].op, a.data[0].key).config
+  ) == {"kv_chunk_size": 128}
+  with pytest.raises(ValueError, match="device kinds"):
+    a.merge(tokamax.AutotuningResult("NVIDIA H200", ()))
+
+
+def test_cache_miss_options():
+  keys = jax.random.split(jax.random.key(3), 2)
+  q = jax.random.normal(keys[0], (1, 384, 1, 8), jnp.float32)  # A shape no result covers.
+  x = jax.random.normal(keys[1], (4, 8), jnp.float32)
+  f = jax.jit(attention_only)
+  norm = jax.jit(lambda x: tokamax.layer_norm(x, None, None, implementation="xla"))
+  assert tokamax.config.OPTIONS.cache_miss == "heuristics"
+  assert trip_counts(f.lower(q).as_text()) == [1]  # Heuristic chunk min(512, 384).
+  f(q)
+  with tokamax.config.override(cache_miss="error"):
+    with pytest.raises(LookupError, match="no tuned config"):
+      f(q)  # Retraced under the new option even though `f` was cached.
+    norm(x)  # Nothing to tune: no error.
+  try:
+    with tokamax.config.override(cache_miss="autotune"):
+      lowered = f.lower(q).as_text()
+    (data,) = cache._TUNED_ON_MISS.values()
+    chunk = json.loads(data.config)["kv_chunk_size"]
+    assert {json.loads(c)["kv_chunk_size"] for c, _ in data.timings_ms} == {128, 256, 384}
+    assert trip_counts(lowered) == [-(-384 // chunk)]
+  finally:
+    cache.clear_tuned_on_miss()
+  with pytest.raises(ValueError, match="unknown option"), tokamax.config.override(no_such_option=1):
+    pass
+
+
+def test_default_cache(monkeypatch, tmp_path):
+  q = make_inputs()[0]
+  kind = jax.devices()[0].device_kind
+  assert cache.file_name("NVIDIA H200") == "NVIDIA_H200.json"
+  chunk_result(64, q).dump(tmp_path / cache.file_name(kind))
+  monkeypatch.setattr(cache, "DATA_DIR", tmp_path)
+  cache.default_result.cache_clear()
+  try:
+    f = jax.jit(lambda q: attention_only(q))  # A function JAX has not traced before.
+    assert trip_counts(f.lower(q).as_text()) == [4]  # From the shipped file.
+    with tokamax.config.override(use_default_cache=False):
+      assert trip_counts(f.lower(q).as_text()) == [1]
+    with chunk_result(128, q):  # An entered result comes first.
+      assert trip_counts(f.lower(q).as_text()) == [2]
+  finally:
+    cache.default_result.cache_clear()
+
+
+def test_shipped_default_caches_load():
+  for path in sorted(cache.DATA_DIR.glob("*.json")):
+    result = tokamax.AutotuningResult.load(path)
+    assert path.name == cache.file_name(result.device_kind)
+    assert all(d.config is not None for d in result.data)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _FlakyRowRms(ex.BlockedRowRms):
+  """Block 24 fails to trace, block 40 takes too long to compile."""
+
+  def _fwd(self, args, config):
+    if config.block_cols == 24:
+      raise ValueError("block 24 is broken")
+    if config.block_cols == 40:
+      time.sleep(3.0)
+    return super()._fwd(args, config)
+
+
+def test_candidate_errors_and_timeouts_are_recorded_not_fatal():
+  x = jax.random.normal(jax.random.key(4), (8, 64), jnp.float32)
+  bound = _FlakyRowRms().bind(x)
+  data = autotuner.autotune_bound(
+    bound, candidates=[ex.BlockConfig(b) for b in (16, 24, 32, 40)], timeout_s=1.0, iterations=2
+  )
+  assert {json.loads(c)["block_cols"] for c, _ in data.timings_ms} == {16, 32}
+  errors = {json.loads(c)["block_cols"]: e for c, e in data.errors}
+  assert set(errors) == {24, 40}
+  assert "block 24 is broken" in errors[24]
+  assert errors[40].startswith("TimeoutError")
+  assert json.loads(data.config)["block_cols"] in (16, 32)
+
+
+def test_user_op_is_tunable(capsys):
+  x = jax.random.normal(jax.random.key(5), (16, 256), jnp.float32)
+  f = jax.jit(jax.grad(lambda x: jnp.sum(ex.row_rms(x) ** 2)))
+  result = tokamax.autotune(f, x, iterations=2)
+  assert "[tokamax.autotune]" in capsys.readouterr().err  # The progress report.
+  (data,) = result.data
+  assert (data.op, data.implementation) == ("example_row_rms", "blocked")
+  assert {json.loads(c)["block_cols"] for c, _ in data.timings_ms} == {16, 32, 64, 128}
+  chunk = json.loads(data.config)["block_cols"]
+  g = jax.jit(lambda x: ex.row_rms(x))
+  assert trip_counts(g.lower(x).as_text()) == [2]  # Heuristic block 128.
+  with result:
+    assert trip_counts(g.lower(x).as_text()) == [256 // chunk]
+    out = np.asarray(g(x), np.float64)
+  x64 = np.asarray(x, np.float64)
+  np.testing.assert_allclose(out, np.sqrt((x64 * x64).mean(-1)), rtol=1e-5)
+
+
+def test_ignore_cache_and_all_implementations(tuned, capsys):
+  grad, args, result = tuned
+  with result:
+    cached = tokamax.autotune(grad, *args, iterations=2)
+  assert cached == result  # Taken from the active result, not timed again.
+  assert capsys.readouterr().err.count(": cached") == 2
+  q = args[0]
+
+  def plain(q):
+    return tokamax.dot_product_attention(q, q, q, implementation="xla")
+
+  assert len(tokamax.autotune(plain, q, progress=False)) == 0  # XLA has nothing to tune.
+  every = tokamax.autotune(plain, q, all_implementations=True, iterations=2, progress=False)
+  assert [(d.op, d.implementation) for d in every.data] == [
+    ("dot_product_attention", "xla_chunked")
+  ]
+  with result:
+    fresh = tokamax.autotune(
+      jax.jit(attention_only), q, ignore_cache=True, iterations=2, progress=False
+    )
+  assert fresh.data[0].timings_ms  # Timed again although the shape is covered by `result`.
