@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from tokamax._src import arguments, version
-from tokamax._src.autotuning import autotuner, cache
+from tokamax._src.autotuning import autotuner, cache, configs
 from tokamax._src.autotuning.autotuner import AutotuningData as AutotuningData
 from tokamax._src.ops import op as op_lib
 
@@ -126,9 +126,10 @@ class AutotuningResult:
       raise ValueError(
         f"unsupported autotuning result format_version {obj.get('format_version')!r}."
       )
-    dump = lambda value: (
-      None if value is None else json.dumps(value, sort_keys=True, separators=(",", ":"))
-    )
+
+    def dump(value):
+      return None if value is None else configs.canonical(value)
+
     data = tuple(
       AutotuningData(
         op=d["op"],

@@ -31,9 +31,14 @@ def to_json(value: Any) -> Any:
   )
 
 
+def canonical(data: Any) -> str:
+  """Plain JSON data as canonical text: sorted keys, no spaces."""
+  return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
 def encode(config: Any) -> str:
   """The canonical JSON string of `config`."""
-  return json.dumps(to_json(config), sort_keys=True, separators=(",", ":"))
+  return canonical(to_json(config))
 
 
 def _from_json(hint: Any, value: Any) -> Any:
