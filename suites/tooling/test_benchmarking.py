@@ -1,0 +1,120 @@
+"""standardize_function and benchmark on CPU (issue 7)."""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tokamax
+from tokamax._src import benchmarking
+
+
+def matmul(x, w, *, scale):
+  return scale * (x @ w)
+
+
+def inputs(seed=0):
+  kx, kw = jax.random.split(jax.random.key(seed))
+  return jax.random.normal(kx, (8, 16)), jax.random.normal(kw, (16, 4))
+
+
+def test_forward_passes_static_leaves_through():
+  x, w = inputs()
+  fn, arrays = tokamax.standardize_function(matmul, x, w, kwargs={"scale": 2.0})
+  assert len(arrays) == 2
+  np.testing.assert_allclose(
+    np.asarray(fn(arrays)),
+    2.0 * np.asarray(x, np.float64) @ np.asarray(w, np.float64),
+    rtol=1e-5,
+    atol=1e-5,
+  )
+
+
+def test_forward_and_vjp_against_the_analytic_gradient():
+  x, w = inputs()
+  fn, arrays = tokamax.standardize_function(
+    matmul, x, w, kwargs={"scale": 1.0}, mode="forward_and_vjp"
+  )
+  out, ((dx, dw),) = jax.jit(fn)(arrays)
+  x64, w64 = np.asarray(x, np.float64), np.asarray(w, np.float64)
+  y = x64 @ w64  # The output is its own cotangent.
+  np.testing.assert_allclose(np.asarray(out), y, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(dx), y @ w64.T, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(dw), x64.T @ y, rtol=1e-4, atol=1e-5)
+
+
+def test_vjp_mode_takes_random_cotangents():
+  x, w = inputs()
+  fn, douts = tokamax.standardize_function(matmul, x, w, kwargs={"scale": 1.0}, mode="vjp")
+  ((dx, dw),) = jax.jit(fn)(douts)
+  (g,) = douts
+  assert g.shape == (8, 4) and float(jnp.std(g)) > 0.5
+  g64, x64, w64 = (np.asarray(a, np.float64) for a in (g, x, w))
+  np.testing.assert_allclose(np.asarray(dx), g64 @ w64.T, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(dw), x64.T @ g64, rtol=1e-4, atol=1e-5)
+
+
+def test_forward_res_returns_the_residuals():
+  x = inputs()[0]
+  fn, arrays = tokamax.standardize_function(jnp.tanh, x, mode="forward_res")
+  out, residuals = jax.jit(fn)(arrays)
+  np.testing.assert_allclose(np.asarray(out), np.tanh(np.asarray(x, np.float64)), rtol=1e-5)
+  assert residuals  # tanh's derivative needs its output.
+
+
+def test_shape_dtype_structs_become_seeded_random_arrays():
+  spec = (jax.ShapeDtypeStruct((64, 32), jnp.bfloat16), jax.ShapeDtypeStruct((32,), jnp.int32))
+  _, a = tokamax.standardize_function(lambda x, i: x, *spec, seed=1)
+  _, b = tokamax.standardize_function(lambda x, i: x, *spec, seed=1)
+  _, c = tokamax.standardize_function(lambda x, i: x, *spec, seed=2)
+  assert a[0].dtype == jnp.bfloat16 and a[0].shape == (64, 32)
+  np.testing.assert_array_equal(np.asarray(a[0], np.float32), np.asarray(b[0], np.float32))
+  assert not np.array_equal(np.asarray(a[0], np.float32), np.asarray(c[0], np.float32))
+  assert 0.8 < float(jnp.std(a[0].astype(jnp.float32))) < 1.2
+  np.testing.assert_array_equal(np.asarray(a[1]), 0)  # Integers are valid indices.
+  with pytest.raises(ValueError, match="seed=None"):
+    tokamax.standardize_function(lambda x, i: x, *spec, seed=None)
+  with pytest.raises(ValueError, match="mode"):
+    tokamax.standardize_function(jnp.tanh, inputs()[0], mode="backward")
+
+
+def _sleep_ms(ms):
+  def host(x):
+    time.sleep(ms / 1e3)
+    return x
+
+  return lambda x: jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+
+def test_benchmark_times_the_compiled_function():
+  x = jnp.ones((4,), jnp.float32)
+  data = tokamax.benchmark(_sleep_ms(20), x, iterations=4)
+  assert isinstance(data, tokamax.BenchmarkData)
+  assert len(data.evaluation_times_ms) == 4
+  assert data.median_evaluation_time_ms == float(np.median(data.evaluation_times_ms))
+  assert 20 <= data.median_evaluation_time_ms < 200  # time.sleep is the independent clock.
+  assert data.lower_time_ms > 0 and data.compile_time_ms > 0
+  assert data.metadata["method"] == "wallclock" and data.metadata["iterations"] == 4
+  assert data.asdict()["median_evaluation_time_ms"] == data.median_evaluation_time_ms
+
+
+def test_benchmark_of_a_standardized_function_reports_memory():
+  x = jax.ShapeDtypeStruct((256, 256), jnp.float32)
+  fn, arrays = tokamax.standardize_function(lambda a: a @ a, x)
+  data = tokamax.benchmark(fn, arrays, iterations=3, method="wallclock")
+  assert data.peak_memory_bytes is None or data.peak_memory_bytes >= 2 * 256 * 256 * 4
+  assert all(t > 0 for t in data.evaluation_times_ms)
+
+
+def test_benchmark_rejects_what_it_cannot_do():
+  x = jnp.ones((4,), jnp.float32)
+  if jax.default_backend() != "gpu":
+    assert benchmarking.default_method() == "wallclock"
+    with pytest.raises(ValueError, match="cupti.*NVIDIA GPU"):
+      tokamax.benchmark(jnp.sin, x, method="cupti")
+  with pytest.raises(ValueError, match="method"):
+    tokamax.benchmark(jnp.sin, x, method="xprof")
+  with pytest.raises(ValueError, match="iterations"):
+    tokamax.benchmark(jnp.sin, x, iterations=0)
