@@ -27,7 +27,8 @@ class GluArgs:
 
   @property
   def n(self) -> int:
-    return self.gate_and_up_weights()[0].shape[-1]
+    # From shapes alone, so that abstract records (ShapeDtypeStructs) work too.
+    return (self.weights[0] if isinstance(self.weights, tuple) else self.weights).shape[-1]
 
 
 def canonicalize(x, weights, *, activation=None, precision=None) -> GluArgs:
