@@ -112,7 +112,7 @@ def test_benchmark_rejects_what_it_cannot_do():
   x = jnp.ones((4,), jnp.float32)
   if jax.default_backend() != "gpu":
     assert benchmarking.default_method() == "wallclock"
-    with pytest.raises(ValueError, match="cupti.*NVIDIA GPU"):
+    with pytest.raises(ValueError, match=r"cupti.*NVIDIA GPU"):
       tokamax.benchmark(jnp.sin, x, method="cupti")
   with pytest.raises(ValueError, match="method"):
     tokamax.benchmark(jnp.sin, x, method="xprof")
