@@ -117,7 +117,9 @@ def gated_linear_unit(
       in_specs=[
         plgpu.BlockSpec((bm, bk), lambda s: (mi, s), transforms=tf, delay_release=1),
         plgpu.BlockSpec((bk, bn), lambda s: (s, ni), transforms=tf, delay_release=1),
-        plgpu.BlockSpec((bk, bn), lambda s: (s, ni + up_block_offset), transforms=tf, delay_release=1),
+        plgpu.BlockSpec(
+          (bk, bn), lambda s: (s, ni + up_block_offset), transforms=tf, delay_release=1
+        ),
       ],
       wg_axis="wg",
       num_compute_wgs=NUM_COMPUTE_WGS,
@@ -173,7 +175,9 @@ def gated_linear_unit(
               plgpu.commit_smem()
               cols = pl.ds(ni * bn + c * epi_n, epi_n)
               for j in range(num_outputs):
-                mosaic_fwd.store_rows(o_smem.at[j, wg], out_refs[j].at[:, cols], row0, 0, rows, WG_ROWS)
+                mosaic_fwd.store_rows(
+                  o_smem.at[j, wg], out_refs[j].at[:, cols], row0, 0, rows, WG_ROWS
+                )
 
         make_pipeline(mma, compute_context, mi, ni)(x_ref, wg_ref, wu_ref, allocations=allocs)
 

@@ -23,6 +23,8 @@ _DTYPES = ("bfloat16", "float16")
 _OUT_DTYPES = ("float32", "bfloat16", "float16")
 # SMs of an H100/H200 SXM, used when lowering without a GPU at hand.
 DEFAULT_NUM_SMS = 132
+# Persistent CTAs simulated in interpret mode (few, so that it stays fast).
+INTERPRET_NUM_SMS = 2
 _ROW_ALIGN = 8  # TMA tiling of the row dimension.
 
 
@@ -129,7 +131,9 @@ class MosaicRaggedDot(op.Op):
 
   def _platform_reason(self, platform, device):
     if self.interpret:
-      return None if platform in ("cpu", "gpu") else f"interpret mode runs on cpu/gpu, not {platform}"
+      return (
+        None if platform in ("cpu", "gpu") else f"interpret mode runs on cpu/gpu, not {platform}"
+      )
     if platform != "gpu":
       return f"runs on gpu, not on {platform}"
     cc = device_lib.compute_capability(device)
@@ -195,7 +199,7 @@ class MosaicRaggedDot(op.Op):
     common = dict(
       out_dtype=args.out_dtype,
       config=kernel_config,
-      num_sms=num_sms(),
+      num_sms=INTERPRET_NUM_SMS if self.interpret else num_sms(),
       interpret=self._interpret_params(),
     )
     if args.layout == spec.RAGGED_CONTRACTING:
@@ -214,4 +218,3 @@ class MosaicRaggedDot(op.Op):
         getattr(args, name).dtype
       )
     return grads
-

@@ -132,7 +132,9 @@ def ragged_contracting_dot(
 
     @functools.partial(
       pl.run_scoped,
-      allocs=make_pipeline(nothing, nothing, jnp.int32(1), 0, 0, 0).get_allocations(lhs_ref, rhs_ref),
+      allocs=make_pipeline(nothing, nothing, jnp.int32(1), 0, 0, 0).get_allocations(
+        lhs_ref, rhs_ref
+      ),
       o_smem=plgpu.SMEM((NUM_COMPUTE_WGS, WG_ROWS, epi_n), out_dtype, transforms=out_tf),
       collective_axes="wg",
     )
@@ -180,10 +182,14 @@ def ragged_contracting_dot(
               plgpu.commit_smem()
               plgpu.copy_smem_to_gmem(
                 o_wg,
-                out_ref.at[gi, pl.ds(ki * bk + wg * WG_ROWS, WG_ROWS), pl.ds(ni * bn + c * epi_n, epi_n)],
+                out_ref.at[
+                  gi, pl.ds(ki * bk + wg * WG_ROWS, WG_ROWS), pl.ds(ni * bn + c * epi_n, epi_n)
+                ],
               )
 
-        make_pipeline(mma, compute_context, steps, first, ki, ni)(lhs_ref, rhs_ref, allocations=allocs)
+        make_pipeline(mma, compute_context, steps, first, ki, ni)(
+          lhs_ref, rhs_ref, allocations=allocs
+        )
 
       plgpu.wait_smem_to_gmem(0)
 

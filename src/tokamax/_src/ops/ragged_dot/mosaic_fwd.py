@@ -70,7 +70,9 @@ def config_reason(config: Config, m: int, k: int, n: int, in_itemsize: int, out_
   if k % config.block_k:
     return f"K={k} must be a multiple of block_k={config.block_k}"
   if k // config.block_k < config.num_stages:
-    return f"K={k} gives fewer than num_stages={config.num_stages} steps of block_k={config.block_k}"
+    return (
+      f"K={k} gives fewer than num_stages={config.num_stages} steps of block_k={config.block_k}"
+    )
   if config.block_k * in_itemsize != 128:
     return f"block_k={config.block_k} must span 128 bytes"
   if config.block_n > 256 or config.block_n % 64:
@@ -102,7 +104,9 @@ def work_items(
   seg_start = jnp.concatenate([jnp.zeros(1, jnp.int32), starts, ends[-1:]])
   seg_end = jnp.concatenate([jnp.minimum(before, m)[None], ends, jnp.full((1,), m, jnp.int32)])
   seg_end = jnp.maximum(seg_end, seg_start)
-  seg_rhs = jnp.concatenate([jnp.full((1,), -1), jnp.arange(g), jnp.full((1,), -1)]).astype(jnp.int32)
+  seg_rhs = jnp.concatenate([jnp.full((1,), -1), jnp.arange(g), jnp.full((1,), -1)]).astype(
+    jnp.int32
+  )
   first = seg_start // block_m
   count = jnp.where(seg_end > seg_start, (seg_end - 1) // block_m + 1 - first, 0)
   offsets = jnp.cumsum(count)
@@ -115,7 +119,12 @@ def work_items(
   hi = jnp.minimum(seg_end[seg], block * block_m + block_m)
   valid = t < total
   items = jnp.stack(
-    [jnp.where(valid, seg_rhs[seg], -1), jnp.where(valid, block, 0), jnp.where(valid, lo, 0), jnp.where(valid, hi, 0)],
+    [
+      jnp.where(valid, seg_rhs[seg], -1),
+      jnp.where(valid, block, 0),
+      jnp.where(valid, lo, 0),
+      jnp.where(valid, hi, 0),
+    ],
     axis=1,
   )
   header = jnp.zeros((1, ITEM_FIELDS), jnp.int32).at[0, 0].set(total)
