@@ -1,0 +1,400 @@
+"""dot_product_attention as Triton flash-attention kernels, called through jax-triton.
+
+The kernels live in `triton_flash.py`. This module turns a canonical
+`AttentionArgs` into kernel launches (`Launch`: kernel, grid, inputs, output
+shapes, compile-time constants), runs them with `jax_triton.triton_call`
+(imported only when a kernel runs, since it needs a GPU build of jax), and
+decides what the kernels support and which block sizes they use.
+
+The backward pass is two deterministic kernels: one program per key block
+accumulates dK and dV over every query head of its key/value head, and one
+program per query block accumulates dQ; neither uses atomics.
+"""
+
+import dataclasses
+import functools
+import itertools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tokamax._src import device
+from tokamax._src.ops import op
+from tokamax._src.ops.attention import spec, triton_flash
+
+PLATFORM_REASON = "needs an NVIDIA GPU with sm_80+ and jax-triton"
+DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
+MAX_HEAD_DIM = 256
+# Shared memory a block may use, in bytes, by compute capability major.
+SHARED_MEMORY = {8: 166912, 9: 232448}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Block sizes and compile options of the kernels.
+
+  The forward kernel holds `block_q` query rows and streams `block_k` keys at a
+  time. In the backward pass the dK/dV kernel holds `bwd_block_outer` keys and
+  streams `bwd_block_inner` query rows; the dQ kernel holds `bwd_block_outer`
+  query rows and streams `bwd_block_inner` keys.
+  """
+
+  block_q: int = 128
+  block_k: int = 64
+  num_warps: int = 8
+  num_stages: int = 3
+  bwd_block_outer: int = 128
+  bwd_block_inner: int = 64
+  bwd_num_warps: int = 8
+  bwd_num_stages: int = 2
+
+  def __post_init__(self):
+    for f in dataclasses.fields(self):
+      value = getattr(self, f.name)
+      if f.name.startswith(("block", "bwd_block")) and (value < 16 or value & (value - 1)):
+        raise ValueError(f"`{f.name}` must be a power of two >= 16, got {value}.")
+      if value < 1:
+        raise ValueError(f"`{f.name}` must be positive, got {value}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+  """One kernel launch: `kernel[grid](*inputs, *outputs, **constexprs)`."""
+
+  kernel: Any
+  grid: tuple[int, ...]
+  inputs: tuple[jax.Array, ...]
+  out_shapes: tuple[jax.ShapeDtypeStruct, ...]
+  constexprs: dict[str, Any]
+  num_warps: int
+  num_stages: int
+  zeroed_outputs: tuple[int, ...] = ()
+
+
+def cdiv(a: int, b: int) -> int:
+  return -(-a // b)
+
+
+def _pow2(x: int) -> int:
+  return max(16, 1 << (int(x) - 1).bit_length())
+
+
+def _broadcast_strides(x: jax.Array | None) -> tuple[int, int, int, int]:
+  """Element strides of a contiguous [B|1,N|1,T|1,S|1] array, 0 along broadcast dims."""
+  if x is None:
+    return (0, 0, 0, 0)
+  strides = np.cumprod((*x.shape[1:], 1)[::-1])[::-1]
+  return tuple(0 if d == 1 else int(st) for d, st in zip(x.shape, strides, strict=True))
+
+
+def _dot_precision(args: spec.AttentionArgs) -> str:
+  precisions = args.precision if isinstance(args.precision, tuple) else (args.precision,)
+  if args.query.dtype == jnp.float32 and jax.lax.Precision.HIGHEST in precisions:
+    return "ieee"
+  return "tf32"
+
+
+def _absent(dtype) -> jax.Array:
+  """A one-element stand-in for an absent optional input (the kernel never reads it)."""
+  return jnp.zeros((1,), dtype)
+
+
+def _inputs_and_constants(args: spec.AttentionArgs) -> tuple[tuple[jax.Array, ...], dict[str, Any]]:
+  """The seven inputs every kernel takes first, and the constants they share."""
+  q, k, v = args.query, args.key, args.value
+  _, t, n, h = q.shape
+  s, kh, hv = k.shape[1], k.shape[2], v.shape[-1]
+  left, right = args.local_window if args.local_window is not None else (-1, -1)
+  mask = None if args.mask is None else args.mask.astype(jnp.int8)
+  inputs = (
+    q,
+    k,
+    v,
+    _absent(jnp.float32) if args.bias is None else args.bias,
+    _absent(jnp.int8) if mask is None else mask,
+    _absent(jnp.int32) if args.q_seq_lengths is None else args.q_seq_lengths,
+    _absent(jnp.int32) if args.kv_seq_lengths is None else args.kv_seq_lengths,
+  )
+  bias_strides = _broadcast_strides(args.bias)
+  mask_strides = _broadcast_strides(mask)
+  constants = dict(
+    T=t,
+    S=s,
+    N=n,
+    KH=kh,
+    H=h,
+    HV=hv,
+    SCALE=float(args.scale),
+    SOFT_CAP=float(args.soft_cap or 0.0),
+    CAUSAL=bool(args.is_causal),
+    LEFT=int(left),
+    RIGHT=int(right),
+    HAS_BIAS=args.bias is not None,
+    **dict(zip(("BIAS_SB", "BIAS_SN", "BIAS_ST", "BIAS_SS"), bias_strides, strict=True)),
+    HAS_MASK=mask is not None,
+    **dict(zip(("MASK_SB", "MASK_SN", "MASK_ST", "MASK_SS"), mask_strides, strict=True)),
+    HAS_Q_LEN=args.q_seq_lengths is not None,
+    HAS_KV_LEN=args.kv_seq_lengths is not None,
+    DOT_PRECISION=_dot_precision(args),
+    BLOCK_H=_pow2(h),
+    BLOCK_HV=_pow2(hv),
+  )
+  return inputs, constants
+
+
+def fwd_launch(args: spec.AttentionArgs, config: Config) -> Launch:
+  """The forward launch; outputs the attention output and the base-2 log-sum-exp [B,N,T]."""
+  inputs, constants = _inputs_and_constants(args)
+  b, t, n, _ = args.query.shape
+  hv = args.value.shape[-1]
+  return Launch(
+    kernel=triton_flash.fwd_kernel,
+    grid=(cdiv(t, config.block_q) * n * b,),
+    inputs=inputs,
+    out_shapes=(
+      jax.ShapeDtypeStruct((b, t, n, hv), args.query.dtype),
+      jax.ShapeDtypeStruct((b, n, t), jnp.float32),
+    ),
+    constexprs={**constants, "BLOCK_M": config.block_q, "BLOCK_N": config.block_k},
+    num_warps=config.num_warps,
+    num_stages=config.num_stages,
+  )
+
+
+def bwd_launches(
+  args: spec.AttentionArgs, config: Config, out: jax.Array, lse: jax.Array, dout: jax.Array
+) -> tuple[Launch, Launch]:
+  """The dK/dV launch (outputs dk, dv, dbias [B,N,T,S] f32) and the dQ launch (output dq)."""
+  inputs, constants = _inputs_and_constants(args)
+  q, k, v = args.query, args.key, args.value
+  b, t, n, _ = q.shape
+  s, kh = k.shape[1], k.shape[2]
+  dout = dout.astype(q.dtype)
+  # Exact float32 row sums; an einsum here could run as a reduced-precision dot.
+  delta = jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
+  grad_inputs = (*inputs, dout, lse, delta)
+  has_bias = args.bias is not None
+  dbias_shape = (b, n, t, s) if has_bias else (1,)
+  block = {"BLOCK_M": config.bwd_block_inner, "BLOCK_N": config.bwd_block_outer}
+  dkdv = Launch(
+    kernel=triton_flash.dkdv_kernel,
+    grid=(cdiv(s, config.bwd_block_outer) * kh * b,),
+    inputs=grad_inputs,
+    out_shapes=(
+      jax.ShapeDtypeStruct(k.shape, k.dtype),
+      jax.ShapeDtypeStruct(v.shape, v.dtype),
+      jax.ShapeDtypeStruct(dbias_shape, jnp.float32),
+    ),
+    constexprs={**constants, **block, "HAS_DBIAS": has_bias},
+    num_warps=config.bwd_num_warps,
+    num_stages=config.bwd_num_stages,
+    zeroed_outputs=(2,) if has_bias else (),
+  )
+  dq = Launch(
+    kernel=triton_flash.dq_kernel,
+    grid=(cdiv(t, config.bwd_block_outer) * n * b,),
+    inputs=grad_inputs,
+    out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
+    constexprs={**constants, "BLOCK_M": config.bwd_block_outer, "BLOCK_N": config.bwd_block_inner},
+    num_warps=config.bwd_num_warps,
+    num_stages=config.bwd_num_stages,
+  )
+  return dkdv, dq
+
+
+def reduce_dbias(args: spec.AttentionArgs, dbias: jax.Array) -> jax.Array | None:
+  """Sums the full [B,N,T,S] logits gradient over the bias's broadcast dims."""
+  if args.bias is None:
+    return None
+  axes = tuple(i for i, d in enumerate(args.bias.shape) if d == 1 and dbias.shape[i] != 1)
+  return jnp.sum(dbias, axis=axes, keepdims=True).astype(args.bias.dtype)
+
+
+@functools.cache
+def _jax_triton():
+  """The jax_triton module, or None where it cannot load (e.g. a CPU-only jax)."""
+  try:
+    import jax_triton  # Needs a GPU build of jax.
+  except ImportError:
+    return None
+  return jax_triton
+
+
+def run(launch: Launch) -> tuple[jax.Array, ...]:
+  """Runs a launch on the GPU through jax-triton."""
+  return tuple(
+    _jax_triton().triton_call(
+      *launch.inputs,
+      kernel=launch.kernel,
+      out_shape=launch.out_shapes,
+      grid=launch.grid,
+      num_warps=launch.num_warps,
+      num_stages=launch.num_stages,
+      zeroed_outputs=launch.zeroed_outputs,
+      **launch.constexprs,
+    )
+  )
+
+
+# -- Configs --------------------------------------------------------------------
+
+
+def fwd_shared_memory(config: Config, h: int, hv: int, itemsize: int) -> int:
+  """Bytes of shared memory the forward kernel stages: q, then k and v per stage."""
+  h, hv = _pow2(h), _pow2(hv)
+  return itemsize * (config.block_q * h + config.num_stages * config.block_k * (h + hv))
+
+
+def bwd_shared_memory(config: Config, h: int, hv: int, itemsize: int) -> int:
+  """Bytes of the larger backward kernel: outer tiles held, inner tiles per stage."""
+  h, hv = _pow2(h), _pow2(hv)
+  tiles = config.bwd_block_outer + config.bwd_num_stages * config.bwd_block_inner
+  return itemsize * tiles * (h + hv) + 8 * config.bwd_num_stages * config.bwd_block_inner
+
+
+def _fits(config: Config, h: int, hv: int, itemsize: int, cc_major: int) -> bool:
+  limit = SHARED_MEMORY[min(max(cc_major, 8), 9)]
+  return (
+    fwd_shared_memory(config, h, hv, itemsize) <= limit
+    and bwd_shared_memory(config, h, hv, itemsize) <= limit
+  )
+
+
+def _clamp(config: Config, t: int, s: int) -> Config:
+  """Shrinks blocks larger than the (power-of-two padded) sequences."""
+  longest = max(t, s)
+  return dataclasses.replace(
+    config,
+    block_q=min(config.block_q, _pow2(t)),
+    block_k=min(config.block_k, _pow2(s)),
+    bwd_block_outer=min(config.bwd_block_outer, _pow2(longest)),
+    bwd_block_inner=min(config.bwd_block_inner, _pow2(longest)),
+  )
+
+
+def _shrink(config: Config, h: int, hv: int, itemsize: int, cc_major: int) -> Config:
+  """Fewer stages, then smaller blocks, until both kernels fit in shared memory."""
+  steps = (
+    ("num_stages", 2),
+    ("block_k", 32),
+    ("block_q", 64),
+    ("bwd_num_stages", 2),
+    ("bwd_block_inner", 32),
+    ("bwd_block_outer", 64),
+    ("block_k", 16),
+    ("block_q", 16),
+    ("bwd_block_inner", 16),
+    ("bwd_block_outer", 16),
+  )
+  for name, floor in steps:
+    while not _fits(config, h, hv, itemsize, cc_major) and getattr(config, name) > floor:
+      value = getattr(config, name)
+      value = value - 1 if name.endswith("stages") else value // 2
+      config = dataclasses.replace(config, **{name: max(value, floor)})
+  return config
+
+
+def heuristic_config(args: spec.AttentionArgs, cc_major: int = 9) -> Config:
+  """Block sizes by head dim, dtype and GPU generation (chosen from compile and timing runs)."""
+  h, hv = args.query.shape[-1], args.value.shape[-1]
+  width = max(_pow2(h), _pow2(hv))
+  if width <= 64:
+    config = Config(128, 64, 4, 3, 128, 64, 8, 2)
+  elif width <= 128:
+    config = Config(128, 128, 8, 3, 128, 64, 8, 2)
+  else:
+    config = Config(128, 64, 8, 2, 64, 32, 8, 2)
+  if cc_major < 9:
+    config = dataclasses.replace(config, num_stages=2, block_k=min(config.block_k, 64))
+  itemsize = np.dtype(args.query.dtype).itemsize
+  if itemsize > 2:
+    config = dataclasses.replace(config, block_k=config.block_k // 2)
+  config = _clamp(config, args.query.shape[1], args.key.shape[1])
+  return _shrink(config, h, hv, itemsize, cc_major)
+
+
+def autotuning_configs(args: spec.AttentionArgs, cc_major: int = 9) -> set[Config]:
+  """Forward variants around the heuristic's backward, and backward variants around its forward."""
+  base = heuristic_config(args, cc_major)
+  h, hv = args.query.shape[-1], args.value.shape[-1]
+  itemsize = np.dtype(args.query.dtype).itemsize
+  t, s = args.query.shape[1], args.key.shape[1]
+  configs = {base}
+  for bq, bk, warps, stages in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3)):
+    configs.add(
+      _clamp(
+        dataclasses.replace(base, block_q=bq, block_k=bk, num_warps=warps, num_stages=stages), t, s
+      )
+    )
+  for outer, inner, warps, stages in itertools.product((64, 128), (32, 64), (4, 8), (2, 3)):
+    configs.add(
+      _clamp(
+        dataclasses.replace(
+          base,
+          bwd_block_outer=outer,
+          bwd_block_inner=inner,
+          bwd_num_warps=warps,
+          bwd_num_stages=stages,
+        ),
+        t,
+        s,
+      )
+    )
+  return {c for c in configs if _fits(c, h, hv, itemsize, cc_major)}
+
+
+def _cc_major() -> int:
+  cc = device.compute_capability()
+  return 9 if cc is None else cc[0]
+
+
+def unsupported_reason(args: spec.AttentionArgs) -> str | None:
+  """Why the kernels cannot compute `args` (independent of the device), or None."""
+  q, k, v = args.query, args.key, args.value
+  if q.dtype not in DTYPES:
+    return f"dtype {q.dtype} (the Triton kernels take bfloat16, float16 and float32)"
+  h, hv = q.shape[-1], v.shape[-1]
+  if max(h, hv) > MAX_HEAD_DIM:
+    return f"head dims {h} and {hv} (the Triton kernels take at most {MAX_HEAD_DIM})"
+  if 0 in q.shape or 0 in k.shape or 0 in v.shape:
+    return "empty query, key or value"
+  return None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TritonAttention(op.Op):
+  """Flash attention in Triton: forward, and a deterministic dQ, dK, dV (and dbias) backward."""
+
+  name = "triton"
+  spec = spec.SPEC
+  config_cls = Config
+  platforms = ("gpu",)
+
+  def _platform_reason(self, platform, dev):
+    if platform != "gpu" or not device.has_sm(8, 0, dev) or _jax_triton() is None:
+      return PLATFORM_REASON
+    return None
+
+  def _unsupported_reason(self, args):
+    return unsupported_reason(args)
+
+  def _bwd_unsupported_reason(self, args):
+    return None
+
+  def _get_heuristics_config(self, args):
+    return heuristic_config(args, _cc_major())
+
+  def _get_autotuning_configs(self, args):
+    return autotuning_configs(args, _cc_major())
+
+  def _fwd(self, args, config):
+    out, lse = run(fwd_launch(args, config))
+    return out, lse
+
+  def _bwd(self, args, config, out, residuals, dout):
+    dkdv, dq = bwd_launches(args, config, out, residuals, dout)
+    dk, dv, dbias = run(dkdv)
+    (dq,) = run(dq)
+    return {"query": dq, "key": dk, "value": dv, "bias": reduce_dbias(args, dbias)}
