@@ -192,7 +192,7 @@ def _with_custom_vjp(op: Op, args: Any, config: Any) -> jax.Array:
       {
         name: (
           grads[name]
-          if grads.get(name) is not None and jax.dtypes.issubdtype(value.dtype, np.inexact)
+          if grads.get(name) is not None and all(jax.dtypes.issubdtype(v.dtype, np.inexact) for v in jax.tree.leaves(value))
           else jax.tree.map(_zero_cotangent, value)
         )
         for name, value in arrays.items()
