@@ -1,0 +1,434 @@
+"""GPU checks and timings of the Triton layer_norm, gated_linear_unit and ragged_dot.
+
+Run on an NVIDIA GPU with jax-triton installed:
+  python3 ci/gpu/triton_mm_norm.py --out DIR [--skip-correctness] [--skip-bench]
+
+Correctness: each op through the public API with implementation="triton",
+against the XLA implementation on float32-upcast inputs at HIGHEST precision,
+outputs and gradients, on random inputs (uneven and empty groups for ragged_dot).
+Timings: the done-when shapes of issue 4 in bfloat16, forward and forward+backward,
+with the XLA anchors measured in the same run. Times are the median over
+repeats of the mean of back-to-back queued calls (wallclock after warm-up,
+rotating input sets), the same method for the kernel and its anchor.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import tokamax
+from tokamax._src.ops.gated_linear_unit import triton as glu_triton
+from tokamax._src.ops.normalization import triton as norm_triton
+from tokamax._src.ops.ragged_dot import spec as rd_spec
+from tokamax._src.ops.ragged_dot import triton as rd_triton
+
+HIGHEST = jax.lax.Precision.HIGHEST
+# --dry: the whole script's plumbing on a CPU, "triton" replaced by "xla", small shapes.
+DRY = "--dry" in sys.argv
+OURS = "xla" if DRY else "triton"
+SCALE = 64 if DRY else 1
+RESULTS: dict = {"checks": [], "timings": [], "errors": []}
+
+
+OUT_DIR = ["."]
+
+
+def save():
+  with open(os.path.join(OUT_DIR[0], "triton_mm_norm.json"), "w") as f:
+    json.dump(RESULTS, f, indent=1, default=str)
+
+
+def rel_err(a, r) -> float:
+  a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+  r = np.asarray(jnp.asarray(r, jnp.float32), np.float64)
+  if not np.isfinite(a).all():
+    return float("inf")
+  return float(np.linalg.norm(a - r) / max(np.linalg.norm(r), 1e-30))
+
+
+def tol(dtype) -> float:
+  return {"float32": 2e-3, "bfloat16": 2e-2, "float16": 5e-3}[np.dtype(dtype).name]
+
+
+def check(name, fn, ref_fn, args, dtype, diff_argnums):
+  """Compares outputs and gradients of `fn` and `ref_fn` (f32-upcast inputs)."""
+  out = jax.jit(fn)(*args)
+  up = [jax.tree.map(lambda a: a.astype(jnp.float32), a) for a in args]
+  ref = jax.jit(ref_fn)(*up)
+  errs = {"out": rel_err(out, ref)}
+  grads = rgrads = ()
+  if diff_argnums:
+    ct = jax.random.normal(jax.random.key(7), out.shape, jnp.float32).astype(out.dtype)
+
+    def loss(*a):
+      return (fn(*a).astype(jnp.float32) * ct).sum()
+
+    def rloss(*a):
+      return (ref_fn(*a).astype(jnp.float32) * ct.astype(jnp.float32)).sum()
+
+    grads = jax.jit(jax.grad(loss, diff_argnums))(*args)
+    rgrads = jax.jit(jax.grad(rloss, diff_argnums))(*up)
+  for i, g, rg in zip(diff_argnums, grads, rgrads, strict=True):
+    for j, (gl, rgl) in enumerate(zip(jax.tree.leaves(g), jax.tree.leaves(rg), strict=True)):
+      errs[f"d{i}.{j}"] = rel_err(gl, rgl)
+  ok = all(e <= tol(dtype) for e in errs.values())
+  RESULTS["checks"].append({"name": name, "dtype": np.dtype(dtype).name, "ok": ok, "errors": errs})
+  print(f"{'PASS' if ok else 'FAIL'} {name} {np.dtype(dtype).name} {errs}", flush=True)
+
+
+def correctness():
+  keys = iter(jax.random.split(jax.random.key(0), 1000))
+
+  def rnd(shape, dt):
+    return jax.random.normal(next(keys), shape, jnp.float32).astype(dt)
+
+  # layer_norm / RMSNorm.
+  variants = ((True, True, True, 0.0), (False, True, False, 1.0), (True, False, True, 0.5))
+  for dt, shape, axis, variants_here in (
+    (jnp.bfloat16, (64, 1000), -1, variants),
+    (jnp.bfloat16, (8, 300, 24), 1, variants[:2]),
+    (jnp.float16, (4, 4096), -1, variants[:2]),
+    (jnp.float32, (33, 2000), -1, variants[:2]),
+  ):
+    if True:
+      d = shape[axis]
+      for subtract_mean, has_scale, has_offset, so in variants_here:
+        kw = dict(axis=axis, subtract_mean=subtract_mean, scale_offset=so, epsilon=1e-5)
+        x = rnd(shape, dt) * 2 + 0.5
+        s = rnd((d,), dt) if has_scale else None
+        b = rnd((d,), dt) if has_offset else None
+
+        def fn(x, s, b, impl="triton", kw=kw):
+          return tokamax.layer_norm(
+            x, s, b, implementation=impl if impl != "triton" else OURS, **kw
+          )
+
+        argnums = tuple(i for i, a in enumerate((x, s, b)) if a is not None)
+        check(
+          f"layer_norm {shape} axis={axis} mean={subtract_mean} scale={has_scale} offset={has_offset} so={so}",
+          fn,
+          lambda x, s, b, fn=fn: fn(x, s, b, impl="xla"),
+          (x, s, b),
+          dt,
+          argnums,
+        )
+
+  # gated_linear_unit.
+  for dt, xs, k, n, act, fused in (
+    (jnp.bfloat16, (4, 200, 256), 256, 384, jax.nn.swish, True),
+    (jnp.bfloat16, (300, 512), 512, 200, jax.nn.gelu, False),
+    (jnp.float32, (64, 96), 96, 128, None, True),
+  ):
+    if True:
+      x = rnd(xs, dt)
+      w = rnd((k, 2, n), dt) * (1.0 / np.sqrt(k))
+      weights = w if fused else (w[:, 0], w[:, 1])
+
+      def fn(x, w, impl=OURS, act=act):
+        return tokamax.gated_linear_unit(
+          x, w, activation=act, precision=HIGHEST, implementation=impl
+        )
+
+      check(
+        f"glu x{xs} w[{k},2,{n}] {getattr(act, '__name__', None)} fused={fused}",
+        fn,
+        lambda x, w, fn=fn: fn(x, w, impl="xla"),
+        (x, weights),
+        dt,
+        (0, 1),
+      )
+
+  # ragged_dot: all layouts, uneven and empty groups, rows in no group, group_offset.
+  m, k, n, g = 1000, 256, 384, 8
+  for dt, offsets in ((jnp.bfloat16, (None, 2)), (jnp.float32, (None,))):
+    for layout in rd_spec.LAYOUTS:
+      for offset in offsets:
+        g_all = g + 4 if offset is not None else g
+        sizes = jnp.asarray(
+          tokamax.generate_ragged_dot_group_sizes(900, g_all, seed=3, empty_fraction=0.25)
+        )
+        lhs = rnd((m, k), dt)
+        rhs = rnd({"default": (g, k, n), "rhs_transposed": (g, n, k)}.get(layout, (m, n)), dt)
+        extra = {}
+        if offset is not None:
+          extra = dict(group_offset=jnp.array([offset], jnp.int32))
+        dims = rd_spec.dimension_numbers(layout)
+
+        def fn(lhs, rhs, impl=OURS, dims=dims, sizes=sizes, extra=extra):
+          return tokamax.ragged_dot_general(
+            lhs, rhs, sizes, dims, precision=HIGHEST, implementation=impl, **extra
+          )
+
+        check(
+          f"ragged_dot {layout} M{m} K{k} N{n} G{g} offset={offset}",
+          fn,
+          lambda lhs, rhs, fn=fn: fn(lhs, rhs, impl="xla"),
+          (lhs, rhs),
+          dt,
+          (0, 1) if layout != rd_spec.RAGGED_CONTRACTING else (),
+        )
+        if layout == rd_spec.RAGGED_CONTRACTING:
+          # XLA has no gradient for this layout: check ours against the dense masked form.
+          starts = np.concatenate([[0], np.cumsum(np.asarray(sizes))])
+          o = offset or 0
+          member = np.zeros((m, g_all), np.float32)  # As many local groups as entries.
+          for j in range(g_all - o):
+            member[starts[o + j] : starts[o + j + 1], j] = 1.0
+          member = jnp.asarray(member)
+          check(
+            f"ragged_dot {layout} grads vs dense M{m} K{k} N{n} G{g} offset={offset}",
+            fn,
+            lambda lhs, rhs, member=member: jnp.einsum(
+              "mk,mn,mg->gkn", lhs, rhs, member, precision=HIGHEST
+            ),
+            (lhs, rhs),
+            dt,
+            (0, 1),
+          )
+
+
+def bench(fn, argsets, iters=20, repeats=5) -> dict:
+  out = fn(*argsets[0])
+  jax.block_until_ready(out)
+  for a in argsets[1:]:
+    jax.block_until_ready(fn(*a))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    for i in range(iters):
+      out = fn(*argsets[i % len(argsets)])
+    jax.block_until_ready(out)
+    times.append((time.perf_counter() - t0) / iters)
+  return {"median_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times)}
+
+
+def fwd_and_fwdbwd(fn, diff_argnums):
+  fwd = jax.jit(fn)
+
+  def loss(*a):
+    return (fn(*a[:-1]).astype(jnp.float32) * a[-1]).sum()
+
+  grad = jax.jit(jax.grad(loss, diff_argnums))
+  return fwd, grad
+
+
+def timed(name, shape, impls, make_args, diff_argnums, iters=20, configs=None):
+  """Times each implementation forward and forward+backward."""
+  argsets = make_args()
+  row = {"name": name, "shape": shape, "dtype": "bfloat16"}
+  for impl_name, fn in impls.items():
+    try:
+      fwd, grad = fwd_and_fwdbwd(fn, diff_argnums)
+      ct = jax.random.normal(jax.random.key(5), jax.eval_shape(fwd, *argsets[0]).shape, jnp.float32)
+      row[f"{impl_name}_fwd"] = bench(fwd, argsets, iters)
+      row[f"{impl_name}_fwdbwd"] = bench(grad, [(*a, ct) for a in argsets], max(iters // 2, 3))
+    except Exception as e:
+      row[f"{impl_name}_error"] = f"{type(e).__name__}: {e}"[:2000]
+      traceback.print_exc()
+  for mode in ("fwd", "fwdbwd"):
+    ours = row.get(f"triton_{mode}", {}).get("median_ms")
+    anchor = row.get(f"xla_{mode}", {}).get("median_ms")
+    if ours and anchor:
+      row[f"speedup_{mode}"] = anchor / ours
+  RESULTS["timings"].append(row)
+  save()
+  print(
+    f"{name} {shape}: "
+    + " ".join(
+      f"{k}={v['median_ms']:.3f}ms"
+      for k, v in row.items()
+      if isinstance(v, dict) and "median_ms" in v
+    )
+    + " "
+    + " ".join(f"{k}={v:.2f}x" for k, v in row.items() if k.startswith("speedup")),
+    flush=True,
+  )
+  return row
+
+
+def sweep(name, make_fn, configs, argsets):
+  """Forward time of each config (a small autotuning sweep)."""
+  rows = []
+  for cfg in configs:
+    try:
+      fwd = jax.jit(make_fn(cfg))
+      rows.append({"config": repr(cfg), **bench(fwd, argsets, 10, 3)})
+    except Exception as e:
+      rows.append({"config": repr(cfg), "error": f"{type(e).__name__}: {e}"[:500]})
+    print(f"  sweep {name} {rows[-1]}", flush=True)
+    RESULTS.setdefault("sweeps", {})[name] = rows
+    save()
+
+
+def benchmarks(skip_sweeps: bool):
+  keys = iter(jax.random.split(jax.random.key(1), 1000))
+
+  def rnd(shape, dt=jnp.bfloat16):
+    return jax.random.normal(next(keys), shape, jnp.float32).astype(dt)
+
+  # layer_norm and RMSNorm.
+  for m, d in ((16384 // SCALE, 4096), (4096 // SCALE, 8192)):
+    for rms in (False, True):
+
+      def make(m=m, d=d, rms=rms):
+        return [(rnd((m, d)), rnd((d,)), None if rms else rnd((d,))) for _ in range(4)]
+
+      def impl(name, rms=rms):
+        return lambda x, s, b: tokamax.layer_norm(
+          x, s, b, subtract_mean=not rms, implementation=name
+        )
+
+      timed(
+        "rms_norm" if rms else "layer_norm",
+        [m, d],
+        {"triton": impl(OURS), "xla": impl("xla")},
+        make,
+        (0, 1) if rms else (0, 1, 2),
+        iters=50,
+      )
+  if not skip_sweeps and not DRY:
+    argsets = [(rnd((16384, 4096)), rnd((4096,)), rnd((4096,))) for _ in range(4)]
+    sweep(
+      "layer_norm 16384x4096",
+      lambda cfg: (
+        lambda x, s, b: tokamax.layer_norm(
+          x, s, b, implementation=norm_triton.TritonLayerNorm(config=cfg)
+        )
+      ),
+      [norm_triton.Config(1, 4), norm_triton.Config(2, 8), norm_triton.Config(4, 16)],
+      argsets,
+    )
+
+  # ragged_dot.
+  for m, k, n, g in (
+    (16384, 4096 // SCALE, 2048 // SCALE, 8),
+    (32768 // SCALE, 7168 // SCALE, 2048, 64),
+  ):
+    sizes = jnp.asarray(tokamax.generate_ragged_dot_group_sizes(m, g, seed=0))
+    nsets = 2 if m > 20000 else 3
+
+    def make(m=m, k=k, n=n, g=g, nsets=nsets):
+      return [(rnd((m, k)), rnd((g, k, n))) for _ in range(nsets)]
+
+    def impl(name, sizes=sizes):
+      if name == "lax":
+        return lambda lhs, rhs: jax.lax.ragged_dot(lhs, rhs, sizes)
+      return lambda lhs, rhs: tokamax.ragged_dot(lhs, rhs, sizes, implementation=name)
+
+    timed(
+      "ragged_dot",
+      [m, k, n, g],
+      {"triton": impl(OURS), "xla": impl("lax")},
+      make,
+      (0, 1),
+      iters=10,
+    )
+    if not skip_sweeps and g == 8 and not DRY:
+      argsets = make()
+      sweep(
+        f"ragged_dot M{m} K{k} N{n} G{g}",
+        lambda cfg, sizes=sizes: (
+          lambda lhs, rhs: tokamax.ragged_dot(
+            lhs, rhs, sizes, implementation=rd_triton.TritonRaggedDot(config=cfg)
+          )
+        ),
+        [rd_triton.Config(128, 256, 64, 8, 3), rd_triton.Config(64, 128, 64, 4, 4)],
+        argsets,
+      )
+
+  # gated_linear_unit (swish).
+  for m, k, n in (
+    (8192 // SCALE, 4096 // SCALE, 14336 // SCALE),
+    (2048 // SCALE, 2048, 8192 // SCALE),
+  ):
+
+    def make(m=m, k=k, n=n):
+      return [(rnd((m, k)), rnd((k, 2, n)) * (1 / 64)) for _ in range(2)]
+
+    def impl(name):
+      return lambda x, w: tokamax.gated_linear_unit(
+        x, w, activation=jax.nn.swish, implementation=name
+      )
+
+    timed(
+      "gated_linear_unit",
+      [m, k, n],
+      {"triton": impl(OURS), "xla": impl("xla")},
+      make,
+      (0, 1),
+      iters=10,
+    )
+    if not skip_sweeps and m == 8192 and not DRY:
+      sweep(
+        f"glu {m}x{k}x{n}",
+        lambda cfg: (
+          lambda x, w: tokamax.gated_linear_unit(
+            x,
+            w,
+            activation=jax.nn.swish,
+            implementation=glu_triton.TritonGatedLinearUnit(config=cfg),
+          )
+        ),
+        [
+          glu_triton.Config(128, 128, 64, 8, 8, 3),
+          glu_triton.Config(128, 64, 64, 8, 4, 4),
+          glu_triton.Config(128, 256, 64, 8, 8, 2),
+        ],
+        make(),
+      )
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--out", default=os.environ.get("OUT", "."))
+  parser.add_argument("--skip-correctness", action="store_true")
+  parser.add_argument("--skip-bench", action="store_true")
+  parser.add_argument("--skip-sweeps", action="store_true")
+  parser.add_argument("--dry", action="store_true")
+  a = parser.parse_args()
+  OUT_DIR[0] = a.out
+  dev = jax.devices()[0]
+  RESULTS["device"] = getattr(dev, "device_kind", str(dev))
+  RESULTS["jax"] = jax.__version__
+  RESULTS["python"] = platform.python_version()
+  with contextlib.suppress(OSError):
+    RESULTS["commit"] = subprocess.run(
+      ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+  RESULTS["timing_method"] = (
+    "wallclock: median over repeats of the mean of back-to-back queued calls"
+  )
+  t0 = time.time()
+  try:
+    if not a.skip_correctness:
+      correctness()
+    if not a.skip_bench:
+      benchmarks(a.skip_sweeps)
+  except Exception as e:
+    RESULTS["errors"].append(f"{type(e).__name__}: {e}")
+    traceback.print_exc()
+  finally:
+    RESULTS["wall_s"] = time.time() - t0
+    save()
+  fails = [c["name"] for c in RESULTS["checks"] if not c["ok"]]
+  print(f"checks: {len(RESULTS['checks']) - len(fails)} passed, {len(fails)} failed")
+  for row in RESULTS["timings"]:
+    print(
+      row["name"], row["shape"], {k: round(v, 2) for k, v in row.items() if k.startswith("speedup")}
+    )
+  sys.exit(1 if fails or RESULTS["errors"] else 0)
+
+
+if __name__ == "__main__":
+  main()
