@@ -311,8 +311,8 @@ class _FlakyRowRms(ex.BlockedRowRms):
 def test_candidate_errors_and_timeouts_are_recorded_not_fatal():
   x = jax.random.normal(jax.random.key(4), (8, 64), jnp.float32)
   bound = _FlakyRowRms().bind(x)
-  data = autotuner.autotune_bound(
-    bound, candidates=[ex.BlockConfig(b) for b in (16, 24, 32, 40)], timeout_s=1.0, iterations=2
+  data = bound.autotune(  # BoundArguments.autotune: one op call.
+    candidates=[ex.BlockConfig(b) for b in (16, 24, 32, 40)], timeout_s=1.0, iterations=2
   )
   assert {json.loads(c)["block_cols"] for c, _ in data.timings_ms} == {16, 32}
   errors = {json.loads(c)["block_cols"]: e for c, e in data.errors}
