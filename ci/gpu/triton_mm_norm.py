@@ -132,7 +132,7 @@ def correctness():
   ):
     if True:
       x = rnd(xs, dt)
-      w = rnd((k, 2, n), dt) * (1.0 / np.sqrt(k))
+      w = rnd((k, 2, n), dt) * float(1.0 / np.sqrt(k))
       weights = w if fused else (w[:, 0], w[:, 1])
 
       def fn(x, w, impl=OURS, act=act):
