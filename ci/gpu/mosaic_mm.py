@@ -1,0 +1,388 @@
+"""H200 check and benchmark of the Mosaic GPU ragged_dot and gated_linear_unit.
+
+Run on the device machine from the repository root:
+  PYTHONPATH=$PWD/src:$PWD python3 ci/gpu/mosaic_mm.py --out $OUT/mosaic_mm.json
+
+1. Correctness: every ragged_dot layout (outputs and both gradients, uneven
+   random group sizes with empty groups, a group offset) and the GLU (output and
+   gradients), against float64 references on the float32-upcast inputs.
+2. Timing (device time, median over rotated inputs): ragged_dot forward and
+   forward+backward against `jax.lax.ragged_dot` (XLA) and a dense matmul, and
+   GLU against XLA, all in the same run.
+"""
+
+import argparse
+import dataclasses
+import functools
+import json
+import subprocess
+import sys
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from harness import references, timing
+from tokamax._src.ops.gated_linear_unit import api as glu_api
+from tokamax._src.ops.gated_linear_unit import mosaic as glu_mosaic
+from tokamax._src.ops.ragged_dot import api as rd_api
+from tokamax._src.ops.ragged_dot import mosaic as rd_mosaic
+from tokamax._src.ops.ragged_dot import spec as rd_spec
+
+RESULTS = {"device": None, "commit": None, "checks": [], "timings": [], "errors": []}
+
+
+def log(*a):
+  print(*a, flush=True)
+
+
+def rel_err(x, ref) -> float:
+  x = np.asarray(x, np.float64)
+  return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def f32(tree):
+  return jax.tree.map(lambda a: np.asarray(a, np.float32), tree)
+
+
+def guarded(fn):
+  @functools.wraps(fn)
+  def wrapped(*a, **k):
+    try:
+      return fn(*a, **k)
+    except Exception as e:
+      msg = f"{fn.__name__}{a}: {type(e).__name__}: {str(e)[:2000]}"
+      log("ERROR", msg)
+      traceback.print_exc()
+      RESULTS["errors"].append(msg)
+      return None
+
+  return wrapped
+
+
+def rhs_shape(layout, m, k, n, g):
+  return {
+    rd_spec.DEFAULT: (g, k, n),
+    rd_spec.RHS_TRANSPOSED: (g, n, k),
+    rd_spec.RAGGED_CONTRACTING: (m, n),
+  }[layout]
+
+
+@guarded
+def check_ragged(layout, m, k, n, g, offset):
+  rng = np.random.default_rng(hash((layout, m, offset)) % 2**32)
+  sizes = rd_api.spec.generate_ragged_dot_group_sizes(
+    m - 24, g + 2, seed=m, alpha=0.5, empty_fraction=0.25
+  )
+  sizes = jnp.asarray(sizes)
+  go = jnp.array([1], jnp.int32) if offset else None
+  ng = g if layout != rd_spec.RAGGED_CONTRACTING else g + 2
+  rhs_g = g if offset else g + 2
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+  rhs = jnp.asarray(rng.standard_normal(rhs_shape(layout, m, k, n, rhs_g)), jnp.bfloat16)
+  dn = rd_spec.dimension_numbers(layout)
+  impl = rd_mosaic.MosaicRaggedDot()
+  fn = jax.jit(
+    lambda a, b: rd_api.ragged_dot_general(a, b, sizes, dn, group_offset=go, implementation=impl)
+  )
+  out, vjp = jax.vjp(fn, lhs, rhs)
+  ct = jnp.asarray(rng.standard_normal(out.shape), jnp.bfloat16)
+  da, db = vjp(ct)
+  ref, (ra, rb) = references.high_precision_vjp(
+    lambda a, b: references.ragged_dot_general(
+      a, b, sizes, layout, group_offset=go, num_groups=ng if offset else None
+    ),
+    f32((lhs, rhs)),
+    f32(ct),
+  )
+  errs = dict(out=rel_err(out, ref), dlhs=rel_err(da, ra), drhs=rel_err(db, rb))
+  ok = all(e < 1e-2 for e in errs.values()) and all(
+    np.isfinite(np.asarray(x, np.float32)).all() for x in (out, da, db)
+  )
+  rec = dict(
+    op="ragged_dot",
+    layout=layout,
+    shape=[m, k, n, g],
+    offset=offset,
+    sizes=np.asarray(sizes).tolist(),
+    ok=bool(ok),
+    **errs,
+  )
+  log("CHECK", rec)
+  RESULTS["checks"].append(rec)
+
+
+@guarded
+def check_glu(m, k, n, tuple_weights):
+  rng = np.random.default_rng(m + k)
+  x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((k, 2, n)) / np.sqrt(k), jnp.bfloat16)
+  weights = (w[:, 0], w[:, 1]) if tuple_weights else w
+  impl = glu_mosaic.MosaicGatedLinearUnit()
+  fn = jax.jit(
+    lambda a, b: glu_api.gated_linear_unit(a, b, activation=jax.nn.swish, implementation=impl)
+  )
+  out, vjp = jax.vjp(fn, x, weights)
+  ct = jnp.asarray(rng.standard_normal(out.shape), jnp.bfloat16)
+  dx, dw = vjp(ct)
+  ref, (rx, rw) = references.high_precision_vjp(
+    lambda a, b: references.gated_linear_unit(a, b, activation=jax.nn.swish),
+    f32((x, weights)),
+    f32(ct),
+  )
+  errs = dict(
+    out=rel_err(out, ref),
+    dx=rel_err(dx, rx),
+    dw=max(rel_err(a, b) for a, b in zip(jax.tree.leaves(dw), jax.tree.leaves(rw))),
+  )
+  primal = rel_err(jax.jit(fn)(x, weights), ref)
+  ok = all(e < 1e-2 for e in errs.values()) and primal < 1e-2
+  rec = dict(
+    op="gated_linear_unit",
+    shape=[m, k, n],
+    tuple_weights=tuple_weights,
+    ok=bool(ok),
+    primal=primal,
+    **errs,
+  )
+  log("CHECK", rec)
+  RESULTS["checks"].append(rec)
+
+
+def time_it(name, fn, args_list, flops, extra=None, iterations=10):
+  t = timing.device_time(fn, args_list, warmup=2, iterations=iterations)
+  rec = dict(
+    name=name,
+    median_ms=t.median_ms,
+    min_ms=1e3 * t.min_s,
+    method=t.method,
+    tflops=flops / t.median_s / 1e12,
+    **(extra or {}),
+  )
+  log(f"TIME {name:60s} {t.median_ms:9.3f} ms {rec['tflops']:7.1f} TFLOP/s")
+  RESULTS["timings"].append(rec)
+  return rec
+
+
+@guarded
+def bench_ragged(m, k, n, g, uneven, configs, xla_bwd):
+  rng = np.random.default_rng(0)
+  if uneven:
+    sizes = rd_api.spec.generate_ragged_dot_group_sizes(m, g, seed=1)
+  else:
+    sizes = np.full(g, m // g, np.int32)
+  sizes = jnp.asarray(sizes)
+  sets = []
+  for _ in range(2):
+    lhs = jnp.asarray(rng.standard_normal((m, k), np.float32), jnp.bfloat16)
+    rhs = jax.random.normal(jax.random.key(len(sets)), (g, k, n), jnp.bfloat16)
+    ct = jax.random.normal(jax.random.key(7 + len(sets)), (m, n), jnp.bfloat16)
+    sets.append((lhs, rhs, ct))
+  flops = 2.0 * m * k * n
+  tag = f"M{m} K{k} N{n} G{g} {'uneven' if uneven else 'equal'}"
+  extra = dict(shape=[m, k, n, g], uneven=uneven)
+  fwd_sets = [s[:2] for s in sets]
+  xla_fwd = jax.jit(lambda a, b: jax.lax.ragged_dot(a, b, sizes))
+  time_it(
+    f"ragged xla fwd {tag}",
+    xla_fwd,
+    fwd_sets,
+    flops,
+    dict(extra, impl="xla", pass_="fwd"),
+    iterations=5,
+  )
+  if xla_bwd:
+    xla_fb = jax.jit(
+      lambda a, b, c: jax.vjp(lambda x, y: jax.lax.ragged_dot(x, y, sizes), a, b)[1](c)
+    )
+    time_it(
+      f"ragged xla fwd+bwd {tag}",
+      xla_fb,
+      sets,
+      3 * flops,
+      dict(extra, impl="xla", pass_="fwd+bwd"),
+      iterations=5,
+    )
+  for cfg in configs:
+    impl = rd_mosaic.MosaicRaggedDot(config=cfg) if cfg is not None else rd_mosaic.MosaicRaggedDot()
+    name = "heuristic" if cfg is None else str(dataclasses.astuple(cfg))
+    fwd = jax.jit(lambda a, b, impl=impl: rd_api.ragged_dot(a, b, sizes, implementation=impl))
+    try:
+      time_it(
+        f"ragged mosaic fwd {tag} {name}",
+        fwd,
+        fwd_sets,
+        flops,
+        dict(extra, impl="mosaic", config=name, pass_="fwd"),
+      )
+    except Exception as e:
+      RESULTS["errors"].append(f"ragged fwd {tag} {name}: {str(e)[:500]}")
+      log("ERROR", name, str(e)[:500])
+  impl = rd_mosaic.MosaicRaggedDot()
+  fb = jax.jit(
+    lambda a, b, c: jax.vjp(lambda x, y: rd_api.ragged_dot(x, y, sizes, implementation=impl), a, b)[
+      1
+    ](c)
+  )
+  time_it(
+    f"ragged mosaic fwd+bwd {tag}", fb, sets, 3 * flops, dict(extra, impl="mosaic", pass_="fwd+bwd")
+  )
+  for layout in (rd_spec.RHS_TRANSPOSED, rd_spec.RAGGED_CONTRACTING):
+    dn = rd_spec.dimension_numbers(layout)
+    if layout == rd_spec.RHS_TRANSPOSED:  # dlhs: dout [M,N] @ rhs[g].T
+      args = [(s[2], s[1]) for s in sets]
+    else:  # drhs: lhs.T @ dout per group
+      args = [(s[0], s[2]) for s in sets]
+    f = jax.jit(lambda a, b, dn=dn: rd_api.ragged_dot_general(a, b, sizes, dn, implementation=impl))
+    time_it(
+      f"ragged mosaic {layout} {tag}", f, args, flops, dict(extra, impl="mosaic", pass_=layout)
+    )
+
+
+@guarded
+def bench_dense(m, k, n):
+  a = jax.random.normal(jax.random.key(0), (m, k), jnp.bfloat16)
+  b = jax.random.normal(jax.random.key(1), (k, n), jnp.bfloat16)
+  time_it(
+    f"dense xla matmul M{m} K{k} N{n}",
+    jax.jit(jnp.dot),
+    [(a, b)],
+    2.0 * m * k * n,
+    dict(impl="xla", shape=[m, k, n]),
+  )
+
+
+@guarded
+def bench_glu(m, k, n, configs):
+  sets = []
+  for i in range(2):
+    x = jax.random.normal(jax.random.key(i), (m, k), jnp.bfloat16)
+    w = (jax.random.normal(jax.random.key(10 + i), (k, 2, n), jnp.float32) / np.sqrt(k)).astype(
+      jnp.bfloat16
+    )
+    ct = jax.random.normal(jax.random.key(20 + i), (m, n), jnp.bfloat16)
+    sets.append((x, w, ct))
+  flops = 2.0 * m * k * 2 * n
+  tag = f"{m}x{k}x{n}"
+  extra = dict(shape=[m, k, n])
+  fwd_sets = [s[:2] for s in sets]
+
+  def fwd_of(impl):
+    return jax.jit(
+      lambda x, w: glu_api.gated_linear_unit(x, w, activation=jax.nn.swish, implementation=impl)
+    )
+
+  def fb_of(impl):
+    return jax.jit(
+      lambda x, w, c: jax.vjp(
+        lambda a, b: glu_api.gated_linear_unit(a, b, activation=jax.nn.swish, implementation=impl),
+        x,
+        w,
+      )[1](c)
+    )
+
+  time_it(
+    f"glu xla fwd {tag}", fwd_of("xla"), fwd_sets, flops, dict(extra, impl="xla", pass_="fwd")
+  )
+  time_it(
+    f"glu xla fwd+bwd {tag}",
+    fb_of("xla"),
+    sets,
+    3 * flops,
+    dict(extra, impl="xla", pass_="fwd+bwd"),
+  )
+  for cfg in configs:
+    impl = (
+      glu_mosaic.MosaicGatedLinearUnit(config=cfg)
+      if cfg is not None
+      else glu_mosaic.MosaicGatedLinearUnit()
+    )
+    name = "heuristic" if cfg is None else str(dataclasses.astuple(cfg))
+    try:
+      time_it(
+        f"glu mosaic fwd {tag} {name}",
+        fwd_of(impl),
+        fwd_sets,
+        flops,
+        dict(extra, impl="mosaic", config=name, pass_="fwd"),
+      )
+    except Exception as e:
+      RESULTS["errors"].append(f"glu fwd {tag} {name}: {str(e)[:500]}")
+      log("ERROR", name, str(e)[:500])
+  time_it(
+    f"glu mosaic fwd+bwd {tag}",
+    fb_of(glu_mosaic.MosaicGatedLinearUnit()),
+    sets,
+    3 * flops,
+    dict(extra, impl="mosaic", pass_="fwd+bwd"),
+  )
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--out", default="mosaic_mm.json")
+  parser.add_argument("--part", choices=("checks", "bench", "all"), default="all")
+  opts = parser.parse_args()
+  dev = jax.devices()[0]
+  RESULTS["device"] = f"{dev.device_kind} ({dev.platform}, {getattr(dev, 'core_count', '?')} SMs)"
+  try:
+    RESULTS["commit"] = subprocess.check_output(["git", "rev-parse", "HEAD"], text=True).strip()
+  except Exception:
+    pass
+  log(RESULTS["device"], RESULTS["commit"], jax.__version__)
+  t0 = time.time()
+  if opts.part in ("checks", "all"):
+    run_checks()
+  log(f"checks done in {time.time() - t0:.1f}s")
+  if opts.part in ("bench", "all"):
+    run_benchmarks()
+  log(f"all done in {time.time() - t0:.1f}s")
+  summarize(opts.out)
+  return 0 if not RESULTS["errors"] else 1
+
+
+def run_checks():
+  for layout in rd_spec.LAYOUTS:
+    check_ragged(layout, 1000, 512, 256, 6, offset=False)
+    check_ragged(layout, 776, 256, 512, 5, offset=True)
+  check_glu(264, 512, 512, False)
+  check_glu(128, 256, 256, True)
+
+
+def run_benchmarks():
+  C = rd_mosaic.Config
+  bench_dense(16384, 4096, 2048)
+  sweep = [None, C(block_n=256, num_stages=3, epi_n=128), C(block_n=128, num_stages=4, epi_n=128)]
+  bench_ragged(16384, 4096, 2048, 8, False, sweep, True)
+  bench_ragged(16384, 4096, 2048, 8, True, [None], False)
+  bench_ragged(32768, 7168, 2048, 64, False, [None], False)
+  bench_ragged(32768, 7168, 2048, 64, True, [None], False)
+  G = glu_mosaic.Config
+  bench_glu(8192, 4096, 14336, [None, G(block_n=128, num_stages=4, epi_n=128, grid_tile_m=8)])
+  bench_glu(2048, 2048, 8192, [None])
+  bench_glu(512, 4096, 14336, [None, G(block_n=64, num_stages=4, epi_n=64, grid_tile_m=4)])
+  bench_glu(128, 4096, 14336, [None])
+
+
+def summarize(path):
+  with open(path, "w") as f:
+    json.dump(RESULTS, f, indent=1)
+  log("\nSUMMARY")
+  for c in RESULTS["checks"]:
+    log(
+      "check",
+      c["op"],
+      c.get("layout", ""),
+      c["shape"],
+      "ok" if c["ok"] else "FAIL",
+      {k: round(v, 5) for k, v in c.items() if k in ("out", "dlhs", "drhs", "dx", "dw", "primal")},
+    )
+  for t in RESULTS["timings"]:
+    log(f"{t['name']:75s} {t['median_ms']:9.3f} ms {t['tflops']:7.1f}")
+  log("errors:", len(RESULTS["errors"]))
+
+
+if __name__ == "__main__":
+  sys.exit(main())
