@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import tokamax
-from tokamax._src.autotuning import api, autotuner, cache
+from tokamax._src.autotuning import api, cache
 from tokamax._src.autotuning import example_user_op as ex
 from tokamax._src.ops.attention import xla_chunked
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import chunked_xla

@@ -252,10 +252,16 @@ def _implementations(bound: op_lib.BoundArguments) -> Iterable[op_lib.Op]:
   spec = bound.op.spec
   yield bound.op
   for name in spec.implementation_names:
-    if name == bound.op.name or isinstance(spec.implementation_class_or_reason(name), str):
+    if name == bound.op.name:
       continue
-    op = spec.get(name)
-    if op.unsupported_reason(bound.args) is None:
+    try:  # A module that fails to load (for any reason) is not available.
+      if isinstance(spec.implementation_class_or_reason(name), str):
+        continue
+      op = spec.get(name)
+      supported = op.unsupported_reason(bound.args) is None
+    except Exception:
+      continue
+    if supported:
       yield op
 
 
