@@ -115,10 +115,10 @@ def gated_linear_unit(
       grid=(k_steps,),
       memory_registers=mosaic_fwd.MEMORY_REGISTERS,
       in_specs=[
-        plgpu.BlockSpec((bm, bk), lambda s: (mi, s), transforms=tf, delay_release=1),
-        plgpu.BlockSpec((bk, bn), lambda s: (s, ni), transforms=tf, delay_release=1),
+        plgpu.BlockSpec((bm, bk), lambda s: (mi, s), transforms=tf, delay_release=0),
+        plgpu.BlockSpec((bk, bn), lambda s: (s, ni), transforms=tf, delay_release=0),
         plgpu.BlockSpec(
-          (bk, bn), lambda s: (s, ni + up_block_offset), transforms=tf, delay_release=1
+          (bk, bn), lambda s: (s, ni + up_block_offset), transforms=tf, delay_release=0
         ),
       ],
       wg_axis="wg",
@@ -152,7 +152,7 @@ def gated_linear_unit(
           x_wg = x_smem.at[pl.ds(wg * WG_ROWS, WG_ROWS)]
           plgpu.wgmma(acc_g, x_wg, g_smem)
           plgpu.wgmma(acc_u, x_wg, u_smem)
-          plgpu.wgmma_wait(2)
+          plgpu.wgmma_wait(0)
           return accs
 
         def compute_context(run):

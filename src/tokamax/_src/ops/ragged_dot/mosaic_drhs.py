@@ -118,8 +118,8 @@ def ragged_contracting_dot(
       grid=(steps,),
       memory_registers=mosaic_fwd.MEMORY_REGISTERS,
       in_specs=[
-        plgpu.BlockSpec((bm, bk), lambda s: (first + s, ki), transforms=tf, delay_release=1),
-        plgpu.BlockSpec((bm, bn), lambda s: (first + s, ni), transforms=tf, delay_release=1),
+        plgpu.BlockSpec((bm, bk), lambda s: (first + s, ki), transforms=tf, delay_release=0),
+        plgpu.BlockSpec((bm, bn), lambda s: (first + s, ni), transforms=tf, delay_release=0),
       ],
       wg_axis="wg",
       num_compute_wgs=NUM_COMPUTE_WGS,
@@ -167,7 +167,7 @@ def ragged_contracting_dot(
             plgpu.commit_smem()
 
           plgpu.wgmma(acc, a_wg.T, b_smem)
-          plgpu.wgmma_wait(1)
+          plgpu.wgmma_wait(0)
           return acc
 
         def compute_context(run):

@@ -200,12 +200,12 @@ def ragged_dot_fwd(
       grid=(steps,),
       memory_registers=MEMORY_REGISTERS,
       in_specs=[
-        plgpu.BlockSpec((bm, bk), lambda s: (block, s), transforms=in_tf, delay_release=1),
+        plgpu.BlockSpec((bm, bk), lambda s: (block, s), transforms=in_tf, delay_release=0),
         plgpu.BlockSpec(
           (bn, bk) if transpose_rhs else (bk, bn),
           (lambda s: (ni, s)) if transpose_rhs else (lambda s: (s, ni)),
           transforms=in_tf,
-          delay_release=1,
+          delay_release=0,
         ),
       ],
       wg_axis="wg",
@@ -251,7 +251,7 @@ def ragged_dot_fwd(
             b = b_smem.T if transpose_rhs else b_smem
             plgpu.wgmma(acc, a_smem.at[pl.ds(wg * WG_ROWS, WG_ROWS)], b)
 
-          plgpu.wgmma_wait(1)
+          plgpu.wgmma_wait(0)
           return acc
 
         def compute_context(run):

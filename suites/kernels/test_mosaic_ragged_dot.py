@@ -1,0 +1,170 @@
+"""Mosaic GPU ragged_dot on CPU: the kernels in the Pallas GPU interpreter (with
+race detection) on small shapes, and CUDA lowering of every tuning config.
+
+Not covered here (needs the H200, see ci/gpu/mosaic_mm.py): the compiled
+kernels' numerics, wgmma/TMA hardware behaviour, timings. The interpreter runs
+the warp-specialised pipeline's barriers and TMA copies, but not register
+allocation (`setmaxnreg`) or the real shared-memory limit.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+
+from harness import references
+from tokamax._src.ops.ragged_dot import api, mosaic, mosaic_fwd, spec
+
+SMALL = mosaic.Config(block_n=64, num_stages=2, epi_n=64)
+
+
+def _rhs_shape(layout, m, k, n, g):
+  return {spec.DEFAULT: (g, k, n), spec.RHS_TRANSPOSED: (g, n, k), spec.RAGGED_CONTRACTING: (m, n)}[layout]
+
+
+def _rel_err(x, ref):
+  x = np.asarray(x, np.float64)
+  return np.linalg.norm(x - ref) / np.linalg.norm(ref)
+
+
+def _f32(tree):
+  return jax.tree.map(lambda a: np.asarray(a, np.float32), tree)
+
+
+@pytest.mark.parametrize(
+  ("layout", "m", "offset"),
+  [
+    (spec.DEFAULT, 136, False),
+    (spec.RHS_TRANSPOSED, 100, True),  # M not a multiple of 8: padded.
+    (spec.RAGGED_CONTRACTING, 144, True),
+  ],
+)
+def test_interpret_matches_reference_with_gradients(layout, m, offset, capfd):
+  k, n, g = 128, 128, 3
+  rng = np.random.default_rng(m)
+  # Uneven random sizes with empty groups; rows past their sum stay outside every group.
+  sizes = spec.generate_ragged_dot_group_sizes(m - 9, g + 1, seed=m, alpha=0.5, empty_fraction=0.25)
+  sizes = jnp.asarray(sizes)
+  group_offset = jnp.array([1], jnp.int32) if offset else None
+  rhs_groups = g if offset else g + 1
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+  rhs = jnp.asarray(rng.standard_normal(_rhs_shape(layout, m, k, n, rhs_groups)), jnp.bfloat16)
+  impl = mosaic.MosaicRaggedDot(interpret=True, config=SMALL)
+  dims = spec.dimension_numbers(layout)
+
+  def fn(a, b):
+    return api.ragged_dot_general(a, b, sizes, dims, group_offset=group_offset, implementation=impl)
+
+  out, vjp = jax.vjp(fn, lhs, rhs)
+  ct = jnp.asarray(rng.standard_normal(out.shape), jnp.bfloat16)
+  dlhs, drhs = vjp(ct)
+  num_groups = (g + 1) if layout == spec.RAGGED_CONTRACTING else rhs_groups
+  ref, (ref_dlhs, ref_drhs) = references.high_precision_vjp(
+    lambda a, b: references.ragged_dot_general(
+      a, b, sizes, layout, group_offset=group_offset, num_groups=num_groups
+    ),
+    _f32((lhs, rhs)),
+    _f32(ct),
+  )
+  assert not interpret_pallas_call.get_races().races_found
+  assert "RACE DETECTED" not in capfd.readouterr().out  # Any of the three kernels.
+  for name, x, r in (("out", out, ref), ("dlhs", dlhs, ref_dlhs), ("drhs", drhs, ref_drhs)):
+    assert x.shape == r.shape, name
+    assert _rel_err(x, r) < 5e-3, name
+
+
+def test_interpret_preferred_element_type():
+  m, k, n, g = 64, 128, 64, 2
+  rng = np.random.default_rng(1)
+  sizes = jnp.array([40, 17], jnp.int32)
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.float16)
+  rhs = jnp.asarray(rng.standard_normal((g, k, n)), jnp.float16)
+  impl = mosaic.MosaicRaggedDot(interpret=True, config=SMALL)
+  out = api.ragged_dot(lhs, rhs, sizes, preferred_element_type=jnp.float32, implementation=impl)
+  assert out.dtype == jnp.float32
+  ref = references.high_precision(references.ragged_dot_general)(*_f32((lhs, rhs)), sizes, spec.DEFAULT)
+  assert _rel_err(out, ref) < 1e-5  # float32 output: only accumulation-order error.
+  assert np.all(np.asarray(out)[57:] == 0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_work_items_cover_every_row_once(seed):
+  rng = np.random.default_rng(seed)
+  m, g, block_m = int(rng.integers(1, 700)), int(rng.integers(1, 9)), 128
+  sizes = spec.generate_ragged_dot_group_sizes(int(rng.integers(0, m + 1)), g, seed=seed, empty_fraction=0.3)
+  before = int(rng.integers(0, 50))
+  items, num_items = mosaic_fwd.work_items(jnp.asarray(sizes), jnp.int32(before), m, block_m)
+  items = np.asarray(items)
+  total = items[0, 0]
+  assert total <= num_items
+  covered = np.full(m, -2)
+  for rhs, block, lo, hi in items[1 : 1 + total]:
+    assert block * block_m <= lo < hi <= min(m, block * block_m + block_m)
+    assert np.all(covered[lo:hi] == -2), "row written twice"
+    covered[lo:hi] = rhs
+  # Expected owner of each row: its group, or -1 outside every group.
+  expected = np.full(m, -1)
+  ends = np.minimum(before + np.cumsum(sizes), m)
+  starts = np.concatenate([[min(before, m)], ends[:-1]])
+  for i, (s, e) in enumerate(zip(starts, ends, strict=True)):
+    expected[s:e] = i
+  np.testing.assert_array_equal(covered, expected)
+
+
+def _lower_all(layout, m, k, n, g, configs):
+  op = mosaic.MosaicRaggedDot()
+  shapes = (
+    jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+    jax.ShapeDtypeStruct(_rhs_shape(layout, m, k, n, g), jnp.bfloat16),
+    jax.ShapeDtypeStruct((g,), jnp.int32),
+  )
+
+  def fn(lhs, rhs, sizes):
+    record = spec.canonicalize(lhs, rhs, sizes, spec.dimension_numbers(layout))
+    return [op._compute(record, c) for c in configs(record)]
+
+  text = jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+
+
+@pytest.mark.parametrize("layout", spec.LAYOUTS)
+def test_every_autotuning_config_lowers_for_cuda(layout):
+  op = mosaic.MosaicRaggedDot()
+  seen = []
+
+  def configs(record):
+    found = sorted(op._get_autotuning_configs(record), key=dataclasses.astuple)
+    seen.extend(found)
+    return found
+
+  _lower_all(layout, 1024, 512, 256, 4, configs)
+  assert len(seen) >= 4
+
+
+@pytest.mark.parametrize("layout", spec.LAYOUTS)
+@pytest.mark.parametrize(("m", "k", "n", "g"), [(16384, 4096, 2048, 8), (32768, 7168, 2048, 64)])
+def test_heuristic_config_lowers_for_target_shapes(layout, m, k, n, g):
+  op = mosaic.MosaicRaggedDot()
+  _lower_all(layout, m, k, n, g, lambda r: [op._get_heuristics_config(r)])
+
+
+def test_unsupported_reasons_name_the_feature():
+  impl = mosaic.MosaicRaggedDot(interpret=True)
+  lhs = jnp.ones((64, 128), jnp.float32)
+  rhs = jnp.ones((2, 128, 64), jnp.float32)
+  sizes = jnp.array([32, 32], jnp.int32)
+  with pytest.raises(NotImplementedError, match="dtype float32"):
+    impl(lhs, rhs, sizes)
+  with pytest.raises(NotImplementedError, match="N=72"):
+    impl(lhs.astype(jnp.bfloat16), jnp.ones((2, 128, 72), jnp.bfloat16), sizes)
+  # The default choice falls back to another implementation instead.
+  out = api.ragged_dot(lhs, rhs, sizes, implementation=[impl, "xla"])
+  assert out.shape == (64, 64)
+
+
+def test_platform_reason():
+  assert mosaic.MosaicRaggedDot(interpret=True)._platform_reason("cpu", None) is None
+  assert "gpu" in mosaic.MosaicRaggedDot()._platform_reason("cpu", None)
