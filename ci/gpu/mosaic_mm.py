@@ -32,6 +32,12 @@ from tokamax._src.ops.ragged_dot import mosaic as rd_mosaic
 from tokamax._src.ops.ragged_dot import spec as rd_spec
 
 RESULTS = {"device": None, "commit": None, "checks": [], "timings": [], "errors": []}
+OUT_PATH = ["mosaic_mm.json"]
+
+
+def save():
+  with open(OUT_PATH[0], "w") as f:
+    json.dump(RESULTS, f, indent=1)
 
 
 def log(*a):
@@ -163,6 +169,7 @@ def time_it(name, fn, args_list, flops, extra=None, iterations=10):
   )
   log(f"TIME {name:60s} {t.median_ms:9.3f} ms {rec['tflops']:7.1f} TFLOP/s")
   RESULTS["timings"].append(rec)
+  save()
   return rec
 
 
@@ -325,6 +332,7 @@ def main():
   parser.add_argument("--out", default="mosaic_mm.json")
   parser.add_argument("--part", choices=("checks", "bench", "all"), default="all")
   opts = parser.parse_args()
+  OUT_PATH[0] = opts.out
   dev = jax.devices()[0]
   RESULTS["device"] = f"{dev.device_kind} ({dev.platform}, {getattr(dev, 'core_count', '?')} SMs)"
   try:
