@@ -24,7 +24,10 @@ def high_precision_dtype() -> np.dtype:
 
 @contextlib.contextmanager
 def _precision_scope():
-  with jax.enable_x64(high_precision_dtype() == np.float64), jax.default_matmul_precision("highest"):
+  with (
+    jax.enable_x64(high_precision_dtype() == np.float64),
+    jax.default_matmul_precision("highest"),
+  ):
     yield
 
 
@@ -140,9 +143,7 @@ def attention_visible_rows(
 # --- normalisation -----------------------------------------------------------
 
 
-def layer_norm(
-  x, scale, offset, *, axis=-1, epsilon=1e-6, scale_offset=0.0, subtract_mean=True
-):
+def layer_norm(x, scale, offset, *, axis=-1, epsilon=1e-6, scale_offset=0.0, subtract_mean=True):
   """(x - mean) / sqrt(var + eps) * (scale + scale_offset) + offset along `axis`."""
   x = jnp.moveaxis(x, axis, -1)
   d = x.shape[-1]

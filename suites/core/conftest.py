@@ -28,7 +28,9 @@ def assert_matches(
   assert not bad.any(), f"{what}: {bad.sum()} non-finite values at {np.argwhere(bad)[:5].tolist()}"
   err = np.abs(actual - expected)
   scale = max(np.abs(expected).max(), 1e-30)
-  norm = max(np.linalg.norm(err) - atol * np.sqrt(err.size), 0.0) / max(np.linalg.norm(expected), 1e-30)
+  norm = max(np.linalg.norm(err) - atol * np.sqrt(err.size), 0.0) / max(
+    np.linalg.norm(expected), 1e-30
+  )
   worst = np.unravel_index(np.argmax(err), err.shape) if err.size else ()
   assert norm <= norm_rtol and err.max(initial=0) <= max_rtol * scale + atol, (
     f"{what}: relative norm error {norm:.3g} (limit {norm_rtol}), max error {err.max(initial=0):.3g} "

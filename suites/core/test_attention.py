@@ -66,7 +66,21 @@ CASES = [
   Case("soft_cap", soft_cap=2.0),
   Case("soft_cap_bias", soft_cap=1.5, bias=(2, 4, 24, 24)),
   Case("scale", scale=0.3),
-  Case("odd_sizes_everything", t=37, s=53, n=6, k=3, h=8, hv=12, bias=(2, 1, 37, 53), mask=(2, 6, 1, 53), is_causal=True, kv_lengths=True, window=(9, 4), soft_cap=3.0),
+  Case(
+    "odd_sizes_everything",
+    t=37,
+    s=53,
+    n=6,
+    k=3,
+    h=8,
+    hv=12,
+    bias=(2, 1, 37, 53),
+    mask=(2, 6, 1, 53),
+    is_causal=True,
+    kv_lengths=True,
+    window=(9, 4),
+    soft_cap=3.0,
+  ),
 ]
 
 

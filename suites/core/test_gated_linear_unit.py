@@ -16,7 +16,11 @@ ACTIVATIONS = {"none": None, "swish": jax.nn.swish, "gelu": jax.nn.gelu, "relu":
 def test_forward_and_gradient(x_shape, activation, fused, impl, inputs):
   act = ACTIVATIONS[activation]
   x = inputs.normal(x_shape)
-  w = inputs.normal((24, 2, 19), 0.3) if fused else (inputs.normal((24, 19), 0.3), inputs.normal((24, 19), 0.3))
+  w = (
+    inputs.normal((24, 2, 19), 0.3)
+    if fused
+    else (inputs.normal((24, 19), 0.3), inputs.normal((24, 19), 0.3))
+  )
 
   def run(x, w):
     return tokamax.gated_linear_unit(x, w, activation=act, implementation=impl)

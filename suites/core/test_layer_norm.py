@@ -16,7 +16,9 @@ CASES = {
   "no_offset": dict(shape=(4, 33), offset=False),
   "neither": dict(shape=(4, 33), scale=False, offset=False),
   "scale_offset": dict(shape=(4, 33), scale_offset=1.0),
-  "scale_offset_no_scale_rms": dict(shape=(4, 33), scale=False, scale_offset=0.5, subtract_mean=False),
+  "scale_offset_no_scale_rms": dict(
+    shape=(4, 33), scale=False, scale_offset=0.5, subtract_mean=False
+  ),
   "epsilon": dict(shape=(4, 16), epsilon=0.3),
   "vector": dict(shape=(50,)),
 }

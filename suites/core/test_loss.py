@@ -19,7 +19,9 @@ def test_forward_and_gradient(shape, reduction, impl, inputs):
   labels = inputs.ints((b,), 0, v)
 
   def run(x, w):
-    return tokamax.linear_softmax_cross_entropy_loss(x, labels, w, reduction=reduction, implementation=impl)
+    return tokamax.linear_softmax_cross_entropy_loss(
+      x, labels, w, reduction=reduction, implementation=impl
+    )
 
   def reference(x, w):
     return references.linear_softmax_cross_entropy_loss(x, labels, w, reduction=reduction)

@@ -13,7 +13,7 @@ def attend(args: spec.AttentionArgs) -> tuple[jax.Array, jax.Array]:
   """Returns the output [B,T,N,h] and the log-sum-exp [B,N,T] (-inf where nothing is visible)."""
   q, k, v = args.query, args.key, args.value
   b, t, n, _ = q.shape
-  s, kh = k.shape[1], k.shape[2]
+  s = k.shape[1]
   logits, ok = spec.logits_and_mask(args, q, k, args.bias, args.mask, jnp.arange(t), jnp.arange(s))
   if ok is not None:
     logits = jnp.where(ok, logits, -jnp.inf)

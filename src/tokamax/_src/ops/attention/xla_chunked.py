@@ -74,7 +74,7 @@ def _forward(args: spec.AttentionArgs, config: ChunkedConfig):
   shape = (b, kh, n // kh, t)
 
   def step(carry, i):
-    m, l, acc = carry
+    m, total, acc = carry
     logits, _, v = chunks.logits(args, q, i)
     m_new = jnp.maximum(m, logits.max(axis=-1))
     m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
@@ -87,16 +87,16 @@ def _forward(args: spec.AttentionArgs, config: ChunkedConfig):
       precision=args.precision,
       preferred_element_type=jnp.float32,
     )
-    return (m_new, alpha * l + p.sum(-1), alpha[..., None] * acc + pv), None
+    return (m_new, alpha * total + p.sum(-1), alpha[..., None] * acc + pv), None
 
   init = (
     jnp.full(shape, -jnp.inf, jnp.float32),
     jnp.zeros(shape, jnp.float32),
     jnp.zeros((*shape, hv), jnp.float32),
   )
-  (m, l, acc), _ = jax.lax.scan(step, init, jnp.arange(chunks.count))
-  out = acc / jnp.where(l == 0, 1.0, l)[..., None]
-  lse = jnp.where(l == 0, -jnp.inf, jnp.log(jnp.where(l == 0, 1.0, l)) + m)
+  (m, total, acc), _ = jax.lax.scan(step, init, jnp.arange(chunks.count))
+  out = acc / jnp.where(total == 0, 1.0, total)[..., None]
+  lse = jnp.where(total == 0, -jnp.inf, jnp.log(jnp.where(total == 0, 1.0, total)) + m)
   out = jnp.moveaxis(out, 3, 1).reshape(b, t, n, hv).astype(q.dtype)
   return out, lse
 
@@ -108,7 +108,9 @@ def _backward(args: spec.AttentionArgs, config: ChunkedConfig, out, lse, dout):
   g = n // kh
   chunks = _Chunks(args, config.kv_chunk_size)
   do = dout.reshape(b, t, kh, g, hv)
-  delta = jnp.einsum("btkgh,btkgh->bkgt", do.astype(jnp.float32), out.reshape(do.shape).astype(jnp.float32))
+  delta = jnp.einsum(
+    "btkgh,btkgh->bkgt", do.astype(jnp.float32), out.reshape(do.shape).astype(jnp.float32)
+  )
   lse_safe = jnp.where(jnp.isfinite(lse), lse, jnp.inf)[..., None]
   bias = chunks.bias
 

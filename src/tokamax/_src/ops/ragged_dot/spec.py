@@ -37,7 +37,14 @@ def dimension_numbers(layout: str) -> jax.lax.RaggedDotDimensionNumbers:
 def layout_of(dims: jax.lax.RaggedDotDimensionNumbers) -> str:
   def norm(d):
     (lc, rc), (lb, rb) = d.dot_dimension_numbers
-    return (tuple(lc), tuple(rc), tuple(lb), tuple(rb), tuple(d.lhs_ragged_dimensions), tuple(d.rhs_group_dimensions))
+    return (
+      tuple(lc),
+      tuple(rc),
+      tuple(lb),
+      tuple(rb),
+      tuple(d.lhs_ragged_dimensions),
+      tuple(d.rhs_group_dimensions),
+    )
 
   for layout in LAYOUTS:
     if norm(dims) == norm(dimension_numbers(layout)):
@@ -84,7 +91,7 @@ def generate_ragged_dot_group_sizes(
     raise ValueError(f"need m >= 0 and num_groups >= 1, got m={m}, num_groups={num_groups}.")
   rng = np.random.default_rng(seed)
   weights = rng.dirichlet(np.full(num_groups, alpha))
-  empty = rng.permutation(num_groups)[: int(round(empty_fraction * num_groups))]
+  empty = rng.permutation(num_groups)[: round(empty_fraction * num_groups)]
   if len(empty) < num_groups:
     weights[empty] = 0.0
     weights /= weights.sum()
@@ -125,7 +132,9 @@ def canonicalize(
   group_offset=None,
   num_local_groups=None,
 ) -> RaggedDotArgs:
-  layout = DEFAULT if ragged_dot_dimension_numbers is None else layout_of(ragged_dot_dimension_numbers)
+  layout = (
+    DEFAULT if ragged_dot_dimension_numbers is None else layout_of(ragged_dot_dimension_numbers)
+  )
   lhs = validation.floating("lhs", lhs)
   rhs = validation.floating("rhs", rhs)
   validation.same_dtype(lhs=lhs, rhs=rhs)
@@ -149,12 +158,12 @@ def canonicalize(
     validation.rank("rhs", rhs, 3, "rhs [G, K, N]" if layout == DEFAULT else "rhs [G, N, K]")
     kdim = 1 if layout == DEFAULT else 2
     if rhs.shape[kdim] != k:
-      raise ValueError(f"`rhs` contracting dim {rhs.shape[kdim]} must equal `lhs` K={k} ({layout}).")
+      raise ValueError(
+        f"`rhs` contracting dim {rhs.shape[kdim]} must equal `lhs` K={k} ({layout})."
+      )
     local = rhs.shape[0]
   if group_offset is None and local != g_all:
-    raise ValueError(
-      f"`group_sizes` must have one entry per group: got {g_all}, expected {local}."
-    )
+    raise ValueError(f"`group_sizes` must have one entry per group: got {g_all}, expected {local}.")
   if group_offset is not None:
     group_offset = validation.integer("group_offset", group_offset)
     if group_offset.shape not in ((), (1,)):
@@ -183,7 +192,9 @@ def cost(args: RaggedDotArgs) -> op.Cost:
   out = int(np.prod(args.out_shape))
   return op.Cost(
     flops=2.0 * m * k * n,
-    bytes=float(itemsize * (args.lhs.size + args.rhs.size) + np.dtype(args.out_dtype).itemsize * out),
+    bytes=float(
+      itemsize * (args.lhs.size + args.rhs.size) + np.dtype(args.out_dtype).itemsize * out
+    ),
   )
 
 

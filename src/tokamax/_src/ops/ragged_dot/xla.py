@@ -11,6 +11,26 @@ from tokamax._src.ops.ragged_dot import spec
 
 def ragged_dot_xla(args: spec.RaggedDotArgs) -> jax.Array:
   """The XLA ragged dot; a group offset becomes two zero groups around the local ones."""
+  return _batched_as_loop(args)
+
+
+@jax.custom_batching.custom_vmap
+def _batched_as_loop(args: spec.RaggedDotArgs) -> jax.Array:
+  return _ragged_dot(args)
+
+
+@_batched_as_loop.def_vmap
+def _loop_over_batch(axis_size, in_batched, args):
+  # jax.lax.ragged_dot_general has no general batching rule: map over the batch.
+  args = jax.tree.map(
+    lambda x, batched: x if batched else jnp.broadcast_to(x, (axis_size, *x.shape)),
+    args,
+    in_batched[0],
+  )
+  return jax.lax.map(_batched_as_loop, args), True
+
+
+def _ragged_dot(args: spec.RaggedDotArgs) -> jax.Array:
   sizes, before = spec.local_group_sizes(args)
   rhs = args.rhs
   if before is not None:

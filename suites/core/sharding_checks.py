@@ -1,0 +1,90 @@
+"""Every op on inputs sharded over 8 host devices; run by test_transforms in a subprocess.
+
+Usage: XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m suites.core.sharding_checks
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+import tokamax
+
+
+def _close(a, b, what):
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  err = np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)
+  assert err < 1e-5, f"{what}: relative error {err}"
+  print(f"ok {what}")
+
+
+def main() -> None:
+  assert jax.device_count() == 8, jax.devices()
+  mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  put = lambda x, *spec: jax.device_put(x, NamedSharding(mesh, PartitionSpec(*spec)))
+  keys = iter(jax.random.split(jax.random.key(0), 16))
+  normal = lambda *shape: jax.random.normal(next(keys), shape)
+
+  q, k, v = normal(8, 16, 4, 8), normal(8, 16, 2, 8), normal(8, 16, 2, 8)
+  for impl in ("xla", "xla_chunked"):
+    f = jax.jit(
+      jax.value_and_grad(
+        lambda q, k, v: tokamax.dot_product_attention(
+          q, k, v, is_causal=True, implementation=impl
+        ).sum(),
+        argnums=(0, 1, 2),
+      )
+    )
+    sharded = f(put(q, "data"), put(k, "data"), put(v, "data"))
+    plain = f(q, k, v)
+    for i, (a, b) in enumerate(zip(jax.tree.leaves(sharded), jax.tree.leaves(plain), strict=True)):
+      _close(a, b, f"attention[{impl}] sharded batch, leaf {i}")
+    q_sharding = NamedSharding(mesh, PartitionSpec("data", None, "model", None))
+    g = jax.jit(
+      lambda q, k, v: tokamax.dot_product_attention(
+        q, k, v, is_causal=True, implementation=impl, q_sharding=q_sharding
+      )
+    )
+    _close(
+      g(
+        put(q, "data", None, "model"), put(k, "data", None, "model"), put(v, "data", None, "model")
+      ),
+      tokamax.dot_product_attention(q, k, v, is_causal=True),
+      f"attention[{impl}] q_sharding",
+    )
+
+  x = normal(16, 32)
+  _close(
+    jax.jit(lambda x: tokamax.layer_norm(x, None, None))(put(x, "data")),
+    tokamax.layer_norm(x, None, None),
+    "layer_norm",
+  )
+  w = normal(32, 2, 24)
+  glu = jax.jit(
+    jax.grad(
+      lambda x, w: tokamax.gated_linear_unit(x, w, activation=jax.nn.swish).sum(), argnums=(0, 1)
+    )
+  )
+  for a, b in zip(glu(put(x, "data"), put(w, None, None, "model")), glu(x, w), strict=True):
+    _close(a, b, "gated_linear_unit grad")
+  sizes = jnp.array([4, 0, 7, 5], jnp.int32)
+  rhs = normal(4, 32, 8)
+  rd = jax.jit(jax.grad(lambda x, r: tokamax.ragged_dot(x, r, sizes).sum(), argnums=(0, 1)))
+  for a, b in zip(rd(put(x, "data"), put(rhs, None, None, "model")), rd(x, rhs), strict=True):
+    _close(a, b, "ragged_dot grad")
+  labels = jnp.arange(16) % 24
+  wl = normal(32, 24)
+  for impl in ("xla", "chunked_xla"):
+    loss = jax.jit(
+      jax.grad(
+        lambda x, w: tokamax.linear_softmax_cross_entropy_loss(x, labels, w, implementation=impl),
+        argnums=(0, 1),
+      )
+    )
+    for a, b in zip(loss(put(x, "data"), put(wl, None, "model")), loss(x, wl), strict=True):
+      _close(a, b, f"loss[{impl}] grad")
+  print("all sharded checks passed")
+
+
+if __name__ == "__main__":
+  main()

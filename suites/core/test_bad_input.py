@@ -1,0 +1,162 @@
+"""Bad input raises ValueError/TypeError naming the argument."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import tokamax
+
+f32 = jnp.float32
+Q = jnp.ones((2, 8, 4, 16), f32) * 0.5
+
+
+def attn(**overrides):
+  args = dict(query=Q, key=Q, value=Q)
+  args.update(overrides)
+  q, k, v = args.pop("query"), args.pop("key"), args.pop("value")
+  return tokamax.dot_product_attention(q, k, v, **args)
+
+
+CASES = {
+  "attention_rank": (lambda: attn(query=Q[0, 0]), ValueError, "query"),
+  "attention_heads_not_multiple": (
+    lambda: attn(key=jnp.ones((2, 8, 3, 16)), value=jnp.ones((2, 8, 3, 16))),
+    ValueError,
+    "multiple",
+  ),
+  "attention_head_dim_mismatch": (
+    lambda: attn(key=jnp.ones((2, 8, 4, 8)), value=jnp.ones((2, 8, 4, 8))),
+    ValueError,
+    "head dim",
+  ),
+  "attention_int_query": (
+    lambda: attn(query=jnp.ones((2, 8, 4, 16), jnp.int32)),
+    TypeError,
+    "query",
+  ),
+  "attention_mixed_dtypes": (lambda: attn(key=Q.astype(jnp.bfloat16)), TypeError, "dtype"),
+  "attention_value_len": (lambda: attn(value=jnp.ones((2, 7, 4, 16))), ValueError, "value"),
+  "attention_bias_shape": (lambda: attn(bias=jnp.ones((2, 4, 8, 5))), ValueError, "bias"),
+  "attention_mask_dtype": (lambda: attn(mask=jnp.ones((2, 4, 8, 8))), TypeError, "mask"),
+  "attention_negative_window": (
+    lambda: attn(local_window_size=(-1, 2)),
+    ValueError,
+    "local_window_size",
+  ),
+  "attention_bad_window": (
+    lambda: attn(local_window_size=(1, 2, 3)),
+    ValueError,
+    "local_window_size",
+  ),
+  "attention_float_lengths": (
+    lambda: attn(query_seq_lengths=jnp.ones((2,))),
+    TypeError,
+    "query_seq_lengths",
+  ),
+  "attention_soft_cap": (lambda: attn(logits_soft_cap=-1.0), ValueError, "logits_soft_cap"),
+  "norm_scale_shape": (
+    lambda: tokamax.layer_norm(jnp.ones((4, 8)), jnp.ones(7), None),
+    ValueError,
+    "scale",
+  ),
+  "norm_axis": (
+    lambda: tokamax.layer_norm(jnp.ones((4, 8)), None, None, axis=2),
+    ValueError,
+    "axis",
+  ),
+  "norm_int_x": (
+    lambda: tokamax.layer_norm(jnp.ones((4, 8), jnp.int32), None, None),
+    TypeError,
+    "x",
+  ),
+  "glu_weights_shape": (
+    lambda: tokamax.gated_linear_unit(jnp.ones((4, 8)), jnp.ones((8, 3, 5))),
+    ValueError,
+    "weights",
+  ),
+  "glu_weights_k": (
+    lambda: tokamax.gated_linear_unit(jnp.ones((4, 8)), jnp.ones((6, 2, 5))),
+    ValueError,
+    "weights",
+  ),
+  "glu_pair_mismatch": (
+    lambda: tokamax.gated_linear_unit(jnp.ones((4, 8)), (jnp.ones((8, 5)), jnp.ones((8, 4)))),
+    ValueError,
+    "w_gate",
+  ),
+  "glu_activation": (
+    lambda: tokamax.gated_linear_unit(jnp.ones((4, 8)), jnp.ones((8, 2, 5)), activation="swish"),
+    TypeError,
+    "activation",
+  ),
+  "ragged_group_count": (
+    lambda: tokamax.ragged_dot(jnp.ones((6, 4)), jnp.ones((3, 4, 5)), jnp.array([2, 4])),
+    ValueError,
+    "group_sizes",
+  ),
+  "ragged_group_dtype": (
+    lambda: tokamax.ragged_dot(jnp.ones((6, 4)), jnp.ones((2, 4, 5)), jnp.array([2.0, 4.0])),
+    TypeError,
+    "group_sizes",
+  ),
+  "ragged_k_mismatch": (
+    lambda: tokamax.ragged_dot(jnp.ones((6, 4)), jnp.ones((2, 3, 5)), jnp.array([2, 4])),
+    ValueError,
+    "rhs",
+  ),
+  "ragged_int_lhs": (
+    lambda: tokamax.ragged_dot(jnp.ones((6, 4), jnp.int32), jnp.ones((2, 4, 5)), jnp.array([2, 4])),
+    TypeError,
+    "lhs",
+  ),
+  "ragged_group_sizes_rank": (
+    lambda: tokamax.ragged_dot(jnp.ones((6, 4)), jnp.ones((2, 4, 5)), jnp.ones((2, 1), jnp.int32)),
+    ValueError,
+    "group_sizes",
+  ),
+  "ragged_unsupported_dims": (
+    lambda: tokamax.ragged_dot_general(
+      jnp.ones((6, 4)),
+      jnp.ones((2, 4, 5)),
+      jnp.array([2, 4]),
+      jax.lax.RaggedDotDimensionNumbers((([1], [1]), ([], [])), [1], [0]),
+    ),
+    NotImplementedError,
+    "ragged_dot_dimension_numbers",
+  ),
+  "loss_reduction": (
+    lambda: tokamax.linear_softmax_cross_entropy_loss(
+      jnp.ones((4, 8)), jnp.zeros(4, jnp.int32), jnp.ones((8, 5)), reduction="max"
+    ),
+    ValueError,
+    "reduction",
+  ),
+  "loss_label_range": (
+    lambda: tokamax.linear_softmax_cross_entropy_loss(
+      jnp.ones((4, 8)), jnp.array([0, 1, 5, 2]), jnp.ones((8, 5))
+    ),
+    ValueError,
+    "labels",
+  ),
+  "loss_float_labels": (
+    lambda: tokamax.linear_softmax_cross_entropy_loss(
+      jnp.ones((4, 8)), jnp.zeros(4), jnp.ones((8, 5))
+    ),
+    TypeError,
+    "labels",
+  ),
+  "loss_weight_rows": (
+    lambda: tokamax.linear_softmax_cross_entropy_loss(
+      jnp.ones((4, 8)), jnp.zeros(4, jnp.int32), jnp.ones((7, 5))
+    ),
+    ValueError,
+    "weights",
+  ),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_bad_input_is_named(name):
+  call, error, word = CASES[name]
+  with pytest.raises(error, match=word):
+    call()

@@ -1,0 +1,149 @@
+"""The one dispatch rule: None, one name, a sequence, unknown names, backward fallback."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+import tokamax
+from suites.core.conftest import assert_matches, references
+from tokamax._src.ops.normalization import spec as norm_spec
+from tokamax._src.ops.normalization import xla as norm_xla
+
+OPS = {
+  "dot_product_attention": "tokamax._src.ops.attention.spec",
+  "layer_norm": "tokamax._src.ops.normalization.spec",
+  "gated_linear_unit": "tokamax._src.ops.gated_linear_unit.spec",
+  "ragged_dot": "tokamax._src.ops.ragged_dot.spec",
+  "linear_softmax_cross_entropy_loss": "tokamax._src.ops.linear_softmax_cross_entropy_loss.spec",
+}
+
+
+@pytest.mark.parametrize("module", OPS.values(), ids=OPS.keys())
+def test_xla_is_always_last_candidate(module):
+  import importlib
+
+  spec = importlib.import_module(module).SPEC
+  for platform in ("cpu", "gpu", "tpu"):
+    assert spec.default_order(platform)[-1] == "xla"
+  assert spec.get("xla").supported_on(jax.devices("cpu")[0])
+
+
+def test_unknown_name_lists_valid_names(inputs):
+  x = inputs.normal((2, 8))
+  with pytest.raises(ValueError, match=r"unknown implementation 'nope'.*'xla'.*'triton'"):
+    tokamax.layer_norm(x, None, None, implementation="nope")
+  with pytest.raises(ValueError, match="unknown implementation"):
+    tokamax.layer_norm(x, None, None, implementation=("xla", "nope"))
+
+
+def test_named_unsupported_raises_with_reason(inputs):
+  q = inputs.normal((1, 8, 2, 16))
+  with pytest.raises(NotImplementedError, match=r"cudnn: .*gpu"):
+    tokamax.dot_product_attention(q, q, q, implementation="cudnn")
+
+
+def test_sequence_tries_in_order_and_lists_every_reason(inputs):
+  q = inputs.normal((1, 8, 2, 16))
+  out = tokamax.dot_product_attention(q, q, q, implementation=("cudnn", "xla_chunked"))
+  assert_matches(out, references.high_precision(references.attention)(q, q, q))
+  with pytest.raises(NotImplementedError) as info:
+    tokamax.dot_product_attention(q, q, q, implementation=("cudnn", "mosaic"))
+  assert "cudnn:" in str(info.value) and "mosaic:" in str(info.value)
+
+
+def test_empty_sequence_is_rejected(inputs):
+  with pytest.raises(ValueError, match="non-empty"):
+    tokamax.layer_norm(inputs.normal((2, 4)), None, None, implementation=())
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _ForwardOnlyNorm(norm_xla.XlaLayerNorm):
+  """A kernel-like implementation: not differentiable by JAX, backward only for RMSNorm."""
+
+  name = "forward_only"
+  differentiable = False
+  calls: list = dataclasses.field(default_factory=list, compare=False, hash=False)
+
+  def _bwd(self, args, config, out, residuals, dout):
+    self.calls.append("own_bwd")
+    _, vjp = jax.vjp(
+      lambda x, s, o: norm_spec.reference(dataclasses.replace(args, x=x, scale=s, offset=o)),
+      args.x,
+      args.scale,
+      args.offset,
+    )
+    dx, ds, do = vjp(dout)
+    return {"x": dx, "scale": ds, "offset": do}
+
+  def _bwd_unsupported_reason(self, args):
+    return None if not args.subtract_mean else "only RMSNorm"
+
+
+@pytest.mark.parametrize("subtract_mean", (False, True), ids=("own_backward", "xla_fallback"))
+def test_gradient_falls_back_when_backward_unsupported(subtract_mean, inputs):
+  impl = _ForwardOnlyNorm()
+  x, scale, offset = inputs.normal((4, 16)), inputs.normal((16,)), inputs.normal((16,))
+  loss = lambda x, s: tokamax.layer_norm(
+    x, s, offset, subtract_mean=subtract_mean, implementation=impl
+  ).sum()
+  grads = jax.grad(loss, argnums=(0, 1))(x, scale)
+  ref = lambda x, s: references.layer_norm(x, s, offset, subtract_mean=subtract_mean).sum()
+  _, ref_grads = references.high_precision_vjp(ref, (x, scale), np.float32(1.0))
+  assert_matches(grads[0], ref_grads[0])
+  assert_matches(grads[1], ref_grads[1])
+  assert impl.calls == ([] if subtract_mean else ["own_bwd"])
+
+
+def test_callable_in_sequence_is_tried(inputs):
+  x = inputs.normal((3, 8))
+
+  def refuses(*args, **kwargs):
+    raise NotImplementedError("never")
+
+  out = tokamax.layer_norm(x, None, None, implementation=(refuses, "xla"))
+  assert_matches(out, references.high_precision(references.layer_norm)(x, None, None))
+
+
+def test_op_call_and_bound_arguments(inputs):
+  from tokamax._src.ops.attention import xla_chunked
+
+  impl = xla_chunked.XlaChunkedAttention()
+  q = inputs.normal((1, 40, 2, 8))
+  bound = impl.bind(q, q, q, is_causal=True)
+  assert bound.heuristics_config == xla_chunked.ChunkedConfig(kv_chunk_size=40)
+  assert xla_chunked.ChunkedConfig(kv_chunk_size=40) in bound.autotuning_configs
+  assert isinstance(impl, tokamax.Op) and isinstance(bound, tokamax.BoundArguments)
+  assert_matches(
+    impl(q, q, q, is_causal=True),
+    references.high_precision(references.attention)(q, q, q, is_causal=True),
+  )
+  assert "mosaic" in tokamax.DotProductAttentionImplementation.__args__
+
+
+def test_public_names_exist():
+  for name in (
+    "dot_product_attention",
+    "layer_norm",
+    "gated_linear_unit",
+    "ragged_dot",
+    "ragged_dot_general",
+    "generate_ragged_dot_group_sizes",
+    "RaggedDotGroupSizes",
+    "linear_softmax_cross_entropy_loss",
+    "Op",
+    "BoundArguments",
+    "DotProductAttentionImplementation",
+    "__version__",
+    "config",
+    "autotuning",
+    "benchmarking",
+    "autotune",
+    "AutotuningResult",
+    "standardize_function",
+    "benchmark",
+    "BenchmarkData",
+    "DISABLE_JAX_EXPORT_CHECKS",
+  ):
+    assert hasattr(tokamax, name), name
