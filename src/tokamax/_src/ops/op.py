@@ -20,7 +20,6 @@ import numpy as np
 
 from tokamax._src import arguments as arguments_lib
 
-
 # While `tokamax.autotune` traces a function, every op call appends
 # (op, abstract args, mode) here, mode "forward" or "vjp" (its custom backward ran).
 RECORDED_CALLS: contextvars.ContextVar[list | None] = contextvars.ContextVar(
@@ -138,7 +137,7 @@ class Op(abc.ABC):
     """The config for `args`: fixed, else tuned, else heuristic."""
     if self.config is not None:
       return self.config
-    from tokamax._src.autotuning import cache  # noqa: PLC0415 (avoids an import cycle)
+    from tokamax._src.autotuning import cache
 
     tuned = cache.lookup(self, args)
     if tuned is not None:
@@ -192,7 +191,8 @@ def _with_custom_vjp(op: Op, args: Any, config: Any) -> jax.Array:
       {
         name: (
           grads[name]
-          if grads.get(name) is not None and all(jax.dtypes.issubdtype(v.dtype, np.inexact) for v in jax.tree.leaves(value))
+          if grads.get(name) is not None
+          and all(jax.dtypes.issubdtype(v.dtype, np.inexact) for v in jax.tree.leaves(value))
           else jax.tree.map(_zero_cotangent, value)
         )
         for name, value in arrays.items()
@@ -232,7 +232,7 @@ class BoundArguments:
 
   def autotune(self, **kwargs) -> Any:
     """Times every candidate config and returns the autotuning data."""
-    from tokamax._src.autotuning import autotuner  # noqa: PLC0415
+    from tokamax._src.autotuning import autotuner
 
     return autotuner.autotune_bound(self, **kwargs)
 
@@ -343,4 +343,3 @@ def dispatch(spec: OpSpec, candidates: list[Any], record: Any, args: tuple, kwar
   raise NotImplementedError(
     f"{spec.name}: no implementation supports this call:\n  " + "\n  ".join(reasons)
   )
-

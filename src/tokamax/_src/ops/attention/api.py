@@ -90,15 +90,23 @@ def _per_shard(sharding, query, key, value, bias, mask, kwargs):
     if x is None:
       return PartitionSpec()
     lead = x.shape[: x.ndim - trailing]
-    batch_part = [a if d > 1 else None for a, d in zip(batch[len(batch) - len(lead) :], lead, strict=True)]
+    batch_part = [
+      a if d > 1 else None for a, d in zip(batch[len(batch) - len(lead) :], lead, strict=True)
+    ]
     if trailing == 0:
       return PartitionSpec(*batch_part)
     return PartitionSpec(*batch_part, n_axis if x.shape[-3] > 1 else None, None, None)
 
-  lengths = {
-    name: kwargs.pop(name) for name in ("query_seq_lengths", "key_value_seq_lengths")
-  }
-  arrays = (query, key, value, bias, mask, lengths["query_seq_lengths"], lengths["key_value_seq_lengths"])
+  lengths = {name: kwargs.pop(name) for name in ("query_seq_lengths", "key_value_seq_lengths")}
+  arrays = (
+    query,
+    key,
+    value,
+    bias,
+    mask,
+    lengths["query_seq_lengths"],
+    lengths["key_value_seq_lengths"],
+  )
   specs = (
     PartitionSpec(*axes),
     kv_spec,

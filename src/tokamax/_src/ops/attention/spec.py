@@ -126,7 +126,10 @@ def canonicalize(
     validation.broadcastable("mask", mask.shape, target, LAYOUT)
     mask = _batch_broadcast("mask", mask, batch_shape, 3)
   lengths = {}
-  for name, x in (("query_seq_lengths", query_seq_lengths), ("key_value_seq_lengths", key_value_seq_lengths)):
+  for name, x in (
+    ("query_seq_lengths", query_seq_lengths),
+    ("key_value_seq_lengths", key_value_seq_lengths),
+  ):
     if x is not None:
       x = validation.integer(name, x)
       validation.broadcastable(name, x.shape, batch_shape, "[*#B]")

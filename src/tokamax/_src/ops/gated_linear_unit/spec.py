@@ -37,7 +37,9 @@ def canonicalize(x, weights, *, activation=None, precision=None) -> GluArgs:
   k = x.shape[-1]
   if isinstance(weights, tuple | list):
     if len(weights) != 2:
-      raise ValueError(f"`weights` as a sequence must be (w_gate, w_up), got {len(weights)} arrays.")
+      raise ValueError(
+        f"`weights` as a sequence must be (w_gate, w_up), got {len(weights)} arrays."
+      )
     weights = tuple(validation.floating(f"weights[{i}]", w) for i, w in enumerate(weights))
     for i, w in enumerate(weights):
       if w.ndim != 2 or w.shape[0] != k:
@@ -50,7 +52,9 @@ def canonicalize(x, weights, *, activation=None, precision=None) -> GluArgs:
       raise ValueError(f"`weights` must have shape [K={k}, 2, N], got {weights.shape}.")
   if activation is not None and not callable(activation):
     raise TypeError(f"`activation` must be callable or None, got {activation!r}.")
-  return GluArgs(x=x, weights=weights, activation=activation, precision=validation.precision(precision))
+  return GluArgs(
+    x=x, weights=weights, activation=activation, precision=validation.precision(precision)
+  )
 
 
 def cost(args: GluArgs) -> op.Cost:

@@ -39,7 +39,9 @@ def canonicalize(x, labels, weights, *, reduction="sum", precision=None) -> Loss
   if not isinstance(labels, jax.core.Tracer):
     values = np.asarray(labels)
     if values.size and (values.min() < 0 or values.max() >= weights.shape[1]):
-      raise ValueError(f"`labels` must lie in [0, {weights.shape[1]}), got [{values.min()}, {values.max()}].")
+      raise ValueError(
+        f"`labels` must lie in [0, {weights.shape[1]}), got [{values.min()}, {values.max()}]."
+      )
   return LossArgs(
     x=x,
     labels=labels.astype(jnp.int32),

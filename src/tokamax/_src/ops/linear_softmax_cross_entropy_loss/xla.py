@@ -17,7 +17,9 @@ class XlaLoss(op.Op):
   spec = spec.SPEC
 
   def _fwd(self, args, config):
-    logits = jnp.matmul(args.x, args.weights, precision=args.precision, preferred_element_type=jnp.float32)
+    logits = jnp.matmul(
+      args.x, args.weights, precision=args.precision, preferred_element_type=jnp.float32
+    )
     lse = jax.nn.logsumexp(logits, axis=-1)
     picked = jnp.take_along_axis(logits, args.labels[:, None], axis=-1)[:, 0]
     return spec.reduce(args, lse - picked), None

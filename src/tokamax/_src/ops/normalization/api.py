@@ -46,4 +46,3 @@ def layer_norm(
     subtract_mean=subtract_mean,
     implementation=implementation,
   )
-
