@@ -1,0 +1,105 @@
+"""Gradient checks: VJP against a reference VJP, finite differences, determinism."""
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import jax.test_util
+import numpy as np
+
+from harness import compare, references
+
+
+def random_like(key: jax.Array, tree):
+  """Random normal arrays shaped like the floating leaves of `tree`."""
+  leaves, treedef = jax.tree.flatten(tree)
+  keys = jax.random.split(key, max(len(leaves), 1))
+  out = [
+    jax.random.normal(k, np.shape(x), x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+    for k, x in zip(keys, leaves, strict=False)
+  ]
+  return jax.tree.unflatten(treedef, out)
+
+
+def widen(tree):
+  """16-bit floating leaves as float32 (lossless), so references upcast them further."""
+
+  def one(x):
+    if (
+      hasattr(x, "dtype")
+      and jnp.issubdtype(x.dtype, jnp.floating)
+      and jnp.dtype(x.dtype).itemsize < 4
+    ):
+      return jnp.asarray(x, jnp.float32)
+    return x
+
+  return jax.tree.map(one, tree)
+
+
+def vjp(fn: Callable, primals: tuple, cotangent) -> tuple:
+  """(out, grads) of `fn` at `primals` for `cotangent`, at the inputs' precision."""
+  out, pullback = jax.vjp(fn, *primals)
+  return out, pullback(cotangent)
+
+
+def assert_vjp_close(
+  fn: Callable,
+  reference: Callable,
+  primals: tuple,
+  *,
+  key: jax.Array,
+  plain: Callable | None = None,
+  reduction_length: int = 1,
+  has_matmul: bool = False,
+  names: tuple[str, ...] | None = None,
+) -> None:
+  """Asserts `fn`'s VJP matches `reference`'s (at high precision) for a random cotangent.
+
+  Args:
+    fn: The function under test, of the differentiable `primals`.
+    reference: The independent reference, same signature.
+    primals: The differentiable inputs.
+    key: Draws the cotangent.
+    plain: The same computation done plainly in the input dtype; enables the
+      relative rule on the gradients.
+    reduction_length: The longest reduction behind a gradient element.
+    has_matmul: Whether float32 matmuls are involved.
+    names: Names of the primals, for reports.
+  """
+  out = jax.eval_shape(fn, *primals)
+  cotangent = random_like(key, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out))
+  _, grads = vjp(fn, primals, cotangent)
+  _, ref_grads = references.high_precision_vjp(reference, widen(primals), widen(cotangent))
+  plain_grads = vjp(plain, primals, cotangent)[1] if plain is not None else None
+  names = names or tuple(f"arg{i}" for i in range(len(primals)))
+  for i, name in enumerate(names):
+    compare.assert_close(
+      grads[i],
+      ref_grads[i],
+      dtype=jax.tree.leaves(primals[i])[0].dtype,
+      plain=None if plain_grads is None else plain_grads[i],
+      reduction_length=reduction_length,
+      has_matmul=has_matmul,
+      gradient=True,
+      name=f"d{name}",
+    )
+
+
+def check_grads(fn: Callable, primals: tuple, *, order: int = 1, eps: float | None = None) -> None:
+  """Finite-difference check of `fn`'s reverse-mode gradient (small f32/f64 cases)."""
+  dtype = primals[0].dtype
+  atol = rtol = 1e-5 if dtype == jnp.float64 else 5e-2
+  jax.test_util.check_grads(fn, primals, order=order, modes=("rev",), atol=atol, rtol=rtol, eps=eps)
+
+
+def assert_deterministic(
+  fn: Callable, primals: tuple, *, key: jax.Array, runs: int = 2, jit: bool = True
+) -> None:
+  """Asserts outputs and gradients are bitwise equal over `runs` runs."""
+  out = jax.eval_shape(fn, *primals)
+  cotangent = random_like(key, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out))
+  run = lambda *p: vjp(fn, p, cotangent)
+  run = jax.jit(run) if jit else run
+  first = jax.device_get(run(*primals))
+  for _ in range(runs - 1):
+    compare.assert_bitwise_equal(first, jax.device_get(run(*primals)), name="(out, grads)")

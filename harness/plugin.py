@@ -1,0 +1,136 @@
+"""The pytest plugin: fixtures, markers, options, Hypothesis profiles, summary.
+
+Load it with `-p harness`. Fixtures: `hardware` (the `Profile`), `rng_key` (a
+random key seeded from the test id), `interpret` (whether Pallas kernels run
+in interpret mode: on CPU). Markers: `requires(*features)` skips with the
+missing feature named; `long` runs only with `--run-long` (nightly); `gpu` and
+`tpu` run only there; `bench` runs only with `--bench`; `op(name,
+implementation)` attributes a test to an op and implementation in the summary.
+"""
+
+import hashlib
+import os
+
+import jax
+import pytest
+
+from harness import hardware, summary
+
+# Features `requires(...)` understands, and the check each one makes.
+_FEATURES = {
+  "cpu": lambda p: p.platform == "cpu",
+  "gpu": lambda p: p.platform == "gpu",
+  "tpu": lambda p: p.platform == "tpu",
+  "nvidia": lambda p: p.compute_capability is not None,
+  "sm80": lambda p: p.compute_capability is not None and p.compute_capability >= (8, 0),
+  "sm90": lambda p: p.compute_capability is not None and p.compute_capability >= (9, 0),
+  "f64": lambda p: p.has_f64,
+  "multi_device": lambda p: p.device_count > 1,
+  hardware.TRITON: lambda p: p.can_run(hardware.TRITON),
+  hardware.MOSAIC_GPU: lambda p: p.can_run(hardware.MOSAIC_GPU),
+  hardware.MOSAIC_TPU: lambda p: p.can_run(hardware.MOSAIC_TPU),
+  hardware.CUDNN: lambda p: p.can_run(hardware.CUDNN),
+  hardware.INTERPRET: lambda p: p.can_run(hardware.INTERPRET),
+}
+
+
+def _register_hypothesis_profiles() -> None:
+  try:
+    import hypothesis
+  except ImportError:
+    return
+  common = dict(deadline=None, print_blob=True, suppress_health_check=list(hypothesis.HealthCheck))
+  hypothesis.settings.register_profile("ci", max_examples=12, derandomize=True, **common)
+  hypothesis.settings.register_profile("nightly", max_examples=200, **common)
+  hypothesis.settings.register_profile("dev", max_examples=25, **common)
+  # `--hypothesis-profile` (Hypothesis's own option) overrides this at configure time.
+  hypothesis.settings.load_profile(os.environ.get("TOKAMAX_HYPOTHESIS_PROFILE", "ci"))
+
+
+_register_hypothesis_profiles()
+
+
+def pytest_addoption(parser):
+  group = parser.getgroup("tokamax harness")
+  group.addoption(
+    "--run-long", action="store_true", default=False, help="run `long` (nightly) tests"
+  )
+  group.addoption("--bench", action="store_true", default=False, help="run `bench` (timed) tests")
+  group.addoption(
+    "--interpret",
+    choices=("auto", "on", "off"),
+    default="auto",
+    help="run Pallas kernels in interpret mode: auto = on CPU only",
+  )
+  group.addoption("--summary-json", default=None, help="write the per-op summary as JSON here")
+  group.addoption("--summary-md", default=None, help="write the per-op summary as Markdown here")
+
+
+def pytest_configure(config):
+  for line in (
+    "requires(*features): skip unless the hardware has every feature "
+    f"({', '.join(sorted(_FEATURES))})",
+    "long: nightly-only; runs with --run-long or TOKAMAX_NIGHTLY=1",
+    "gpu: runs on GPU only",
+    "tpu: runs on TPU only",
+    "bench: timed benchmark; runs with --bench",
+    "op(name, implementation): the op and implementation a test checks (for the summary)",
+  ):
+    config.addinivalue_line("markers", line)
+  config.pluginmanager.register(summary.Collector(config), "tokamax-summary")
+
+
+def pytest_report_header(config):
+  return f"tokamax harness: {hardware.detect().describe()}, runnable {sorted(hardware.detect().runnable)}"
+
+
+def missing_features(features, profile: hardware.Profile) -> list[str]:
+  unknown = [f for f in features if f not in _FEATURES]
+  if unknown:
+    raise ValueError(f"unknown features {unknown}; known: {sorted(_FEATURES)}")
+  return [f for f in features if not _FEATURES[f](profile)]
+
+
+def pytest_runtest_setup(item):
+  profile = hardware.detect()
+  for marker in item.iter_markers("requires"):
+    missing = missing_features(marker.args, profile)
+    if missing:
+      pytest.skip(f"requires {', '.join(missing)}; this is {profile.describe()}")
+  if item.get_closest_marker("gpu") and profile.platform != "gpu":
+    pytest.skip(f"GPU test; this is {profile.describe()}")
+  if item.get_closest_marker("tpu") and profile.platform != "tpu":
+    pytest.skip(f"TPU test; this is {profile.describe()}")
+  if item.get_closest_marker("long") and not (
+    item.config.getoption("--run-long") or os.environ.get("TOKAMAX_NIGHTLY") == "1"
+  ):
+    pytest.skip("long (nightly) test; run with --run-long")
+  if item.get_closest_marker("bench") and not item.config.getoption("--bench"):
+    pytest.skip("benchmark; run with --bench (nox -s bench)")
+
+
+@pytest.fixture(scope="session", name="hardware")
+def hardware_fixture() -> hardware.Profile:
+  """The hardware profile of the default device."""
+  return hardware.detect()
+
+
+def key_for(test_id: str) -> jax.Array:
+  """A random key derived from a test id (stable across runs and machines)."""
+  seed = int.from_bytes(hashlib.sha256(test_id.encode()).digest()[:4], "little")
+  return jax.random.key(seed)
+
+
+@pytest.fixture
+def rng_key(request) -> jax.Array:
+  """A random key seeded from the test's id."""
+  return key_for(request.node.nodeid)
+
+
+@pytest.fixture(scope="session")
+def interpret(request) -> bool:
+  """Whether Pallas kernels run in interpret mode (default: on CPU only)."""
+  choice = request.config.getoption("--interpret")
+  if choice == "auto":
+    return hardware.detect().platform == "cpu"
+  return choice == "on"

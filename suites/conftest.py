@@ -1,0 +1,76 @@
+"""Expands the matrix of the hardware at hand into test parameters.
+
+A test marked `matrix(kind)` gets `case` and `impl` parameters:
+- "forward": every case of the family's matrix x every implementation that
+  compiles here, plus the interpret-mode cases x kernels in interpret mode
+  (on CPU); with `--run-long`, the nightly shapes too.
+- "gradient": the first shape of each op, every dtype and feature.
+- "determinism": the first two features of each op at its first shape.
+- "bench": the family's `BENCH` entries x every implementation (`bench_case`).
+Implementations that cannot run here appear as skips with their reason.
+"""
+
+import os
+
+import pytest
+
+from harness import hardware
+from suites import matrices
+
+
+def pytest_configure(config):
+  config.addinivalue_line("markers", "matrix(kind): parametrize with the hardware matrix's cases")
+
+
+def _long_enabled(config) -> bool:
+  return config.getoption("--run-long") or os.environ.get("TOKAMAX_NIGHTLY") == "1"
+
+
+def _param(case, impl, case_id):
+  marks = [pytest.mark.op(case.op, impl.name)]
+  if impl.reason is not None:
+    marks.append(pytest.mark.skip(reason=f"{impl.name}: {impl.reason}"))
+  return pytest.param(case, impl, marks=marks, id=f"{case.op}[{impl.name}]-{case_id}")
+
+
+def _pairs(kind: str, family: str, config):
+  """(case, implementation) pairs for a test of `kind`."""
+  profile = hardware.detect()
+  params = []
+  for op in matrices.OPS:
+    impls = matrices.all_for(matrices.spec_of(op), profile)
+    native = [i for i in impls if not i.interpret]
+    interpreted = [i for i in impls if i.interpret]
+    if kind == "forward":
+      cases = matrices.for_family(family, op=op)
+      if _long_enabled(config):
+        cases += matrices.for_family(family, op=op, kind=matrices.LONG)
+      params += [_param(c, i, c.id) for i in native for c in cases]
+      params += [
+        _param(c, i, c.id)
+        for i in interpreted
+        for c in matrices.for_family(family, op=op, kind=matrices.INTERPRET)
+      ]
+    elif kind in ("gradient", "determinism"):
+      cases = matrices.gradient_cases(family, op=op)
+      icases = matrices.gradient_cases(family, op=op, kind=matrices.INTERPRET)
+      if kind == "determinism":
+        keep = set(list(matrices.ops.BUILDERS[op].features)[:2])
+        cases = [c for c in cases if c.feature in keep]
+        icases = [c for c in icases if c.feature in keep]
+      params += [_param(c, i, c.id) for i in native for c in cases]
+      params += [_param(c, i, c.id) for i in interpreted for c in icases]
+    elif kind == "bench":
+      params += [_param(b, i, b.id) for i in native for b in matrices.bench_cases(family, op=op)]
+    else:
+      raise ValueError(f"unknown matrix kind {kind!r}")
+  return params
+
+
+def pytest_generate_tests(metafunc):
+  marker = metafunc.definition.get_closest_marker("matrix")
+  if marker is None:
+    return
+  kind = marker.args[0]
+  first = "bench_case" if kind == "bench" else "case"
+  metafunc.parametrize((first, "impl"), _pairs(kind, hardware.detect().family, metafunc.config))
