@@ -322,18 +322,21 @@ def autotune(
       if key in work:
         mode = "forward_and_vjp" if "forward_and_vjp" in (mode, work[key][1]) else mode
       work[key] = (b, mode)
-  tunable = [
-    (key, b, mode)
-    for key, (b, mode) in work.items()
-    if len(b.op._get_autotuning_configs(b.args)) > 1
-  ]
+  results, tunable = [], []
+  for key, (b, mode) in work.items():
+    try:
+      if len(b.op._get_autotuning_configs(b.args)) > 1:
+        tunable.append((key, b, mode))
+    except Exception as e:
+      if not ignore_errors:
+        raise
+      results.append(_failed(key, mode, f"candidates: {type(e).__name__}: {e}"))
   kind = cache.device_kind()
   start = time.monotonic()
-  results = []
   for i, (key, bound, mode) in enumerate(tunable):
     label = f"({i + 1}/{len(tunable)}) {key[0]}[{key[1]}] {mode}"
     cached = None if ignore_cache else cache.lookup_data(bound.op, key[2], kind)
-    if cached is not None:
+    if cached is not None and cached.config is not None:
       _note(progress, f"{label}: cached")
       results.append(cached)
       continue
