@@ -1,0 +1,175 @@
+"""dot_product_attention through Pallas Mosaic GPU kernels (Hopper, sm_90)."""
+
+import dataclasses
+import functools
+import itertools
+
+import jax
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+
+from tokamax._src import device
+from tokamax._src.ops import op
+from tokamax._src.ops.attention import mosaic_common as common
+from tokamax._src.ops.attention import mosaic_fwd, spec
+
+# Shared memory a CTA may use on Hopper (227 KiB), less room for barriers.
+_SMEM_BYTES = 227 * 1024 - 1024
+_HEAD_DIMS = (64, 128, 256)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Tuning parameters of the Mosaic attention kernels.
+
+  Attributes:
+    block_q: query rows per consumer warpgroup (a CTA holds two).
+    block_kv: keys per pipeline step.
+    num_stages: shared-memory slots of the key/value pipeline.
+    schedule_barrier: whether the two consumers take turns on the tensor cores.
+  """
+
+  block_q: int = 64
+  block_kv: int = 128
+  num_stages: int = 2
+  schedule_barrier: bool = True
+
+  def __post_init__(self):
+    if self.block_q != 64:
+      raise ValueError(f"`block_q` must be 64 (one wgmma M tile), got {self.block_q}.")
+    if self.block_kv % 64 or not 64 <= self.block_kv <= 256:
+      raise ValueError(f"`block_kv` must be 64, 128 or 256, got {self.block_kv}.")
+    if self.num_stages < 2:
+      raise ValueError(f"`num_stages` must be at least 2, got {self.num_stages}.")
+
+
+def smem_bytes(config: Config, head_dim: int, itemsize: int = 2) -> int:
+  """Shared memory of the forward kernel for `config`."""
+  q = mosaic_fwd.NUM_CONSUMERS * config.block_q * head_dim * itemsize
+  kv = 2 * config.num_stages * config.block_kv * head_dim * itemsize
+  return q + kv + mosaic_fwd.NUM_CONSUMERS * config.block_q * 4
+
+
+def _masking(args: spec.AttentionArgs, padded_s: bool) -> common.Masking:
+  return common.Masking(
+    causal=args.is_causal,
+    window=args.local_window,
+    q_len=args.q_seq_lengths is not None,
+    kv_len=args.kv_seq_lengths is not None or padded_s,
+  )
+
+
+def _round_up(x: int, m: int) -> int:
+  return -(-x // m) * m
+
+
+def _pad(x: jax.Array, axis: int, length: int) -> jax.Array:
+  if x.shape[axis] == length:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, length - x.shape[axis])
+  return jnp.pad(x, widths)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MosaicAttention(op.Op):
+  """Warp-specialised flash attention in Pallas Mosaic GPU.
+
+  Attributes:
+    interpret: run in Mosaic GPU interpret mode (on the CPU too) with race
+      detection, for testing.
+  """
+
+  name = "mosaic"
+  spec = spec.SPEC
+  config_cls = Config
+  platforms = ("gpu",)
+  differentiable = False
+
+  interpret: bool = False
+
+  def _platform_reason(self, platform, dev):
+    if self.interpret:
+      return (
+        None if platform in ("cpu", "gpu") else f"interpret mode runs on cpu/gpu, not {platform}"
+      )
+    if platform != "gpu":
+      return f"runs on gpu, not on {platform}"
+    cc = device.compute_capability(dev)
+    if cc is None:
+      return "needs an NVIDIA GPU"
+    if cc[0] != 9:
+      return f"needs a Hopper GPU (sm_90, wgmma), got sm_{cc[0]}{cc[1]}"
+    return None
+
+  def _unsupported_reason(self, args: spec.AttentionArgs) -> str | None:
+    h, hv = args.query.shape[-1], args.value.shape[-1]
+    if args.query.dtype not in (jnp.bfloat16, jnp.float16):
+      return f"dtype {args.query.dtype} (the Mosaic kernel takes bfloat16 and float16)"
+    if h != hv:
+      return f"value head dim {hv} differs from query head dim {h}"
+    if h not in _HEAD_DIMS:
+      return f"head dim {h} (the Mosaic kernel takes {', '.join(map(str, _HEAD_DIMS))})"
+    if args.bias is not None:
+      return "bias (not implemented in the Mosaic kernel)"
+    if args.mask is not None:
+      return "mask (not implemented in the Mosaic kernel)"
+    config = self.config
+    if config is not None and smem_bytes(config, h) > _SMEM_BYTES:
+      return f"config {config} needs {smem_bytes(config, h)} bytes of shared memory"
+    return None
+
+  def _get_heuristics_config(self, args: spec.AttentionArgs) -> Config:
+    h = args.query.shape[-1]
+    s = args.key.shape[1]
+    block_kv = 64 if h > 128 or s <= 64 else 128
+    return Config(block_kv=block_kv, num_stages=2)
+
+  def _get_autotuning_configs(self, args: spec.AttentionArgs) -> set[Config]:
+    h = args.query.shape[-1]
+    configs = set()
+    for block_kv, stages, sched in itertools.product((64, 128, 256), (2, 3, 4), (True, False)):
+      config = Config(block_kv=block_kv, num_stages=stages, schedule_barrier=sched)
+      if smem_bytes(config, h) <= _SMEM_BYTES and block_kv * h <= 128 * 128:
+        configs.add(config)
+    return configs
+
+  def _interpret_params(self):
+    return plgpu.InterpretGPUParams(detect_races=True) if self.interpret else None
+
+  def _fwd(self, args: spec.AttentionArgs, config: Config):
+    q, k, v = args.query, args.key, args.value
+    b, t, _, _ = q.shape
+    s = k.shape[1]
+    t_pad = _round_up(t, mosaic_fwd.NUM_CONSUMERS * config.block_q)
+    s_pad = _round_up(s, config.block_kv)
+    masking = _masking(args, s_pad != s)
+    q_len = args.q_seq_lengths if args.q_seq_lengths is not None else jnp.full((b,), t, jnp.int32)
+    kv_len = (
+      args.kv_seq_lengths if args.kv_seq_lengths is not None else jnp.full((b,), s, jnp.int32)
+    )
+    lengths = jnp.stack([jnp.minimum(q_len, t), jnp.minimum(kv_len, s)]).astype(jnp.int32)
+    params = mosaic_fwd.FwdParams(
+      block_q=config.block_q,
+      block_kv=config.block_kv,
+      num_stages=min(config.num_stages, max(2, s_pad // config.block_kv)),
+      scale=args.scale,
+      soft_cap=args.soft_cap,
+      masking=masking,
+      schedule_barrier=config.schedule_barrier,
+    )
+    out, lse = mosaic_fwd.forward(
+      params,
+      _pad(q, 1, t_pad),
+      _pad(k, 1, s_pad),
+      _pad(v, 1, s_pad),
+      lengths,
+      interpret=self._interpret_params(),
+    )
+    return out[:, :t], (lse, lengths)
+
+
+@functools.cache
+def interpret_op() -> MosaicAttention:
+  """The implementation in interpret mode (runs on the CPU)."""
+  return MosaicAttention(interpret=True)

@@ -1,0 +1,147 @@
+"""Masking and block ranges shared by the Mosaic GPU attention kernels.
+
+Every kernel walks one operand in blocks while it holds a block of the other.
+For a held block it needs the range of streamed blocks that can see anything
+(`lo`, `hi`) and, inside it, the range that needs no mask at all (`full_lo`,
+`full_hi`); the steps in [lo, full_lo) and [full_hi, hi) apply `visible`.
+"""
+
+import dataclasses
+import math
+
+import jax
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+from jax import lax
+
+LOG2E = math.log2(math.e)
+
+
+@dataclasses.dataclass(frozen=True)
+class Masking:
+  """The static part of the visibility rule (see `spec.visible`).
+
+  Attributes:
+    causal: key j is visible to query i only when j <= i.
+    window: (left, right): only i - left <= j <= i + right, or None.
+    q_len: whether per-batch query lengths apply (rows >= q_len are dropped).
+    kv_len: whether per-batch key lengths apply (keys >= kv_len are hidden).
+  """
+
+  causal: bool = False
+  window: tuple[int, int] | None = None
+  q_len: bool = False
+  kv_len: bool = False
+
+
+def _i32(x) -> jax.Array:
+  return jnp.asarray(x, jnp.int32)
+
+
+_OFFSET = 1 << 30  # Keeps dividends non-negative so truncation is floor.
+
+
+def _floor_div(x, d: int) -> jax.Array:
+  """Floor division of int32 `x` (|x| < 2**30) by a positive constant."""
+  k = _OFFSET // d
+  return lax.div(_i32(x) + k * d, _i32(d)) - k
+
+
+def _cdiv(x, d: int) -> jax.Array:
+  return -_floor_div(-_i32(x), d)
+
+
+def kv_blocks(m: Masking, r0, rows: int, block_kv: int, num_kv: int, kv_len):
+  """Key blocks seen by query rows [r0, r0 + rows): (lo, full_lo, full_hi, hi)."""
+  r0 = _i32(r0)
+  r_last = r0 + rows - 1
+  lo, hi = _i32(0), _i32(num_kv)
+  full_lo, full_hi = _i32(0), _i32(num_kv)
+  if m.causal:  # j <= i
+    hi = jnp.minimum(hi, _cdiv(r_last + 1, block_kv))
+    full_hi = jnp.minimum(full_hi, _floor_div(r0 + 1, block_kv))
+  if m.window is not None:
+    left, right = m.window
+    lo = jnp.maximum(lo, _floor_div(r0 - left, block_kv))
+    hi = jnp.minimum(hi, _cdiv(r_last + right + 1, block_kv))
+    full_lo = jnp.maximum(full_lo, _cdiv(r_last - left, block_kv))
+    full_hi = jnp.minimum(full_hi, _floor_div(r0 + right + 1, block_kv))
+  if m.kv_len:
+    hi = jnp.minimum(hi, _cdiv(kv_len, block_kv))
+    full_hi = jnp.minimum(full_hi, _floor_div(kv_len, block_kv))
+  return _clamp_ranges(lo, full_lo, full_hi, hi)
+
+
+def q_blocks(m: Masking, c0, cols: int, block_q: int, num_q: int, q_len, kv_len):
+  """Query blocks that see key columns [c0, c0 + cols): (lo, full_lo, full_hi, hi)."""
+  c0 = _i32(c0)
+  c_last = c0 + cols - 1
+  lo, hi = _i32(0), _i32(num_q)
+  full_lo, full_hi = _i32(0), _i32(num_q)
+  if m.causal:  # i >= j
+    lo = jnp.maximum(lo, _floor_div(c0, block_q))
+    full_lo = jnp.maximum(full_lo, _cdiv(c_last, block_q))
+  if m.window is not None:
+    left, right = m.window  # j - right <= i <= j + left
+    lo = jnp.maximum(lo, _floor_div(c0 - right, block_q))
+    hi = jnp.minimum(hi, _cdiv(c_last + left + 1, block_q))
+    full_lo = jnp.maximum(full_lo, _cdiv(c_last - right, block_q))
+    full_hi = jnp.minimum(full_hi, _floor_div(c0 + left + 1, block_q))
+  if m.q_len:
+    hi = jnp.minimum(hi, _cdiv(q_len, block_q))
+    full_hi = jnp.minimum(full_hi, _floor_div(q_len, block_q))
+  if m.kv_len:
+    hi = jnp.where(c0 < kv_len, hi, 0)
+    full_hi = jnp.where(c_last < kv_len, full_hi, 0)
+  return _clamp_ranges(lo, full_lo, full_hi, hi)
+
+
+def _clamp_ranges(lo, full_lo, full_hi, hi):
+  hi = jnp.maximum(hi, lo)
+  full_lo = jnp.clip(full_lo, lo, hi)
+  full_hi = jnp.clip(full_hi, full_lo, hi)
+  return lo, full_lo, full_hi, hi
+
+
+def visible(m: Masking, q_ids: jax.Array, k_ids: jax.Array, q_len, kv_len) -> jax.Array | None:
+  """Elementwise visibility of absolute query ids against key ids (same shape)."""
+  ok = None
+
+  def both(a, b):
+    return b if a is None else a & b
+
+  if m.causal:
+    ok = both(ok, k_ids <= q_ids)
+  if m.window is not None:
+    left, right = m.window
+    ok = both(ok, (k_ids >= q_ids - left) & (k_ids <= q_ids + right))
+  if m.kv_len:
+    ok = both(ok, k_ids < kv_len)
+  if m.q_len:
+    ok = both(ok, q_ids < q_len)
+  return ok
+
+
+def iota(shape: tuple[int, int], dim: int) -> jax.Array:
+  """int32 iota in the WGMMA accumulator layout."""
+  return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
+
+
+def rows(shape: tuple[int], value: float) -> jax.Array:
+  """A float32 [rows] constant in the layout of a row reduction of a WGMMA tile."""
+  return plgpu.layout_cast(jnp.full(shape, value, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+
+
+def tile(shape: tuple[int, int], value: float) -> jax.Array:
+  """A float32 constant tile in the WGMMA accumulator layout."""
+  return plgpu.layout_cast(jnp.full(shape, value, jnp.float32), plgpu.Layout.WGMMA)
+
+
+def smem_transforms(dtype, minor_dim: int) -> tuple:
+  """Tiling and swizzle of a [rows, minor_dim] shared-memory tile used by wgmma."""
+  itemsize = jnp.dtype(dtype).itemsize
+  swizzle = min(128, minor_dim * itemsize)
+  return (
+    plgpu.TilingTransform((8, swizzle // itemsize)),
+    plgpu.SwizzleTransform(swizzle),
+  )

@@ -1,0 +1,256 @@
+"""Warp-specialised flash-attention forward kernel in Pallas Mosaic GPU (Hopper).
+
+One CTA holds 2 * block_q query rows of one head: two consumer warpgroups own
+block_q rows each and run the wgmma matmuls and the online softmax; a third,
+producer warpgroup streams key and value blocks by TMA into `num_stages`
+shared-memory slots. A schedule barrier makes the two consumers take turns on
+the tensor cores, so one's softmax overlaps the other's matmuls.
+
+Shapes: q [B,T,N,H], k and v [B,S,K,H] with T a multiple of 2 * block_q and S
+of block_kv (the caller pads). Outputs o [B,T,N,H] and the log2-domain
+log-sum-exp [B,N,T] of the scaled logits (+inf for rows that see nothing, so a
+backward pass gets zero probabilities there).
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.experimental.pallas as pl
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+from jax import lax
+
+from tokamax._src.ops.attention import mosaic_common as common
+
+NUM_CONSUMERS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class FwdParams:
+  """Static description of one forward kernel."""
+
+  block_q: int
+  block_kv: int
+  num_stages: int
+  scale: float
+  soft_cap: float | None
+  masking: common.Masking
+  schedule_barrier: bool = True
+  consumer_registers: int = 232
+  producer_registers: int = 40
+
+
+def _scaled_logits(p: FwdParams, s: jax.Array) -> jax.Array | None:
+  """Soft-capped logits in log2 units, or None when the scale folds into exp2."""
+  if p.soft_cap is None:
+    return None
+  cap = p.soft_cap
+  return jnp.tanh(s * (p.scale / cap)) * (cap * common.LOG2E)
+
+
+def forward(p: FwdParams, q, k, v, lengths, *, interpret=None):
+  """Runs the kernel; `lengths` is int32 [2, B] (query, key lengths)."""
+  b, t, n, h = q.shape
+  s_len, kh = k.shape[1], k.shape[2]
+  groups = n // kh
+  bq, bkv, stages = p.block_q, p.block_kv, p.num_stages
+  rows_per_cta = NUM_CONSUMERS * bq
+  num_tiles = t // rows_per_cta
+  num_kv = s_len // bkv
+  dtype = q.dtype
+  m = p.masking
+  any_mask = m != common.Masking()
+  c = p.scale * common.LOG2E
+
+  def body(q_ref, k_ref, v_ref, len_ref, o_ref, lse_ref, smem, bars):
+    qo_smem, k_smem, v_smem, lse_smem, p_smem = smem
+    q_bar, k_bar, v_bar, k_free, v_free, sched = bars
+    head = lax.axis_index("heads")
+    tile = num_tiles - 1 - lax.axis_index("q_tiles")  # Heaviest causal tiles first.
+    batch = lax.axis_index("batch")
+    wg = lax.axis_index("wg")
+    kv_head = lax.div(head, jnp.int32(groups))
+    q_len = len_ref[0, batch] if m.q_len else t
+    kv_len = len_ref[1, batch] if m.kv_len else s_len
+    tile_r0 = tile * rows_per_cta
+    ranges = [
+      common.kv_blocks(m, tile_r0 + i * bq, bq, bkv, num_kv, kv_len) for i in range(NUM_CONSUMERS)
+    ]
+    tile_lo = jnp.minimum(ranges[0][0], ranges[1][0])
+    tile_hi = jnp.maximum(ranges[0][3], ranges[1][3])
+
+    def rendezvous():
+      if p.schedule_barrier:
+        plgpu.barrier_arrive(sched)
+        plgpu.barrier_wait(sched)
+
+    @pl.when(wg < NUM_CONSUMERS)
+    def _consumer():
+      plgpu.set_max_registers(p.consumer_registers, action="increase")
+      r0 = tile_r0 + wg * bq
+      lo, full_lo, full_hi, hi = (jnp.where(wg == 0, a, b_) for a, b_ in zip(*ranges, strict=True))
+      q_smem = qo_smem.at[wg]
+      plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(r0, bq), head], q_smem, q_bar.at[wg])
+      plgpu.barrier_wait(q_bar.at[wg])
+
+      def step(kv_step, carry, *, masked: bool):
+        masked = masked and any_mask
+        acc, m_i, l_i = carry
+        slot = lax.rem(kv_step - tile_lo, jnp.int32(stages))
+        plgpu.barrier_wait(k_bar.at[slot])
+
+        def qk(acc_ref):
+          plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot].T)
+          rendezvous()
+          return acc_ref[...]
+
+        s = pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32))
+        plgpu.barrier_arrive(k_free.at[slot])
+        capped = _scaled_logits(p, s)
+        if masked:
+          q_ids = common.iota((bq, bkv), 0) + r0
+          k_ids = common.iota((bq, bkv), 1) + kv_step * bkv
+          ok = common.visible(m, q_ids, k_ids, q_len, kv_len)
+          if capped is None:
+            s = jnp.where(ok, s, -jnp.inf)
+          else:
+            capped = jnp.where(ok, capped, -jnp.inf)
+        if capped is None:
+          m_new = jnp.maximum(m_i, s.max(axis=1) * c)
+        else:
+          m_new = jnp.maximum(m_i, capped.max(axis=1))
+        if masked:  # A row may still have seen nothing.
+          m_new = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+        m_b = lax.broadcast_in_dim(m_new, (bq, bkv), [0])
+        probs = jnp.exp2(s * c - m_b) if capped is None else jnp.exp2(capped - m_b)
+        alpha = jnp.exp2(m_i - m_new)
+        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+        l_i = l_i * alpha + probs.sum(axis=1)
+        p16 = probs.astype(dtype)
+        if p.schedule_barrier:
+          plgpu.barrier_arrive(sched)
+        plgpu.barrier_wait(v_bar.at[slot])
+        if p.schedule_barrier:
+          plgpu.barrier_wait(sched)
+        if interpret:
+          # The interpreter's wgmma takes A from shared memory only and has no
+          # preloaded accumulators: stage P there and add a fresh product.
+          p_smem.at[wg][...] = p16
+
+          def pv_interpret(acc_ref):
+            plgpu.wgmma(acc_ref, p_smem.at[wg], v_smem.at[slot])
+            return acc_ref[...]
+
+          acc = acc + pl.run_scoped(pv_interpret, plgpu.ACC((bq, h), jnp.float32))
+        else:
+
+          def pv(acc_ref):
+            plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
+
+          acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+        plgpu.barrier_arrive(v_free.at[slot])
+        return acc, m_new, l_i
+
+      def skip(kv_step, carry):
+        # Steps the other consumer needs: keep the barriers' phases in step.
+        slot = lax.rem(kv_step - tile_lo, jnp.int32(stages))
+        plgpu.barrier_wait(k_bar.at[slot])
+        rendezvous()
+        plgpu.barrier_arrive(k_free.at[slot])
+        plgpu.barrier_wait(v_bar.at[slot])
+        rendezvous()
+        plgpu.barrier_arrive(v_free.at[slot])
+        return carry
+
+      carry = (
+        common.tile((bq, h), 0.0),
+        common.rows((bq,), -jnp.inf),
+        common.rows((bq,), 0.0),
+      )
+      pl.when(wg == 1)(rendezvous)
+      masked_step = functools.partial(step, masked=True)
+      plain_step = functools.partial(step, masked=False)
+      carry = lax.fori_loop(tile_lo, lo, skip, carry)
+      carry = lax.fori_loop(lo, full_lo, masked_step, carry)
+      carry = lax.fori_loop(full_lo, full_hi, plain_step, carry)
+      carry = lax.fori_loop(full_hi, hi, masked_step, carry)
+      carry = lax.fori_loop(hi, tile_hi, skip, carry)
+      pl.when(wg == 0)(rendezvous)
+      acc, m_i, l_i = carry
+
+      seen = l_i > 0.0
+      if m.q_len:
+        row_ok = (common.iota((bq, h), 0) + r0 < q_len).astype(jnp.float32).max(axis=1)
+        seen = seen & (row_ok > 0.0)
+      inv = jnp.where(seen, 1.0 / jnp.where(seen, l_i, 1.0), 0.0)
+      out = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
+      q_smem[...] = out.astype(dtype)
+      lse_smem.at[wg][...] = jnp.where(seen, m_i + jnp.log2(jnp.where(seen, l_i, 1.0)), jnp.inf)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(q_smem, o_ref.at[batch, pl.ds(r0, bq), head])
+      plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[batch, head, pl.ds(r0, bq)])
+      plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(wg == NUM_CONSUMERS)
+    def _producer():
+      plgpu.set_max_registers(p.producer_registers, action="decrease")
+
+      @pl.loop(tile_lo, tile_hi)
+      def _(kv_step):
+        i = kv_step - tile_lo
+        slot = lax.rem(i, jnp.int32(stages))
+        rows = (batch, pl.ds(kv_step * bkv, bkv), kv_head)
+
+        @pl.when(i >= stages)
+        def _():
+          plgpu.barrier_wait(k_free.at[slot])
+
+        plgpu.copy_gmem_to_smem(k_ref.at[rows], k_smem.at[slot], k_bar.at[slot])
+
+        @pl.when(i >= stages)
+        def _():
+          plgpu.barrier_wait(v_free.at[slot])
+
+        plgpu.copy_gmem_to_smem(v_ref.at[rows], v_smem.at[slot], v_bar.at[slot])
+
+      # Observe the last releases too, so every barrier ends in a known phase.
+      @pl.loop(jnp.maximum(tile_hi - stages, tile_lo), tile_hi)
+      def _(kv_step):
+        slot = lax.rem(kv_step - tile_lo, jnp.int32(stages))
+        plgpu.barrier_wait(k_free.at[slot])
+        plgpu.barrier_wait(v_free.at[slot])
+
+  transforms = common.smem_transforms(dtype, h)
+  smem = (
+    plgpu.SMEM((NUM_CONSUMERS, bq, h), dtype, transforms=transforms),
+    plgpu.SMEM((stages, bkv, h), dtype, transforms=transforms),
+    plgpu.SMEM((stages, bkv, h), dtype, transforms=transforms),
+    plgpu.SMEM((NUM_CONSUMERS, bq), jnp.float32),
+    plgpu.SMEM((NUM_CONSUMERS, bq, bkv), dtype, transforms=common.smem_transforms(dtype, bkv))
+    if interpret
+    else None,
+  )
+  bars = (
+    plgpu.Barrier(num_barriers=NUM_CONSUMERS),
+    plgpu.Barrier(num_barriers=stages),
+    plgpu.Barrier(num_barriers=stages),
+    plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
+    plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
+    plgpu.Barrier(num_arrivals=NUM_CONSUMERS),
+  )
+  out_type = (
+    jax.ShapeDtypeStruct(q.shape, dtype),
+    jax.ShapeDtypeStruct((b, n, t), jnp.float32),
+  )
+  return plgpu.kernel(
+    body,
+    out_type=out_type,
+    scratch_types=(smem, bars),
+    grid=(n, num_tiles, b),
+    grid_names=("heads", "q_tiles", "batch"),
+    num_threads=NUM_CONSUMERS + 1,
+    thread_name="wg",
+    compiler_params=plgpu.CompilerParams(approx_math=True),
+    interpret=interpret,
+  )(q, k, v, lengths)
