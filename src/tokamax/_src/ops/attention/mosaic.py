@@ -11,10 +11,11 @@ import jax.numpy as jnp
 from tokamax._src import device
 from tokamax._src.ops import op
 from tokamax._src.ops.attention import mosaic_common as common
-from tokamax._src.ops.attention import mosaic_fwd, spec
+from tokamax._src.ops.attention import mosaic_fwd
+from tokamax._src.ops.attention import spec as attention_spec
 
-# Shared memory a CTA may use on Hopper (227 KiB), less room for barriers.
-_SMEM_BYTES = 227 * 1024 - 1024
+# Shared memory a CTA may use on Hopper (227 KiB), less room for barriers and alignment.
+_SMEM_BYTES = 227 * 1024 - 4096
 _HEAD_DIMS = (64, 128, 256)
 
 
@@ -50,7 +51,7 @@ def smem_bytes(config: Config, head_dim: int, itemsize: int = 2) -> int:
   return q + kv + mosaic_fwd.NUM_CONSUMERS * config.block_q * 4
 
 
-def _masking(args: spec.AttentionArgs, padded_s: bool) -> common.Masking:
+def _masking(args: attention_spec.AttentionArgs, padded_s: bool) -> common.Masking:
   return common.Masking(
     causal=args.is_causal,
     window=args.local_window,
@@ -81,7 +82,7 @@ class MosaicAttention(op.Op):
   """
 
   name = "mosaic"
-  spec = spec.SPEC
+  spec = attention_spec.SPEC
   config_cls = Config
   platforms = ("gpu",)
   differentiable = False
@@ -102,7 +103,7 @@ class MosaicAttention(op.Op):
       return f"needs a Hopper GPU (sm_90, wgmma), got sm_{cc[0]}{cc[1]}"
     return None
 
-  def _unsupported_reason(self, args: spec.AttentionArgs) -> str | None:
+  def _unsupported_reason(self, args: attention_spec.AttentionArgs) -> str | None:
     h, hv = args.query.shape[-1], args.value.shape[-1]
     if args.query.dtype not in (jnp.bfloat16, jnp.float16):
       return f"dtype {args.query.dtype} (the Mosaic kernel takes bfloat16 and float16)"
@@ -119,13 +120,13 @@ class MosaicAttention(op.Op):
       return f"config {config} needs {smem_bytes(config, h)} bytes of shared memory"
     return None
 
-  def _get_heuristics_config(self, args: spec.AttentionArgs) -> Config:
+  def _get_heuristics_config(self, args: attention_spec.AttentionArgs) -> Config:
     h = args.query.shape[-1]
     s = args.key.shape[1]
     block_kv = 64 if h > 128 or s <= 64 else 128
     return Config(block_kv=block_kv, num_stages=2)
 
-  def _get_autotuning_configs(self, args: spec.AttentionArgs) -> set[Config]:
+  def _get_autotuning_configs(self, args: attention_spec.AttentionArgs) -> set[Config]:
     h = args.query.shape[-1]
     configs = set()
     for block_kv, stages, sched in itertools.product((64, 128, 256), (2, 3, 4), (True, False)):
@@ -137,7 +138,7 @@ class MosaicAttention(op.Op):
   def _interpret_params(self):
     return plgpu.InterpretGPUParams(detect_races=True) if self.interpret else None
 
-  def _fwd(self, args: spec.AttentionArgs, config: Config):
+  def _fwd(self, args: attention_spec.AttentionArgs, config: Config):
     q, k, v = args.query, args.key, args.value
     b, t, _, _ = q.shape
     s = k.shape[1]

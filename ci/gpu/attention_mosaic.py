@@ -1,0 +1,276 @@
+"""H200 check and benchmark of the Mosaic GPU attention (issue 5).
+
+Run on the device machine from the repository root:
+  PYTHONPATH=$PWD/src:$PWD python3 ci/gpu/attention_mosaic.py --out $OUT/attention_mosaic.json
+
+1. Correctness: outputs (and gradients where the kernel has a backward pass)
+   against the XLA implementation on float32-upcast inputs at HIGHEST
+   precision, over masking features, head dims, GQA and dtypes; bitwise
+   determinism across two runs.
+2. Timing (CUPTI device time, median over rotated inputs): forward and
+   forward+backward against cuDNN (`jax.nn.dot_product_attention`) in the same
+   run, over a few configs per shape; the best is reported with its config.
+"""
+
+import argparse
+import dataclasses
+import functools
+import json
+import subprocess
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from harness import timing
+from tokamax._src.ops import op
+from tokamax._src.ops.attention import mosaic, spec, xla
+
+RESULTS = {"device": None, "commit": None, "checks": [], "timings": [], "errors": []}
+OUT_PATH = ["attention_mosaic.json"]
+START = time.monotonic()
+
+
+def save():
+  with open(OUT_PATH[0], "w") as f:
+    json.dump(RESULTS, f, indent=1)
+
+
+def log(*a):
+  print(f"[{time.monotonic() - START:6.1f}s]", *a, flush=True)
+
+
+def guarded(fn):
+  @functools.wraps(fn)
+  def wrapped(*a, **k):
+    try:
+      return fn(*a, **k)
+    except Exception as e:
+      traceback.print_exc()
+      RESULTS["errors"].append(
+        {"where": f"{fn.__name__}{a}{k}", "error": f"{type(e).__name__}: {e}"[:3000]}
+      )
+      save()
+      return None
+
+  return wrapped
+
+
+def has_bwd() -> bool:
+  return mosaic.MosaicAttention._bwd is not op.Op._bwd
+
+
+def inputs(key, b, t, s, n, kh, h, dtype):
+  kq, kk, kv, kd = jax.random.split(key, 4)
+  q = jax.random.normal(kq, (b, t, n, h), jnp.float32).astype(dtype)
+  k = jax.random.normal(kk, (b, s, kh, h), jnp.float32).astype(dtype)
+  v = jax.random.normal(kv, (b, s, kh, h), jnp.float32).astype(dtype)
+  do = jax.random.normal(kd, (b, t, n, h), jnp.float32).astype(dtype)
+  return q, k, v, do
+
+
+def rel_err(x, ref) -> float:
+  x = np.asarray(x, np.float64)
+  ref = np.asarray(ref, np.float64)
+  return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def mosaic_fn(config=None, **kw):
+  impl = mosaic.MosaicAttention(config=config)
+  return lambda q, k, v: impl(q, k, v, **kw)
+
+
+def xla_fn(**kw):
+  impl = xla.XlaAttention()
+  return lambda q, k, v: impl(q, k, v, precision=jax.lax.Precision.HIGHEST, **kw)
+
+
+@guarded
+def check(name, b, t, s, n, kh, h, dtype=jnp.bfloat16, lengths=False, grads=True, **kw):
+  q, k, v, do = inputs(jax.random.key(len(RESULTS["checks"])), b, t, s, n, kh, h, dtype)
+  if lengths:
+    kw["query_seq_lengths"] = jnp.array(
+      np.random.default_rng(0).integers(t // 2, t + 1, b), jnp.int32
+    )
+    kw["key_value_seq_lengths"] = jnp.array(
+      np.random.default_rng(1).integers(1, s + 1, b), jnp.int32
+    )
+  f = jax.jit(mosaic_fn(**kw))
+  out = f(q, k, v)
+  out2 = f(q, k, v)
+  up = [x.astype(jnp.float32) for x in (q, k, v)]
+  ref = jax.jit(xla_fn(**kw))(*up)
+  rec = {
+    "name": name,
+    "shape": [b, t, s, n, kh, h],
+    "dtype": jnp.dtype(dtype).name,
+    "kw": {k_: (v_ if not hasattr(v_, "shape") else "array") for k_, v_ in kw.items()},
+    "out_rel_err": rel_err(out.astype(jnp.float32), ref),
+    "out_finite": bool(np.isfinite(np.asarray(out, np.float32)).all()),
+    "deterministic_out": bool(np.array_equal(np.asarray(out), np.asarray(out2))),
+  }
+  if grads:
+    loss = lambda fn: (
+      lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) * do.astype(jnp.float32))
+    )
+    g = jax.jit(jax.grad(loss(mosaic_fn(**kw)), argnums=(0, 1, 2)))
+    g1, g2 = g(q, k, v), g(q, k, v)
+    gr = jax.jit(jax.grad(loss(xla_fn(**kw)), argnums=(0, 1, 2)))(*up)
+    rec["grad_kernel"] = has_bwd()
+    rec["grad_rel_err"] = [rel_err(a.astype(jnp.float32), r) for a, r in zip(g1, gr, strict=True)]
+    rec["deterministic_grad"] = all(
+      np.array_equal(np.asarray(a), np.asarray(b_)) for a, b_ in zip(g1, g2, strict=True)
+    )
+  tol = 2e-2
+  rec["ok"] = bool(
+    rec["out_rel_err"] < tol
+    and rec["out_finite"]
+    and rec["deterministic_out"]
+    and (not grads or (max(rec["grad_rel_err"]) < 5e-2 and rec["deterministic_grad"]))
+  )
+  RESULTS["checks"].append(rec)
+  log("check", json.dumps(rec))
+  save()
+
+
+def tflops(b, t, s, n, h, causal, ms, bwd=False):
+  pairs = t * s / 2 if causal else t * s
+  f = 4.0 * b * n * pairs * h * (3.5 if bwd else 1.0)
+  return f / (ms * 1e-3) / 1e12
+
+
+@guarded
+def bench(name, b, t, n, kh, h, causal, configs, fwd_bwd):
+  dtype = jnp.bfloat16
+  args = [inputs(jax.random.key(10 + i), b, t, t, n, kh, h, dtype) for i in range(3)]
+  rec = {
+    "name": name,
+    "shape": dict(B=b, T=t, N=n, K=kh, H=h),
+    "causal": causal,
+    "dtype": "bfloat16",
+  }
+
+  def cudnn(q, k, v):
+    return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
+
+  def timed(fn, with_bwd):
+    if with_bwd:
+
+      def step(q, k, v, do):
+        out, vjp = jax.vjp(fn, q, k, v)
+        return vjp(do)
+
+      f = jax.jit(step)
+      return timing.device_time(f, args, warmup=2, iterations=10).median_ms
+    f = jax.jit(fn)
+    return timing.device_time(f, [a[:3] for a in args], warmup=2, iterations=10).median_ms
+
+  rec["cudnn_fwd_ms"] = timed(cudnn, False)
+  rec["mosaic_fwd_ms"] = {}
+  for cfg in configs:
+    try:
+      fn = mosaic_fn(config=cfg, is_causal=causal)
+      rec["mosaic_fwd_ms"][str(dataclasses.astuple(cfg))] = timed(fn, False)
+    except Exception as e:
+      rec["mosaic_fwd_ms"][str(dataclasses.astuple(cfg))] = f"{type(e).__name__}: {e}"[:500]
+    log(name, cfg, rec["mosaic_fwd_ms"][str(dataclasses.astuple(cfg))])
+  good = {k_: v_ for k_, v_ in rec["mosaic_fwd_ms"].items() if isinstance(v_, float)}
+  if good:
+    best = min(good, key=good.get)
+    rec["best_config"] = best
+    rec["best_fwd_ms"] = good[best]
+    rec["fwd_ratio_to_cudnn"] = good[best] / rec["cudnn_fwd_ms"]
+    rec["fwd_tflops"] = tflops(b, t, t, n, h, causal, good[best])
+    rec["cudnn_fwd_tflops"] = tflops(b, t, t, n, h, causal, rec["cudnn_fwd_ms"])
+  if fwd_bwd and good:
+    rec["cudnn_fwd_bwd_ms"] = timed(cudnn, True)
+    cfg = next(c for c in configs if str(dataclasses.astuple(c)) == best)
+    rec["mosaic_fwd_bwd_ms"] = timed(mosaic_fn(config=cfg, is_causal=causal), True)
+    rec["fwd_bwd_ratio_to_cudnn"] = rec["mosaic_fwd_bwd_ms"] / rec["cudnn_fwd_bwd_ms"]
+  RESULTS["timings"].append(rec)
+  log("bench", json.dumps(rec))
+  save()
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--out", default="attention_mosaic.json")
+  parser.add_argument("--skip-checks", action="store_true")
+  parser.add_argument("--only", default="")
+  a = parser.parse_args()
+  OUT_PATH[0] = a.out
+  RESULTS["device"] = jax.devices()[0].device_kind
+  try:
+    RESULTS["commit"] = subprocess.run(
+      ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+  except OSError:
+    pass
+  RESULTS["has_bwd_kernel"] = has_bwd()
+  log("device", RESULTS["device"], "bwd kernel", has_bwd())
+  grads = has_bwd()
+  if not a.skip_checks:
+    check("plain_h64", 2, 256, 256, 2, 2, 64, grads=grads)
+    check("causal_h128", 1, 384, 384, 2, 1, 128, is_causal=True, grads=grads)
+    check(
+      "gqa_causal_h128_fp16", 2, 256, 256, 4, 2, 128, dtype=jnp.float16, is_causal=True, grads=grads
+    )
+    check(
+      "window_softcap_h64",
+      1,
+      320,
+      320,
+      2,
+      2,
+      64,
+      local_window_size=(100, 40),
+      logits_soft_cap=5.0,
+      grads=grads,
+    )
+    check("lengths_causal_h128", 3, 256, 256, 2, 2, 128, lengths=True, is_causal=True, grads=grads)
+    check("cross_uneven_h64", 1, 200, 300, 2, 1, 64, grads=grads)
+    check("causal_h256", 1, 256, 256, 2, 2, 256, is_causal=True, grads=grads)
+  C = mosaic.Config
+  h64 = [
+    C(block_kv=128),
+    C(block_kv=128, num_stages=3),
+    C(block_kv=256),
+    C(block_kv=128, schedule_barrier=False),
+  ]
+  h128 = [
+    C(block_kv=128),
+    C(block_kv=64, num_stages=4),
+    C(block_kv=64, num_stages=3),
+    C(block_kv=128, schedule_barrier=False),
+  ]
+  h256 = [C(block_kv=64), C(block_kv=64, schedule_barrier=False)]
+  fb = has_bwd()
+  benches = [
+    ("B32_T2048_N16_H64", 32, 2048, 16, 16, 64, False, h64),
+    ("B4_T4096_N32_H128", 4, 4096, 32, 32, 128, False, h128),
+    ("B4_T4096_N32_H128_causal", 4, 4096, 32, 32, 128, True, h128),
+    ("B1_T16384_N16_H128_causal", 1, 16384, 16, 16, 128, True, h128),
+    ("B2_T8192_N8_H256_causal", 2, 8192, 8, 8, 256, True, h256),
+    ("GQA_B4_T4096_N32_K8_H128_causal", 4, 4096, 32, 8, 128, True, h128),
+  ]
+  for name, *rest in benches:
+    if a.only and a.only not in name:
+      continue
+    bench(name, *rest, fwd_bwd=fb)
+  log("=" * 20)
+  for c in RESULTS["checks"]:
+    log(f"{c['name']:32s} ok={c['ok']} out={c['out_rel_err']:.2e} grads={c.get('grad_rel_err')}")
+  for r in RESULTS["timings"]:
+    log(
+      f"{r['name']:34s} cudnn {r['cudnn_fwd_ms']:.3f} mosaic {r.get('best_fwd_ms', float('nan')):.3f}"
+      f" ratio {r.get('fwd_ratio_to_cudnn', float('nan')):.3f} cfg {r.get('best_config')}"
+      f" fb {r.get('mosaic_fwd_bwd_ms')} vs {r.get('cudnn_fwd_bwd_ms')}"
+    )
+  log("errors", len(RESULTS["errors"]))
+  save()
+
+
+if __name__ == "__main__":
+  main()
