@@ -113,11 +113,18 @@ class _HostTensor:
 
   @property
   def dtype(self) -> Any:
-    name = self.array.dtype.name
-    return type("dtype", (), {"__str__": lambda _: f"torch.{name}"})()
+    return _torch_dtype(self.array.dtype.name)
+
+
+@functools.cache
+def _torch_dtype(name: str) -> Any:
+  # One lasting object per dtype: Triton caches types by object, and a freed
+  # one's address can come back as another dtype.
+  return type("dtype", (), {"__str__": lambda _: f"torch.{name}"})()
 
 
 def _run_interpreted(kernel, args, shapes, grid, meta) -> list[jax.Array]:
+  import triton
   from triton.runtime import interpreter
 
   class Executor(interpreter.GridExecutor):
@@ -145,10 +152,24 @@ def _run_interpreted(kernel, args, shapes, grid, meta) -> list[jax.Array]:
     scope.set_attr(tensor, "__index__", lambda self: int(np.ravel(self.handle.data)[0]))
 
   interpreter._patch_lang_tensor = patch_tensor_index
+  # `triton.jit` functions the kernel calls (its module's helpers, and Triton's
+  # own such as tl.zeros or tl.sum) are interpreted too, for the call. Gluon
+  # loads first: it checks on import that Triton's own are jitted.
+  with contextlib.suppress(ImportError):
+    import triton.experimental.gluon
+  namespaces = (kernel.fn.__globals__, vars(triton.language), vars(triton.language.standard))
+  jitted = [
+    {k: v for k, v in ns.items() if isinstance(v, triton.runtime.JITFunction) and v is not kernel}
+    for ns in namespaces
+  ]
+  for ns, functions in zip(namespaces, jitted, strict=True):
+    ns.update({k: interpreter.InterpretedFunction(v.fn) for k, v in functions.items()})
   try:
     Executor(fn.fn, fn.arg_names, _normalize_grid(grid, meta))(*wrapped, **constexprs)
   finally:
     interpreter._patch_lang_tensor = patch_tensor
+    for ns, functions in zip(namespaces, jitted, strict=True):
+      ns.update(functions)
   return [jnp.asarray(o) for o in outputs]
 
 

@@ -1,9 +1,8 @@
 """dot_product_attention as Triton flash-attention kernels, called through jax-triton.
 
 The kernels live in `triton_flash.py`. This module turns a canonical
-`AttentionArgs` into kernel launches (`Launch`: kernel, grid, inputs, output
-shapes, compile-time constants), runs them with `jax_triton.triton_call`
-(imported only when a kernel runs, since it needs a GPU build of jax), and
+`AttentionArgs` into kernel launches through `triton_call` (jax-triton,
+imported only when a kernel runs; recorded or interpreted in CPU tests), and
 decides what the kernels support and which block sizes they use.
 
 The backward pass is two deterministic kernels: one program per key block
@@ -12,7 +11,6 @@ program per query block accumulates dQ; neither uses atomics.
 """
 
 import dataclasses
-import functools
 import itertools
 from typing import Any
 
@@ -20,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tokamax._src import device
+from tokamax._src import device, triton_call
 from tokamax._src.ops import op
 from tokamax._src.ops.attention import spec, triton_flash
 
@@ -57,20 +55,6 @@ class Config:
         raise ValueError(f"`{f.name}` must be a power of two >= 16, got {value}.")
       if value < 1:
         raise ValueError(f"`{f.name}` must be positive, got {value}.")
-
-
-@dataclasses.dataclass(frozen=True)
-class Launch:
-  """One kernel launch: `kernel[grid](*inputs, *outputs, **constexprs)`."""
-
-  kernel: Any
-  grid: tuple[int, ...]
-  inputs: tuple[jax.Array, ...]
-  out_shapes: tuple[jax.ShapeDtypeStruct, ...]
-  constexprs: dict[str, Any]
-  num_warps: int
-  num_stages: int
-  zeroed_outputs: tuple[int, ...] = ()
 
 
 def cdiv(a: int, b: int) -> int:
@@ -144,29 +128,32 @@ def _inputs_and_constants(args: spec.AttentionArgs) -> tuple[tuple[jax.Array, ..
   return inputs, constants
 
 
-def fwd_launch(args: spec.AttentionArgs, config: Config) -> Launch:
-  """The forward launch; outputs the attention output and the base-2 log-sum-exp [B,N,T]."""
+def forward(args: spec.AttentionArgs, config: Config) -> tuple[jax.Array, jax.Array]:
+  """The attention output and the base-2 log-sum-exp [B,N,T] (+inf where a row sees nothing)."""
   inputs, constants = _inputs_and_constants(args)
   b, t, n, _ = args.query.shape
   hv = args.value.shape[-1]
-  return Launch(
-    kernel=triton_flash.fwd_kernel,
-    grid=(cdiv(t, config.block_q) * n * b,),
-    inputs=inputs,
-    out_shapes=(
+  out, lse = triton_call.call(
+    triton_flash.fwd_kernel,
+    *inputs,
+    out_shape=(
       jax.ShapeDtypeStruct((b, t, n, hv), args.query.dtype),
       jax.ShapeDtypeStruct((b, n, t), jnp.float32),
     ),
-    constexprs={**constants, "BLOCK_M": config.block_q, "BLOCK_N": config.block_k},
+    grid=(cdiv(t, config.block_q) * n * b,),
     num_warps=config.num_warps,
     num_stages=config.num_stages,
+    BLOCK_M=config.block_q,
+    BLOCK_N=config.block_k,
+    **constants,
   )
+  return out, lse
 
 
-def bwd_launches(
+def backward(
   args: spec.AttentionArgs, config: Config, out: jax.Array, lse: jax.Array, dout: jax.Array
-) -> tuple[Launch, Launch]:
-  """The dK/dV launch (outputs dk, dv, dbias [B,N,T,S] f32) and the dQ launch (output dq)."""
+) -> dict[str, jax.Array | None]:
+  """Cotangents of query, key, value and bias: a dK/dV kernel, then a dQ kernel."""
   inputs, constants = _inputs_and_constants(args)
   q, k, v = args.query, args.key, args.value
   b, t, n, _ = q.shape
@@ -176,66 +163,41 @@ def bwd_launches(
   delta = jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
   grad_inputs = (*inputs, dout, lse, delta)
   has_bias = args.bias is not None
-  dbias_shape = (b, n, t, s) if has_bias else (1,)
-  block = {"BLOCK_M": config.bwd_block_inner, "BLOCK_N": config.bwd_block_outer}
-  dkdv = Launch(
-    kernel=triton_flash.dkdv_kernel,
-    grid=(cdiv(s, config.bwd_block_outer) * kh * b,),
-    inputs=grad_inputs,
-    out_shapes=(
+  options = dict(num_warps=config.bwd_num_warps, num_stages=config.bwd_num_stages)
+  dk, dv, dbias = triton_call.call(
+    triton_flash.dkdv_kernel,
+    *grad_inputs,
+    out_shape=(
       jax.ShapeDtypeStruct(k.shape, k.dtype),
       jax.ShapeDtypeStruct(v.shape, v.dtype),
-      jax.ShapeDtypeStruct(dbias_shape, jnp.float32),
+      jax.ShapeDtypeStruct((b, n, t, s) if has_bias else (1,), jnp.float32),
     ),
-    constexprs={**constants, **block, "HAS_DBIAS": has_bias},
-    num_warps=config.bwd_num_warps,
-    num_stages=config.bwd_num_stages,
-    zeroed_outputs=(2,) if has_bias else (),
+    grid=(cdiv(s, config.bwd_block_outer) * kh * b,),
+    BLOCK_M=config.bwd_block_inner,
+    BLOCK_N=config.bwd_block_outer,
+    HAS_DBIAS=has_bias,
+    **options,
+    **constants,
   )
-  dq = Launch(
-    kernel=triton_flash.dq_kernel,
+  (dq,) = triton_call.call(
+    triton_flash.dq_kernel,
+    *grad_inputs,
+    out_shape=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
     grid=(cdiv(t, config.bwd_block_outer) * n * b,),
-    inputs=grad_inputs,
-    out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
-    constexprs={**constants, "BLOCK_M": config.bwd_block_outer, "BLOCK_N": config.bwd_block_inner},
-    num_warps=config.bwd_num_warps,
-    num_stages=config.bwd_num_stages,
+    BLOCK_M=config.bwd_block_outer,
+    BLOCK_N=config.bwd_block_inner,
+    **options,
+    **constants,
   )
-  return dkdv, dq
+  return {"query": dq, "key": dk, "value": dv, "bias": _reduce_dbias(args, dbias)}
 
 
-def reduce_dbias(args: spec.AttentionArgs, dbias: jax.Array) -> jax.Array | None:
+def _reduce_dbias(args: spec.AttentionArgs, dbias: jax.Array) -> jax.Array | None:
   """Sums the full [B,N,T,S] logits gradient over the bias's broadcast dims."""
   if args.bias is None:
     return None
   axes = tuple(i for i, d in enumerate(args.bias.shape) if d == 1 and dbias.shape[i] != 1)
   return jnp.sum(dbias, axis=axes, keepdims=True).astype(args.bias.dtype)
-
-
-@functools.cache
-def _jax_triton():
-  """The jax_triton module, or None where it cannot load (e.g. a CPU-only jax)."""
-  try:
-    import jax_triton  # Needs a GPU build of jax.
-  except ImportError:
-    return None
-  return jax_triton
-
-
-def run(launch: Launch) -> tuple[jax.Array, ...]:
-  """Runs a launch on the GPU through jax-triton."""
-  return tuple(
-    _jax_triton().triton_call(
-      *launch.inputs,
-      kernel=launch.kernel,
-      out_shape=launch.out_shapes,
-      grid=launch.grid,
-      num_warps=launch.num_warps,
-      num_stages=launch.num_stages,
-      zeroed_outputs=launch.zeroed_outputs,
-      **launch.constexprs,
-    )
-  )
 
 
 # -- Configs --------------------------------------------------------------------
@@ -254,8 +216,12 @@ def bwd_shared_memory(config: Config, h: int, hv: int, itemsize: int) -> int:
   return itemsize * tiles * (h + hv) + 8 * config.bwd_num_stages * config.bwd_block_inner
 
 
+def _limit(cc_major: int) -> int:
+  return SHARED_MEMORY[min(max(cc_major, 8), 9)]
+
+
 def _fits(config: Config, h: int, hv: int, itemsize: int, cc_major: int) -> bool:
-  limit = SHARED_MEMORY[min(max(cc_major, 8), 9)]
+  limit = _limit(cc_major)
   return (
     fwd_shared_memory(config, h, hv, itemsize) <= limit
     and bwd_shared_memory(config, h, hv, itemsize) <= limit
@@ -274,25 +240,34 @@ def _clamp(config: Config, t: int, s: int) -> Config:
   )
 
 
+_SHRINK_STEPS = (
+  (
+    fwd_shared_memory,
+    (("num_stages", 2), ("block_k", 32), ("block_q", 64), ("block_k", 16), ("block_q", 16)),
+  ),
+  (
+    bwd_shared_memory,
+    (
+      ("bwd_num_stages", 2),
+      ("bwd_block_inner", 32),
+      ("bwd_block_outer", 64),
+      ("bwd_block_inner", 16),
+      ("bwd_block_outer", 16),
+    ),
+  ),
+)
+
+
 def _shrink(config: Config, h: int, hv: int, itemsize: int, cc_major: int) -> Config:
-  """Fewer stages, then smaller blocks, until both kernels fit in shared memory."""
-  steps = (
-    ("num_stages", 2),
-    ("block_k", 32),
-    ("block_q", 64),
-    ("bwd_num_stages", 2),
-    ("bwd_block_inner", 32),
-    ("bwd_block_outer", 64),
-    ("block_k", 16),
-    ("block_q", 16),
-    ("bwd_block_inner", 16),
-    ("bwd_block_outer", 16),
-  )
-  for name, floor in steps:
-    while not _fits(config, h, hv, itemsize, cc_major) and getattr(config, name) > floor:
-      value = getattr(config, name)
-      value = value - 1 if name.endswith("stages") else value // 2
-      config = dataclasses.replace(config, **{name: max(value, floor)})
+  """Fewer stages, then smaller blocks, until each kernel fits in shared memory."""
+  for shared_memory, steps in _SHRINK_STEPS:
+    for name, floor in steps:
+      while (
+        shared_memory(config, h, hv, itemsize) > _limit(cc_major) and getattr(config, name) > floor
+      ):
+        value = getattr(config, name)
+        value = value - 1 if name.endswith("stages") else value // 2
+        config = dataclasses.replace(config, **{name: max(value, floor)})
   return config
 
 
@@ -321,28 +296,22 @@ def autotuning_configs(args: spec.AttentionArgs, cc_major: int = 9) -> set[Confi
   h, hv = args.query.shape[-1], args.value.shape[-1]
   itemsize = np.dtype(args.query.dtype).itemsize
   t, s = args.query.shape[1], args.key.shape[1]
-  configs = {base}
+  variants = [base]
   for bq, bk, warps, stages in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3)):
-    configs.add(
-      _clamp(
-        dataclasses.replace(base, block_q=bq, block_k=bk, num_warps=warps, num_stages=stages), t, s
-      )
+    variants.append(
+      dataclasses.replace(base, block_q=bq, block_k=bk, num_warps=warps, num_stages=stages)
     )
   for outer, inner, warps, stages in itertools.product((64, 128), (32, 64), (4, 8), (2, 3)):
-    configs.add(
-      _clamp(
-        dataclasses.replace(
-          base,
-          bwd_block_outer=outer,
-          bwd_block_inner=inner,
-          bwd_num_warps=warps,
-          bwd_num_stages=stages,
-        ),
-        t,
-        s,
+    variants.append(
+      dataclasses.replace(
+        base,
+        bwd_block_outer=outer,
+        bwd_block_inner=inner,
+        bwd_num_warps=warps,
+        bwd_num_stages=stages,
       )
     )
-  return {c for c in configs if _fits(c, h, hv, itemsize, cc_major)}
+  return {_shrink(_clamp(c, t, s), h, hv, itemsize, cc_major) for c in variants}
 
 
 def _cc_major() -> int:
@@ -373,7 +342,7 @@ class TritonAttention(op.Op):
   platforms = ("gpu",)
 
   def _platform_reason(self, platform, dev):
-    if platform != "gpu" or not device.has_sm(8, 0, dev) or _jax_triton() is None:
+    if triton_call.unavailable_reason(platform) is not None or not device.has_sm(8, 0, dev):
       return PLATFORM_REASON
     return None
 
@@ -390,11 +359,7 @@ class TritonAttention(op.Op):
     return autotuning_configs(args, _cc_major())
 
   def _fwd(self, args, config):
-    out, lse = run(fwd_launch(args, config))
-    return out, lse
+    return forward(args, config)
 
   def _bwd(self, args, config, out, residuals, dout):
-    dkdv, dq = bwd_launches(args, config, out, residuals, dout)
-    dk, dv, dbias = run(dkdv)
-    (dq,) = run(dq)
-    return {"query": dq, "key": dk, "value": dv, "bias": reduce_dbias(args, dbias)}
+    return backward(args, config, out, residuals, dout)

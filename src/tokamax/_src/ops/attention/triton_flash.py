@@ -502,6 +502,18 @@ def _dkdv_loop(
 
 
 @triton.jit
+def _zero_dbias(
+  dbias_base, offs_n, start, end, S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
+  """Writes zeros to dbias rows [start, end) of the key block `offs_n` (rows no loop visits)."""
+  zeros = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+  for start_m in range(start, end, BLOCK_M):
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    ptrs = dbias_base + offs_m[None, :].to(tl.int64) * S + offs_n[:, None]
+    tl.store(ptrs, zeros, mask=(offs_m[None, :] < end) & (offs_n[:, None] < S))
+
+
+@triton.jit
 def dkdv_kernel(
   q_ptr,
   k_ptr,
@@ -550,7 +562,8 @@ def dkdv_kernel(
 
   dK and dV accumulate in registers over every query head that shares the key
   head, so the result is deterministic. With `HAS_DBIAS`, writes the logits'
-  gradient to dbias [B,N,T,S] (float32; blocks never visited stay as given).
+  gradient to every element of dbias [B,N,T,S] (float32), zeros where no
+  query row sees the key.
   """
   NUM_N: tl.constexpr = (S + BLOCK_N - 1) // BLOCK_N
   G: tl.constexpr = N // KH
@@ -590,6 +603,9 @@ def dkdv_kernel(
     bias_base = bias_ptr + b64 * BIAS_SB + n * BIAS_SN
     mask_base = mask_ptr + b64 * MASK_SB + n * MASK_SN
     dbias_base = dbias_ptr + (b64 * N + n) * (T * S)
+    if HAS_DBIAS:
+      _zero_dbias(dbias_base, offs_n, 0, lo, S, BLOCK_M, BLOCK_N)
+      _zero_dbias(dbias_base, offs_n, hi, T, S, BLOCK_M, BLOCK_N)
     for i in tl.static_range(3):
       dk, dv = _dkdv_loop(
         dk,

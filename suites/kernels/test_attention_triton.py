@@ -1,0 +1,397 @@
+"""Triton flash attention (`implementation="triton"`).
+
+On a CPU: every kernel compiles for sm_80 and sm_90 with its heuristic config
+(and fits the shared memory there); the wrapper's support reasons, configs,
+grids and constants; and the kernels' numbers in Triton's interpreter, forward
+and backward, against the XLA implementation. On an NVIDIA GPU: outputs and
+gradients through the public API against XLA on float32-upcast inputs at
+HIGHEST precision, and a deterministic backward pass.
+"""
+
+import dataclasses
+import inspect
+import os
+import subprocess
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import triton
+
+import tokamax
+from tokamax._src import device, triton_call
+from tokamax._src.ops.attention import spec
+from tokamax._src.ops.attention import triton as attention_triton
+
+HIGHEST = jax.lax.Precision.HIGHEST
+ON_GPU = triton_call.unavailable_reason() is None and device.has_sm(8)
+gpu_only = pytest.mark.skipif(not ON_GPU, reason=attention_triton.PLATFORM_REASON)
+
+
+def _inputs(
+  seed=0,
+  dtype=jnp.bfloat16,
+  b=2,
+  t=37,
+  s=45,
+  n=4,
+  k=2,
+  h=32,
+  hv=None,
+  bias=None,
+  mask=None,
+  q_lengths=False,
+  kv_lengths=False,
+):
+  """Random public arguments: (query, key, value, bias, mask), lengths kwargs."""
+  rng = np.random.default_rng(seed)
+  hv = h if hv is None else hv
+
+  def normal(shape):
+    return jnp.asarray(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
+
+  arrays = (
+    normal((b, t, n, h)),
+    normal((b, s, k, h)),
+    normal((b, s, k, hv)),
+    None if bias is None else normal(bias),
+    None if mask is None else jnp.asarray(rng.random(mask) < 0.7),
+  )
+  lengths = {}
+  if q_lengths:
+    lengths["query_seq_lengths"] = jnp.asarray(rng.integers(0, t + 1, b), jnp.int32)
+  if kv_lengths:
+    lengths["key_value_seq_lengths"] = jnp.asarray(rng.integers(0, s + 1, b), jnp.int32)
+  return arrays, lengths
+
+
+def _split(kw: dict) -> tuple[dict, dict]:
+  """Splits keywords into those of `_inputs` and the op's options."""
+  names = inspect.signature(_inputs).parameters
+  return {k: v for k, v in kw.items() if k in names}, {
+    k: v for k, v in kw.items() if k not in names
+  }
+
+
+def _seed(name: str) -> int:
+  return sum(map(ord, name))
+
+
+def _rel(x, ref) -> float:
+  x = np.asarray(jnp.asarray(x, jnp.float32), np.float64)
+  ref = np.asarray(jnp.asarray(ref, jnp.float32), np.float64)
+  return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def _upcast(x):
+  if x is None or not jnp.issubdtype(x.dtype, jnp.floating):
+    return x
+  return x.astype(jnp.float32)
+
+
+def _reference_vjp(arrays, kwargs, dout):
+  """XLA on float32-upcast inputs at HIGHEST: the output and the float-input cotangents."""
+  q, k, v, bias, mask = map(_upcast, arrays)
+  diff = [q, k, v] + ([bias] if bias is not None else [])
+
+  def f(*xs):
+    b = xs[3] if bias is not None else None
+    return tokamax.dot_product_attention(
+      *xs[:3], b, mask, precision=HIGHEST, implementation="xla", **kwargs
+    )
+
+  out, vjp = jax.vjp(f, *diff)
+  return out, vjp(dout.astype(jnp.float32))
+
+
+# -- Wrapper logic (CPU) --------------------------------------------------------
+
+
+def _args(**kw) -> spec.AttentionArgs:
+  data, options = _split(kw)
+  arrays, lengths = _inputs(**data)
+  return spec.canonicalize(*arrays, **lengths, **options)
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the reason given where no GPU is present")
+def test_platform_reason_without_gpu():
+  op = attention_triton.TritonAttention()
+  assert op.unsupported_reason(_args()) == attention_triton.PLATFORM_REASON
+  (q, k, v, _, _), _ = _inputs()
+  with pytest.raises(NotImplementedError, match="sm_80"):
+    tokamax.dot_product_attention(q, k, v, implementation="triton")
+  # `None` falls back to XLA.
+  np.testing.assert_array_equal(
+    tokamax.dot_product_attention(q, k, v, implementation=None),
+    tokamax.dot_product_attention(q, k, v, implementation="xla"),
+  )
+
+
+@pytest.mark.parametrize(
+  "kw, words",
+  [
+    (dict(h=512), "head dims 512"),
+    (dict(h=64, hv=320), "head dims 64 and 320"),
+    (dict(dtype=jnp.float8_e4m3fn), "float8_e4m3fn"),
+    (dict(t=0), "empty"),
+  ],
+)
+def test_unsupported_reasons(kw, words):
+  reason = attention_triton.TritonAttention()._unsupported_reason(_args(**kw))
+  assert reason is not None and words in reason
+
+
+@pytest.mark.parametrize(
+  "kw", [{}, dict(dtype=jnp.float32, h=256), dict(is_causal=True, local_window_size=(3, 0))]
+)
+def test_supported(kw):
+  assert attention_triton.TritonAttention()._unsupported_reason(_args(**kw)) is None
+
+
+def test_config_validation():
+  with pytest.raises(ValueError, match="block_q"):
+    attention_triton.Config(block_q=48)
+  with pytest.raises(ValueError, match="num_warps"):
+    attention_triton.Config(num_warps=0)
+
+
+def test_heuristic_config():
+  big = _args(t=4096, s=4096, h=128, b=1, n=1, k=1)
+  assert attention_triton.heuristic_config(big, 9) == attention_triton.Config(
+    128, 128, 8, 3, 128, 64, 8, 2
+  )
+  ampere = attention_triton.heuristic_config(big, 8)
+  assert (ampere.num_stages, ampere.block_k) == (2, 64)
+  short = attention_triton.heuristic_config(_args(t=20, s=9), 9)
+  assert (short.block_q, short.block_k, short.bwd_block_outer) == (32, 16, 32)
+
+
+@pytest.mark.parametrize("cc", [8, 9])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("h", [64, 128, 256])
+def test_configs_fit_shared_memory(cc, dtype, h):
+  args = _args(t=2048, s=2048, h=h, dtype=dtype, b=1, n=1, k=1)
+  limit = attention_triton.SHARED_MEMORY[cc]
+  itemsize = np.dtype(dtype).itemsize
+  heuristic = attention_triton.heuristic_config(args, cc)
+  candidates = attention_triton.autotuning_configs(args, cc)
+  assert heuristic in candidates and len(candidates) > 1
+  for config in candidates:
+    assert attention_triton.fwd_shared_memory(config, h, h, itemsize) <= limit
+    assert attention_triton.bwd_shared_memory(config, h, h, itemsize) <= limit
+
+
+def _capture(args, config):
+  """Runs forward and backward with launches recorded instead of run."""
+  with triton_call.capture() as launches:
+    out, lse = attention_triton.forward(args, config)
+    grads = attention_triton.backward(args, config, out, lse, jnp.ones_like(out))
+  return launches, grads
+
+
+def test_grids_and_constants():
+  args = _args(b=3, t=100, s=70, n=6, k=2, h=40, hv=24, bias=(1, 6, 1, 70), mask=(3, 1, 100, 70))
+  config = attention_triton.Config(64, 32, 4, 2, 32, 16, 4, 2)
+  launches, grads = _capture(args, config)
+  fwd, dkdv, dq = launches
+  assert fwd.grid == (2 * 6 * 3,)  # cdiv(T, block_q) * N * B
+  assert dkdv.grid == (3 * 2 * 3,)  # cdiv(S, bwd_block_outer) * K * B
+  assert dq.grid == (4 * 6 * 3,)  # cdiv(T, bwd_block_outer) * N * B
+  meta = fwd.meta
+  assert (meta["BLOCK_M"], meta["BLOCK_N"], meta["num_warps"], meta["num_stages"]) == (64, 32, 4, 2)
+  assert (meta["BLOCK_H"], meta["BLOCK_HV"]) == (64, 32)
+  assert [meta[f"BIAS_S{d}"] for d in "BNTS"] == [0, 70, 0, 1]
+  assert [meta[f"MASK_S{d}"] for d in "BNTS"] == [7000, 0, 70, 1]
+  assert fwd.args[4].dtype == jnp.int8
+  assert (dkdv.meta["BLOCK_M"], dkdv.meta["BLOCK_N"], dq.meta["BLOCK_M"]) == (16, 32, 32)
+  assert dkdv.out_shape[2].shape == (3, 6, 100, 70)
+  assert grads["bias"].shape == (1, 6, 1, 70)  # Summed over the broadcast dims.
+
+
+# -- Compiling for sm_80 and sm_90 (CPU) ------------------------------------------
+
+COMPILE_CASES = {
+  "bf16-h128": dict(h=128),
+  "bf16-h64-causal": dict(h=64, is_causal=True),
+  "bf16-h256": dict(h=256),
+  "f16-h128-gqa-window-lengths": dict(
+    dtype=jnp.float16, h=128, k=1, local_window_size=(64, 0), q_lengths=True, kv_lengths=True
+  ),
+  "f32-h128-causal": dict(dtype=jnp.float32, h=128, is_causal=True),
+  "f32-h256-highest": dict(dtype=jnp.float32, h=256, precision=HIGHEST),
+  "bf16-h128-bias-softcap-mask": dict(
+    h=128, bias=(1, 4, 512, 512), mask=(1, 1, 512, 512), logits_soft_cap=30.0
+  ),
+  "bf16-h96-hv64-causal": dict(h=96, hv=64, is_causal=True),
+}
+_CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+
+
+def _resource_usage(compiled) -> dict[str, int]:
+  """Registers and stack-frame bytes of a compiled kernel, from its cubin."""
+  with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+    f.write(compiled.asm["cubin"])
+    f.flush()
+    text = subprocess.run(
+      [_CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True
+    ).stdout
+  line = next(line for line in text.splitlines() if "REG:" in line)
+  return {k: int(v) for k, v in (item.split(":") for item in line.split()[:2])}
+
+
+@pytest.mark.parametrize("sm", [80, 90])
+@pytest.mark.parametrize("case", COMPILE_CASES)
+def test_compiles(case, sm):
+  kw = dict(b=1, t=512, s=512, n=4, k=2) | COMPILE_CASES[case]
+  args = _args(**kw)
+  config = attention_triton.heuristic_config(args, sm // 10)
+  launches, _ = _capture(args, config)
+  assert [launch.kernel.__name__ for launch in launches] == [
+    "fwd_kernel",
+    "dkdv_kernel",
+    "dq_kernel",
+  ]
+  for launch in launches:
+    compiled = triton_call.compile_launch(launch, sm)
+    assert compiled.metadata.shared <= attention_triton.SHARED_MEMORY[sm // 10]
+    if sm == 90 and np.dtype(kw.get("dtype", jnp.bfloat16)).itemsize == 2:
+      # Hopper's warpgroup matmuls, and nothing spilled to the stack.
+      assert "wgmma" in compiled.asm["ptx"]
+      assert _resource_usage(compiled)["STACK"] == 0, launch.kernel.__name__
+
+
+def test_compiles_autotuning_space(request):
+  if not request.config.getoption("--run-long"):
+    pytest.skip("compiles every autotuning config (minutes); runs with --run-long")
+  args = _args(b=1, t=1024, s=1024, n=4, k=4, h=128)
+  for sm in (80, 90):
+    for config in attention_triton.autotuning_configs(args, sm // 10):
+      for launch in _capture(args, config)[0]:
+        compiled = triton_call.compile_launch(launch, sm)
+        assert compiled.metadata.shared <= attention_triton.SHARED_MEMORY[sm // 10]
+
+
+# -- Numbers in Triton's interpreter (CPU) -----------------------------------------
+
+INTERPRET_CASES = {
+  "plain": {},
+  "causal-gqa": dict(is_causal=True),
+  "window": dict(local_window_size=(5, 3)),
+  "causal-window": dict(is_causal=True, local_window_size=(7, 0)),
+  "soft-cap": dict(logits_soft_cap=2.0),
+  "bias": dict(bias=(2, 4, 37, 45)),
+  "bias-bcast-softcap": dict(bias=(1, 4, 1, 45), logits_soft_cap=3.0),
+  "mask": dict(mask=(2, 1, 37, 45)),
+  "lengths-causal": dict(q_lengths=True, kv_lengths=True, is_causal=True),
+  "mqa-hv-t-lt-s": dict(k=1, hv=16, t=20, s=70),
+  "f16-odd-heads-causal": dict(dtype=jnp.float16, h=24, hv=40, is_causal=True),
+}
+_SMALL = attention_triton.Config(16, 16, 4, 2, 32, 16, 4, 2)
+
+
+@pytest.mark.parametrize("case", INTERPRET_CASES)
+def test_interpreted(case):
+  kw = dict(seed=_seed(case), dtype=jnp.float32) | INTERPRET_CASES[case]
+  data, options = _split(kw)
+  arrays, lengths = _inputs(**data)
+  args = spec.canonicalize(*arrays, **lengths, **options)
+  dout = jnp.asarray(
+    np.random.default_rng(1).standard_normal(args.query.shape[:3] + args.value.shape[-1:]),
+    args.query.dtype,
+  )
+  with triton_call.interpret():
+    out, lse = attention_triton.forward(args, _SMALL)
+    grads = attention_triton.backward(args, _SMALL, out, lse, dout)
+  ref_out, ref_grads = _reference_vjp(arrays, {**lengths, **options}, dout)
+  tol = 1e-5 if kw["dtype"] == jnp.float32 else 2e-3
+  assert _rel(out, ref_out) < tol
+  names = ["query", "key", "value"] + (["bias"] if arrays[3] is not None else [])
+  for name, ref in zip(names, ref_grads, strict=True):
+    assert grads[name].shape == ref.shape, name
+    assert _rel(grads[name], ref) < tol, name
+  # The log-sum-exp is base 2, and +inf exactly where a row sees no key.
+  q, k, _ = (_upcast(x) for x in (args.query, args.key, args.value))
+  logits, ok = spec.logits_and_mask(
+    dataclasses.replace(args, precision=HIGHEST),
+    q,
+    k,
+    _upcast(args.bias),
+    args.mask,
+    jnp.arange(q.shape[1]),
+    jnp.arange(k.shape[1]),
+  )
+  if ok is not None:
+    logits = jnp.where(ok, logits, -jnp.inf)
+  ref_lse = jax.nn.logsumexp(logits, axis=-1).reshape(lse.shape) / np.log(2)
+  seen = np.isfinite(np.asarray(ref_lse))
+  np.testing.assert_array_equal(np.isfinite(np.asarray(lse)), seen)
+  np.testing.assert_allclose(np.asarray(lse)[seen], np.asarray(ref_lse)[seen], rtol=1e-5, atol=1e-5)
+
+
+# -- Numbers on the GPU -----------------------------------------------------------
+
+GPU_CASES = {
+  "bf16-h128": dict(t=384, s=512, n=8, k=2, h=128),
+  "bf16-h128-causal": dict(t=512, s=512, n=8, k=8, h=128, is_causal=True),
+  "bf16-h64-causal-t-gt-s": dict(t=700, s=300, n=4, k=1, h=64, is_causal=True),
+  "bf16-h256-window": dict(t=333, s=400, n=4, k=2, h=256, local_window_size=(100, 20)),
+  "bf16-h128-bias-softcap": dict(t=256, s=320, h=128, bias=(2, 4, 256, 320), logits_soft_cap=20.0),
+  "bf16-h128-bias-bcast-mask": dict(
+    t=200, s=300, h=128, bias=(1, 4, 1, 300), mask=(2, 1, 200, 300)
+  ),
+  "bf16-h128-lengths": dict(t=300, s=500, h=128, q_lengths=True, kv_lengths=True, is_causal=True),
+  "bf16-h96-hv64": dict(t=260, s=260, h=96, hv=64),
+  "f16-h128-causal": dict(dtype=jnp.float16, t=512, s=512, h=128, is_causal=True),
+  "f32-h64": dict(dtype=jnp.float32, t=256, s=384, h=64),
+  "f32-h256-causal": dict(dtype=jnp.float32, t=256, s=256, h=256, is_causal=True),
+}
+_TOLERANCE = {jnp.bfloat16: 1e-2, jnp.float16: 3e-3, jnp.float32: 3e-3}
+
+
+@gpu_only
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_gpu_matches_xla(case):
+  kw = dict(dtype=jnp.bfloat16, b=2, n=4, k=2, seed=_seed(case)) | GPU_CASES[case]
+  data, options = _split(kw)
+  arrays, lengths = _inputs(**data)
+  q, k, v, bias, mask = arrays
+  diff = [q, k, v] + ([bias] if bias is not None else [])
+
+  def f(*xs):
+    b = xs[3] if bias is not None else None
+    return tokamax.dot_product_attention(
+      *xs[:3], b, mask, implementation="triton", **lengths, **options
+    )
+
+  out, vjp = jax.vjp(jax.jit(f), *diff)
+  dout = jax.random.normal(jax.random.key(3), out.shape, jnp.float32).astype(out.dtype)
+  grads = jax.jit(vjp)(dout)
+  ref_out, ref_grads = _reference_vjp(arrays, {**lengths, **options}, dout)
+  tol = _TOLERANCE[kw["dtype"]]
+  names = ("out", "dq", "dk", "dv", "dbias")[: 1 + len(grads)]
+  for name, x, ref in zip(names, (out, *grads), (ref_out, *ref_grads), strict=True):
+    assert np.isfinite(np.asarray(x, np.float32)).all(), name
+    assert _rel(x, ref) < tol, (name, _rel(x, ref))
+    max_err = float(jnp.max(jnp.abs(x.astype(jnp.float32) - ref)))
+    assert max_err <= 10 * tol * float(jnp.max(jnp.abs(ref))) + 1e-6, (name, max_err)
+
+
+@gpu_only
+def test_gpu_backward_is_deterministic():
+  arrays, _ = _inputs(t=512, s=512, n=8, k=2, h=128)
+  q, k, v, _, _ = arrays
+  f = jax.jit(
+    jax.grad(
+      lambda q, k, v: (
+        tokamax.dot_product_attention(q, k, v, is_causal=True, implementation="triton")
+        .astype(jnp.float32)
+        .sum()
+      ),
+      argnums=(0, 1, 2),
+    )
+  )
+  first, second = f(q, k, v), f(q, k, v)
+  for a, b in zip(first, second, strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
