@@ -13,6 +13,7 @@ Run on the device machine from the repository root:
 """
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -26,7 +27,7 @@ import numpy as np
 
 from harness import timing
 from tokamax._src.ops import op
-from tokamax._src.ops.attention import mosaic, spec, xla
+from tokamax._src.ops.attention import mosaic, xla
 
 RESULTS = {"device": None, "commit": None, "checks": [], "timings": [], "errors": []}
 OUT_PATH = ["attention_mosaic.json"]
@@ -159,7 +160,7 @@ def bench(name, b, t, n, kh, h, causal, configs, fwd_bwd):
     if with_bwd:
 
       def step(q, k, v, do):
-        out, vjp = jax.vjp(fn, q, k, v)
+        _, vjp = jax.vjp(fn, q, k, v)
         return vjp(do)
 
       f = jax.jit(step)
@@ -202,12 +203,10 @@ def main():
   a = parser.parse_args()
   OUT_PATH[0] = a.out
   RESULTS["device"] = jax.devices()[0].device_kind
-  try:
+  with contextlib.suppress(OSError):
     RESULTS["commit"] = subprocess.run(
       ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
-  except OSError:
-    pass
   RESULTS["has_bwd_kernel"] = has_bwd()
   log("device", RESULTS["device"], "bwd kernel", has_bwd())
   grads = has_bwd()

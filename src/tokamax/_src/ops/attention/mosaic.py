@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from tokamax._src import device
 from tokamax._src.ops import op
 from tokamax._src.ops.attention import mosaic_common as common
-from tokamax._src.ops.attention import mosaic_fwd
+from tokamax._src.ops.attention import mosaic_bwd, mosaic_fwd
 from tokamax._src.ops.attention import spec as attention_spec
 
 # Shared memory a CTA may use on Hopper (227 KiB), less room for barriers and alignment.
@@ -28,12 +28,18 @@ class Config:
     block_kv: keys per pipeline step.
     num_stages: shared-memory slots of the key/value pipeline.
     schedule_barrier: whether the two consumers take turns on the tensor cores.
+    bwd_block_q: query rows per block in the backward kernels.
+    bwd_block_kv: keys per consumer warpgroup in the dk/dv kernel.
+    bwd_num_stages: pipeline slots of the backward kernels.
   """
 
   block_q: int = 64
   block_kv: int = 128
   num_stages: int = 2
   schedule_barrier: bool = True
+  bwd_block_q: int = 64
+  bwd_block_kv: int = 64
+  bwd_num_stages: int = 2
 
   def __post_init__(self):
     if self.block_q != 64:
@@ -64,12 +70,12 @@ def _round_up(x: int, m: int) -> int:
   return -(-x // m) * m
 
 
-def _pad(x: jax.Array, axis: int, length: int) -> jax.Array:
+def _pad(x: jax.Array, axis: int, length: int, value: float = 0.0) -> jax.Array:
   if x.shape[axis] == length:
     return x
   widths = [(0, 0)] * x.ndim
   widths[axis] = (0, length - x.shape[axis])
-  return jnp.pad(x, widths)
+  return jnp.pad(x, widths, constant_values=value)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -168,6 +174,38 @@ class MosaicAttention(op.Op):
       interpret=self._interpret_params(),
     )
     return out[:, :t], (lse, lengths)
+
+  def _bwd_unsupported_reason(self, args: attention_spec.AttentionArgs) -> str | None:
+    if args.query.shape[-1] > 128:
+      return "head dim 256 in the backward kernels (dk and dv accumulators exceed the registers)"
+    return None
+
+  def _bwd(self, args: attention_spec.AttentionArgs, config: Config, out, residuals, dout):
+    lse, lengths = residuals
+    q, k, v = args.query, args.key, args.value
+    t, s = q.shape[1], k.shape[1]
+    bq, bkv = config.bwd_block_q, config.bwd_block_kv
+    t_pad = _round_up(t, mosaic_bwd.NUM_CONSUMERS * bq)
+    s_pad = _round_up(s, mosaic_bwd.NUM_CONSUMERS * bkv)
+    delta = jnp.einsum(
+      "btnh,btnh->bnt", out.astype(jnp.float32), dout.astype(jnp.float32)
+    )
+    lse = _pad(lse[:, :, :t], 2, t_pad, jnp.inf)  # Padded rows: zero probabilities.
+    params = mosaic_bwd.BwdParams(
+      block_q=bq,
+      block_kv=bkv,
+      num_stages=config.bwd_num_stages,
+      scale=args.scale,
+      soft_cap=args.soft_cap,
+      masking=_masking(args, s_pad != s),
+    )
+    qp, dop = _pad(q, 1, t_pad), _pad(dout.astype(q.dtype), 1, t_pad)
+    kp, vp = _pad(k, 1, s_pad), _pad(v, 1, s_pad)
+    deltap = _pad(delta, 2, t_pad)
+    interpret = self._interpret_params()
+    dq = mosaic_bwd.dq(params, qp, kp, vp, dop, lse, deltap, lengths, interpret=interpret)
+    dk, dv = mosaic_bwd.dkv(params, qp, kp, vp, dop, lse, deltap, lengths, interpret=interpret)
+    return {"query": dq[:, :t], "key": dk[:, :s], "value": dv[:, :s]}
 
 
 @functools.cache

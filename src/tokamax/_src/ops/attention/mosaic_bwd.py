@@ -1,0 +1,392 @@
+"""Deterministic flash-attention backward kernels in Pallas Mosaic GPU (Hopper).
+
+Two warp-specialised kernels, each with two consumer warpgroups and a TMA
+producer warpgroup, and no atomics (so results are bitwise reproducible):
+
+- dq: a CTA holds 2 * block_q query rows of one head and streams key/value
+  blocks; per block it recomputes the probabilities from the saved
+  log-sum-exp and accumulates dq = dS K.
+- dk/dv: a CTA holds 2 * block_kv keys of one key/value head and streams,
+  for every query head of its group in turn, the query, output-gradient,
+  log-sum-exp and delta blocks; it accumulates dv = P^T dO and dk = dS^T Q, so
+  GQA needs no reduction afterwards.
+
+The masking and block ranges are the forward kernel's (`mosaic_common`).
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.experimental.pallas as pl
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+from jax import lax
+
+from tokamax._src.ops.attention import mosaic_common as common
+
+NUM_CONSUMERS = 2
+_ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per row of a WGMMA tile
+_COL = plgpu.Layout.WGMMA.reduce(0)  # one value per column
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdParams:
+  """Static description of the backward kernels."""
+
+  block_q: int
+  block_kv: int
+  num_stages: int
+  scale: float
+  soft_cap: float | None
+  masking: common.Masking
+  consumer_registers: int = 232
+  producer_registers: int = 40
+
+
+def _log2_logits(p: BwdParams, s: jax.Array):
+  """(logits in log2 units, d logits / d s divided by scale, or None)."""
+  if p.soft_cap is None:
+    return s * (p.scale * common.LOG2E), None
+  t = jnp.tanh(s * (p.scale / p.soft_cap))
+  return t * (p.soft_cap * common.LOG2E), 1.0 - t * t
+
+
+def _mm(acc, a, b_ref, interpret, stage_ref):
+  """acc + a @ b_ref with `a` in registers (staged through SMEM when interpreting)."""
+  if interpret:
+    stage_ref[...] = a
+
+    def f(acc_ref):
+      plgpu.wgmma(acc_ref, stage_ref, b_ref)
+      return acc_ref[...]
+
+    return acc + pl.run_scoped(f, plgpu.ACC(acc.shape, jnp.float32))
+
+  def g(acc_ref):
+    plgpu.wgmma(acc_ref, a, b_ref)
+
+  return pl.run_state(g)(plgpu.ACC.init(acc))
+
+
+def _mm_t(a_ref, b_ref, shape):
+  """a_ref @ b_ref.T from shared memory into a fresh float32 tile."""
+
+  def f(acc_ref):
+    plgpu.wgmma(acc_ref, a_ref, b_ref.T)
+    return acc_ref[...]
+
+  return pl.run_scoped(f, plgpu.ACC(shape, jnp.float32))
+
+
+def dq(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
+  """dq [B,T,N,H] (float32 accumulation, input dtype out)."""
+  b, t, n, h = q.shape
+  s_len, kh = k.shape[1], k.shape[2]
+  groups = n // kh
+  bq, bkv, stages = p.block_q, p.block_kv, p.num_stages
+  rows_per_cta = NUM_CONSUMERS * bq
+  num_tiles = t // rows_per_cta
+  num_kv = s_len // bkv
+  dtype = q.dtype
+  m = p.masking
+  any_mask = m != common.Masking()
+
+  def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref, dq_ref, smem, bars):
+    q_smem, do_smem, lse_smem, delta_smem, k_smem, v_smem, ds_smem = smem
+    q_bar, k_bar, v_bar, k_free, v_free = bars
+    head = lax.axis_index("heads")
+    tile = num_tiles - 1 - lax.axis_index("q_tiles")
+    batch = lax.axis_index("batch")
+    wg = lax.axis_index("wg")
+    kv_head = lax.div(head, jnp.int32(groups))
+    q_len = len_ref[0, batch] if m.q_len else t
+    kv_len = len_ref[1, batch] if m.kv_len else s_len
+    tile_r0 = tile * rows_per_cta
+    ranges = [
+      common.kv_blocks(m, tile_r0 + i * bq, bq, bkv, num_kv, kv_len) for i in range(NUM_CONSUMERS)
+    ]
+    tile_lo = jnp.minimum(ranges[0][0], ranges[1][0])
+    tile_hi = jnp.maximum(ranges[0][3], ranges[1][3])
+
+    @pl.when(wg < NUM_CONSUMERS)
+    def _consumer():
+      plgpu.set_max_registers(p.consumer_registers, action="increase")
+      r0 = tile_r0 + wg * bq
+      lo, full_lo, full_hi, hi = (jnp.where(wg == 0, x, y) for x, y in zip(*ranges, strict=True))
+      rows = (batch, pl.ds(r0, bq), head)
+      vec = (batch, head, pl.ds(r0, bq))
+      plgpu.copy_gmem_to_smem(q_ref.at[rows], q_smem.at[wg], q_bar.at[wg, 0])
+      plgpu.copy_gmem_to_smem(do_ref.at[rows], do_smem.at[wg], q_bar.at[wg, 1])
+      plgpu.copy_gmem_to_smem(lse_ref.at[vec], lse_smem.at[wg], q_bar.at[wg, 2])
+      plgpu.copy_gmem_to_smem(delta_ref.at[vec], delta_smem.at[wg], q_bar.at[wg, 3])
+      for i in range(4):
+        plgpu.barrier_wait(q_bar.at[wg, i])
+      lse = plgpu.load(lse_smem.at[wg], layout=_ROW)
+      delta = plgpu.load(delta_smem.at[wg], layout=_ROW)
+
+      def step(kv_step, acc, *, masked: bool):
+        masked = masked and any_mask
+        slot = lax.rem(kv_step - tile_lo, jnp.int32(stages))
+        plgpu.barrier_wait(k_bar.at[slot])
+        plgpu.barrier_wait(v_bar.at[slot])
+        s = _mm_t(q_smem.at[wg], k_smem.at[slot], (bq, bkv))
+        dp = _mm_t(do_smem.at[wg], v_smem.at[slot], (bq, bkv))
+        plgpu.barrier_arrive(v_free.at[slot])
+        logits, dcap = _log2_logits(p, s)
+        if masked:
+          q_ids = common.iota((bq, bkv), 0) + r0
+          k_ids = common.iota((bq, bkv), 1) + kv_step * bkv
+          logits = jnp.where(common.visible(m, q_ids, k_ids, q_len, kv_len), logits, -jnp.inf)
+        probs = jnp.exp2(logits - lax.broadcast_in_dim(lse, (bq, bkv), [0]))
+        ds = probs * (dp - lax.broadcast_in_dim(delta, (bq, bkv), [0]))
+        if dcap is not None:
+          ds = ds * dcap
+        acc = _mm(acc, ds.astype(dtype), k_smem.at[slot], interpret, ds_smem.at[wg] if interpret else None)
+        plgpu.barrier_arrive(k_free.at[slot])
+        return acc
+
+      def skip(kv_step, acc):
+        slot = lax.rem(kv_step - tile_lo, jnp.int32(stages))
+        plgpu.barrier_wait(k_bar.at[slot])
+        plgpu.barrier_wait(v_bar.at[slot])
+        plgpu.barrier_arrive(v_free.at[slot])
+        plgpu.barrier_arrive(k_free.at[slot])
+        return acc
+
+      acc = common.tile((bq, h), 0.0)
+      masked_step = functools.partial(step, masked=True)
+      plain_step = functools.partial(step, masked=False)
+      acc = lax.fori_loop(tile_lo, lo, skip, acc)
+      acc = lax.fori_loop(lo, full_lo, masked_step, acc)
+      acc = lax.fori_loop(full_lo, full_hi, plain_step, acc)
+      acc = lax.fori_loop(full_hi, hi, masked_step, acc)
+      acc = lax.fori_loop(hi, tile_hi, skip, acc)
+      q_smem.at[wg][...] = (acc * p.scale).astype(dtype)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(q_smem.at[wg], dq_ref.at[rows])
+      plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(wg == NUM_CONSUMERS)
+    def _producer():
+      plgpu.set_max_registers(p.producer_registers, action="decrease")
+      _stream(
+        tile_lo,
+        tile_hi,
+        stages,
+        [
+          (lambda _, j: k_ref.at[batch, pl.ds(j * bkv, bkv), kv_head], k_smem, k_bar, k_free),
+          (lambda _, j: v_ref.at[batch, pl.ds(j * bkv, bkv), kv_head], v_smem, v_bar, v_free),
+        ],
+      )
+
+  tr = common.smem_transforms(dtype, h)
+  smem = (
+    plgpu.SMEM((NUM_CONSUMERS, bq, h), dtype, transforms=tr),
+    plgpu.SMEM((NUM_CONSUMERS, bq, h), dtype, transforms=tr),
+    plgpu.SMEM((NUM_CONSUMERS, bq), jnp.float32),
+    plgpu.SMEM((NUM_CONSUMERS, bq), jnp.float32),
+    plgpu.SMEM((stages, bkv, h), dtype, transforms=tr),
+    plgpu.SMEM((stages, bkv, h), dtype, transforms=tr),
+    plgpu.SMEM((NUM_CONSUMERS, bq, bkv), dtype, transforms=common.smem_transforms(dtype, bkv))
+    if interpret
+    else None,
+  )
+  bars = (
+    plgpu.Barrier(num_barriers=(NUM_CONSUMERS, 4)),
+    plgpu.Barrier(num_barriers=stages),
+    plgpu.Barrier(num_barriers=stages),
+    plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
+    plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
+  )
+  return plgpu.kernel(
+    body,
+    out_type=jax.ShapeDtypeStruct(q.shape, dtype),
+    scratch_types=(smem, bars),
+    grid=(n, num_tiles, b),
+    grid_names=("heads", "q_tiles", "batch"),
+    num_threads=NUM_CONSUMERS + 1,
+    thread_name="wg",
+    compiler_params=plgpu.CompilerParams(approx_math=True),
+    interpret=interpret,
+  )(q, k, v, do, lse, delta, lengths)
+
+
+def _stream(lo, hi, stages, streams, *, repeat: int = 1):
+  """Producer loop: TMA-loads blocks lo..hi (`repeat` times) into rotating slots.
+
+  Each stream is (block index -> (group, block) source ref, smem slots,
+  full barriers, free barriers); a slot is refilled once its free barrier
+  says every consumer released it.
+  """
+  span = hi - lo
+
+  @pl.loop(0, span * repeat)
+  def _(i):
+    slot = lax.rem(i, jnp.int32(stages))
+    g = lax.div(i, jnp.maximum(span, 1))
+    j = lo + lax.rem(i, jnp.maximum(span, 1))
+    for src, dst, full, free in streams:
+
+      @pl.when(i >= stages)
+      def _():
+        plgpu.barrier_wait(free.at[slot])
+
+      plgpu.copy_gmem_to_smem(src(g, j), dst.at[slot], full.at[slot])
+
+  @pl.loop(jnp.maximum(span * repeat - stages, 0), span * repeat)
+  def _(i):
+    slot = lax.rem(i, jnp.int32(stages))
+    for _, _, _, free in streams:
+      plgpu.barrier_wait(free.at[slot])
+
+
+def dkv(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
+  """(dk, dv), each [B,S,K,H]."""
+  b, t, n, h = q.shape
+  s_len, kh = k.shape[1], k.shape[2]
+  groups = n // kh
+  bq, bkv, stages = p.block_q, p.block_kv, p.num_stages
+  cols_per_cta = NUM_CONSUMERS * bkv
+  num_tiles = s_len // cols_per_cta
+  num_q = t // bq
+  dtype = q.dtype
+  m = p.masking
+  any_mask = m != common.Masking()
+
+  def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref, dk_ref, dv_ref, smem, bars):
+    k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem = smem
+    kv_bar, q_bar, do_bar, lse_bar, delta_bar, q_free, do_free, lse_free, delta_free = bars
+    kv_head = lax.axis_index("heads")
+    tile = lax.axis_index("kv_tiles")
+    batch = lax.axis_index("batch")
+    wg = lax.axis_index("wg")
+    q_len = len_ref[0, batch] if m.q_len else t
+    kv_len = len_ref[1, batch] if m.kv_len else s_len
+    tile_c0 = tile * cols_per_cta
+    ranges = [
+      common.q_blocks(m, tile_c0 + i * bkv, bkv, bq, num_q, q_len, kv_len)
+      for i in range(NUM_CONSUMERS)
+    ]
+    tile_lo = jnp.minimum(ranges[0][0], ranges[1][0])
+    tile_hi = jnp.maximum(ranges[0][3], ranges[1][3])
+    span = tile_hi - tile_lo
+
+    @pl.when(wg < NUM_CONSUMERS)
+    def _consumer():
+      plgpu.set_max_registers(p.consumer_registers, action="increase")
+      c0 = tile_c0 + wg * bkv
+      lo, full_lo, full_hi, hi = (jnp.where(wg == 0, x, y) for x, y in zip(*ranges, strict=True))
+      cols = (batch, pl.ds(c0, bkv), kv_head)
+      plgpu.copy_gmem_to_smem(k_ref.at[cols], k_smem.at[wg], kv_bar.at[wg, 0])
+      plgpu.copy_gmem_to_smem(v_ref.at[cols], v_smem.at[wg], kv_bar.at[wg, 1])
+      plgpu.barrier_wait(kv_bar.at[wg, 0])
+      plgpu.barrier_wait(kv_bar.at[wg, 1])
+
+      def step(q_step, carry, *, g, masked: bool):
+        masked = masked and any_mask
+        dk, dv = carry
+        slot = lax.rem(g * span + q_step - tile_lo, jnp.int32(stages))
+        plgpu.barrier_wait(q_bar.at[slot])
+        plgpu.barrier_wait(lse_bar.at[slot])
+        s_t = _mm_t(k_smem.at[wg], q_smem.at[slot], (bkv, bq))
+        lse = plgpu.load(lse_smem.at[slot], layout=_COL)
+        plgpu.barrier_arrive(lse_free.at[slot])
+        logits, dcap = _log2_logits(p, s_t)
+        if masked:
+          k_ids = common.iota((bkv, bq), 0) + c0
+          q_ids = common.iota((bkv, bq), 1) + q_step * bq
+          logits = jnp.where(common.visible(m, q_ids, k_ids, q_len, kv_len), logits, -jnp.inf)
+        p_t = jnp.exp2(logits - lax.broadcast_in_dim(lse, (bkv, bq), [1]))
+        plgpu.barrier_wait(do_bar.at[slot])
+        plgpu.barrier_wait(delta_bar.at[slot])
+        stage = ds_smem.at[wg] if interpret else None
+        dv = _mm(dv, p_t.astype(dtype), do_smem.at[slot], interpret, stage)
+        dp_t = _mm_t(v_smem.at[wg], do_smem.at[slot], (bkv, bq))
+        plgpu.barrier_arrive(do_free.at[slot])
+        delta = plgpu.load(delta_smem.at[slot], layout=_COL)
+        plgpu.barrier_arrive(delta_free.at[slot])
+        ds_t = p_t * (dp_t - lax.broadcast_in_dim(delta, (bkv, bq), [1]))
+        if dcap is not None:
+          ds_t = ds_t * dcap
+        dk = _mm(dk, ds_t.astype(dtype), q_smem.at[slot], interpret, stage)
+        plgpu.barrier_arrive(q_free.at[slot])
+        return dk, dv
+
+      def skip(q_step, carry, *, g):
+        slot = lax.rem(g * span + q_step - tile_lo, jnp.int32(stages))
+        for full, free in ((q_bar, q_free), (lse_bar, lse_free), (do_bar, do_free), (delta_bar, delta_free)):
+          plgpu.barrier_wait(full.at[slot])
+          plgpu.barrier_arrive(free.at[slot])
+        return carry
+
+      def group(g, carry):
+        masked_step = functools.partial(step, g=g, masked=True)
+        plain_step = functools.partial(step, g=g, masked=False)
+        skip_g = functools.partial(skip, g=g)
+        carry = lax.fori_loop(tile_lo, lo, skip_g, carry)
+        carry = lax.fori_loop(lo, full_lo, masked_step, carry)
+        carry = lax.fori_loop(full_lo, full_hi, plain_step, carry)
+        carry = lax.fori_loop(full_hi, hi, masked_step, carry)
+        return lax.fori_loop(hi, tile_hi, skip_g, carry)
+
+      zero = common.tile((bkv, h), 0.0)
+      dk, dv = lax.fori_loop(0, groups, group, (zero, zero))
+      k_smem.at[wg][...] = (dk * p.scale).astype(dtype)
+      v_smem.at[wg][...] = dv.astype(dtype)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(k_smem.at[wg], dk_ref.at[cols])
+      plgpu.copy_smem_to_gmem(v_smem.at[wg], dv_ref.at[cols])
+      plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(wg == NUM_CONSUMERS)
+    def _producer():
+      plgpu.set_max_registers(p.producer_registers, action="decrease")
+      head0 = kv_head * groups
+
+      def rows(ref):
+        return lambda g, j: ref.at[batch, pl.ds(j * bq, bq), head0 + g]
+
+      def vec(ref):
+        return lambda g, j: ref.at[batch, head0 + g, pl.ds(j * bq, bq)]
+
+      _stream(
+        tile_lo,
+        tile_hi,
+        stages,
+        [
+          (rows(q_ref), q_smem, q_bar, q_free),
+          (vec(lse_ref), lse_smem, lse_bar, lse_free),
+          (rows(do_ref), do_smem, do_bar, do_free),
+          (vec(delta_ref), delta_smem, delta_bar, delta_free),
+        ],
+        repeat=groups,
+      )
+
+  tr = common.smem_transforms(dtype, h)
+  smem = (
+    plgpu.SMEM((NUM_CONSUMERS, bkv, h), dtype, transforms=tr),
+    plgpu.SMEM((NUM_CONSUMERS, bkv, h), dtype, transforms=tr),
+    plgpu.SMEM((stages, bq, h), dtype, transforms=tr),
+    plgpu.SMEM((stages, bq, h), dtype, transforms=tr),
+    plgpu.SMEM((stages, bq), jnp.float32),
+    plgpu.SMEM((stages, bq), jnp.float32),
+    plgpu.SMEM((NUM_CONSUMERS, bkv, bq), dtype, transforms=common.smem_transforms(dtype, bq))
+    if interpret
+    else None,
+  )
+  full = plgpu.Barrier(num_barriers=stages)
+  free = plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages)
+  bars = (plgpu.Barrier(num_barriers=(NUM_CONSUMERS, 2)), full, full, full, full, free, free, free, free)
+  kv_type = jax.ShapeDtypeStruct(k.shape, dtype)
+  return plgpu.kernel(
+    body,
+    out_type=(kv_type, kv_type),
+    scratch_types=(smem, bars),
+    grid=(kh, num_tiles, b),
+    grid_names=("heads", "kv_tiles", "batch"),
+    num_threads=NUM_CONSUMERS + 1,
+    thread_name="wg",
+    compiler_params=plgpu.CompilerParams(approx_math=True),
+    interpret=interpret,
+  )(q, k, v, do, lse, delta, lengths)
