@@ -1,0 +1,1 @@
+"""Golden outputs per op x implementation x hardware family (see `golden.golden`)."""

@@ -1,0 +1,512 @@
+"""Benchmark history: one JSON record per measurement, appended to a versioned file, and its check.
+
+`run` times the benchmark cases of a hardware family's matrix
+(`suites.matrices.bench_cases`) through every implementation that compiles
+here, with the harness timer (`harness.timing`), the ops' cost model
+(`SPEC.cost`, via `harness.bench.measurement`), the compiled program's memory
+and the numerics drift against the high-precision reference (on the small
+golden-size inputs of the same op, feature and dtype). `check` compares a
+run with earlier runs on the same device kind and flags slowdowns past a
+threshold and drift past tolerance.
+
+  python -m harness.history run [--check] [--threshold 0.05] [--history FILE]
+  python -m harness.history check --records FILE
+  python -m harness.history ingest FILE...
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from harness import bench, compare, hardware, timing, tolerance
+from suites import matrices
+from suites.matrices import cases as cases_lib
+from suites.matrices import checks
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HISTORY = os.path.join(ROOT, "bench", "history.jsonl")
+THRESHOLD = 0.05  # A slowdown past 5% of the baseline median fails the check.
+DRIFT_MARGIN = 1.0  # Drift growing by more than one tolerance bound fails it.
+WINDOW = 5  # The baseline is the median of this many earlier runs.
+
+# Fields that identify one benchmarked thing across runs.
+IDENTITY = ("device_kind", "op", "implementation", "case", "shape_key", "dtype", "mode")
+
+Timer = Callable[[Callable, Sequence[tuple]], timing.Timing]
+
+
+def default_timer(iterations: int = 30, warmup: int = 3) -> Timer:
+  return lambda fn, args_list: timing.device_time(
+    fn, args_list, warmup=warmup, iterations=iterations
+  )
+
+
+# --- measuring ----------------------------------------------------------------
+
+
+def _is_array(x) -> bool:
+  return isinstance(x, jax.Array | np.ndarray)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Split:
+  """A call's arguments as array leaves (traced) and everything else (static)."""
+
+  leaves: tuple
+  treedef: object
+  dynamic: tuple[int, ...]  # Indices of array leaves.
+  diff: tuple[int, ...]  # Indices of differentiable array leaves.
+
+  def values(self) -> tuple:
+    return tuple(self.leaves[i] for i in self.dynamic)
+
+  def rebuild(self, values: Sequence) -> tuple[tuple, dict]:
+    full = list(self.leaves)
+    for i, v in zip(self.dynamic, values, strict=True):
+      full[i] = v
+    return jax.tree.unflatten(self.treedef, full)
+
+
+def _split(case: cases_lib.Case, args: tuple, kwargs: dict) -> _Split:
+  with_path, treedef = jax.tree_util.tree_flatten_with_path((args, kwargs))
+  diff_args = set(case.builder_diff(args))
+  leaves, dynamic, diff = [], [], []
+  for i, (path, leaf) in enumerate(with_path):
+    leaves.append(leaf)
+    if _is_array(leaf):
+      dynamic.append(i)
+      in_args = path[0].idx == 0
+      if in_args and path[1].idx in diff_args and jnp.issubdtype(leaf.dtype, jnp.floating):
+        diff.append(i)
+  return _Split(tuple(leaves), treedef, tuple(dynamic), tuple(diff))
+
+
+def benchmark_fn(case: cases_lib.Case, impl: Callable, split: _Split, mode: str) -> Callable:
+  """A jittable function of (array leaves, cotangent) for `mode` ("fwd" or "fwd_bwd")."""
+
+  def fwd(values, cotangent=None):
+    del cotangent
+    a, k = split.rebuild(values)
+    return impl(*a, **k)
+
+  if mode == "fwd":
+    return fwd
+  if mode != "fwd_bwd":
+    raise ValueError(f"unknown mode {mode!r}")
+  pos = [split.dynamic.index(i) for i in split.diff]
+
+  def fwd_bwd(values, cotangent):
+    def of_diff(diff_values):
+      full = list(values)
+      for p, v in zip(pos, diff_values, strict=True):
+        full[p] = v
+      return fwd(full)
+
+    out, pull = jax.vjp(of_diff, [values[p] for p in pos])
+    return out, pull(cotangent)
+
+  return fwd_bwd
+
+
+def _memory_bytes(compiled) -> int | None:
+  try:
+    m = compiled.memory_analysis()
+  except Exception:  # Not every backend implements it.
+    return None
+  if m is None:
+    return None
+  total = (
+    m.argument_size_in_bytes
+    + m.output_size_in_bytes
+    + m.temp_size_in_bytes
+    - getattr(m, "alias_size_in_bytes", 0)
+  )
+  return int(total)
+
+
+def drift(
+  case: cases_lib.Case, impl: Callable, *, eager: bool = False, platform: str | None = None
+) -> dict:
+  """The implementation's error against the reference on the small golden-size inputs.
+
+  Returns:
+    drift_max_error (max abs error), drift_ratio (max of error / the policy's
+    bound; above 1 is past tolerance somewhere), drift_ok (the harness
+    comparator's verdict) and drift_shape.
+  """
+  from golden import golden  # The small shapes live with the goldens.
+
+  small = dataclasses.replace(case, shape=cases_lib._shape_key(golden.SHAPES[case.op]))
+  args, kwargs = small.make_args(checks.case_key(small))
+  out = np.asarray(jax.tree.leaves(small.call(impl, args, kwargs, jit=not eager))[0])
+  ref = np.asarray(jax.tree.leaves(small.reference(args, kwargs))[0])
+  tol = tolerance.for_dtype(
+    case.dtype, platform=platform or jax.default_backend(), has_matmul=case.has_matmul
+  )
+  err = np.abs(out.astype(np.float64) - ref)
+  bound = tol.bound(ref, small.reduction_length)
+  ratio = float(np.max(err / bound)) if err.size else 0.0
+  report = compare.compare(out, ref, tol=tol, reduction_length=small.reduction_length)
+  return {
+    "drift_max_error": float(err.max()) if err.size else 0.0,
+    "drift_ratio": ratio if np.isfinite(ratio) else 1e30,
+    "drift_ok": bool(report.ok),
+    "drift_shape": dict(small.shape),
+  }
+
+
+def shape_key(shape: dict) -> str:
+  return ",".join(
+    f"{k}={'x'.join(map(str, v)) if isinstance(v, list | tuple) else v}"
+    for k, v in sorted(shape.items())
+  )
+
+
+def run(
+  family: str | None = None,
+  *,
+  ops: Iterable[str] | None = None,
+  implementations: Iterable[str] | None = None,
+  features: Iterable[str] | None = None,
+  modes: Iterable[str] | None = None,
+  timer: Timer | None = None,
+  override: Callable | None = None,
+  rotations: int = 2,
+  budget_s: float | None = None,
+  log: Callable[[str], None] = print,
+) -> list[dict]:
+  """Measures the family's benchmark cases through every native implementation here.
+
+  Args:
+    family: The matrix whose `BENCH` to run (default: the hardware's).
+    ops, implementations, features, modes: Restrict to these.
+    timer: (fn, args_list) -> Timing (default: the harness device timer).
+    override: (case, impl) -> callable run instead of `impl` (tests plant
+      slowdowns and numerics changes with it).
+    rotations: Distinct input sets, used in turn.
+    budget_s: Starts no new measurement after this many seconds.
+    log: Where progress and skips go.
+
+  Returns:
+    One record per measurement (see `record`).
+  """
+  profile = hardware.detect()
+  family = family or profile.family
+  timer = timer or default_timer()
+  env = bench.environment()
+  run_id = f"{env['commit'][:12]}@{env['date']}"
+  start = time.monotonic()
+  records = []
+  inputs: dict = {}
+  drifts: dict = {}
+  ops = list(ops) if ops else None
+  for op in matrices.OPS:
+    if ops is not None and op not in ops:
+      continue
+    from golden import golden  # One notion of "the implementations that run here".
+
+    impls = golden.implementations(op, profile)
+    for bcase in matrices.bench_cases(family, op=op):
+      case, mode = bcase.case, bcase.mode
+      if (features and case.feature not in features) or (modes and mode not in modes):
+        continue
+      for impl in impls:
+        if implementations and impl.name not in implementations:
+          continue
+        label = f"{op}[{impl.name}] {case.id} {mode}"
+        if budget_s is not None and time.monotonic() - start > budget_s:
+          log(f"SKIP {label}: past the {budget_s:g} s budget")
+          continue
+        if impl.reason is not None:
+          log(f"SKIP {label}: {impl.reason}")
+          continue
+        if case.id not in inputs:
+          inputs.clear()  # Large inputs: keep one case's at a time.
+          key = checks.case_key(case)
+          inputs[case.id] = [case.make_args(jax.random.fold_in(key, i)) for i in range(rotations)]
+        args_list = inputs[case.id]
+        reason = impl.unsupported_reason(*args_list[0])
+        if reason is not None:
+          log(f"SKIP {label}: {reason}")
+          continue
+        fn = override(case, impl) if override else impl
+        try:
+          rec = _measure(case, mode, impl.name, fn, args_list, timer)
+          dkey = (case.id, impl.name)
+          if dkey not in drifts:
+            drifts[dkey] = drift(case, fn, platform=profile.platform)
+          rec.update(drifts[dkey])
+        except Exception as e:
+          log(f"ERROR {label}: {type(e).__name__}: {str(e)[:300]}")
+          continue
+        rec.update(
+          run_id=run_id,
+          commit=env["commit"],
+          date=env["date"],
+          jax_version=env["jax_version"],
+          platform=profile.platform,
+        )
+        records.append(rec)
+        log(
+          f"{label}: {rec['device_time_median_ms']:.4g} ms"
+          + (f", {rec['tflops_per_s']:.4g} TFLOP/s" if rec.get("tflops_per_s") else "")
+          + (f", {rec['gb_per_s']:.4g} GB/s" if rec.get("gb_per_s") else "")
+          + f", drift {rec['drift_ratio']:.3g} of tolerance"
+        )
+  return records
+
+
+def _measure(case, mode, impl_name, fn, args_list, timer) -> dict:
+  splits = [_split(case, a, k) for a, k in args_list]
+  f = benchmark_fn(case, fn, splits[0], mode)
+  values = [s.values() for s in splits]
+  cotangent = None
+  if mode == "fwd_bwd":
+    out = jax.eval_shape(lambda v: benchmark_fn(case, fn, splits[0], "fwd")(v), values[0])
+    keys = jax.random.split(checks.case_key(case), len(values))
+    cotangents = [jax.random.normal(k, out.shape, out.dtype) for k in keys]
+  else:
+    cotangents = [cotangent] * len(values)
+  call_args = [(v, c) for v, c in zip(values, cotangents, strict=True)]
+  compiled = jax.jit(f).lower(*call_args[0]).compile()
+  result = timer(compiled, call_args)
+  args, kwargs = args_list[0]
+  m = bench.measurement(
+    op=case.op,
+    implementation=impl_name,
+    case=case.feature,
+    mode=mode,
+    shapes=case.shape_dict,
+    dtype=case.dtype,
+    result=result,
+    cost=case.cost(args, kwargs),
+  )
+  rec = m.as_dict()
+  rec["shape_key"] = shape_key(case.shape_dict)
+  rec["peak_memory_bytes"] = _memory_bytes(compiled)
+  return rec
+
+
+# --- history ------------------------------------------------------------------
+
+
+def load(path: str = HISTORY) -> list[dict]:
+  """Every record in the history file (none if it does not exist)."""
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def append(records: Iterable[dict], path: str = HISTORY) -> int:
+  """Appends records not already there (same run_id and identity); returns how many."""
+  seen = {(r.get("run_id"), identity(r)) for r in load(path)}
+  new = [r for r in records if (r.get("run_id"), identity(r)) not in seen]
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "a") as f:
+    for r in new:
+      f.write(json.dumps(r, sort_keys=True, default=str) + "\n")
+  return len(new)
+
+
+def identity(r: dict) -> tuple:
+  return tuple(
+    r.get(k) if k != "shape_key" else r.get(k) or shape_key(r["shapes"]) for k in IDENTITY
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """One measurement against its baseline."""
+
+  record: dict
+  status: str  # "ok", "SLOWER", "DRIFT", "SLOWER+DRIFT" or "new"
+  baseline_ms: float | None
+  baseline_drift: float | None
+  runs: int
+
+  @property
+  def change(self) -> float | None:
+    if self.baseline_ms is None:
+      return None
+    return self.record["device_time_median_ms"] / self.baseline_ms - 1.0
+
+  @property
+  def failed(self) -> bool:
+    return self.status not in ("ok", "new")
+
+
+def check(
+  records: Sequence[dict],
+  history: Sequence[dict],
+  *,
+  threshold: float = THRESHOLD,
+  drift_margin: float = DRIFT_MARGIN,
+  window: int = WINDOW,
+) -> list[Row]:
+  """Each record against the earlier runs of the same thing on the same device kind.
+
+  A record is SLOWER when its median exceeds the baseline (the median of the
+  last `window` earlier runs' medians) by more than `threshold`; DRIFT when
+  its error against the reference is past tolerance (the comparator fails or
+  exceeds every bound) while the baseline's was not, or grew by more than
+  `drift_margin` tolerance bounds.
+  """
+  run_ids = {r.get("run_id") for r in records}
+  earlier: dict[tuple, list[dict]] = {}
+  for h in history:
+    if h.get("run_id") not in run_ids:
+      earlier.setdefault(identity(h), []).append(h)
+  rows = []
+  for r in records:
+    past = sorted(earlier.get(identity(r), []), key=lambda h: h.get("date", ""))[-window:]
+    if not past:
+      rows.append(Row(r, "new", None, None, 0))
+      continue
+    base_ms = statistics.median(h["device_time_median_ms"] for h in past)
+    base_drift = statistics.median(h.get("drift_ratio", 0.0) for h in past)
+    base_ok = all(h.get("drift_ok", True) for h in past)
+    slower = r["device_time_median_ms"] > base_ms * (1.0 + threshold)
+    now_drift = r.get("drift_ratio", 0.0)
+    drifted = (base_ok and not r.get("drift_ok", True)) or now_drift > base_drift + drift_margin
+    status = "+".join(s for s, on in (("SLOWER", slower), ("DRIFT", drifted)) if on) or "ok"
+    rows.append(Row(r, status, base_ms, base_drift, len(past)))
+  return rows
+
+
+def table(rows: Sequence[Row], *, threshold: float = THRESHOLD) -> str:
+  """A readable table, failures first."""
+  header = (
+    "status",
+    "op",
+    "impl",
+    "case",
+    "shape",
+    "dtype",
+    "mode",
+    "base ms",
+    "now ms",
+    "change",
+    "drift base",
+    "drift now",
+    "runs",
+  )
+  body = []
+  for row in sorted(rows, key=lambda x: (not x.failed, x.record["op"], x.record["implementation"])):
+    r = row.record
+    body.append(
+      (
+        row.status,
+        r["op"],
+        r["implementation"],
+        r["case"],
+        r.get("shape_key") or shape_key(r["shapes"]),
+        r["dtype"],
+        r["mode"],
+        "-" if row.baseline_ms is None else f"{row.baseline_ms:.4g}",
+        f"{r['device_time_median_ms']:.4g}",
+        "-" if row.change is None else f"{100 * row.change:+.1f}%",
+        "-" if row.baseline_drift is None else f"{row.baseline_drift:.3g}",
+        f"{r.get('drift_ratio', float('nan')):.3g}",
+        str(row.runs),
+      )
+    )
+  widths = [max(len(str(x)) for x in col) for col in zip(header, *body, strict=False)]
+  fmt = lambda cells: "  ".join(f"{c:<{w}}" for c, w in zip(cells, widths, strict=True))
+  lines = [fmt(header), fmt(["-" * w for w in widths])] + [fmt(b) for b in body]
+  failed = [r for r in rows if r.failed]
+  lines.append(
+    f"{len(failed)} of {len(rows)} measurements regressed "
+    f"(slowdown threshold {100 * threshold:g}% on the median; drift in tolerance bounds)"
+  )
+  return "\n".join(lines)
+
+
+# --- command line -------------------------------------------------------------
+
+
+def _csv(s: str | None):
+  return s.split(",") if s else None
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m harness.history", description=__doc__)
+  parser.add_argument("command", nargs="?", default="run", choices=("run", "check", "ingest"))
+  parser.add_argument("files", nargs="*", help="ingest: record files (JSON lines)")
+  parser.add_argument("--history", default=HISTORY, help="the history file (JSON lines)")
+  parser.add_argument("--check", action="store_true", help="run: fail on regressions")
+  parser.add_argument("--threshold", type=float, default=THRESHOLD, help="slowdown, e.g. 0.05")
+  parser.add_argument("--drift-margin", type=float, default=DRIFT_MARGIN)
+  parser.add_argument("--window", type=int, default=WINDOW)
+  parser.add_argument("--no-append", action="store_true", help="run: leave the history alone")
+  parser.add_argument("--out", default=None, help="run: also write the records here")
+  parser.add_argument("--records", default=None, help="check: the records to check")
+  parser.add_argument("--family", default=None)
+  parser.add_argument("--commit", default=None, help="ingest: the commit of records without one")
+  parser.add_argument("--ops", default=None, help="comma-separated")
+  parser.add_argument("--impls", default=None, help="comma-separated")
+  parser.add_argument("--features", default=None, help="comma-separated")
+  parser.add_argument("--modes", default=None, help="comma-separated: fwd,fwd_bwd")
+  parser.add_argument("--iterations", type=int, default=30)
+  parser.add_argument("--warmup", type=int, default=3)
+  parser.add_argument("--budget-s", type=float, default=None)
+  args = parser.parse_args(argv)
+  if args.command == "ingest":
+    for path in args.files:
+      n = append([_with_commit(r, args.commit) for r in load(path)], args.history)
+      print(f"{path}: appended {n} records to {args.history}")
+    return 0
+  history = load(args.history)
+  if args.command == "check":
+    records = load(args.records) if args.records else _latest_run(history)
+  else:
+    records = run(
+      args.family,
+      ops=_csv(args.ops),
+      implementations=_csv(args.impls),
+      features=_csv(args.features),
+      modes=_csv(args.modes),
+      timer=default_timer(args.iterations, args.warmup),
+      budget_s=args.budget_s,
+    )
+    if args.out:
+      append(records, args.out)
+    if not args.no_append:
+      n = append(records, args.history)
+      print(f"appended {n} records to {args.history}")
+  rows = check(
+    records, history, threshold=args.threshold, drift_margin=args.drift_margin, window=args.window
+  )
+  print(table(rows, threshold=args.threshold))
+  if (args.check or args.command == "check") and any(r.failed for r in rows):
+    print("FAILED: regressions against earlier runs on the same device kind (table above).")
+    return 1
+  return 0
+
+
+def _with_commit(record: dict, commit: str | None) -> dict:
+  """The record with `commit` filled in where the run could not tell (no .git on device)."""
+  if not commit or record.get("commit") not in (None, "", "unknown"):
+    return record
+  run_id = record.get("run_id", "")
+  return {**record, "commit": commit, "run_id": commit[:12] + run_id.removeprefix("unknown")}
+
+
+def _latest_run(history: list[dict]) -> list[dict]:
+  if not history:
+    return []
+  last = max(history, key=lambda r: r.get("date", ""))["run_id"]
+  return [r for r in history if r.get("run_id") == last]
+
+
+if __name__ == "__main__":
+  sys.exit(main())
