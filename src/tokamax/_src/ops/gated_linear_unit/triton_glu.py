@@ -58,36 +58,36 @@ def glu_fwd(
   pid_m = first_m + (pid % per_group) % group_m
   pid_n = (pid % per_group) // group_m
   rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-  cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+  row_ok = rows < M
   ks = tl.arange(0, BLOCK_K)
-  # Clamp the loads (not the stores) so that edge tiles need no masks in the loop.
-  rows_in = tl.minimum(rows, M - 1)
-  cols_in = tl.minimum(cols, N - 1)
-  x_ptrs = x_ptr + rows_in[:, None].to(tl.int64) * K + ks[None, :]
-  w_off = ks[:, None].to(tl.int64) * W_STRIDE + cols_in[None, :]
-  wg_ptrs = wg_ptr + w_off
-  wu_ptrs = wu_ptr + UP_OFFSET + w_off
-  acc_g = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-  acc_u = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+  # Both projections as one [BLOCK_K, 2 * BLOCK_N] operand: gate columns, then up
+  # columns, so that a single dot (one accumulator chain) computes both.
+  c = tl.arange(0, 2 * BLOCK_N)
+  cols2 = pid_n * BLOCK_N + c % BLOCK_N
+  is_up = c >= BLOCK_N
+  col2_ok = cols2 < N
+  x_ptrs = x_ptr + rows[:, None].to(tl.int64) * K + ks[None, :]
+  w_ptrs = (
+    tl.where(is_up, wu_ptr + UP_OFFSET, wg_ptr)[None, :] + ks[:, None] * W_STRIDE + cols2[None, :]
+  )
+  acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), tl.float32)
   for k in range(0, K, BLOCK_K):
     if K % BLOCK_K == 0:
-      a = tl.load(x_ptrs)
-      bg = tl.load(wg_ptrs)
-      bu = tl.load(wu_ptrs)
+      a = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0)
+      b = tl.load(w_ptrs, mask=col2_ok[None, :], other=0.0)
     else:
       k_ok = ks + k < K
-      a = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
-      bg = tl.load(wg_ptrs, mask=k_ok[:, None], other=0.0)
-      bu = tl.load(wu_ptrs, mask=k_ok[:, None], other=0.0)
-    acc_g = tl.dot(a, bg, acc_g, input_precision=INPUT_PRECISION)
-    acc_u = tl.dot(a, bu, acc_u, input_precision=INPUT_PRECISION)
+      a = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+      b = tl.load(w_ptrs, mask=k_ok[:, None] & col2_ok[None, :], other=0.0)
+    acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
     x_ptrs += BLOCK_K
-    wg_ptrs += BLOCK_K * W_STRIDE
-    wu_ptrs += BLOCK_K * W_STRIDE
-  mask = (rows[:, None] < M) & (cols[None, :] < N)
+    w_ptrs += BLOCK_K * W_STRIDE
+  gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
+  cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+  mask = row_ok[:, None] & (cols[None, :] < N)
   offs = rows[:, None].to(tl.int64) * N + cols[None, :]
-  out = _activate(acc_g, ACTIVATION) * acc_u
+  out = _activate(gate, ACTIVATION) * up
   tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
   if SAVE:
-    tl.store(gate_ptr + offs, acc_g.to(gate_ptr.dtype.element_ty), mask=mask)
-    tl.store(up_ptr + offs, acc_u.to(up_ptr.dtype.element_ty), mask=mask)
+    tl.store(gate_ptr + offs, gate.to(gate_ptr.dtype.element_ty), mask=mask)
+    tl.store(up_ptr + offs, up.to(up_ptr.dtype.element_ty), mask=mask)
