@@ -38,8 +38,8 @@ THRESHOLD = 0.05  # A slowdown past 5% of the baseline median fails the check.
 DRIFT_MARGIN = 1.0  # Drift growing by more than one tolerance bound fails it.
 WINDOW = 5  # The baseline is the median of this many earlier runs.
 
-# Fields that identify one benchmarked thing across runs.
-IDENTITY = ("device_kind", "op", "implementation", "case", "shape_key", "dtype", "mode")
+# Fields that identify one benchmarked thing across runs ("host" tells CPU machines apart).
+IDENTITY = ("device_kind", "host", "op", "implementation", "case", "shape_key", "dtype", "mode")
 
 Timer = Callable[[Callable, Sequence[tuple]], timing.Timing]
 
@@ -164,6 +164,17 @@ def drift(
   }
 
 
+def host() -> str:
+  """The CPU model and core count (CPU timings compare only on the same kind of host)."""
+  model = "unknown cpu"
+  try:
+    with open("/proc/cpuinfo") as f:
+      model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+  except OSError:
+    pass
+  return f"{model} x{os.cpu_count()}"
+
+
 def shape_key(shape: dict) -> str:
   return ",".join(
     f"{k}={'x'.join(map(str, v)) if isinstance(v, list | tuple) else v}"
@@ -254,6 +265,7 @@ def run(
           date=env["date"],
           jax_version=env["jax_version"],
           platform=profile.platform,
+          host=host() if profile.platform == "cpu" else None,
         )
         records.append(rec)
         log(
@@ -459,7 +471,7 @@ def main(argv=None) -> int:
   parser.add_argument("--iterations", type=int, default=30)
   parser.add_argument("--warmup", type=int, default=3)
   parser.add_argument("--budget-s", type=float, default=None)
-  args = parser.parse_args(argv)
+  args = parser.parse_intermixed_args(argv)
   if args.command == "ingest":
     for path in args.files:
       n = append([_with_commit(r, args.commit) for r in load(path)], args.history)

@@ -4,10 +4,10 @@
 # (records without a commit get COMMIT, default this checkout's HEAD), then
 # rebuilds the dashboard. Usage: bash ci/gpu/ingest_golden_and_bench.sh DIR [COMMIT]
 set -euo pipefail
-DIR=${1:?usage: ingest_golden_and_bench.sh DIR [COMMIT]}
+DIR=$(cd "${1:?usage: ingest_golden_and_bench.sh DIR [COMMIT]}" && pwd)
+cd "$(dirname "$0")/../.."
 COMMIT=${2:-$(git rev-parse HEAD)}
 PY=${PYTHON:-/work/venv/bin/python}
-cd "$(dirname "$0")/../.."
 for fam in "$DIR"/golden/*/; do
   fam=$(basename "$fam")
   mkdir -p "golden/data/$fam"

@@ -1,0 +1,116 @@
+"""Benchmark history: records, appending, and the regression check's teeth."""
+
+import json
+
+import pytest
+
+from harness import history, timing
+
+FIELDS = (
+  "commit",
+  "date",
+  "device_kind",
+  "jax_version",
+  "op",
+  "implementation",
+  "shapes",
+  "mode",
+  "device_time_median_ms",
+  "tflops_per_s",
+  "gb_per_s",
+  "peak_memory_bytes",
+  "drift_max_error",
+  "drift_ratio",
+  "drift_ok",
+)
+
+
+def fixed_timer(ms: float):
+  """A timer that reports `ms` for every call (with a little spread), running nothing twice."""
+
+  def timer(fn, args_list):
+    import jax
+
+    jax.block_until_ready(fn(*args_list[0]))  # The function must run.
+    return timing.Timing(tuple(ms * 1e-3 * (1 + 0.001 * i) for i in range(-2, 3)), "fake")
+
+  return timer
+
+
+def _run(ms, override=None, ops=("layer_norm",)):
+  return history.run(ops=list(ops), modes=["fwd"], timer=fixed_timer(ms), override=override)
+
+
+@pytest.fixture(scope="module")
+def baseline_history(tmp_path_factory):
+  """Three earlier runs at three commits, 1.0 ms each."""
+  path = str(tmp_path_factory.mktemp("hist") / "history.jsonl")
+  for i in range(3):
+    recs = _run(1.0)
+    for r in recs:
+      r["run_id"] = f"c{i}@earlier"
+      r["commit"] = f"c{i}"
+      r["date"] = f"2000-01-0{i + 1}T00:00:00+00:00"
+    history.append(recs, path)
+  return path
+
+
+def test_records_have_every_field():
+  recs = history.run(
+    ops=["layer_norm"], modes=["fwd", "fwd_bwd"], timer=history.default_timer(iterations=2)
+  )
+  assert {r["mode"] for r in recs} == {"fwd", "fwd_bwd"}
+  for r in recs:
+    missing = [f for f in FIELDS if r.get(f) is None]
+    assert not missing, f"{r['implementation']} {r['mode']}: missing {missing}"
+    assert r["device_time_median_ms"] > 0 and r["gb_per_s"] > 0
+    assert r["drift_ok"] and r["drift_ratio"] < 1.0
+  json.dumps(recs)  # Serialisable.
+
+
+def test_planted_10_percent_slowdown_is_caught(baseline_history, capsys, tmp_path):
+  slow = _run(1.10)
+  rows = history.check(slow, history.load(baseline_history))
+  assert rows and all(r.status == "SLOWER" for r in rows), history.table(rows)
+  assert all(abs(r.change - 0.10) < 0.01 for r in rows)
+  # Through the command line: a readable table and a failing exit status.
+  records = tmp_path / "run.jsonl"
+  history.append(slow, str(records))
+  argv = ["check", "--records", str(records), "--history", baseline_history]
+  assert history.main(argv) == 1
+  out = capsys.readouterr().out
+  assert "SLOWER" in out and "+10.0%" in out and "FAILED" in out
+  # The threshold is configurable: 15% lets it pass.
+  assert history.main([*argv, "--threshold", "0.15"]) == 0
+
+
+def test_noise_below_the_threshold_passes(baseline_history):
+  rows = history.check(_run(1.03), history.load(baseline_history))
+  assert rows and not any(r.failed for r in rows), history.table(rows)
+
+
+def test_planted_numerics_change_is_caught(baseline_history):
+  def override(case, impl):
+    return lambda *a, **k: impl(*a, **k) * 1.1
+
+  rows = history.check(_run(1.0, override=override), history.load(baseline_history))
+  assert rows and all(r.status == "DRIFT" for r in rows), history.table(rows)
+  assert all(r.record["drift_ratio"] > 1.0 and not r.record["drift_ok"] for r in rows)
+  assert "DRIFT" in history.table(rows)
+
+
+def test_other_device_kinds_are_no_baseline(baseline_history):
+  slow = [dict(r, device_kind="NVIDIA H200", host=None) for r in _run(1.5)]
+  rows = history.check(slow, history.load(baseline_history))
+  assert all(r.status == "new" for r in rows)
+
+
+def test_append_skips_duplicates_and_ingest_fills_the_commit(tmp_path):
+  recs = [dict(r, commit="unknown", run_id="unknown@2001") for r in _run(1.0)]
+  src, dst = tmp_path / "run.jsonl", tmp_path / "history.jsonl"
+  assert history.append(recs, str(src)) == len(recs)
+  assert history.append(recs, str(src)) == 0
+  assert history.main(["ingest", "--history", str(dst), "--commit", "abc123", str(src)]) == 0
+  loaded = history.load(str(dst))
+  assert len(loaded) == len(recs)
+  assert all(r["commit"] == "abc123" and r["run_id"] == "abc123@2001" for r in loaded)
