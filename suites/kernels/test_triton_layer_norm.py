@@ -1,0 +1,201 @@
+"""Triton layer_norm/RMSNorm: compile for sm_80/sm_90, wrapper logic and
+interpreted numerics on CPU, compiled numerics on an NVIDIA GPU.
+
+Not covered on CPU: timings and the compiled kernels' numerics (the GPU test
+below and ci/gpu/triton_mm_norm.py cover them on the H200).
+"""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from harness import references
+from tokamax._src import triton_call
+from tokamax._src.ops.normalization import api, spec
+from tokamax._src.ops.normalization import triton as norm_triton
+
+SMEM_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
+OP = norm_triton.TritonLayerNorm()
+
+# (shape, axis, dtype, subtract_mean, has_scale, has_offset, scale_offset)
+CASES = [
+  ((6, 40), -1, "float32", True, True, True, 0.0),
+  ((3, 24, 5), 1, "float16", False, True, False, 1.0),
+  ((10, 100), -1, "float32", True, False, True, 0.5),
+  ((4, 8, 130), 2, "float32", False, False, False, 0.0),
+]
+
+
+def _inputs(shape, axis, dtype, has_scale, has_offset, seed=0):
+  rng = np.random.default_rng(seed)
+  d = shape[axis]
+  x = jnp.asarray(rng.standard_normal(shape) * 2 + 0.3, dtype)
+  scale = jnp.asarray(rng.standard_normal(d), dtype) if has_scale else None
+  offset = jnp.asarray(rng.standard_normal(d), dtype) if has_offset else None
+  dy = jnp.asarray(rng.standard_normal(shape), dtype)
+  return x, scale, offset, dy
+
+
+def _record(shape, axis, dtype, subtract_mean, has_scale, has_offset, scale_offset):
+  x, scale, offset, _ = _inputs(shape, axis, dtype, has_scale, has_offset)
+  return spec.canonicalize(
+    x, scale, offset, axis=axis, scale_offset=scale_offset, subtract_mean=subtract_mean
+  )
+
+
+def _launches(args, config):
+  with triton_call.capture() as launches:
+    out, residuals = OP._fwd(args, config)
+    grads = OP._bwd(args, config, out, residuals, jnp.ones_like(args.x))
+  return launches, out, grads
+
+
+@pytest.mark.parametrize("sm", [80, 90])
+@pytest.mark.parametrize("d", [40, 1000, 4096, 8192])
+def test_heuristic_configs_compile(sm, d):
+  args = _record((16, d), -1, "bfloat16", True, True, True, 0.0)
+  launches, _, _ = _launches(args, OP._get_heuristics_config(args))
+  assert [launch.kernel.__name__ for launch in launches] == ["layer_norm_fwd", "layer_norm_bwd"]
+  for launch in launches:
+    compiled = triton_call.compile_launch(launch, sm)
+    assert "cubin" in compiled.asm
+    assert compiled.metadata.shared <= SMEM_LIMIT[sm]
+
+
+def test_autotuning_configs_compile_for_sm90():
+  args = _record((64, 4096), -1, "bfloat16", False, True, False, 1.0)
+  seen = set()
+  for config in OP._get_autotuning_configs(args):
+    launches, _, _ = _launches(args, config)
+    for launch in launches:
+      key = (launch.kernel.__name__, tuple(sorted(launch.meta.items())))
+      if key not in seen:
+        seen.add(key)
+        assert triton_call.compile_launch(launch, 90).metadata.shared <= SMEM_LIMIT[90]
+  assert len(seen) > 2
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_wrapper_shapes_and_dtypes(case):
+  args = _record(*case)
+  launches, out, grads = _launches(args, OP._get_heuristics_config(args))
+  assert out.shape == args.x.shape and out.dtype == args.x.dtype
+  assert grads["x"].shape == args.x.shape and grads["x"].dtype == args.x.dtype
+  for name in ("scale", "offset"):
+    value = getattr(args, name)
+    assert (grads[name] is None) == (value is None)
+    if value is not None:
+      assert grads[name].shape == value.shape and grads[name].dtype == value.dtype
+  rows = args.x.size // args.x.shape[args.axis]
+  fwd = launches[0]
+  assert fwd.out_shape[0].shape == (rows, args.x.shape[args.axis])
+  assert fwd.grid[0] * fwd.meta["BLOCK_M"] >= rows
+
+
+def test_unsupported_reasons():
+  x = jnp.ones((4, 8), jnp.float32)
+  f64 = dataclasses.replace(spec.canonicalize(x, None, None), x=np.ones((4, 8), np.float64))
+  assert "float64" in OP._unsupported_reason(f64)
+  assert "empty" in OP._unsupported_reason(spec.canonicalize(jnp.ones((0, 8)), None, None))
+  assert "size 40000" in OP._unsupported_reason(spec.canonicalize(jnp.ones((2, 40000)), None, None))
+  assert OP._unsupported_reason(spec.canonicalize(x, None, None)) is None
+
+
+@pytest.mark.requires("cpu")
+def test_cpu_names_triton_unavailable_and_falls_back():
+  x, scale, offset, _ = _inputs((4, 32), -1, "float32", True, True)
+  with pytest.raises(NotImplementedError, match="Triton"):
+    api.layer_norm(x, scale, offset, implementation="triton")
+  expected = references.high_precision(references.layer_norm)(x, scale, offset)
+  np.testing.assert_allclose(api.layer_norm(x, scale, offset), expected, rtol=1e-5, atol=1e-5)
+
+
+def _interpreted_errors() -> list[dict]:
+  """Runs the kernels in Triton's interpreter (needs TRITON_INTERPRET=1)."""
+  results = []
+  for case in CASES:
+    shape, axis, dtype, subtract_mean, has_scale, has_offset, scale_offset = case
+    x, scale, offset, dy = _inputs(shape, axis, dtype, has_scale, has_offset)
+    kw = dict(axis=axis, scale_offset=scale_offset, subtract_mean=subtract_mean)
+    args = spec.canonicalize(x, scale, offset, **kw)
+    config = norm_triton.Config(
+      block_m=2, num_warps=4, bwd_block_m=2, bwd_num_warps=4, bwd_programs=3
+    )
+    with triton_call.interpret():
+      out, residuals = OP._fwd(args, config)
+      grads = OP._bwd(args, config, out, residuals, dy)
+    present = [(n, v) for n, v in (("x", x), ("scale", scale), ("offset", offset)) if v is not None]
+
+    def ref(*vals, present=present, kw=kw):
+      named = {
+        "scale": None,
+        "offset": None,
+        **{n: v for (n, _), v in zip(present, vals, strict=True)},
+      }
+      return references.layer_norm(named["x"], named["scale"], named["offset"], epsilon=1e-6, **kw)
+
+    ref_out, ref_grads = references.high_precision_vjp(ref, [v for _, v in present], dy)
+    errs = {"out": _rel(out, ref_out)}
+    for (name, _), rg in zip(present, ref_grads, strict=True):
+      errs[name] = _rel(grads[name], rg)
+    results.append({"case": repr(case), "dtype": dtype, "errors": errs})
+  return results
+
+
+def _rel(a, r) -> float:
+  a = np.asarray(a, np.float64)
+  if not np.isfinite(a).all():
+    return float("inf")
+  return float(np.linalg.norm(a - r) / np.linalg.norm(r))
+
+
+def test_interpreted_kernels_match_float64_reference():
+  env = {**os.environ, "TRITON_INTERPRET": "1", "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run(
+    [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600, check=False
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  results = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert len(results) == len(CASES)
+  for r in results:
+    limit = 1e-5 if r["dtype"] == "float32" else 2e-3
+    assert all(e <= limit for e in r["errors"].values()), r
+
+
+@pytest.mark.requires("triton")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("case", [*CASES, ((32, 4096), -1, None, True, True, True, 0.0)])
+def test_gpu_matches_reference_with_gradients(case, dtype):
+  shape, axis, _, subtract_mean, has_scale, has_offset, scale_offset = case
+  x, scale, offset, dy = _inputs(shape, axis, dtype, has_scale, has_offset, seed=1)
+  kw = dict(axis=axis, scale_offset=scale_offset, subtract_mean=subtract_mean)
+  present = [v for v in (x, scale, offset) if v is not None]
+  names = [n for n, v in (("x", x), ("scale", scale), ("offset", offset)) if v is not None]
+
+  def call(*vals, impl):
+    named = {"scale": None, "offset": None, **dict(zip(names, vals, strict=True))}
+    return api.layer_norm(named["x"], named["scale"], named["offset"], implementation=impl, **kw)
+
+  out, vjp = jax.vjp(jax.jit(lambda *v: call(*v, impl="triton")), *present)
+  grads = vjp(dy)
+
+  def ref(*vals):
+    named = {"scale": None, "offset": None, **dict(zip(names, vals, strict=True))}
+    return references.layer_norm(named["x"], named["scale"], named["offset"], epsilon=1e-6, **kw)
+
+  ref_out, ref_grads = references.high_precision_vjp(ref, present, dy)
+  limit = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 5e-3}[dtype]
+  assert _rel(out, ref_out) <= limit
+  for name, g, rg in zip(names, grads, ref_grads, strict=True):
+    assert _rel(g, rg) <= limit, name
+
+
+if __name__ == "__main__":
+  print(json.dumps(_interpreted_errors()))
