@@ -23,7 +23,7 @@ if [ -z "${DRY:-}" ] && ls .whl/jax_triton-*.whl >/dev/null 2>&1; then
 fi
 # The device copy has no .git: the commit comes from GITHUB_SHA (bench.environment reads it).
 if [ -z "${GITHUB_SHA:-}" ] && [ -f .gpu_commit ]; then export GITHUB_SHA=$(cat .gpu_commit); fi
-BUDGET_S=${BUDGET_S:-100}
+BUDGET_S=${BUDGET_S:-60}
 ITER=${ITER:-20}
 if [ -n "${DRY:-}" ]; then ITER=3; BUDGET_S=60; fi
 {
