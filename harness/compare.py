@@ -230,11 +230,7 @@ def assert_bitwise_equal(a, b, *, name: str = "output") -> None:
     x, y = np.asarray(x), np.asarray(y)
     if x.shape != y.shape or x.dtype != y.dtype:
       raise AssertionError(f"{leaf_name}: {x.shape}/{x.dtype} vs {y.shape}/{y.dtype} between runs")
-    xb, yb = (
-      x.view(np.uint8) if x.dtype.itemsize else x,
-      y.view(np.uint8) if y.dtype.itemsize else y,
-    )
-    if not np.array_equal(xb, yb):
+    if not np.array_equal(x.reshape(-1).view(np.uint8), y.reshape(-1).view(np.uint8)):
       diff = x.astype(np.float64) != y.astype(np.float64)
       raise AssertionError(
         f"{leaf_name}: not deterministic; {int(diff.sum())} of {x.size} elements differ "

@@ -20,9 +20,8 @@ def test_deterministic(case, impl):
   checks.check_determinism(case, impl)
 
 
-@pytest.mark.requires("f64")
 @pytest.mark.matrix("determinism")
 def test_finite_differences(case, impl):
   if case.dtype != "float32":
-    pytest.skip("finite differences run once per case, in float64 (the float32 entry)")
+    pytest.skip("finite differences run once per case, in float32 (the float32 entry)")
   checks.check_finite_differences(case, impl)

@@ -95,10 +95,12 @@ def check_determinism(case: cases_lib.Case, impl, key: jax.Array | None = None) 
   grads.assert_deterministic(f, primals, key=jax.random.fold_in(key, 2), jit=_jit(impl))
 
 
-def check_finite_differences(case: cases_lib.Case, impl, key: jax.Array | None = None) -> None:
-  """`jax.test_util.check_grads` in float64 (a small case; skipped without float64)."""
-  case = dataclasses.replace(case, dtype="float64")
-  with jax.enable_x64(True):
+def check_finite_differences(
+  case: cases_lib.Case, impl, key: jax.Array | None = None, *, dtype: str = "float32"
+) -> None:
+  """`jax.test_util.check_grads` (reverse mode against finite differences) on a small case."""
+  case = dataclasses.replace(case, dtype=dtype)
+  with jax.enable_x64(dtype == "float64"):
     args, kwargs = case.make_args(case_key(case) if key is None else key)
     skip_unsupported(impl, args, kwargs)
     f, primals = case.differentiable(impl, args, kwargs)

@@ -28,6 +28,8 @@ class Implementation:
     reason: Why it cannot run here, or None.
     interpret: Whether it runs in interpret mode (CPU; small shapes only).
     eager: Whether it must be called outside `jax.jit` (Triton's interpreter).
+    error: The error its module raised on import other than `ImportError`
+      (a broken module: its tests fail with it rather than skip).
   """
 
   op: str
@@ -37,6 +39,7 @@ class Implementation:
   reason: str | None
   interpret: bool = False
   eager: bool = False
+  error: str | None = None
 
   @property
   def spec(self) -> op_lib.OpSpec:
@@ -51,7 +54,9 @@ class Implementation:
     return contextlib.nullcontext()
 
   def unsupported_reason(self, args: tuple, kwargs: dict) -> str | None:
-    """Why it cannot compute this call, or None."""
+    """Why it cannot compute this call, or None; raises if its module is broken."""
+    if self.error is not None:
+      raise AssertionError(f"{self.op}[{self.name}] failed to import: {self.error}")
     if self.instance is None:
       return self.reason
     record = self.spec.canonicalize(*args, **kwargs)
@@ -81,7 +86,11 @@ def resolve(
 ) -> Implementation:
   """Implementation `name` of `spec` as it can run on `profile` (default: here)."""
   profile = profile or hardware.detect()
-  cls = spec.implementation_class_or_reason(name)
+  try:
+    cls = spec.implementation_class_or_reason(name)
+  except Exception as e:  # A module that exists but is broken.
+    error = f"{type(e).__name__}: {e}"
+    return Implementation(spec.name, name, _family(spec, name, None), None, None, error=error)
   if isinstance(cls, str):
     return Implementation(spec.name, name, _family(spec, name, None), None, cls)
   family = _family(spec, name, cls)
