@@ -97,7 +97,7 @@ SCRIPT = r"""
 
   // One line plot: series = [{name, color, points: [{x, y, label}]}]; x = run index.
   function plot(parent, title, series, runs, opts) {
-    const W = 430, H = 230, L = 56, R = 12, T = 26, B = 42;
+    const W = 430, H = 230, L = 56, R = 28, T = 26, B = 42;
     const box = el("div", {class: "plotbox"}, parent);
     const svg = el("svg:svg", {class: "plot", width: W, height: H, viewBox: `0 0 ${W} ${H}`,
                                "data-title": title}, box);
@@ -206,12 +206,12 @@ SCRIPT = r"""
         plot(row, "median device time (ms)", series((r) => r.device_time_median_ms), runs,
              {zero: true});
         count++;
-        if (names.includes("xla")) {
+        if (names.includes("xla") && names.length > 1) {
           plot(row, "time / XLA (same run; < 1 is faster)", series(ratioTo("xla")), runs,
                {ref: 1, zero: true});
           count++;
         }
-        if (names.includes("cudnn")) {
+        if (names.includes("cudnn") && names.length > 1) {
           plot(row, "time / cuDNN (same run; < 1 is faster)", series(ratioTo("cudnn")), runs,
                {ref: 1, zero: true});
           count++;

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Nightly: the suites of the hardware at hand (long cases included), the goldens, the
+# benchmarks appended to bench/history.jsonl with their regression check, then the dashboard.
+#   bash ci/nightly.sh            (PYTHON=... to pick the interpreter; LOG_DIR=... for logs)
+# Every step runs even if an earlier one fails; the exit status is 1 if any failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+export PYTHONPATH="$PWD/src:$PWD:${PYTHONPATH:-}" TOKAMAX_NIGHTLY=1 PYTHONUNBUFFERED=1
+export TOKAMAX_HYPOTHESIS_PROFILE=${TOKAMAX_HYPOTHESIS_PROFILE:-nightly}
+LOG_DIR=${LOG_DIR:-/tmp/tokamax-nightly}
+mkdir -p "$LOG_DIR"
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+failed=()
+step() {  # step NAME COMMAND...: runs it, logs it, remembers a failure.
+  local name=$1; shift
+  echo "== $name: $*"
+  if "$@" 2>&1 | tee "$LOG_DIR/$STAMP-$name.log"; then echo "== $name: ok"
+  else echo "== $name: FAILED"; failed+=("$name"); fi
+}
+step suites "$PY" -m pytest -q --run-long --summary-md "$LOG_DIR/$STAMP-summary.md" suites
+step golden "$PY" -m golden
+step bench "$PY" -m harness.history run --check
+step dashboard "$PY" ci/dashboard.py
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "nightly: FAILED steps: ${failed[*]} (logs in $LOG_DIR)"
+  exit 1
+fi
+echo "nightly: all steps passed (logs in $LOG_DIR; dashboard ci/site/index.html)"
