@@ -1,0 +1,243 @@
+"""Triton ragged_dot: compile for sm_80/sm_90, the row-tile schedule and wrapper
+logic, interpreted numerics on CPU, compiled numerics on an NVIDIA GPU.
+
+Not covered on CPU: timings and the compiled kernels' numerics (the GPU test
+below and ci/gpu/triton_mm_norm.py cover them on the H200).
+"""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from harness import references
+from tokamax._src import triton_call
+from tokamax._src.ops.ragged_dot import api, spec
+from tokamax._src.ops.ragged_dot import triton as rd_triton
+
+SMEM_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
+OP = rd_triton.TritonRaggedDot()
+SMALL = rd_triton.Config(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
+
+# (layout, m, k, n, groups, dtype, group_offset)
+CASES = [
+  (spec.DEFAULT, 70, 40, 24, 5, "float32", None),
+  (spec.RHS_TRANSPOSED, 64, 32, 48, 4, "float16", 1),
+  (spec.RAGGED_CONTRACTING, 80, 24, 40, 5, "float32", None),
+  (spec.DEFAULT, 50, 48, 32, 3, "float32", 2),
+]
+
+
+def _rhs_shape(layout, m, k, n, g):
+  return {spec.DEFAULT: (g, k, n), spec.RHS_TRANSPOSED: (g, n, k)}.get(layout, (m, n))
+
+
+def _inputs(layout, m, k, n, g, dtype, offset, seed=0):
+  rng = np.random.default_rng(seed)
+  g_all = g + (offset or 0) + (1 if offset else 0)
+  # Uneven sizes with empty groups; the last rows belong to no group.
+  sizes = spec.generate_ragged_dot_group_sizes(
+    m - 7, g_all, seed=seed, alpha=0.7, empty_fraction=0.3
+  )
+  lhs = jnp.asarray(rng.standard_normal((m, k)), dtype)
+  rhs_groups = g_all if layout == spec.RAGGED_CONTRACTING else g
+  rhs = jnp.asarray(rng.standard_normal(_rhs_shape(layout, m, k, n, rhs_groups)), dtype)
+  group_offset = None if offset is None else jnp.array([offset], jnp.int32)
+  return lhs, rhs, jnp.asarray(sizes), group_offset
+
+
+def _record(case, **kw):
+  layout, m, k, n, g, dtype, offset = case
+  lhs, rhs, sizes, group_offset = _inputs(layout, m, k, n, g, dtype, offset)
+  return spec.canonicalize(
+    lhs, rhs, sizes, spec.dimension_numbers(layout), group_offset=group_offset, **kw
+  )
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("block_m", [16, 64])
+def test_row_schedule_covers_each_row_once_within_its_group(seed, block_m):
+  rng = np.random.default_rng(seed)
+  m, g_all = int(rng.integers(1, 300)), int(rng.integers(1, 9))
+  sizes = spec.generate_ragged_dot_group_sizes(
+    int(rng.integers(0, m + 1)), g_all, seed=seed, empty_fraction=0.3
+  )
+  offset = int(rng.integers(0, g_all)) if seed % 2 else None
+  g = g_all - (offset or 0)
+  lhs, rhs = jnp.ones((m, 8)), jnp.ones((g, 8, 8))
+  args = spec.canonicalize(
+    lhs, rhs, jnp.asarray(sizes), None, group_offset=None if offset is None else jnp.array([offset])
+  )
+  group, row0, row1 = np.asarray(rd_triton.row_schedule(args, block_m))
+  # Expected group of each row, from the sizes directly.
+  expected = np.full(m, -1)
+  ends = np.cumsum(sizes)
+  for j in range(g):
+    lo, hi = (ends[(offset or 0) + j] - sizes[(offset or 0) + j]), ends[(offset or 0) + j]
+    expected[lo:hi] = j
+  seen = np.zeros(m, int)
+  for t in range(group.size):
+    if group[t] == -2:
+      continue
+    assert row0[t] < row1[t] <= m
+    rows = np.arange(row0[t], min(row0[t] + block_m, row1[t]))
+    seen[rows] += 1
+    assert (expected[rows] == group[t]).all()
+  assert (seen == 1).all()
+
+
+@pytest.mark.parametrize("sm", [80, 90])
+@pytest.mark.parametrize("layout", spec.LAYOUTS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_heuristic_configs_compile_forward_and_backward(sm, layout, dtype):
+  args = _record((layout, 512, 256, 512, 4, dtype, None))
+  config = OP._get_heuristics_config(args)
+  with triton_call.capture() as launches:
+    OP._fwd(args, config)
+    OP._bwd(args, config, None, None, jnp.ones(args.out_shape, args.out_dtype))
+  assert len(launches) == 3
+  names = {launch.kernel.__name__ for launch in launches}
+  assert names == {"ragged_rows", "ragged_contracting"}
+  for launch in launches:
+    compiled = triton_call.compile_launch(launch, sm)
+    assert compiled.metadata.shared <= SMEM_LIMIT[sm], (launch.meta, compiled.metadata.shared)
+
+
+def test_autotuning_configs_compile_for_sm90():
+  args = _record((spec.DEFAULT, 512, 256, 512, 4, "bfloat16", None))
+  configs = OP._get_autotuning_configs(args)
+  assert OP._get_heuristics_config(args) in configs and len(configs) > 4
+  for config in configs:
+    with triton_call.capture() as launches:
+      OP._fwd(args, config)
+    assert triton_call.compile_launch(launches[0], 90).metadata.shared <= SMEM_LIMIT[90]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_wrapper_shapes_dtypes_and_gradient_layouts(case):
+  args = _record(case, preferred_element_type=jnp.float32)
+  with triton_call.capture() as launches:
+    out, _ = OP._fwd(args, OP._get_heuristics_config(args))
+    grads = OP._bwd(args, None, out, None, jnp.ones(args.out_shape, jnp.float32))
+  assert out.shape == args.out_shape and out.dtype == jnp.float32
+  for name in ("lhs", "rhs"):
+    value = getattr(args, name)
+    assert grads[name].shape == value.shape and grads[name].dtype == value.dtype
+  dlhs, drhs = rd_triton.gradient_records(args, out)
+  assert {dlhs.layout, drhs.layout, args.layout} == set(spec.LAYOUTS)
+  assert len(launches) == 3
+
+
+def test_unsupported_reasons():
+  args = _record(CASES[0])
+  assert OP._unsupported_reason(args) is None
+  f64 = dataclasses.replace(args, lhs=np.ones(args.lhs.shape), rhs=np.ones(args.rhs.shape))
+  assert "float64" in OP._unsupported_reason(f64)
+  empty = spec.canonicalize(jnp.ones((0, 8)), jnp.ones((2, 8, 4)), jnp.zeros(2, jnp.int32))
+  assert "empty" in OP._unsupported_reason(empty)
+  int8 = dataclasses.replace(args, out_dtype=np.dtype(np.int8))
+  assert "preferred_element_type" in OP._unsupported_reason(int8)
+
+
+@pytest.mark.requires("cpu")
+def test_cpu_names_triton_unavailable():
+  lhs, rhs, sizes, _ = _inputs(spec.DEFAULT, 16, 8, 8, 2, "float32", None)
+  with pytest.raises(NotImplementedError, match="Triton"):
+    api.ragged_dot(lhs, rhs, sizes, implementation="triton")
+
+
+def _reference(layout, lhs, rhs, sizes, group_offset, g):
+  return references.ragged_dot_general(lhs, rhs, sizes, layout, group_offset, num_groups=g)
+
+
+def _rel(a, r) -> float:
+  a = np.asarray(a, np.float64)
+  if not np.isfinite(a).all():
+    return float("inf")
+  return float(np.linalg.norm(a - r) / np.linalg.norm(r))
+
+
+def _interpreted_errors() -> list[dict]:
+  """Runs the kernels in Triton's interpreter (needs TRITON_INTERPRET=1)."""
+  results = []
+  for case in CASES:
+    layout, m, k, n, g, dtype, offset = case
+    lhs, rhs, sizes, group_offset = _inputs(layout, m, k, n, g, dtype, offset)
+    args = spec.canonicalize(
+      lhs,
+      rhs,
+      sizes,
+      spec.dimension_numbers(layout),
+      jax.lax.Precision.HIGHEST,
+      group_offset=group_offset,
+    )
+    dout = jnp.asarray(np.random.default_rng(5).standard_normal(args.out_shape), dtype)
+    with triton_call.interpret():
+      out = rd_triton.ragged_dot(args, SMALL)
+      grads = [rd_triton.ragged_dot(r, SMALL) for r in rd_triton.gradient_records(args, dout)]
+    ref_out, ref_grads = references.high_precision_vjp(
+      lambda a, b, layout=layout, sizes=sizes, go=group_offset, g=args.num_groups: _reference(
+        layout, a, b, sizes, go, g
+      ),
+      (lhs, rhs),
+      dout,
+    )
+    errs = {"out": _rel(out, ref_out), "lhs": _rel(grads[0], ref_grads[0])}
+    errs["rhs"] = _rel(grads[1], ref_grads[1])
+    results.append({"case": repr(case), "dtype": dtype, "errors": errs})
+  return results
+
+
+def test_interpreted_kernels_match_float64_reference():
+  env = {**os.environ, "TRITON_INTERPRET": "1", "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run(
+    [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900, check=False
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  results = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert len(results) == len(CASES)
+  for r in results:
+    limit = 1e-5 if r["dtype"] == "float32" else 2e-3
+    assert all(e <= limit for e in r["errors"].values()), r
+
+
+@pytest.mark.requires("triton")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("case", [*CASES, (spec.DEFAULT, 1000, 256, 384, 8, None, None)])
+def test_gpu_matches_reference_with_gradients(case, dtype):
+  layout, m, k, n, g, _, offset = case
+  lhs, rhs, sizes, group_offset = _inputs(layout, m, k, n, g, dtype, offset, seed=1)
+  dims = spec.dimension_numbers(layout)
+
+  def fn(a, b):
+    return api.ragged_dot_general(
+      a,
+      b,
+      sizes,
+      dims,
+      jax.lax.Precision.HIGHEST,
+      group_offset=group_offset,
+      implementation="triton",
+    )
+
+  out, vjp = jax.vjp(jax.jit(fn), lhs, rhs)
+  dout = jnp.asarray(np.random.default_rng(2).standard_normal(out.shape), out.dtype)
+  grads = vjp(dout)
+  num_groups = sizes.shape[0] if layout == spec.RAGGED_CONTRACTING else rhs.shape[0]
+  ref_out, ref_grads = references.high_precision_vjp(
+    lambda a, b: _reference(layout, a, b, sizes, group_offset, num_groups), (lhs, rhs), dout
+  )
+  limit = {"float32": 1e-5, "bfloat16": 5e-3}[dtype]
+  assert _rel(out, ref_out) <= limit
+  for name, gr, rg in zip(("lhs", "rhs"), grads, ref_grads, strict=True):
+    assert _rel(gr, rg) <= limit, name
+
+
+if __name__ == "__main__":
+  print(json.dumps(_interpreted_errors()))
