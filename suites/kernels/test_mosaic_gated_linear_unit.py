@@ -66,7 +66,10 @@ def test_interpret_matches_reference_with_gradients(shape, tuple_weights, activa
 
 def _lower(m, k, n, configs, save_gate_up=False):
   op = mosaic.MosaicGatedLinearUnit()
-  shapes = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((k, 2, n), jnp.bfloat16))
+  shapes = (
+    jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+    jax.ShapeDtypeStruct((k, 2, n), jnp.bfloat16),
+  )
 
   def fn(x, w):
     record = spec.canonicalize(x, w, activation=jax.nn.swish)
@@ -90,7 +93,9 @@ def test_every_autotuning_config_lowers_for_cuda():
   assert len(seen) >= 4
 
 
-@pytest.mark.parametrize(("m", "k", "n"), [(8192, 4096, 14336), (2048, 2048, 8192), (128, 4096, 14336)])
+@pytest.mark.parametrize(
+  ("m", "k", "n"), [(8192, 4096, 14336), (2048, 2048, 8192), (128, 4096, 14336)]
+)
 def test_heuristic_and_residual_configs_lower_for_target_shapes(m, k, n):
   op = mosaic.MosaicGatedLinearUnit()
   _lower(m, k, n, lambda r: [op._get_heuristics_config(r)])
@@ -107,5 +112,7 @@ def test_unsupported_reasons_name_the_feature():
     impl(x.astype(jnp.float32), w.astype(jnp.float32))
   with pytest.raises(NotImplementedError, match="N=96"):
     impl(x, jnp.ones((128, 2, 96), jnp.bfloat16))
-  out = api.gated_linear_unit(x, w, activation=lambda g: jnp.sort(g, axis=-1), implementation=[impl, "xla"])
+  out = api.gated_linear_unit(
+    x, w, activation=lambda g: jnp.sort(g, axis=-1), implementation=[impl, "xla"]
+  )
   assert out.shape == (64, 128)

@@ -22,7 +22,9 @@ SMALL = mosaic.Config(block_n=64, num_stages=2, epi_n=64)
 
 
 def _rhs_shape(layout, m, k, n, g):
-  return {spec.DEFAULT: (g, k, n), spec.RHS_TRANSPOSED: (g, n, k), spec.RAGGED_CONTRACTING: (m, n)}[layout]
+  return {spec.DEFAULT: (g, k, n), spec.RHS_TRANSPOSED: (g, n, k), spec.RAGGED_CONTRACTING: (m, n)}[
+    layout
+  ]
 
 
 def _rel_err(x, ref):
@@ -85,7 +87,9 @@ def test_interpret_preferred_element_type():
   impl = mosaic.MosaicRaggedDot(interpret=True, config=SMALL)
   out = api.ragged_dot(lhs, rhs, sizes, preferred_element_type=jnp.float32, implementation=impl)
   assert out.dtype == jnp.float32
-  ref = references.high_precision(references.ragged_dot_general)(*_f32((lhs, rhs)), sizes, spec.DEFAULT)
+  ref = references.high_precision(references.ragged_dot_general)(
+    *_f32((lhs, rhs)), sizes, spec.DEFAULT
+  )
   assert _rel_err(out, ref) < 1e-5  # float32 output: only accumulation-order error.
   assert np.all(np.asarray(out)[57:] == 0)
 
@@ -93,16 +97,19 @@ def test_interpret_preferred_element_type():
 @pytest.mark.parametrize("seed", range(4))
 def test_work_items_cover_every_row_once(seed):
   rng = np.random.default_rng(seed)
-  m, g, block_m = int(rng.integers(1, 700)), int(rng.integers(1, 9)), 128
-  sizes = spec.generate_ragged_dot_group_sizes(int(rng.integers(0, m + 1)), g, seed=seed, empty_fraction=0.3)
+  block_m = 128
+  m, g = 8 * int(rng.integers(block_m // 8, 110)), int(rng.integers(1, 9))
+  sizes = spec.generate_ragged_dot_group_sizes(
+    int(rng.integers(0, m + 1)), g, seed=seed, empty_fraction=0.3
+  )
   before = int(rng.integers(0, 50))
   items, num_items = mosaic_fwd.work_items(jnp.asarray(sizes), jnp.int32(before), m, block_m)
   items = np.asarray(items)
   total = items[0, 0]
   assert total <= num_items
   covered = np.full(m, -2)
-  for rhs, block, lo, hi in items[1 : 1 + total]:
-    assert block * block_m <= lo < hi <= min(m, block * block_m + block_m)
+  for rhs, row0, lo, hi in items[1 : 1 + total]:
+    assert 0 <= row0 <= lo < hi <= row0 + block_m <= m and row0 % 8 == 0
     assert np.all(covered[lo:hi] == -2), "row written twice"
     covered[lo:hi] = rhs
   # Expected owner of each row: its group, or -1 outside every group.
@@ -112,6 +119,9 @@ def test_work_items_cover_every_row_once(seed):
   for i, (s, e) in enumerate(zip(starts, ends, strict=True)):
     expected[s:e] = i
   np.testing.assert_array_equal(covered, expected)
+  # Blocks start at their segment's start (rounded down to 8 rows).
+  seg_rows = np.diff(np.concatenate([[0], starts[:1], ends, [m]]))
+  assert total <= sum(-(-(int(r) + 7) // block_m) for r in seg_rows)
 
 
 def _lower_all(layout, m, k, n, g, configs):

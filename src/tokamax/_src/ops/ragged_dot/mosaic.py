@@ -25,7 +25,7 @@ _OUT_DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_NUM_SMS = 132
 # Persistent CTAs simulated in interpret mode (few, so that it stays fast).
 INTERPRET_NUM_SMS = 2
-_ROW_ALIGN = 8  # TMA tiling of the row dimension.
+_ROW_ALIGN = mosaic_fwd.ROW_ALIGN  # TMA tiling of the row dimension.
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -191,6 +191,8 @@ class MosaicRaggedDot(op.Op):
     lhs, rhs = args.lhs, args.rhs
     m = lhs.shape[0]
     pad = -m % _ROW_ALIGN
+    if args.layout != spec.RAGGED_CONTRACTING:  # A row block must fit in lhs.
+      pad = max(pad, mosaic_fwd.WG_ROWS * mosaic_fwd.NUM_COMPUTE_WGS - m)
     if pad:  # Padded rows fall outside every group.
       lhs = jnp.pad(lhs, ((0, pad), (0, 0)))
       if args.layout == spec.RAGGED_CONTRACTING:

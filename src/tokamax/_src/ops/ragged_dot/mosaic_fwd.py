@@ -31,7 +31,10 @@ NUM_COMPUTE_WGS = 2
 # Shared memory a CTA can use on sm_90 (227 KiB), less room for barriers.
 SMEM_BYTES = 227 * 1024 - 1024
 MEMORY_REGISTERS = 40
-ITEM_FIELDS = 4  # rhs index (-1: zero segment), row block, first row, end row.
+ITEM_FIELDS = 4
+ROW_ALIGN = (
+  8  # Row tiling of the TMA copies.  # rhs index (-1: zero segment), row block, first row, end row.
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -87,41 +90,51 @@ def work_items(
 ) -> tuple[jax.Array, int]:
   """The work list: row blocks of each segment, then padding.
 
+  Blocks start at their segment's first row (rounded down to a multiple of
+  ROW_ALIGN), not at multiples of `block_m`: a segment of s rows needs
+  ceil(s / block_m) blocks, or one more when unaligned. A block
+  that would run past the last row is moved back to end there; it then holds
+  rows of the previous segment too, which the kernel computes but never stores.
+
   Args:
     sizes: [G] rows of each computed group, in row order.
     before: Rows before the first computed group (None: zero).
-    m: Rows of lhs.
+    m: Rows of lhs (at least `block_m`, a multiple of ROW_ALIGN).
     block_m: Rows per block.
 
   Returns:
     int32 [1 + T, 4]: row 0 holds the number of items; row 1 + t holds item t
-    as (rhs index or -1, row block, first row, end row); and T.
+    as (rhs index or -1 for zeros, first row of the block, first row to store,
+    end of the rows to store); and T.
   """
   g = sizes.shape[0]
   before = jnp.zeros((), jnp.int32) if before is None else before.astype(jnp.int32)
   ends = jnp.minimum(before + jnp.cumsum(sizes.astype(jnp.int32)), m)
-  starts = jnp.concatenate([before[None], ends[:-1]])
+  starts = jnp.concatenate([jnp.minimum(before, m)[None], ends[:-1]])
   seg_start = jnp.concatenate([jnp.zeros(1, jnp.int32), starts, ends[-1:]])
-  seg_end = jnp.concatenate([jnp.minimum(before, m)[None], ends, jnp.full((1,), m, jnp.int32)])
+  seg_end = jnp.concatenate([starts[:1], ends, jnp.full((1,), m, jnp.int32)])
   seg_end = jnp.maximum(seg_end, seg_start)
   seg_rhs = jnp.concatenate([jnp.full((1,), -1), jnp.arange(g), jnp.full((1,), -1)]).astype(
     jnp.int32
   )
-  first = seg_start // block_m
-  count = jnp.where(seg_end > seg_start, (seg_end - 1) // block_m + 1 - first, 0)
+  # TMA needs block rows at multiples of ROW_ALIGN: a block may begin up to
+  # ROW_ALIGN - 1 rows before its segment.
+  aligned_start = seg_start // ROW_ALIGN * ROW_ALIGN
+  count = jnp.where(seg_end > seg_start, (seg_end - aligned_start + block_m - 1) // block_m, 0)
   offsets = jnp.cumsum(count)
   total = offsets[-1]
-  num_items = pl.cdiv(m, block_m) + g + 1  # Each of the g + 1 inner boundaries adds at most one.
+  num_items = pl.cdiv(m, block_m) + g + 2  # Each segment adds at most one partial block.
   t = jnp.arange(num_items, dtype=jnp.int32)
   seg = jnp.minimum(jnp.sum(offsets[None, :] <= t[:, None], axis=1), g + 1)
-  block = first[seg] + t - (offsets[seg] - count[seg])
-  lo = jnp.maximum(seg_start[seg], block * block_m)
-  hi = jnp.minimum(seg_end[seg], block * block_m + block_m)
+  block_start = aligned_start[seg] + (t - (offsets[seg] - count[seg])) * block_m
+  lo = jnp.maximum(seg_start[seg], block_start)
+  hi = jnp.minimum(seg_end[seg], block_start + block_m)
+  row0 = jnp.minimum(block_start, m - block_m)
   valid = t < total
   items = jnp.stack(
     [
       jnp.where(valid, seg_rhs[seg], -1),
-      jnp.where(valid, block, 0),
+      jnp.where(valid, row0, 0),
       jnp.where(valid, lo, 0),
       jnp.where(valid, hi, 0),
     ],
@@ -194,13 +207,13 @@ def ragged_dot_fwd(
   in_tf = _transforms(lhs.dtype)
   out_dtype = jnp.dtype(out_dtype)
 
-  def make_pipeline(body, compute_context, steps, block, ni):
+  def make_pipeline(body, compute_context, steps, ni):
     return plgpu.emit_pipeline_warp_specialized(
       body,
       grid=(steps,),
       memory_registers=MEMORY_REGISTERS,
       in_specs=[
-        plgpu.BlockSpec((bm, bk), lambda s: (block, s), transforms=in_tf, delay_release=0),
+        plgpu.BlockSpec((bm, bk), lambda s: (0, s), transforms=in_tf, delay_release=0),
         plgpu.BlockSpec(
           (bn, bk) if transpose_rhs else (bk, bn),
           (lambda s: (ni, s)) if transpose_rhs else (lambda s: (s, ni)),
@@ -220,7 +233,7 @@ def ragged_dot_fwd(
 
     @functools.partial(
       pl.run_scoped,
-      allocs=make_pipeline(nothing, nothing, k_steps, 0, 0).get_allocations(
+      allocs=make_pipeline(nothing, nothing, k_steps, 0).get_allocations(
         lhs_ref.at[pl.ds(0, bm)],
         rhs_ref.at[0, pl.ds(0, rhs_block[0]), pl.ds(0, rhs_block[1])],
       ),
@@ -237,10 +250,10 @@ def ragged_dot_fwd(
         item = lax.div(idx, n_tiles) + 1
         ni = lax.rem(idx, n_tiles)
         g = items_ref[item, 0]
-        block = items_ref[item, 1]
+        block_row0 = pl.multiple_of(items_ref[item, 1], ROW_ALIGN)
         lo = items_ref[item, 2]
         hi = items_ref[item, 3]
-        row0 = block * bm + wg * WG_ROWS
+        row0 = block_row0 + wg * WG_ROWS
         first = jnp.clip(lo - row0, 0, WG_ROWS)
         size = jnp.clip(hi - row0, 0, WG_ROWS) - first
         steps = jnp.where(g >= 0, k_steps, 0)
@@ -267,8 +280,10 @@ def ragged_dot_fwd(
               cols = pl.ds(ni * bn + c * epi_n, epi_n)
               store_rows(o_wg, out_ref.at[:, cols], row0, first, size, WG_ROWS)
 
-        pipeline = make_pipeline(mma, compute_context, steps, block, ni)
-        pipeline(lhs_ref, rhs_ref.at[jnp.maximum(g, 0)], allocations=allocs)
+        pipeline = make_pipeline(mma, compute_context, steps, ni)
+        pipeline(
+          lhs_ref.at[pl.ds(block_row0, bm)], rhs_ref.at[jnp.maximum(g, 0)], allocations=allocs
+        )
 
       plgpu.wait_smem_to_gmem(0)
 
