@@ -15,10 +15,7 @@ OTHER = ("(harness and other tests)", "")
 
 def _skip_reason(report) -> str:
   longrepr = report.longrepr
-  if isinstance(longrepr, tuple) and len(longrepr) == 3:
-    reason = longrepr[2]
-  else:
-    reason = str(longrepr)
+  reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
   return reason.removeprefix("Skipped: ")
 
 

@@ -152,7 +152,7 @@ def _large_logits(case, fn):
 def test_softmax_without_running_max_is_caught():
   case = _case("dot_product_attention", "plain")
   _large_logits(case, _named(chunked_attention, "correct"))
-  with pytest.raises(AssertionError, match="NaN|Inf"):
+  with pytest.raises(AssertionError, match=r"NaN|Inf"):
     _large_logits(case, _named(chunked_attention, "no_running_max", bug="no_running_max"))
 
 
@@ -179,7 +179,7 @@ def test_masked_rows_are_checked():
     return out.at[:, -1].add(1.0)  # The last row is padding for some batch element.
 
   garbage_in_padding.name = "garbage_in_padding"
-  args, kwargs = case.make_args(checks.case_key(case))
+  _, kwargs = case.make_args(checks.case_key(case))
   assert int(np.min(kwargs["query_seq_lengths"])) < case.shape_dict["t"]
   with pytest.raises(AssertionError):
     checks.check_forward(case, garbage_in_padding)

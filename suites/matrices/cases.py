@@ -203,6 +203,10 @@ class BenchCase:
   def id(self) -> str:
     return f"{self.case.id}-{self.mode}"
 
+  @property
+  def op(self) -> str:
+    return self.case.op
+
 
 def bench_cases(family: str, *, op: str | None = None) -> list[BenchCase]:
   """The benchmark cases of `family`'s matrix (`BENCH`)."""

@@ -1,0 +1,80 @@
+"""nox sessions: `nox -l` lists them; arguments after `--` go to pytest.
+
+Accelerator sessions (`gpu_tests`, `tpu_tests`, `bench`, `golden`) run in the
+environment that is already there (accelerator hosts are often offline): no
+virtualenv, no installs. `tests` and `lint` build their own environment.
+"""
+
+import os
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.default_venv_backend = "venv"
+
+PYTHON = "3.12"
+TEST_EXTRAS = ".[test,triton]"
+RESULTS = os.environ.get("TOKAMAX_RESULTS_DIR", "suites/results")
+
+
+def _pytest(session, *args):
+  session.run("python", "-m", "pytest", *args, *session.posargs, env={"PYTHONPATH": "src:."})
+
+
+@nox.session(python=PYTHON)
+def tests(session):
+  """Everything that runs on a CPU machine: harness, core, kernels (interpret/compile), the CPU matrix."""
+  session.install("-e", TEST_EXTRAS)
+  _pytest(session, "-q")
+
+
+@nox.session(venv_backend="none")
+def gpu_tests(session):
+  """The GPU suite for the GPU found (h100 or a100 matrix) with a summary, in the current environment."""
+  session.run(
+    "python", "-c", "import jax, sys; sys.exit(jax.default_backend() != 'gpu')", silent=True
+  )
+  _pytest(
+    session,
+    "-q",
+    "-m",
+    "not bench",
+    f"--summary-json={RESULTS}/gpu_summary.json",
+    f"--summary-md={RESULTS}/gpu_summary.md",
+  )
+
+
+@nox.session(venv_backend="none")
+def tpu_tests(session):
+  """The TPU suite (tpu_v5 matrix) with a summary, in the current environment."""
+  session.run(
+    "python", "-c", "import jax, sys; sys.exit(jax.default_backend() != 'tpu')", silent=True
+  )
+  _pytest(
+    session,
+    "-q",
+    f"--summary-json={RESULTS}/tpu_summary.json",
+    f"--summary-md={RESULTS}/tpu_summary.md",
+  )
+
+
+@nox.session(venv_backend="none")
+def bench(session):
+  """Timed benchmarks of the hardware's BENCH matrix (device time, TFLOP/s, GB/s) to JSON."""
+  _pytest(
+    session, "suites/test_bench.py", "--bench", "-q", f"--benchmark-json={RESULTS}/bench.json"
+  )
+
+
+@nox.session(venv_backend="none")
+def golden(session):
+  """Golden-value regression checks (`-- --regen` regenerates them)."""
+  session.run("python", "-m", "golden", *session.posargs, env={"PYTHONPATH": "src:."})
+
+
+@nox.session(python=PYTHON)
+def lint(session):
+  """ruff check and ruff format --check."""
+  session.install("ruff==0.17.6")
+  session.run("ruff", "check", ".")
+  session.run("ruff", "format", "--check", ".")
