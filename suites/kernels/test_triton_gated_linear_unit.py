@@ -1,0 +1,191 @@
+"""Triton gated_linear_unit: compile for sm_80/sm_90 (no register spills), wrapper
+logic, interpreted numerics on CPU, compiled numerics on an NVIDIA GPU.
+
+Not covered on CPU: timings and the compiled kernel's numerics (the GPU test
+below and ci/gpu/triton_mm_norm.py cover them on the H200).
+"""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from harness import references
+from tokamax._src import triton_call
+from tokamax._src.ops.gated_linear_unit import api, spec
+from tokamax._src.ops.gated_linear_unit import triton as glu_triton
+
+SMEM_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
+OP = glu_triton.TritonGatedLinearUnit()
+
+# (x shape, n, dtype, activation, fused weights)
+CASES = [
+  ((2, 37, 40), 72, "float32", jax.nn.swish, True),
+  ((50, 64), 48, "float16", jax.nn.gelu, False),
+  ((20, 30), 20, "float32", None, True),
+  ((33, 48), 40, "float32", jax.nn.sigmoid, False),
+]
+
+
+def _inputs(x_shape, n, dtype, fused, seed=0):
+  rng = np.random.default_rng(seed)
+  k = x_shape[-1]
+  x = jnp.asarray(rng.standard_normal(x_shape), dtype)
+  w = jnp.asarray(rng.standard_normal((k, 2, n)) / np.sqrt(k), dtype)
+  dout = jnp.asarray(rng.standard_normal((*x_shape[:-1], n)), dtype)
+  return x, (w if fused else (w[:, 0], w[:, 1])), dout
+
+
+def _record(x_shape, n, dtype, activation, fused):
+  x, weights, _ = _inputs(x_shape, n, dtype, fused)
+  return spec.canonicalize(x, weights, activation=activation)
+
+
+@pytest.mark.parametrize("sm", [80, 90])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("save", [False, True])
+def test_heuristic_config_compiles_with_wgmma_and_without_spills(sm, dtype, save):
+  args = _record((256, 512), 1024, dtype, jax.nn.swish, True)
+  with triton_call.capture() as launches:
+    glu_triton.forward(args, OP._get_heuristics_config(args), save)
+  compiled = triton_call.compile_launch(launches[0], sm)
+  assert compiled.metadata.shared <= SMEM_LIMIT[sm]
+  if sm == 90 and dtype == "bfloat16":
+    assert "warp_group_dot" in compiled.asm["ttgir"]  # wgmma, not mma.sync.
+  from triton.backends.nvidia import compiler as nvidia
+
+  ptx = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"glu_{os.getpid()}.ptx")
+  with open(ptx, "w") as f:
+    f.write(compiled.asm["ptx"])
+  report = subprocess.run(
+    [
+      nvidia.get_ptxas(sm).path,
+      "-v",
+      f"--gpu-name=sm_{sm}{'a' if sm == 90 else ''}",
+      ptx,
+      "-o",
+      ptx + ".cubin",
+    ],
+    capture_output=True,
+    text=True,
+    check=True,
+  ).stderr
+  assert "0 bytes spill stores" in report, report
+
+
+def test_autotuning_configs_compile_for_sm90():
+  args = _record((256, 512), 512, "bfloat16", jax.nn.swish, False)
+  configs = OP._get_autotuning_configs(args)
+  assert OP._get_heuristics_config(args) in configs
+  for config in configs:
+    with triton_call.capture() as launches:
+      glu_triton.forward(args, config, False)
+    assert triton_call.compile_launch(launches[0], 90).metadata.shared <= SMEM_LIMIT[90]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_wrapper_shapes_and_gradient_structure(case):
+  x_shape, n = case[:2]
+  args = _record(*case)
+  config = OP._get_heuristics_config(args)
+  with triton_call.capture() as launches:
+    out, residuals = OP._fwd(args, config)
+    primal = OP._fwd_primal(args, config)
+  assert out.shape == primal.shape == (*x_shape[:-1], n) and out.dtype == args.x.dtype
+  assert [r.shape for r in residuals] == [(np.prod(x_shape[:-1]), n)] * 2
+  assert [s.shape for s in launches[1].out_shape[1:]] == [(1,), (1,)]  # No residuals written.
+  grads = OP._bwd(args, config, out, residuals, jnp.ones_like(out))
+  assert grads["x"].shape == args.x.shape
+  assert jax.tree.structure(grads["weights"]) == jax.tree.structure(args.weights)
+
+
+def test_unsupported_reasons():
+  args = _record(*CASES[0])
+  assert OP._unsupported_reason(args) is None
+  assert "activation" in OP._unsupported_reason(dataclasses.replace(args, activation=jnp.sin))
+  mixed = dataclasses.replace(args, x=args.x.astype(jnp.bfloat16))
+  assert "mixed dtypes" in OP._unsupported_reason(mixed)
+
+
+@pytest.mark.requires("cpu")
+def test_cpu_names_triton_unavailable():
+  x, weights, _ = _inputs((8, 16), 8, "float32", True)
+  with pytest.raises(NotImplementedError, match="Triton"):
+    api.gated_linear_unit(x, weights, implementation="triton")
+
+
+def _rel(a, r) -> float:
+  a = np.asarray(a, np.float64)
+  if not np.isfinite(a).all():
+    return float("inf")
+  return float(np.linalg.norm(a - r) / np.linalg.norm(r))
+
+
+def _reference(activation):
+  return lambda x, w: references.gated_linear_unit(x, w, activation=activation)
+
+
+def _interpreted_errors() -> list[dict]:
+  """Runs the kernel in Triton's interpreter (needs TRITON_INTERPRET=1)."""
+  results = []
+  for x_shape, n, dtype, activation, fused in CASES:
+    x, weights, dout = _inputs(x_shape, n, dtype, fused)
+    args = spec.canonicalize(x, weights, activation=activation, precision=jax.lax.Precision.HIGHEST)
+    config = glu_triton.Config(32, 32, 16, 2, 4, 2)
+    with triton_call.interpret():
+      out, residuals = OP._fwd(args, config)
+      primal = OP._fwd_primal(args, config)
+    grads = OP._bwd(args, config, out, residuals, dout)
+    ref_out, (rx, rw) = references.high_precision_vjp(_reference(activation), (x, weights), dout)
+    errs = {"out": _rel(out, ref_out), "primal": _rel(primal, ref_out), "x": _rel(grads["x"], rx)}
+    for i, (g, r) in enumerate(
+      zip(jax.tree.leaves(grads["weights"]), jax.tree.leaves(rw), strict=True)
+    ):
+      errs[f"w{i}"] = _rel(g, r)
+    results.append({"case": repr((x_shape, n, dtype, fused)), "dtype": dtype, "errors": errs})
+  return results
+
+
+def test_interpreted_kernel_matches_float64_reference():
+  env = {**os.environ, "TRITON_INTERPRET": "1", "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run(
+    [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900, check=False
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  results = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert len(results) == len(CASES)
+  for r in results:
+    limit = 1e-5 if r["dtype"] == "float32" else 2e-3
+    assert all(e <= limit for e in r["errors"].values()), r
+
+
+@pytest.mark.requires("triton")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("case", [*CASES, ((4, 200, 256), 384, None, jax.nn.swish, True)])
+def test_gpu_matches_reference_with_gradients(case, dtype):
+  x_shape, n, _, activation, fused = case
+  x, weights, dout = _inputs(x_shape, n, dtype, fused, seed=1)
+
+  def fn(x, w):
+    return api.gated_linear_unit(
+      x, w, activation=activation, precision=jax.lax.Precision.HIGHEST, implementation="triton"
+    )
+
+  out, vjp = jax.vjp(jax.jit(fn), x, weights)
+  gx, gw = vjp(dout)
+  ref_out, (rx, rw) = references.high_precision_vjp(_reference(activation), (x, weights), dout)
+  limit = {"float32": 1e-5, "bfloat16": 1e-2}[dtype]
+  assert _rel(out, ref_out) <= limit
+  assert _rel(gx, rx) <= limit
+  for g, r in zip(jax.tree.leaves(gw), jax.tree.leaves(rw), strict=True):
+    assert _rel(g, r) <= limit
+
+
+if __name__ == "__main__":
+  print(json.dumps(_interpreted_errors()))
