@@ -301,17 +301,28 @@ _SMALL = attention_triton.Config(16, 16, 4, 2, 32, 16, 4, 2)
 
 @pytest.mark.parametrize("case", INTERPRET_CASES)
 def test_interpreted(case):
-  kw = dict(seed=_seed(case), dtype=jnp.float32) | INTERPRET_CASES[case]
+  _check_interpreted(dict(seed=_seed(case), dtype=jnp.float32) | INTERPRET_CASES[case], _SMALL)
+
+
+def test_interpreted_heuristic_blocks():
+  """The heuristic's (large) blocks, with partly visible and skipped blocks of each kind."""
+  kw = dict(b=2, t=300, s=333, n=2, k=1, h=64, dtype=jnp.float32, is_causal=True)
+  kw |= dict(q_lengths=True, kv_lengths=True, local_window_size=(150, 0))
+  _check_interpreted(kw, None)
+
+
+def _check_interpreted(kw, config):
   data, options = _split(kw)
   arrays, lengths = _inputs(**data)
   args = spec.canonicalize(*arrays, **lengths, **options)
+  config = config or attention_triton.heuristic_config(args, 9)
   dout = jnp.asarray(
     np.random.default_rng(1).standard_normal(args.query.shape[:3] + args.value.shape[-1:]),
     args.query.dtype,
   )
   with triton_call.interpret():
-    out, lse = attention_triton.forward(args, _SMALL)
-    grads = attention_triton.backward(args, _SMALL, out, lse, dout)
+    out, lse = attention_triton.forward(args, config)
+    grads = attention_triton.backward(args, config, out, lse, dout)
   ref_out, ref_grads = _reference_vjp(arrays, {**lengths, **options}, dout)
   tol = 1e-5 if kw["dtype"] == jnp.float32 else 2e-3
   assert _rel(out, ref_out) < tol
