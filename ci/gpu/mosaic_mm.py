@@ -12,6 +12,7 @@ Run on the device machine from the repository root:
 """
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -77,7 +78,12 @@ def rhs_shape(layout, m, k, n, g):
 
 
 @guarded
-def check_ragged(layout, m, k, n, g, offset):
+def check_ragged(layout, m, k, n, g, offset, cluster=1):
+  with heuristic_cluster(cluster):
+    _check_ragged(layout, m, k, n, g, offset, cluster)
+
+
+def _check_ragged(layout, m, k, n, g, offset, cluster):
   rng = np.random.default_rng(hash((layout, m, offset)) % 2**32)
   sizes = rd_api.spec.generate_ragged_dot_group_sizes(
     m - 24, g + 2, seed=m, alpha=0.5, empty_fraction=0.25
@@ -109,6 +115,7 @@ def check_ragged(layout, m, k, n, g, offset):
   )
   rec = dict(
     op="ragged_dot",
+    cluster=cluster,
     layout=layout,
     shape=[m, k, n, g],
     offset=offset,
@@ -155,6 +162,27 @@ def check_glu(m, k, n, tuple_weights):
   )
   log("CHECK", rec)
   RESULTS["checks"].append(rec)
+
+
+@contextlib.contextmanager
+def heuristic_cluster(cluster):
+  """Makes the ragged_dot heuristics choose `cluster` CTAs per cluster."""
+  old = rd_mosaic.HEURISTIC_CLUSTER
+  rd_mosaic.HEURISTIC_CLUSTER = cluster
+  try:
+    yield
+  finally:
+    rd_mosaic.HEURISTIC_CLUSTER = old
+
+
+def traced_with_cluster(cluster, fn):
+  """`fn` whose tracing (inside jit) happens with `heuristic_cluster(cluster)`."""
+
+  def wrapped(*args):
+    with heuristic_cluster(cluster):
+      return fn(*args)
+
+  return wrapped
 
 
 def fwd_bwd(fn, a, b, ct):
@@ -220,12 +248,29 @@ def bench_ragged(m, k, n, g, xla_bwd, rounds=2, layouts=False):
     )
   fns = {}
   for kind, sz in all_sizes.items():
-    fns[kind, "fwd"] = (
-      jax.jit(lambda a, b, sz=sz: rd_api.ragged_dot(a, b, sz, implementation=impl)),
-      fwd_sets,
-      flops,
+    for c in (1, 2):
+      fns[kind, f"fwd c{c}"] = (
+        jax.jit(
+          traced_with_cluster(
+            c, lambda a, b, sz=sz: rd_api.ragged_dot(a, b, sz, implementation=impl)
+          )
+        ),
+        fwd_sets,
+        flops,
+      )
+    fns[kind, "fwd+bwd c2"] = (
+      jax.jit(
+        traced_with_cluster(
+          2,
+          lambda a, b, c, sz=sz: fwd_bwd(
+            lambda x, y: rd_api.ragged_dot(x, y, sz, implementation=impl), a, b, c
+          ),
+        )
+      ),
+      sets,
+      3 * flops,
     )
-    fns[kind, "fwd+bwd"] = (
+    fns[kind, "fwd+bwd c1"] = (
       jax.jit(
         lambda a, b, c, sz=sz: fwd_bwd(
           lambda x, y: rd_api.ragged_dot(x, y, sz, implementation=impl), a, b, c
@@ -251,7 +296,7 @@ def bench_ragged(m, k, n, g, xla_bwd, rounds=2, layouts=False):
         )
   for r in range(rounds):
     for (kind, pass_), (fn, args, fl) in fns.items():
-      if r and pass_ != "fwd":
+      if r and not pass_.startswith("fwd c"):
         continue
       time_it(
         f"ragged mosaic {pass_} {base} {kind} r{r}",
@@ -367,6 +412,8 @@ def main():
 
 
 def run_checks():
+  check_ragged(rd_spec.DEFAULT, 1000, 512, 256, 6, offset=True, cluster=2)
+  check_ragged(rd_spec.RHS_TRANSPOSED, 1000, 512, 256, 9, offset=False, cluster=2)
   check_ragged(rd_spec.DEFAULT, 1000, 512, 256, 6, offset=True)
   check_ragged(rd_spec.RHS_TRANSPOSED, 776, 256, 512, 5, offset=False)
   check_ragged(rd_spec.RAGGED_CONTRACTING, 1000, 512, 256, 6, offset=False)
@@ -375,7 +422,7 @@ def run_checks():
 
 def run_benchmarks():
   bench_dense(16384, 4096, 2048)
-  bench_ragged(16384, 4096, 2048, 8, True, layouts=True)
+  bench_ragged(16384, 4096, 2048, 8, True)
   bench_ragged(32768, 7168, 2048, 64, False)
   G = glu_mosaic.Config
   bench_glu(8192, 4096, 14336, [None])

@@ -23,6 +23,8 @@ _DTYPES = ("bfloat16", "float16")
 _OUT_DTYPES = ("float32", "bfloat16", "float16")
 # SMs of an H100/H200 SXM, used when lowering without a GPU at hand.
 DEFAULT_NUM_SMS = 132
+# CTAs per cluster that the heuristics choose for the row-ragged layouts.
+HEURISTIC_CLUSTER = 1
 # Persistent CTAs simulated in interpret mode (few, so that it stays fast).
 INTERPRET_NUM_SMS = 2
 _ROW_ALIGN = mosaic_fwd.ROW_ALIGN  # TMA tiling of the row dimension.
@@ -36,11 +38,14 @@ class Config:
     block_n: Output columns per work item.
     num_stages: Shared-memory stages of the load pipeline.
     epi_n: Output columns per epilogue store.
+    cluster: CTAs per cluster of the "default"/"rhs_transposed" kernel; 2
+      shares rhs tiles between two row blocks through TMA multicast.
   """
 
   block_n: int = 256
   num_stages: int = 4
   epi_n: int = 128
+  cluster: int = 1
 
 
 def _dims(args: spec.RaggedDotArgs) -> tuple[int, int, int]:
@@ -57,7 +62,11 @@ def _kernel_config(args: spec.RaggedDotArgs, config: Config):
       block_n=config.block_n, block_m=block, num_stages=config.num_stages, epi_n=config.epi_n
     )
   return mosaic_fwd.Config(
-    block_n=config.block_n, block_k=block, num_stages=config.num_stages, epi_n=config.epi_n
+    block_n=config.block_n,
+    block_k=block,
+    num_stages=config.num_stages,
+    epi_n=config.epi_n,
+    cluster=config.cluster,
   )
 
 
@@ -164,16 +173,18 @@ class MosaicRaggedDot(op.Op):
     _, _, n = _dims(args)
     block_n = next((b for b in (256, 128, 64) if n % b == 0), 64)
     epi_n = min(128, block_n)
+    cluster = 1 if args.layout == spec.RAGGED_CONTRACTING else HEURISTIC_CLUSTER
     for stages in (4, 3, 2):
-      config = Config(block_n=block_n, num_stages=stages, epi_n=epi_n)
+      config = Config(block_n=block_n, num_stages=stages, epi_n=epi_n, cluster=cluster)
       if _config_reason(args, config) is None:
         return config
     return Config(block_n=block_n, num_stages=2, epi_n=min(64, block_n))
 
   def _get_autotuning_configs(self, args: spec.RaggedDotArgs) -> set[Config]:
+    clusters = (1,) if args.layout == spec.RAGGED_CONTRACTING else (1, 2)
     configs = {
-      Config(block_n=b, num_stages=s, epi_n=e)
-      for b, s, e in itertools.product((64, 128, 256), (2, 3, 4, 5), (64, 128))
+      Config(block_n=b, num_stages=s, epi_n=e, cluster=c)
+      for b, s, e, c in itertools.product((64, 128, 256), (2, 3, 4, 5), (64, 128), clusters)
       if e <= b
     }
     return {c for c in configs if _config_reason(args, c) is None} or {

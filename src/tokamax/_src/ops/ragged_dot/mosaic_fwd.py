@@ -31,7 +31,6 @@ NUM_COMPUTE_WGS = 2
 # Shared memory a CTA can use on sm_90 (227 KiB), less room for barriers.
 SMEM_BYTES = 227 * 1024 - 1024
 MEMORY_REGISTERS = 40
-ITEM_FIELDS = 4
 ROW_ALIGN = (
   8  # Row tiling of the TMA copies.  # rhs index (-1: zero segment), row block, first row, end row.
 )
@@ -46,12 +45,16 @@ class Config:
     block_k: Contraction depth per pipeline stage.
     num_stages: Shared-memory stages of the load pipeline.
     epi_n: Output columns per epilogue store.
+    cluster: CTAs per cluster (1 or 2). With 2, the two CTAs of a cluster take
+      two row blocks of the same group and share each rhs tile through a TMA
+      multicast, which halves the rhs traffic from L2.
   """
 
   block_n: int = 256
   block_k: int = 64
   num_stages: int = 4
   epi_n: int = 128
+  cluster: int = 1
 
   @property
   def block_m(self) -> int:
@@ -82,30 +85,35 @@ def config_reason(config: Config, m: int, k: int, n: int, in_itemsize: int, out_
     return f"block_n={config.block_n} must be a multiple of 64 up to 256"
   if smem_bytes(config, in_itemsize, out_itemsize) > SMEM_BYTES:
     return f"{config} needs more than {SMEM_BYTES} bytes of shared memory"
+  if config.cluster not in (1, 2):
+    return f"cluster={config.cluster} (supported: 1, 2)"
   return None
 
 
 def work_items(
-  sizes: jax.Array, before: jax.Array | None, m: int, block_m: int
+  sizes: jax.Array, before: jax.Array | None, m: int, block_m: int, cluster: int = 1
 ) -> tuple[jax.Array, int]:
-  """The work list: row blocks of each segment, then padding.
+  """The work list: row blocks of each segment, `cluster` blocks per item.
 
   Blocks start at their segment's first row (rounded down to a multiple of
   ROW_ALIGN), not at multiples of `block_m`: a segment of s rows needs
-  ceil(s / block_m) blocks, or one more when unaligned. A block
-  that would run past the last row is moved back to end there; it then holds
-  rows of the previous segment too, which the kernel computes but never stores.
+  ceil(s / block_m) blocks, or one more when unaligned. A block that would run
+  past the last row is moved back to end there; it then holds rows of the
+  previous segment too, which the kernel computes but never stores. An item
+  holds `cluster` consecutive blocks of one segment (one per CTA of a
+  cluster); a missing last one repeats the first block and stores nothing.
 
   Args:
     sizes: [G] rows of each computed group, in row order.
     before: Rows before the first computed group (None: zero).
     m: Rows of lhs (at least `block_m`, a multiple of ROW_ALIGN).
     block_m: Rows per block.
+    cluster: Blocks per item.
 
   Returns:
-    int32 [1 + T, 4]: row 0 holds the number of items; row 1 + t holds item t
-    as (rhs index or -1 for zeros, first row of the block, first row to store,
-    end of the rows to store); and T.
+    int32 [1 + T, 1 + 3 * cluster]: row 0 holds the number of items; row 1 + t
+    holds item t as (rhs index or -1 for zeros, then per block: first row of
+    the block, first row to store, end of the rows to store); and T.
   """
   g = sizes.shape[0]
   before = jnp.zeros((), jnp.int32) if before is None else before.astype(jnp.int32)
@@ -120,28 +128,28 @@ def work_items(
   # TMA needs block rows at multiples of ROW_ALIGN: a block may begin up to
   # ROW_ALIGN - 1 rows before its segment.
   aligned_start = seg_start // ROW_ALIGN * ROW_ALIGN
-  count = jnp.where(seg_end > seg_start, (seg_end - aligned_start + block_m - 1) // block_m, 0)
+  blocks = jnp.where(seg_end > seg_start, (seg_end - aligned_start + block_m - 1) // block_m, 0)
+  count = (blocks + cluster - 1) // cluster
   offsets = jnp.cumsum(count)
   total = offsets[-1]
-  num_items = pl.cdiv(m, block_m) + g + 2  # Each segment adds at most one partial block.
+  # Each segment adds at most one partial block and one partial item.
+  num_items = (pl.cdiv(m, block_m) + g + 2) // cluster + g + 2
   t = jnp.arange(num_items, dtype=jnp.int32)
   seg = jnp.minimum(jnp.sum(offsets[None, :] <= t[:, None], axis=1), g + 1)
-  block_start = aligned_start[seg] + (t - (offsets[seg] - count[seg])) * block_m
-  lo = jnp.maximum(seg_start[seg], block_start)
-  hi = jnp.minimum(seg_end[seg], block_start + block_m)
-  row0 = jnp.minimum(block_start, m - block_m)
+  first_block = (t - (offsets[seg] - count[seg])) * cluster
   valid = t < total
-  items = jnp.stack(
-    [
-      jnp.where(valid, seg_rhs[seg], -1),
-      jnp.where(valid, row0, 0),
-      jnp.where(valid, lo, 0),
-      jnp.where(valid, hi, 0),
-    ],
-    axis=1,
-  )
-  header = jnp.zeros((1, ITEM_FIELDS), jnp.int32).at[0, 0].set(total)
-  return jnp.concatenate([header, items.astype(jnp.int32)]), num_items
+  fields = [jnp.where(valid, seg_rhs[seg], -1)]
+  for c in range(cluster):
+    j = first_block + c
+    present = valid & (j < blocks[seg])
+    block_start = aligned_start[seg] + jnp.where(present, j, first_block) * block_m
+    lo = jnp.maximum(seg_start[seg], block_start)
+    hi = jnp.minimum(seg_end[seg], block_start + block_m)
+    row0 = jnp.minimum(block_start, m - block_m)
+    fields += [jnp.where(valid, row0, 0), jnp.where(present, lo, 0), jnp.where(present, hi, 0)]
+  items = jnp.stack(fields, axis=1).astype(jnp.int32)
+  header = jnp.zeros((1, items.shape[1]), jnp.int32).at[0, 0].set(total)
+  return jnp.concatenate([header, items]), num_items
 
 
 def _transforms(dtype) -> tuple:
@@ -203,7 +211,9 @@ def ragged_dot_fwd(
   epi_n = config.epi_n
   n_tiles = n // bn
   k_steps = k // bk
-  items, num_items = work_items(sizes, before, m, bm)
+  cluster = config.cluster
+  items, _ = work_items(sizes, before, m, bm, cluster)
+  collective = ("cluster",) if cluster > 1 else None
   in_tf = _transforms(lhs.dtype)
   out_dtype = jnp.dtype(out_dtype)
 
@@ -219,6 +229,7 @@ def ragged_dot_fwd(
           (lambda s: (ni, s)) if transpose_rhs else (lambda s: (s, ni)),
           transforms=in_tf,
           delay_release=0,
+          collective_axes=collective,
         ),
       ],
       wg_axis="wg",
@@ -250,9 +261,10 @@ def ragged_dot_fwd(
         item = lax.div(idx, n_tiles) + 1
         ni = lax.rem(idx, n_tiles)
         g = items_ref[item, 0]
-        block_row0 = pl.multiple_of(items_ref[item, 1], ROW_ALIGN)
-        lo = items_ref[item, 2]
-        hi = items_ref[item, 3]
+        base = 1 + 3 * (lax.axis_index("cluster") if cluster > 1 else 0)
+        block_row0 = pl.multiple_of(items_ref[item, base], ROW_ALIGN)
+        lo = items_ref[item, base + 1]
+        hi = items_ref[item, base + 2]
         row0 = block_row0 + wg * WG_ROWS
         first = jnp.clip(lo - row0, 0, WG_ROWS)
         size = jnp.clip(hi - row0, 0, WG_ROWS) - first
@@ -290,8 +302,9 @@ def ragged_dot_fwd(
   call = plgpu.kernel(
     kernel,
     out_type=jax.ShapeDtypeStruct((m, n), out_dtype),
-    grid=(num_sms,),
+    grid=(num_sms // cluster,),
     grid_names=("sm",),
+    **(dict(cluster=(cluster,), cluster_names=("cluster",)) if cluster > 1 else {}),
     num_threads=NUM_COMPUTE_WGS + 1,
     thread_name="wg",
     compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
