@@ -1,15 +1,12 @@
 """Device time of a function: the median of many runs over rotated inputs.
 
-On GPU the time comes from the profiler's device trace (CUPTI): the duration of
-each XLA module execution on the device. Elsewhere, or where the trace has no
-device events, it is the wallclock around `jax.block_until_ready` after
-warm-up.
+On NVIDIA GPUs the time is the kernel time that CUPTI reports (through
+`tokamax.benchmarking`'s timer). Elsewhere, or where CUPTI cannot load, it is
+the wallclock around `jax.block_until_ready` after warm-up.
 """
 
 import dataclasses
-import glob
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 
@@ -62,44 +59,20 @@ def wallclock_times(fn: Callable, args_list: Sequence[tuple], iterations: int) -
   return times
 
 
-def _device_module_events(trace_dir: str) -> list[tuple[int, int]] | None:
-  """(start_ns, duration_ns) of every XLA module run on device 0, or None."""
-  files = glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)
-  if not files:
-    return None
-  data = jax.profiler.ProfileData.from_file(files[0])
-  for plane in data.planes:
-    if not plane.name.startswith("/device:") or plane.name.startswith("/device:CUSTOM"):
-      continue
-    if not plane.name.endswith(":0"):
-      continue
-    for line in plane.lines:
-      if line.name == "XLA Modules":
-        return sorted((int(e.start_ns), int(e.duration_ns)) for e in line.events)
-  return None
-
-
 def cupti_times(fn: Callable, args_list: Sequence[tuple], iterations: int) -> list[float] | None:
-  """Per-run device times from a profiler trace, or None where there are none.
+  """Per-run kernel times from CUPTI (tokamax's `method="cupti"` timer), or None.
 
-  Each run is separated from the next by `block_until_ready`, so the module
-  executions fall into `iterations` equal groups in time order.
+  Runs are spread evenly over the argument tuples, so caches do not flatter.
   """
-  with tempfile.TemporaryDirectory() as trace_dir:
-    jax.profiler.start_trace(trace_dir)
-    try:
-      for i in range(iterations):
-        _run(fn, args_list[i % len(args_list)])
-    finally:
-      jax.profiler.stop_trace()
-    events = _device_module_events(trace_dir)
-  if not events or len(events) % iterations:
+  from tokamax._src import benchmarking
+
+  if benchmarking.cupti_unavailable_reason() is not None:
     return None
-  per_run = len(events) // iterations
+  per_args = max(1, iterations // len(args_list))
   times = []
-  for i in range(iterations):
-    group = events[i * per_run : (i + 1) * per_run]
-    times.append(sum(d for _, d in group) * 1e-9)
+  for args in args_list:
+    ms = benchmarking.time_compiled(lambda a: fn(*a), args, iterations=per_args, method="cupti")
+    times.extend(t * 1e-3 for t in ms)
   return times
 
 
