@@ -142,10 +142,11 @@ def _expand(op: str, shapes, dtypes, features, family: str, kind: str) -> list[C
     raise ValueError(
       f"{family}: unknown features {sorted(unknown)} for {op}; known {list(builder.features)}"
     )
+  # A shape may narrow the dtypes it runs with ("dtypes" inside the shape dict).
   return [
-    Case(op, _shape_key(shape), dtype, feature, family, kind)
+    Case(op, _shape_key({k: v for k, v in shape.items() if k != "dtypes"}), dtype, feature, family, kind)
     for shape in shapes
-    for dtype in dtypes
+    for dtype in shape.get("dtypes", dtypes)
     for feature in names
   ]
 

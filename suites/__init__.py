@@ -1,0 +1,1 @@
+"""tokamax test suites: per-hardware matrices and the tests that expand them."""
