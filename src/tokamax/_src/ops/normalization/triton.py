@@ -29,6 +29,10 @@ class Config:
     bwd_num_warps: Warps per program in the backward kernel.
     bwd_programs: Programs of the backward kernel (each sums dscale/doffset
       over a contiguous run of rows).
+    fwd_programs: 0 for one program per row block; else this many persistent
+      programs, each loading its next block before normalising the current one.
+    bwd_prefetch: Whether the backward kernel loads the next rows before the
+      current rows' reductions.
   """
 
   block_m: int = 1
@@ -36,6 +40,8 @@ class Config:
   bwd_block_m: int = 1
   bwd_num_warps: int = 8
   bwd_programs: int = 528
+  fwd_programs: int = 0
+  bwd_prefetch: bool = False
 
 
 def _rows(args: spec.NormArgs) -> tuple[int, int]:
@@ -77,8 +83,10 @@ def forward(args: spec.NormArgs, config: Config) -> tuple[jax.Array, jax.Array, 
   """Returns y (rows layout), mean and rstd (float32, [M])."""
   x = _to_rows(args)
   m, d = x.shape
+  blocks = _cdiv(m, config.block_m)
+  persistent = 0 < config.fwd_programs < blocks
   y, mean, rstd = triton_call.call(
-    kernels.layer_norm_fwd,
+    kernels.layer_norm_fwd_persistent if persistent else kernels.layer_norm_fwd,
     x,
     _vector(args.scale, d),
     _vector(args.offset, d),
@@ -88,7 +96,7 @@ def forward(args: spec.NormArgs, config: Config) -> tuple[jax.Array, jax.Array, 
       jax.ShapeDtypeStruct((m,), jnp.float32),
       jax.ShapeDtypeStruct((m,), jnp.float32),
     ],
-    grid=(_cdiv(m, config.block_m),),
+    grid=(config.fwd_programs if persistent else blocks,),
     BLOCK_M=config.block_m,
     EPS=float(args.epsilon),
     HAS_OFFSET=args.offset is not None,
@@ -125,6 +133,7 @@ def backward(
     ],
     grid=(programs,),
     BLOCK_M=config.bwd_block_m,
+    PREFETCH=config.bwd_prefetch,
     num_warps=config.bwd_num_warps,
     num_stages=2,
     **_common_meta(args, d),
@@ -185,21 +194,30 @@ class TritonLayerNorm(op.Op):
   def _get_autotuning_configs(self, args: spec.NormArgs) -> set[Config]:
     _, d = _rows(args)
     block_d = _block_d(d)
-    configs = {self._get_heuristics_config(args)}
-    for block_m in (1, 2, 4, 8):
+    base = self._get_heuristics_config(args)
+    configs = {base}
+    for block_m in (1, 2, 4):
       for num_warps in (4, 8, 16):
-        if block_m * block_d // (32 * num_warps) > 64 or block_m * block_d < 32 * num_warps:
+        per_thread = block_m * block_d // (32 * num_warps)
+        if not 4 <= per_thread <= 64:
           continue
-        for bwd_programs in (264, 528, 1056):
+        for fwd_programs in (0, 132 * 4):
           configs.add(
-            Config(
-              block_m=block_m,
-              num_warps=num_warps,
-              bwd_block_m=block_m,
-              bwd_num_warps=num_warps,
-              bwd_programs=bwd_programs,
+            dataclasses.replace(
+              base, block_m=block_m, num_warps=num_warps, fwd_programs=fwd_programs
             )
           )
+        for bwd_programs in (264, 528, 1056):
+          for prefetch in (False, True):
+            configs.add(
+              dataclasses.replace(
+                base,
+                bwd_block_m=block_m,
+                bwd_num_warps=num_warps,
+                bwd_programs=bwd_programs,
+                bwd_prefetch=prefetch,
+              )
+            )
     return configs
 
   def _fwd(self, args: spec.NormArgs, config: Config):

@@ -58,6 +58,46 @@ def layer_norm_fwd(
 
 
 @triton.jit
+def _bwd_rows(
+  x_raw,
+  dy_raw,
+  w,
+  start,
+  last,
+  cols,
+  col_ok,
+  mean_ptr,
+  rstd_ptr,
+  dx_ptr,
+  D: tl.constexpr,
+  BLOCK_M: tl.constexpr,
+  SUBTRACT_MEAN: tl.constexpr,
+):
+  """dx of BLOCK_M rows from `start`; returns their dscale and doffset sums."""
+  rows = start + tl.arange(0, BLOCK_M)
+  row_ok = rows < last
+  mask = row_ok[:, None] & col_ok[None, :]
+  offs = rows[:, None].to(tl.int64) * D + cols[None, :]
+  x = x_raw.to(tl.float32)
+  dy = dy_raw.to(tl.float32)
+  rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
+  if SUBTRACT_MEAN:
+    mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
+    xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+  else:
+    xhat = x * rstd[:, None]
+  wdy = dy * w[None, :]
+  c1 = tl.sum(xhat * wdy, axis=1) / D
+  if SUBTRACT_MEAN:
+    c2 = tl.sum(wdy, axis=1) / D
+    dx = (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+  else:
+    dx = (wdy - xhat * c1[:, None]) * rstd[:, None]
+  tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+  return tl.sum(dy * xhat, axis=0), tl.sum(dy, axis=0)
+
+
+@triton.jit
 def layer_norm_bwd(
   x_ptr,
   scale_ptr,
@@ -75,6 +115,7 @@ def layer_norm_bwd(
   SCALE_OFFSET: tl.constexpr,
   HAS_SCALE: tl.constexpr,
   SUBTRACT_MEAN: tl.constexpr,
+  PREFETCH: tl.constexpr = False,
 ):
   pid = tl.program_id(0)
   cols = tl.arange(0, BLOCK_D)
@@ -87,28 +128,118 @@ def layer_norm_bwd(
   doffset = tl.zeros((BLOCK_D,), tl.float32)
   first = pid * rows_per_program
   last = tl.minimum(first + rows_per_program, m)
-  for start in range(first, last, BLOCK_M):
-    rows = start + tl.arange(0, BLOCK_M)
-    row_ok = rows < last
-    mask = row_ok[:, None] & col_ok[None, :]
+  if PREFETCH:
+    # The next rows' loads are issued before this step's reductions and stores.
+    rows = first + tl.arange(0, BLOCK_M)
+    mask = (rows < last)[:, None] & col_ok[None, :]
     offs = rows[:, None].to(tl.int64) * D + cols[None, :]
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
-    if SUBTRACT_MEAN:
-      mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
-      xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-    else:
-      xhat = x * rstd[:, None]
-    wdy = dy * w[None, :]
-    c1 = tl.sum(xhat * wdy, axis=1) / D
-    if SUBTRACT_MEAN:
-      c2 = tl.sum(wdy, axis=1) / D
-      dx = (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
-    else:
-      dx = (wdy - xhat * c1[:, None]) * rstd[:, None]
-    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-    dscale += tl.sum(dy * xhat, axis=0)
-    doffset += tl.sum(dy, axis=0)
+    x_next = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    dy_next = tl.load(dy_ptr + offs, mask=mask, other=0.0)
+    for start in range(first, last, BLOCK_M):
+      x_raw, dy_raw = x_next, dy_next
+      rows_next = start + BLOCK_M + tl.arange(0, BLOCK_M)
+      mask_next = (rows_next < last)[:, None] & col_ok[None, :]
+      offs_next = rows_next[:, None].to(tl.int64) * D + cols[None, :]
+      x_next = tl.load(x_ptr + offs_next, mask=mask_next, other=0.0)
+      dy_next = tl.load(dy_ptr + offs_next, mask=mask_next, other=0.0)
+      ds, do = _bwd_rows(
+        x_raw,
+        dy_raw,
+        w,
+        start,
+        last,
+        cols,
+        col_ok,
+        mean_ptr,
+        rstd_ptr,
+        dx_ptr,
+        D,
+        BLOCK_M,
+        SUBTRACT_MEAN,
+      )
+      dscale += ds
+      doffset += do
+  else:
+    for start in range(first, last, BLOCK_M):
+      rows = start + tl.arange(0, BLOCK_M)
+      mask = (rows < last)[:, None] & col_ok[None, :]
+      offs = rows[:, None].to(tl.int64) * D + cols[None, :]
+      x_raw = tl.load(x_ptr + offs, mask=mask, other=0.0)
+      dy_raw = tl.load(dy_ptr + offs, mask=mask, other=0.0)
+      ds, do = _bwd_rows(
+        x_raw,
+        dy_raw,
+        w,
+        start,
+        last,
+        cols,
+        col_ok,
+        mean_ptr,
+        rstd_ptr,
+        dx_ptr,
+        D,
+        BLOCK_M,
+        SUBTRACT_MEAN,
+      )
+      dscale += ds
+      doffset += do
   tl.store(dscale_ptr + pid * D + cols, dscale, mask=col_ok)
   tl.store(doffset_ptr + pid * D + cols, doffset, mask=col_ok)
+
+
+@triton.jit
+def layer_norm_fwd_persistent(
+  x_ptr,
+  scale_ptr,
+  offset_ptr,
+  m,
+  y_ptr,
+  mean_ptr,
+  rstd_ptr,
+  D: tl.constexpr,
+  BLOCK_M: tl.constexpr,
+  BLOCK_D: tl.constexpr,
+  EPS: tl.constexpr,
+  SCALE_OFFSET: tl.constexpr,
+  HAS_SCALE: tl.constexpr,
+  HAS_OFFSET: tl.constexpr,
+  SUBTRACT_MEAN: tl.constexpr,
+):
+  """Programs stride over row blocks, loading the next block before this one's math."""
+  pid = tl.program_id(0)
+  programs = tl.num_programs(0)
+  cols = tl.arange(0, BLOCK_D)
+  col_ok = cols < D
+  if HAS_SCALE:
+    w = tl.load(scale_ptr + cols, mask=col_ok, other=0.0).to(tl.float32) + SCALE_OFFSET
+  else:
+    w = tl.full((BLOCK_D,), 1.0 + SCALE_OFFSET, tl.float32)
+  if HAS_OFFSET:
+    b = tl.load(offset_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+  else:
+    b = tl.zeros((BLOCK_D,), tl.float32)
+  rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+  mask = (rows < m)[:, None] & col_ok[None, :]
+  x_next = tl.load(x_ptr + rows[:, None].to(tl.int64) * D + cols[None, :], mask=mask, other=0.0)
+  for start in range(pid * BLOCK_M, m, programs * BLOCK_M):
+    x_raw = x_next
+    rows_next = start + programs * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_next = (rows_next < m)[:, None] & col_ok[None, :]
+    offs_next = rows_next[:, None].to(tl.int64) * D + cols[None, :]
+    x_next = tl.load(x_ptr + offs_next, mask=mask_next, other=0.0)
+    rows = start + tl.arange(0, BLOCK_M)
+    row_ok = rows < m
+    mask = row_ok[:, None] & col_ok[None, :]
+    x = x_raw.to(tl.float32)
+    if SUBTRACT_MEAN:
+      mean = tl.sum(x, axis=1) / D
+      xc = tl.where(mask, x - mean[:, None], 0.0)
+    else:
+      mean = tl.zeros((BLOCK_M,), tl.float32)
+      xc = x
+    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / D + EPS)
+    y = xc * rstd[:, None] * w[None, :] + b[None, :]
+    offs = rows[:, None].to(tl.int64) * D + cols[None, :]
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(mean_ptr + rows, mean, mask=row_ok)
+    tl.store(rstd_ptr + rows, rstd, mask=row_ok)
