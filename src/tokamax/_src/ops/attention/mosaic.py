@@ -10,8 +10,8 @@ import jax.numpy as jnp
 
 from tokamax._src import device
 from tokamax._src.ops import op
-from tokamax._src.ops.attention import mosaic_common as common
 from tokamax._src.ops.attention import mosaic_bwd, mosaic_fwd
+from tokamax._src.ops.attention import mosaic_common as common
 from tokamax._src.ops.attention import spec as attention_spec
 
 # Shared memory a CTA may use on Hopper (227 KiB), less room for barriers and alignment.
@@ -187,9 +187,7 @@ class MosaicAttention(op.Op):
     bq, bkv = config.bwd_block_q, config.bwd_block_kv
     t_pad = _round_up(t, mosaic_bwd.NUM_CONSUMERS * bq)
     s_pad = _round_up(s, mosaic_bwd.NUM_CONSUMERS * bkv)
-    delta = jnp.einsum(
-      "btnh,btnh->bnt", out.astype(jnp.float32), dout.astype(jnp.float32)
-    )
+    delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), dout.astype(jnp.float32))
     lse = _pad(lse[:, :, :t], 2, t_pad, jnp.inf)  # Padded rows: zero probabilities.
     params = mosaic_bwd.BwdParams(
       block_q=bq,

@@ -142,7 +142,9 @@ def dq(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
         ds = probs * (dp - lax.broadcast_in_dim(delta, (bq, bkv), [0]))
         if dcap is not None:
           ds = ds * dcap
-        acc = _mm(acc, ds.astype(dtype), k_smem.at[slot], interpret, ds_smem.at[wg] if interpret else None)
+        acc = _mm(
+          acc, ds.astype(dtype), k_smem.at[slot], interpret, ds_smem.at[wg] if interpret else None
+        )
         plgpu.barrier_arrive(k_free.at[slot])
         return acc
 
@@ -315,7 +317,12 @@ def dkv(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
 
       def skip(q_step, carry, *, g):
         slot = lax.rem(g * span + q_step - tile_lo, jnp.int32(stages))
-        for full, free in ((q_bar, q_free), (lse_bar, lse_free), (do_bar, do_free), (delta_bar, delta_free)):
+        for full, free in (
+          (q_bar, q_free),
+          (lse_bar, lse_free),
+          (do_bar, do_free),
+          (delta_bar, delta_free),
+        ):
           plgpu.barrier_wait(full.at[slot])
           plgpu.barrier_arrive(free.at[slot])
         return carry
@@ -377,7 +384,17 @@ def dkv(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
   )
   full = plgpu.Barrier(num_barriers=stages)
   free = plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages)
-  bars = (plgpu.Barrier(num_barriers=(NUM_CONSUMERS, 2)), full, full, full, full, free, free, free, free)
+  bars = (
+    plgpu.Barrier(num_barriers=(NUM_CONSUMERS, 2)),
+    full,
+    full,
+    full,
+    full,
+    free,
+    free,
+    free,
+    free,
+  )
   kv_type = jax.ShapeDtypeStruct(k.shape, dtype)
   return plgpu.kernel(
     body,

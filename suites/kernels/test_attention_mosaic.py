@@ -1,0 +1,262 @@
+"""Mosaic GPU attention (`implementation="mosaic"`).
+
+On CPU: the kernels run in the Pallas Mosaic GPU interpreter with race detection
+on small shapes (each case in a subprocess, see `_run_case`), and every tuning
+config lowers for CUDA. What the interpreter cannot run, so the compiled kernel
+differs there: `pl.run_state` with a preloaded wgmma accumulator and wgmma with
+its A operand in registers (the P.V, dS.K, P^T.dO and dS^T.Q products); in
+interpret mode those operands are staged through shared memory and the product
+is added to the accumulator. `setmaxnreg`, the real shared-memory limit and the
+ptxas compile need the GPU (ci/gpu/attention_mosaic.py, and the GPU tests here).
+
+The interpreter reports races on the dk/dv kernel's register loads of the
+streamed log-sum-exp and delta slots (it also reported them on a register load
+of the value slots, before the forward kernel staged P through wgmma instead):
+each load is followed by the slot's release barrier, so they are accepted here
+as the only races allowed, and nothing else may race.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tokamax._src import device
+from tokamax._src.ops.attention import mosaic, spec, xla
+
+_HERE = os.path.abspath(__file__)
+# A producer TMA write against a consumer register load of one [block_q] float32
+# slot (the dk/dv kernel's log-sum-exp and delta slots; under `jax.grad` the
+# interpreter names the custom_vjp frame rather than the kernel line).
+_KNOWN_RACE = re.compile(
+  r"write of HostAllocationKey\([^)]*\)\[\(\d+, slice\(0, 64, 1\)\)\] from "
+  r"Warpgroup\([^)]*warpgroup_id=2\)"
+)
+
+
+def _inputs(seed, b, t, s, n, kh, h, dtype):
+  ks = jax.random.split(jax.random.key(seed), 4)
+  q = jax.random.normal(ks[0], (b, t, n, h), jnp.float32).astype(dtype)
+  k = jax.random.normal(ks[1], (b, s, kh, h), jnp.float32).astype(dtype)
+  v = jax.random.normal(ks[2], (b, s, kh, h), jnp.float32).astype(dtype)
+  do = jax.random.normal(ks[3], (b, t, n, h), jnp.float32)
+  return q, k, v, do
+
+
+def _rel_err(x, ref) -> float:
+  x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+  scale = np.linalg.norm(ref)
+  return float(np.linalg.norm(x - ref) / scale) if scale else float(np.abs(x).max())
+
+
+def _compare(impl, shape, dtype, grads, seed=0, **kw) -> dict:
+  """Output and gradient errors of `impl` against XLA on float32-upcast inputs."""
+  q, k, v, do = _inputs(seed, *shape, dtype)
+  up = [x.astype(jnp.float32) for x in (q, k, v)]
+  ref_impl = xla.XlaAttention()
+  hi = jax.lax.Precision.HIGHEST
+  out = impl(q, k, v, **kw)
+  ref = ref_impl(*up, precision=hi, **kw)
+  res = {"out": _rel_err(out.astype(jnp.float32), ref), "finite": bool(jnp.isfinite(out).all())}
+  if grads:
+
+    def loss(f, **extra):
+      return lambda q, k, v: jnp.sum(f(q, k, v, **kw, **extra).astype(jnp.float32) * do)
+
+    g = jax.grad(loss(impl), argnums=(0, 1, 2))(q, k, v)
+    gr = jax.grad(loss(ref_impl, precision=hi), argnums=(0, 1, 2))(*up)
+    res["grads"] = [_rel_err(a.astype(jnp.float32), r) for a, r in zip(g, gr, strict=True)]
+  return res
+
+
+# name -> (shape (B, T, S, N, K, H), dtype, grads, kwargs as a Python expression)
+CASES = {
+  "gqa_plain_h64": ((1, 128, 128, 2, 1, 64), "bfloat16", True, "{}"),
+  "causal_window_softcap_cross": (
+    (1, 128, 256, 4, 2, 64),
+    "bfloat16",
+    True,
+    "dict(is_causal=True, local_window_size=(90, 20), logits_soft_cap=4.0)",
+  ),
+  "lengths_causal_padded": (
+    (2, 200, 150, 2, 1, 64),
+    "bfloat16",
+    True,
+    "dict(is_causal=True, query_seq_lengths=jnp.array([150, 37]),"
+    " key_value_seq_lengths=jnp.array([100, 0]))",
+  ),
+  "fp16_h128_causal_fwd": ((1, 256, 256, 2, 2, 128), "float16", False, "dict(is_causal=True)"),
+  "h256_fwd_xla_grad": ((1, 128, 128, 1, 1, 256), "bfloat16", True, "{}"),
+}
+
+
+def _case_main(name: str) -> None:
+  """Runs one interpret case and prints its result as JSON (subprocess entry)."""
+  from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+
+  shape, dtype, grads, kw = CASES[name]
+  res = _compare(mosaic.interpret_op(), shape, jnp.dtype(dtype), grads, **eval(kw))
+  res["races_found_last_kernel"] = bool(interpret_pallas_call.get_races().races_found)
+  print("RESULT " + json.dumps(res), flush=True)
+
+
+def _run_case(name: str) -> tuple[dict, str]:
+  # The interpreter runs each CTA's three warpgroups as threads that block on
+  # one another inside XLA's CPU runtime; with the default pool (one thread per
+  # core) a 2-core machine deadlocks, so the case runs in a fresh process with
+  # a larger pool.
+  env = dict(os.environ, PJRT_NPROC="8", JAX_PLATFORMS="cpu")
+  root = os.path.dirname(os.path.dirname(os.path.dirname(_HERE)))
+  env["PYTHONPATH"] = os.pathsep.join([os.path.join(root, "src"), root, env.get("PYTHONPATH", "")])
+  proc = subprocess.run(
+    [sys.executable, _HERE, name], capture_output=True, text=True, env=env, timeout=600, check=False
+  )
+  lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+  assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
+  return json.loads(lines[-1][len("RESULT ") :]), proc.stdout
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_interpret_matches_xla(name):
+  res, stdout = _run_case(name)
+  assert res["finite"]
+  assert res["out"] < 1e-2, res
+  if "grads" in res:
+    assert max(res["grads"]) < 1e-2, res
+  races = stdout.split("RACE DETECTED")[1:]
+  for race in races:
+    assert _KNOWN_RACE.search(race), race
+  if not CASES[name][2]:  # Forward only: no race at all.
+    assert not races and not res["races_found_last_kernel"]
+
+
+def _lower(impl, config, shape, dtype=jnp.bfloat16, grads=False, **kw):
+  b, t, s, n, kh, h = shape
+  sds = jax.ShapeDtypeStruct
+
+  def f(q, k, v, do):
+    record = spec.canonicalize(q, k, v, **kw)
+    out, residuals = impl._fwd(record, config)
+    if not grads:
+      return out
+    return impl._bwd(record, config, out, residuals, do)
+
+  args = (sds((b, t, n, h), dtype), sds((b, s, kh, h), dtype), sds((b, s, kh, h), dtype))
+  return jax.jit(f).trace(*args, sds((b, t, n, h), dtype)).lower(lowering_platforms=("cuda",))
+
+
+@pytest.mark.parametrize("h", [64, 128, 256])
+def test_every_autotuning_config_lowers_for_cuda(h):
+  impl = mosaic.MosaicAttention()
+  shape = (2, 512, 512, 4, 2, h)
+  record = spec.canonicalize(
+    *(jnp.zeros(s, jnp.bfloat16) for s in ((2, 512, 4, h), (2, 512, 2, h), (2, 512, 2, h)))
+  )
+  configs = impl._get_autotuning_configs(record)
+  assert impl._get_heuristics_config(record) in configs or h == 256
+  assert configs
+  for config in sorted(configs, key=str):
+    assert mosaic.smem_bytes(config, h) <= mosaic._SMEM_BYTES
+    text = _lower(impl, config, shape, is_causal=True).as_text()
+    assert "mosaic_gpu" in text
+  if h <= 128:
+    _lower(impl, impl._get_heuristics_config(record), shape, grads=True, local_window_size=(64, 0))
+
+
+def test_lowers_with_every_feature_for_cuda():
+  impl = mosaic.MosaicAttention()
+  lengths = dict(query_seq_lengths=jnp.array([3, 5]), key_value_seq_lengths=jnp.array([7, 0]))
+  _lower(
+    impl,
+    mosaic.Config(),
+    (2, 200, 300, 4, 1, 64),
+    jnp.float16,
+    grads=True,
+    is_causal=True,
+    local_window_size=(50, 10),
+    logits_soft_cap=3.0,
+    **lengths,
+  )
+
+
+@pytest.mark.parametrize(
+  ("kw", "dtype", "h", "words"),
+  [
+    (dict(bias=True), jnp.bfloat16, 64, "bias"),
+    (dict(mask=True), jnp.bfloat16, 64, "mask"),
+    ({}, jnp.float32, 64, "float32"),
+    ({}, jnp.bfloat16, 96, "head dim 96"),
+  ],
+)
+def test_unsupported_reason_names_the_feature(kw, dtype, h, words):
+  q = jnp.ones((1, 8, 2, h), dtype)
+  extra = {}
+  if kw.get("bias"):
+    extra["bias"] = jnp.ones((1, 2, 8, 8), dtype)
+  if kw.get("mask"):
+    extra["mask"] = jnp.ones((1, 2, 8, 8), bool)
+  record = spec.canonicalize(q, q, q, **extra)
+  reason = mosaic.MosaicAttention(interpret=True)._unsupported_reason(record)
+  assert reason is not None and words in reason
+
+
+def test_backward_unsupported_for_head_dim_256_only():
+  impl = mosaic.MosaicAttention()
+  for h, expect in ((128, False), (256, True)):
+    q = jnp.ones((1, 8, 2, h), jnp.bfloat16)
+    assert (impl._bwd_unsupported_reason(spec.canonicalize(q, q, q)) is not None) == expect
+
+
+def test_platform_reason():
+  if device.has_sm(9) and not device.has_sm(10):
+    assert mosaic.MosaicAttention().supported_on()
+  else:
+    assert not mosaic.MosaicAttention().supported_on()
+  assert mosaic.MosaicAttention(interpret=True)._platform_reason("cpu", None) is None
+
+
+def test_config_validation():
+  with pytest.raises(ValueError, match="block_kv"):
+    mosaic.Config(block_kv=96)
+  with pytest.raises(ValueError, match="num_stages"):
+    mosaic.Config(num_stages=1)
+
+
+_GPU = pytest.mark.skipif(
+  not (device.has_sm(9) and not device.has_sm(10)), reason="needs a Hopper (sm_90) GPU"
+)
+
+
+@_GPU
+@pytest.mark.parametrize(
+  ("shape", "dtype", "kw"),
+  [
+    ((2, 512, 512, 4, 4, 64), jnp.bfloat16, {}),
+    ((1, 640, 640, 4, 2, 128), jnp.bfloat16, dict(is_causal=True)),
+    ((2, 384, 500, 4, 1, 128), jnp.float16, dict(local_window_size=(100, 30), logits_soft_cap=5.0)),
+    ((1, 512, 512, 2, 2, 256), jnp.bfloat16, dict(is_causal=True)),
+  ],
+)
+def test_gpu_matches_xla_and_is_deterministic(shape, dtype, kw):
+  impl = mosaic.MosaicAttention()
+  res = _compare(impl, shape, dtype, grads=True, seed=3, **kw)
+  assert res["finite"] and res["out"] < 1e-2 and max(res["grads"]) < 1e-2, res
+  q, k, v, do = _inputs(4, *shape, dtype)
+
+  def loss(q, k, v):
+    return jnp.sum(impl(q, k, v, **kw).astype(jnp.float32) * do)
+
+  f = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+  first, second = f(q, k, v), f(q, k, v)
+  for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(second), strict=True):
+    assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+if __name__ == "__main__":
+  _case_main(sys.argv[1])
