@@ -14,6 +14,7 @@ rotating input sets), the same method for the kernel and its anchor.
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -87,7 +88,7 @@ def check(name, fn, ref_fn, args, dtype, diff_argnums):
   print(f"{'PASS' if ok else 'FAIL'} {name} {np.dtype(dtype).name} {errs}", flush=True)
 
 
-def correctness():
+def correctness(only: set[str]):
   keys = iter(jax.random.split(jax.random.key(0), 1000))
 
   def rnd(shape, dt):
@@ -95,12 +96,13 @@ def correctness():
 
   # layer_norm / RMSNorm.
   variants = ((True, True, True, 0.0), (False, True, False, 1.0), (True, False, True, 0.5))
-  for dt, shape, axis, variants_here in (
+  norm_cases = (
     (jnp.bfloat16, (64, 1000), -1, variants),
     (jnp.bfloat16, (8, 300, 24), 1, variants[:2]),
     (jnp.float16, (4, 4096), -1, variants[:2]),
     (jnp.float32, (33, 2000), -1, variants[:2]),
-  ):
+  )
+  for dt, shape, axis, variants_here in norm_cases if "layer_norm" in only else ():
     if True:
       d = shape[axis]
       for subtract_mean, has_scale, has_offset, so in variants_here:
@@ -125,11 +127,12 @@ def correctness():
         )
 
   # gated_linear_unit.
-  for dt, xs, k, n, act, fused in (
+  glu_cases = (
     (jnp.bfloat16, (4, 200, 256), 256, 384, jax.nn.swish, True),
     (jnp.bfloat16, (300, 512), 512, 200, jax.nn.gelu, False),
     (jnp.float32, (64, 96), 96, 128, None, True),
-  ):
+  )
+  for dt, xs, k, n, act, fused in glu_cases if "gated_linear_unit" in only else ():
     if True:
       x = rnd(xs, dt)
       w = rnd((k, 2, n), dt) * float(1.0 / np.sqrt(k))
@@ -151,7 +154,8 @@ def correctness():
 
   # ragged_dot: all layouts, uneven and empty groups, rows in no group, group_offset.
   m, k, n, g = 1000, 256, 384, 8
-  for dt, offsets in ((jnp.bfloat16, (None, 2)), (jnp.float32, (None,))):
+  ragged_cases = ((jnp.bfloat16, (None, 2)), (jnp.float32, (None,)))
+  for dt, offsets in ragged_cases if "ragged_dot" in only else ():
     for layout in rd_spec.LAYOUTS:
       for offset in offsets:
         g_all = g + 4 if offset is not None else g
@@ -199,6 +203,20 @@ def correctness():
 
 
 def bench(fn, argsets, iters=20, repeats=5) -> dict:
+  """Device time (CUPTI, through harness.timing) where it works, else queued wallclock."""
+  if not DRY:
+    try:
+      from harness import timing
+
+      t = timing.device_time(fn, argsets, iterations=max(iters, 10), method="cupti")
+      if t.method == timing.CUPTI:
+        return {"median_ms": t.median_ms, "min_ms": 1e3 * t.min_s, "method": "cupti"}
+    except Exception as e:
+      RESULTS.setdefault("timer_errors", []).append(f"{type(e).__name__}: {e}"[:300])
+  return {**queued_wallclock(fn, argsets, iters, repeats), "method": "queued_wallclock"}
+
+
+def queued_wallclock(fn, argsets, iters, repeats) -> dict:
   out = fn(*argsets[0])
   jax.block_until_ready(out)
   for a in argsets[1:]:
@@ -257,13 +275,17 @@ def timed(name, shape, impls, make_args, diff_argnums, iters=20, configs=None):
   return row
 
 
-def sweep(name, make_fn, configs, argsets):
-  """Forward time of each config (a small autotuning sweep)."""
+def sweep(name, make_fn, configs, argsets, diff_argnums=None):
+  """Forward (and with `diff_argnums` forward+backward) time of each config."""
   rows = []
   for cfg in configs:
     try:
-      fwd = jax.jit(make_fn(cfg))
-      rows.append({"config": repr(cfg), **bench(fwd, argsets, 10, 3)})
+      fwd, grad = fwd_and_fwdbwd(make_fn(cfg), diff_argnums or (0,))
+      row = {"config": repr(cfg), "fwd": bench(fwd, argsets, 10, 3)}
+      if diff_argnums:
+        ct = jax.random.normal(jax.random.key(5), jax.eval_shape(fwd, *argsets[0]).shape)
+        row["fwdbwd"] = bench(grad, [(*a, ct) for a in argsets], 10, 3)
+      rows.append(row)
     except Exception as e:
       rows.append({"config": repr(cfg), "error": f"{type(e).__name__}: {e}"[:500]})
     print(f"  sweep {name} {rows[-1]}", flush=True)
@@ -271,14 +293,21 @@ def sweep(name, make_fn, configs, argsets):
     save()
 
 
-def benchmarks(skip_sweeps: bool):
+def spec_of_norm(args, rms):
+  from tokamax._src.ops.normalization import spec
+
+  x, scale, offset = args
+  return spec.canonicalize(x, scale, offset, subtract_mean=not rms)
+
+
+def benchmarks(skip_sweeps: bool, only: set[str]):
   keys = iter(jax.random.split(jax.random.key(1), 1000))
 
   def rnd(shape, dt=jnp.bfloat16):
     return jax.random.normal(next(keys), shape, jnp.float32).astype(dt)
 
   # layer_norm and RMSNorm.
-  for m, d in ((16384 // SCALE, 4096), (4096 // SCALE, 8192)):
+  for m, d in ((16384 // SCALE, 4096), (4096 // SCALE, 8192)) if "layer_norm" in only else ():
     for rms in (False, True):
 
       def make(m=m, d=d, rms=rms):
@@ -297,23 +326,41 @@ def benchmarks(skip_sweeps: bool):
         (0, 1) if rms else (0, 1, 2),
         iters=50,
       )
-  if not skip_sweeps and not DRY:
-    argsets = [(rnd((16384, 4096)), rnd((4096,)), rnd((4096,))) for _ in range(4)]
-    sweep(
-      "layer_norm 16384x4096",
-      lambda cfg: (
-        lambda x, s, b: tokamax.layer_norm(
-          x, s, b, implementation=norm_triton.TritonLayerNorm(config=cfg)
+      if not skip_sweeps and not DRY:
+        # Run 1's heuristics against the prefetching backward and its variants.
+        old = norm_triton.Config(1, min(16, d // 512), 1, min(16, d // 256), 528)
+        new = norm_triton.TritonLayerNorm()._get_heuristics_config(spec_of_norm(make()[0], rms))
+        configs = [
+          old,
+          new,
+          dataclasses.replace(new, bwd_programs=528),
+          dataclasses.replace(new, fwd_programs=264, bwd_num_warps=8),
+          dataclasses.replace(new, bwd_prefetch=False, bwd_num_warps=8, bwd_programs=528),
+        ]
+        sweep(
+          f"{'rms_norm' if rms else 'layer_norm'} {m}x{d}",
+          lambda cfg, rms=rms: (
+            lambda x, s, b: tokamax.layer_norm(
+              x,
+              s,
+              b,
+              subtract_mean=not rms,
+              implementation=norm_triton.TritonLayerNorm(config=cfg),
+            )
+          ),
+          configs,
+          make(),
+          (0, 1) if rms else (0, 1, 2),
         )
-      ),
-      [norm_triton.Config(1, 4), norm_triton.Config(2, 8), norm_triton.Config(4, 16)],
-      argsets,
-    )
 
   # ragged_dot.
   for m, k, n, g in (
-    (16384, 4096 // SCALE, 2048 // SCALE, 8),
-    (32768 // SCALE, 7168 // SCALE, 2048, 64),
+    (
+      (16384, 4096 // SCALE, 2048 // SCALE, 8),
+      (32768 // SCALE, 7168 // SCALE, 2048, 64),
+    )
+    if "ragged_dot" in only
+    else ()
   ):
     sizes = jnp.asarray(tokamax.generate_ragged_dot_group_sizes(m, g, seed=0))
     nsets = 2 if m > 20000 else 3
@@ -349,8 +396,9 @@ def benchmarks(skip_sweeps: bool):
 
   # gated_linear_unit (swish).
   for m, k, n in (
-    (8192 // SCALE, 4096 // SCALE, 14336 // SCALE),
-    (2048 // SCALE, 2048, 8192 // SCALE),
+    ((8192 // SCALE, 4096 // SCALE, 14336 // SCALE), (2048 // SCALE, 2048, 8192 // SCALE))
+    if "gated_linear_unit" in only
+    else ()
   ):
 
     def make(m=m, k=k, n=n):
@@ -396,6 +444,9 @@ def main():
   parser.add_argument("--skip-bench", action="store_true")
   parser.add_argument("--skip-sweeps", action="store_true")
   parser.add_argument("--dry", action="store_true")
+  parser.add_argument(
+    "--only", default="layer_norm,gated_linear_unit,ragged_dot", help="ops to check and time"
+  )
   a = parser.parse_args()
   OUT_DIR[0] = a.out
   dev = jax.devices()[0]
@@ -411,10 +462,11 @@ def main():
   )
   t0 = time.time()
   try:
+    only = set(a.only.split(","))
     if not a.skip_correctness:
-      correctness()
+      correctness(only)
     if not a.skip_bench:
-      benchmarks(a.skip_sweeps)
+      benchmarks(a.skip_sweeps, only)
   except Exception as e:
     RESULTS["errors"].append(f"{type(e).__name__}: {e}")
     traceback.print_exc()
