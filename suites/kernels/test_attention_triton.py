@@ -143,6 +143,13 @@ def test_unsupported_reasons(kw, words):
   assert reason is not None and words in reason
 
 
+def test_unsupported_long_sequence():
+  shapes = [jax.ShapeDtypeStruct(x, jnp.bfloat16) for x in ((1, 1 << 20, 16, 128), (1, 16, 1, 128))]
+  args = jax.eval_shape(spec.canonicalize, shapes[0], shapes[1], shapes[1])
+  reason = attention_triton.unsupported_reason(args)
+  assert reason is not None and "32 bits" in reason
+
+
 @pytest.mark.parametrize(
   "kw", [{}, dict(dtype=jnp.float32, h=256), dict(is_causal=True, local_window_size=(3, 0))]
 )

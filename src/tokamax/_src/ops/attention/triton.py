@@ -350,6 +350,10 @@ def unsupported_reason(args: spec.AttentionArgs) -> str | None:
     return f"head dims {h} and {hv} (the Triton kernels take at most {MAX_HEAD_DIM})"
   if 0 in q.shape or 0 in k.shape or 0 in v.shape:
     return "empty query, key or value"
+  _, t, n, _ = q.shape
+  s, kh = k.shape[1], k.shape[2]
+  if max(t * n, s * kh) * max(h, hv) >= 2**31:
+    return "one batch element of more than 2**31 elements (the kernels index it in 32 bits)"
   return None
 
 
