@@ -32,6 +32,7 @@ def _f32(tree):
     ((2, 50, 128), False, jax.nn.swish),  # Batch dims; 100 rows: padded to 104.
     ((64, 128), True, None),
     ((72, 128), False, jax.nn.gelu),
+    ((40, 384), False, jax.nn.swish),  # The heuristic config of a single row tile.
   ],
 )
 def test_interpret_matches_reference_with_gradients(shape, tuple_weights, activation, capfd):
@@ -40,7 +41,8 @@ def test_interpret_matches_reference_with_gradients(shape, tuple_weights, activa
   x = jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
   w = jnp.asarray(rng.standard_normal((k, 2, n)) / np.sqrt(k), jnp.bfloat16)
   weights = (w[:, 0], w[:, 1]) if tuple_weights else w
-  impl = mosaic.MosaicGatedLinearUnit(interpret=True, config=SMALL)
+  config = None if k == 384 else SMALL
+  impl = mosaic.MosaicGatedLinearUnit(interpret=True, config=config)
 
   def fn(a, b):
     return api.gated_linear_unit(a, b, activation=activation, implementation=impl)

@@ -78,6 +78,29 @@ def test_interpret_matches_reference_with_gradients(layout, m, offset, capfd):
     assert _rel_err(x, r) < 5e-3, name
 
 
+@pytest.mark.parametrize("transpose", [False, True])
+def test_interpret_two_cta_clusters(transpose, capfd):
+  m, k, n, g = 400, 256, 128, 4
+  rng = np.random.default_rng(2)
+  sizes = jnp.array([170, 0, 141, 60], jnp.int32)
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+  rhs = jnp.asarray(rng.standard_normal((g, n, k) if transpose else (g, k, n)), jnp.bfloat16)
+  layout = spec.RHS_TRANSPOSED if transpose else spec.DEFAULT
+  config = mosaic.Config(block_n=64, num_stages=2, epi_n=64, cluster=2)
+  impl = mosaic.MosaicRaggedDot(interpret=True, config=config)
+  out = api.ragged_dot_general(
+    lhs,
+    rhs,
+    sizes,
+    spec.dimension_numbers(layout),
+    preferred_element_type=jnp.float32,
+    implementation=impl,
+  )
+  ref = references.high_precision(references.ragged_dot_general)(*_f32((lhs, rhs)), sizes, layout)
+  assert "RACE DETECTED" not in capfd.readouterr().out
+  assert _rel_err(out, ref) < 1e-5
+
+
 def test_interpret_preferred_element_type():
   m, k, n, g = 64, 128, 64, 2
   rng = np.random.default_rng(1)
@@ -95,7 +118,8 @@ def test_interpret_preferred_element_type():
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_work_items_cover_every_row_once(seed):
+@pytest.mark.parametrize("cluster", [1, 2])
+def test_work_items_cover_every_row_once(seed, cluster):
   rng = np.random.default_rng(seed)
   block_m = 128
   m, g = 8 * int(rng.integers(block_m // 8, 110)), int(rng.integers(1, 9))
@@ -103,15 +127,22 @@ def test_work_items_cover_every_row_once(seed):
     int(rng.integers(0, m + 1)), g, seed=seed, empty_fraction=0.3
   )
   before = int(rng.integers(0, 50))
-  items, num_items = mosaic_fwd.work_items(jnp.asarray(sizes), jnp.int32(before), m, block_m)
+  items, num_items = mosaic_fwd.work_items(
+    jnp.asarray(sizes), jnp.int32(before), m, block_m, cluster
+  )
   items = np.asarray(items)
   total = items[0, 0]
   assert total <= num_items
   covered = np.full(m, -2)
-  for rhs, row0, lo, hi in items[1 : 1 + total]:
-    assert 0 <= row0 <= lo < hi <= row0 + block_m <= m and row0 % 8 == 0
-    assert np.all(covered[lo:hi] == -2), "row written twice"
-    covered[lo:hi] = rhs
+  for item in items[1 : 1 + total]:
+    rhs = item[0]
+    for row0, lo, hi in item[1:].reshape(cluster, 3):
+      assert 0 <= row0 <= m - block_m and row0 % 8 == 0
+      if lo == hi:  # A cluster's missing last block: stores nothing.
+        continue
+      assert row0 <= lo < hi <= row0 + block_m
+      assert np.all(covered[lo:hi] == -2), "row written twice"
+      covered[lo:hi] = rhs
   # Expected owner of each row: its group, or -1 outside every group.
   expected = np.full(m, -1)
   ends = np.minimum(before + np.cumsum(sizes), m)
@@ -121,7 +152,8 @@ def test_work_items_cover_every_row_once(seed):
   np.testing.assert_array_equal(covered, expected)
   # Blocks start at their segment's start (rounded down to 8 rows).
   seg_rows = np.diff(np.concatenate([[0], starts[:1], ends, [m]]))
-  assert total <= sum(-(-(int(r) + 7) // block_m) for r in seg_rows)
+  blocks = [-(-(int(r) + 7) // block_m) for r in seg_rows]
+  assert total <= sum(-(-b // cluster) for b in blocks)
 
 
 def _lower_all(layout, m, k, n, g, configs):
