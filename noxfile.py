@@ -60,9 +60,20 @@ def tpu_tests(session):
 
 @nox.session(venv_backend="none")
 def bench(session):
-  """Timed benchmarks of the hardware's BENCH matrix (device time, TFLOP/s, GB/s) to JSON."""
-  _pytest(
-    session, "suites/test_bench.py", "--bench", "-q", f"--benchmark-json={RESULTS}/bench.json"
+  """Benchmarks of the BENCH matrix appended to bench/history.jsonl (`-- --check` fails on regressions)."""
+  session.run(
+    "python",
+    "-m",
+    "pytest",
+    "suites/test_bench.py",
+    "--bench",
+    "-q",
+    f"--benchmark-json={RESULTS}/bench.json",
+    env={"PYTHONPATH": "src:."},
+  )
+  # One history record per measurement; arguments after `--` go here (`--check`, `--threshold`).
+  session.run(
+    "python", "-m", "harness.history", "run", *session.posargs, env={"PYTHONPATH": "src:."}
   )
 
 
