@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Nightly: the suites of the hardware at hand (long cases included), the goldens, the
 # benchmarks appended to bench/history.jsonl with their regression check, then the dashboard.
-#   bash ci/nightly.sh            (PYTHON=... to pick the interpreter; LOG_DIR=... for logs)
+#   bash ci/nightly.sh   (PYTHON=interpreter, LOG_DIR=logs, BENCH_THRESHOLD=slowdown, default 0.05)
 # Every step runs even if an earlier one fails; the exit status is 1 if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +20,7 @@ step() {  # step NAME COMMAND...: runs it, logs it, remembers a failure.
 }
 step suites "$PY" -m pytest -q --run-long --summary-md "$LOG_DIR/$STAMP-summary.md" suites
 step golden "$PY" -m golden
-step bench "$PY" -m harness.history run --check
+step bench "$PY" -m harness.history run --check --threshold "${BENCH_THRESHOLD:-0.05}"
 step dashboard "$PY" ci/dashboard.py
 if [ ${#failed[@]} -gt 0 ]; then
   echo "nightly: FAILED steps: ${failed[*]} (logs in $LOG_DIR)"
