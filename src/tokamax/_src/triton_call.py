@@ -56,9 +56,11 @@ def unavailable_reason(platform: str | None = None) -> str | None:
   platform = platform or jax.default_backend()
   if platform != "gpu":
     return f"Triton kernels run on NVIDIA GPUs, not on {platform}"
-  devices = jax.devices()
-  if getattr(devices[0], "compute_capability", None) is None:
+  cc = getattr(jax.devices()[0], "compute_capability", None)
+  if cc is None:
     return "Triton kernels here need an NVIDIA GPU (no CUDA compute capability)"
+  if tuple(int(v) for v in str(cc).split(".")) < (8, 0):
+    return f"Triton kernels here need sm_80 or newer, not sm_{str(cc).replace('.', '')}"
   return _import_error()
 
 
