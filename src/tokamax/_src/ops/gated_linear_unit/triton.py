@@ -158,6 +158,8 @@ class TritonGatedLinearUnit(op.Op):
       )
     if args.x.size == 0 or args.n == 0:
       return "empty input"
+    if args.x.shape[-1] * 2 * args.n >= 2**31:
+      return "weights of 2**31 elements or more (32-bit weight offsets)"
     return None
 
   def _get_heuristics_config(self, args: spec.GluArgs) -> Config:

@@ -192,6 +192,8 @@ class TritonRaggedDot(op.Op):
     m, k, n = _dims(args)
     if min(m, k, n, args.num_groups) == 0:
       return f"empty dimension (M={m}, K={k}, N={n}, G={args.num_groups})"
+    if k * n >= 2**31:
+      return f"K*N = {k * n} >= 2**31 per group (32-bit offsets within a group)"
     return None
 
   def _get_heuristics_config(self, args: spec.RaggedDotArgs) -> Config:
