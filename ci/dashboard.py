@@ -38,6 +38,7 @@ FIELDS = (
   "dtype",
   "mode",
   "device_time_median_ms",
+  "device_time_method",
   "tflops_per_s",
   "gb_per_s",
   "peak_memory_bytes",
@@ -97,7 +98,7 @@ SCRIPT = r"""
 
   // One line plot: series = [{name, color, points: [{x, y, label}]}]; x = run index.
   function plot(parent, title, series, runs, opts) {
-    const W = 430, H = 230, L = 56, R = 28, T = 26, B = 42;
+    const W = 380, H = 230, L = 56, R = 28, T = 26, B = 42;
     const box = el("div", {class: "plotbox"}, parent);
     const svg = el("svg:svg", {class: "plot", width: W, height: H, viewBox: `0 0 ${W} ${H}`,
                                "data-title": title}, box);
@@ -138,8 +139,8 @@ SCRIPT = r"""
       const d = pts.map((p, j) => `${j ? "L" : "M"}${X(p.x).toFixed(1)},${Y(p.y).toFixed(1)}`);
       el("svg:path", {d: d.join(""), stroke: s.color, class: "line"}, svg);
       for (const p of pts) {
-        const c = el("svg:circle", {cx: X(p.x), cy: Y(p.y), r: 3.5, fill: s.color,
-                                     class: "pt"}, svg);
+        const c = el("svg:circle", {cx: X(p.x), cy: Y(p.y), r: 3.5, stroke: s.color,
+                                     fill: p.hollow ? "#fff" : s.color, class: "pt"}, svg);
         c.addEventListener("mouseenter", () => {
           tip.textContent = `${s.name} @ ${runs[p.x].commit.slice(0, 10)}: ${p.label}`;
           tip.style.display = "block";
@@ -167,14 +168,17 @@ SCRIPT = r"""
     main.textContent = "";
     const device = document.getElementById("device").value;
     const recs = DATA.records.filter((r) => r.device_kind === device);
+    // One x position per commit (oldest first); a commit may hold several runs.
     const runIds = [...new Set(recs.map((r) => r.run_id))];
-    const runs = runIds.map((id) => recs.find((r) => r.run_id === id));
-    const runIndex = new Map(runIds.map((id, i) => [id, i]));
+    const commits = [...new Set(recs.map((r) => r.commit))];
+    const runs = commits.map((commit) => ({commit}));
+    const runIndex = new Map(recs.map((r) => [r.run_id, commits.indexOf(r.commit)]));
     const impls = [...new Set(recs.map((r) => r.implementation))].sort();
     const color = (name) => COLORS[impls.indexOf(name) % COLORS.length];
     document.getElementById("summary").textContent =
-      `${recs.length} measurements, ${runs.length} runs, commits ` +
-      runs.map((r) => r.commit.slice(0, 7)).join(", ");
+      `${recs.length} measurements, ${runIds.length} runs at ${commits.length} commits: ` +
+      commits.map((c) => c.slice(0, 7)).join(", ") +
+      " (hollow points: wallclock time, not CUPTI kernel time)";
     let count = 0;
     for (const [op, opRecs] of groupBy(recs, (r) => r.op)) {
       const section = el("section", {class: "op", id: "op-" + op}, main);
@@ -193,7 +197,9 @@ SCRIPT = r"""
           points: byImpl.get(name).map((r) => {
             const y = value(r);
             return {x: runIndex.get(r.run_id), y: y === null ? NaN : y,
-                    label: `${fmt(y)} (median ${fmt(r.device_time_median_ms)} ms, ` +
+                    hollow: r.device_time_method === "wallclock",
+                    label: `${fmt(y)} (median ${fmt(r.device_time_median_ms)} ms ` +
+                           `${r.device_time_method || ""}, ` +
                            `${r.tflops_per_s ? fmt(r.tflops_per_s) + " TFLOP/s, " : ""}` +
                            `${r.gb_per_s ? fmt(r.gb_per_s) + " GB/s, " : ""}` +
                            `jax ${r.jax_version})`};

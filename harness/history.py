@@ -39,7 +39,18 @@ DRIFT_MARGIN = 1.0  # Drift growing by more than one tolerance bound fails it.
 WINDOW = 5  # The baseline is the median of this many earlier runs.
 
 # Fields that identify one benchmarked thing across runs ("host" tells CPU machines apart).
-IDENTITY = ("device_kind", "host", "op", "implementation", "case", "shape_key", "dtype", "mode")
+# TOKAMAX_RUN_ID, where set, names the run (several invocations can make one run).
+IDENTITY = (
+  "device_kind",
+  "host",
+  "device_time_method",  # CUPTI kernel time and wallclock are not compared.
+  "op",
+  "implementation",
+  "case",
+  "shape_key",
+  "dtype",
+  "mode",
+)
 
 Timer = Callable[[Callable, Sequence[tuple]], timing.Timing]
 
@@ -214,7 +225,7 @@ def run(
   family = family or profile.family
   timer = timer or default_timer()
   env = bench.environment()
-  run_id = f"{env['commit'][:12]}@{env['date']}"
+  run_id = os.environ.get("TOKAMAX_RUN_ID") or f"{env['commit'][:12]}@{env['date']}"
   start = time.monotonic()
   records = []
   inputs: dict = {}
