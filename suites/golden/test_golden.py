@@ -107,3 +107,50 @@ def test_regen_prints_what_changed(tmp_path, capsys):
   assert "PASS" in second and "NEW" not in second
   # The regenerated goldens hold the fresh values again.
   assert golden_cli.main(["--data", data, "--ops", "layer_norm"]) == 0
+
+
+def _committed_families() -> list[str]:
+  return sorted(
+    f
+    for f in os.listdir(golden.DATA_DIR)
+    if os.path.exists(os.path.join(golden.DATA_DIR, f, golden.MANIFEST))
+  )
+
+
+@pytest.mark.parametrize("family", _committed_families())
+def test_committed_goldens_are_whole_and_agree_with_the_reference(family):
+  """Every family's goldens (made on its hardware) against the reference computed here."""
+  from harness import compare, tolerance
+  from suites.matrices import cases as cases_lib
+  from suites.matrices import checks
+
+  manifest, arrays = golden.load(family)
+  for field in ("family", "device_kind", "jax_version", "commit", "date", "entries"):
+    assert manifest.get(field), f"{family} manifest lacks {field}"
+  assert set(arrays) == set(manifest["entries"]), "npz and manifest disagree"
+  references = {}
+  for key, entry in manifest["entries"].items():
+    out = arrays[key]
+    assert list(out.shape) == entry["out_shape"] and golden._digest(out) == entry["sha256"], key
+    case = cases_lib.Case(
+      entry["op"],
+      cases_lib._shape_key(
+        {k: tuple(v) if isinstance(v, list) else v for k, v in entry["shape"].items()}
+      ),
+      entry["dtype"],
+      entry["feature"],
+      family,
+      "golden",
+    )
+    assert case.id == entry["case"], key
+    if case.id not in references:
+      args, kwargs = case.make_args(checks.case_key(case))
+      references[case.id] = np.asarray(case.reference(args, kwargs))
+    report = compare.compare(
+      out,
+      references[case.id],
+      tol=tolerance.Tolerance(**entry["tolerance"]),
+      reduction_length=entry["reduction_length"],
+      name=key,
+    )
+    assert report.ok == entry["reference_ok"], report.message
