@@ -5,7 +5,8 @@
 here, with the harness timer (`harness.timing`), the ops' cost model
 (`SPEC.cost`, via `harness.bench.measurement`), the compiled program's memory
 and the numerics drift against the high-precision reference (on the small
-golden-size inputs of the same op, feature and dtype). `check` compares a
+golden-size inputs of the same op, feature and dtype; the forward output in
+both modes). `check` compares a
 run with earlier runs on the same device kind and flags slowdowns past a
 threshold and drift past tolerance.
 
@@ -27,10 +28,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from golden import golden
 from harness import bench, compare, hardware, timing, tolerance
 from suites import matrices
 from suites.matrices import cases as cases_lib
 from suites.matrices import checks
+from tokamax._src import benchmarking
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HISTORY = os.path.join(ROOT, "bench", "history.jsonl")
@@ -128,22 +131,6 @@ def benchmark_fn(case: cases_lib.Case, impl: Callable, split: _Split, mode: str)
   return fwd_bwd
 
 
-def _memory_bytes(compiled) -> int | None:
-  try:
-    m = compiled.memory_analysis()
-  except Exception:  # Not every backend implements it.
-    return None
-  if m is None:
-    return None
-  total = (
-    m.argument_size_in_bytes
-    + m.output_size_in_bytes
-    + m.temp_size_in_bytes
-    - getattr(m, "alias_size_in_bytes", 0)
-  )
-  return int(total)
-
-
 def drift(
   case: cases_lib.Case, impl: Callable, *, eager: bool = False, platform: str | None = None
 ) -> dict:
@@ -154,8 +141,6 @@ def drift(
     bound; above 1 is past tolerance somewhere), drift_ok (the harness
     comparator's verdict) and drift_shape.
   """
-  from golden import golden  # The small shapes live with the goldens.
-
   small = dataclasses.replace(case, shape=cases_lib._shape_key(golden.SHAPES[case.op]))
   args, kwargs = small.make_args(checks.case_key(small))
   out = np.asarray(jax.tree.leaves(small.call(impl, args, kwargs, jit=not eager))[0])
@@ -172,6 +157,7 @@ def drift(
     "drift_ratio": ratio if np.isfinite(ratio) else 1e30,
     "drift_ok": bool(report.ok),
     "drift_shape": dict(small.shape),
+    "drift_of": "forward output",
   }
 
 
@@ -234,8 +220,6 @@ def run(
   for op in matrices.OPS:
     if ops is not None and op not in ops:
       continue
-    from golden import golden  # One notion of "the implementations that run here".
-
     impls = golden.implementations(op, profile)
     for bcase in matrices.bench_cases(family, op=op):
       case, mode = bcase.case, bcase.mode
@@ -326,7 +310,7 @@ def _measure(case, mode, impl_name, fn, args_list, timer) -> dict:
   )
   rec = m.as_dict()
   rec["shape_key"] = shape_key(case.shape_dict)
-  rec["peak_memory_bytes"] = _memory_bytes(compiled)
+  rec["peak_memory_bytes"] = benchmarking._peak_memory_bytes(compiled)
   return rec
 
 
