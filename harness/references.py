@@ -35,7 +35,8 @@ def _upcast(x):
   if x is None or not hasattr(x, "dtype"):
     return x
   x = np.asarray(x)
-  return x.astype(high_precision_dtype()) if np.issubdtype(x.dtype, np.floating) else x
+  # jnp.issubdtype, not np's: numpy does not count bfloat16 as floating.
+  return x.astype(high_precision_dtype()) if jnp.issubdtype(x.dtype, jnp.floating) else x
 
 
 def high_precision(fn: Callable) -> Callable:

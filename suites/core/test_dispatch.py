@@ -147,3 +147,4 @@ def test_public_names_exist():
     "DISABLE_JAX_EXPORT_CHECKS",
   ):
     assert hasattr(tokamax, name), name
+
