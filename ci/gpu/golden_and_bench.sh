@@ -24,7 +24,7 @@ fi
 # The device copy has no .git: the commit comes from GITHUB_SHA (bench.environment reads it).
 if [ -z "${GITHUB_SHA:-}" ] && [ -f .gpu_commit ]; then export GITHUB_SHA=$(cat .gpu_commit); fi
 # Both benchmark invocations below make one run of the history.
-COMMIT=${GITHUB_SHA:-unknown}
+COMMIT=${GITHUB_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 export TOKAMAX_RUN_ID="${COMMIT:0:12}@$(date -u +%FT%T+00:00)"
 BUDGET_S=${BUDGET_S:-60}
 ITER=${ITER:-20}
