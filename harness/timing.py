@@ -8,6 +8,7 @@ the wallclock around `jax.block_until_ready` after warm-up.
 import dataclasses
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sequence
 
 import jax
@@ -22,6 +23,8 @@ class Timing:
 
   times_s: tuple[float, ...]
   method: str
+  # Why a CUPTI measurement fell back to wallclock, if it did.
+  fallback_reason: str | None = None
 
   @property
   def median_s(self) -> float:
@@ -42,6 +45,7 @@ class Timing:
       "max_ms": 1e3 * max(self.times_s),
       "runs": len(self.times_s),
       "method": self.method,
+      "fallback_reason": self.fallback_reason,
     }
 
 
@@ -92,8 +96,8 @@ def device_time(
       so that caches do not flatter); used in turn.
     warmup: Untimed runs first (compilation, autotuning).
     iterations: Timed runs; the median is reported.
-    method: "cupti", "wallclock", or "auto" (the device trace on GPU, falling
-      back to wallclock where it has no device events).
+    method: "cupti", "wallclock", or "auto" (CUPTI on GPU, falling back to
+      wallclock, with the reason kept in `Timing.fallback_reason`).
 
   Returns:
     The timing.
@@ -105,14 +109,17 @@ def device_time(
     _run(fn, args_list[i % len(args_list)])
   if method == "auto":
     method = CUPTI if jax.default_backend() == "gpu" else WALLCLOCK
+  reason = None
   if method == CUPTI:
     try:
       times = cupti_times(fn, args_list, iterations)
-    except Exception:  # A profiler that cannot start: measure on the host instead.
-      times = None
+      reason = None if times is not None else "CUPTI is unavailable here"
+    except Exception as e:  # A profiler that cannot start: measure on the host instead.
+      times, reason = None, f"{type(e).__name__}: {e}"[:300]
     if times is not None:
       return Timing(tuple(times), CUPTI)
+    warnings.warn(f"device_time fell back to wallclock: {reason}", stacklevel=2)
     method = WALLCLOCK
   if method != WALLCLOCK:
     raise ValueError(f"unknown timing method {method!r}.")
-  return Timing(tuple(wallclock_times(fn, args_list, iterations)), WALLCLOCK)
+  return Timing(tuple(wallclock_times(fn, args_list, iterations)), WALLCLOCK, reason)
