@@ -1,0 +1,37 @@
+"""The README's example runs, with implementation None and "xla", and agrees with the reference."""
+
+import re
+from pathlib import Path
+
+import jax
+import pytest
+
+from harness import references
+from suites.core.conftest import assert_matches
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _example() -> str:
+  text = README.read_text()
+  match = re.search(r"## Example\s+```python\n(.*?)```", text, re.S)
+  assert match, "README.md has no '## Example' python block"
+  return match.group(1)
+
+
+@pytest.mark.parametrize("implementation", (None, "xla"))
+def test_readme_example_runs(implementation):
+  source = _example().replace("IMPLEMENTATION = None", f"IMPLEMENTATION = {implementation!r}")
+  namespace: dict = {}
+  exec(compile(source, str(README), "exec"), namespace)  # noqa: S102
+  x, q, k, v = (namespace[n] for n in ("x", "q", "k", "v"))
+  scale = jax.numpy.ones(x.shape[-1])
+
+  def reference(x, scale, q, k, v):
+    h = references.layer_norm(x, scale, None)
+    out = references.attention(q, k, v, is_causal=True)
+    return (h**3).mean() + (out**2).mean()
+
+  _, expected = references.high_precision_vjp(reference, (x, scale, q, k, v), 1.0)
+  for got, want in zip(namespace["grads"], expected[:3], strict=True):
+    assert_matches(got, want, norm_rtol=1e-4, max_rtol=1e-3)
