@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Nightly: the suites of the hardware at hand (long cases included), the goldens, the
 # benchmarks appended to bench/history.jsonl with their regression check, then the dashboard.
-#   bash ci/nightly.sh   (PYTHON=interpreter, LOG_DIR=logs, BENCH_THRESHOLD=slowdown, default 0.05)
+#   bash ci/nightly.sh   (PYTHON=interpreter, LOG_DIR=logs, BENCH_THRESHOLD=slowdown, default 0.05,
+#                         SUITES=test paths, default suites)
 # Every step runs even if an earlier one fails; the exit status is 1 if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,7 @@ step() {  # step NAME COMMAND...: runs it, logs it, remembers a failure.
   if "$@" 2>&1 | tee "$LOG_DIR/$STAMP-$name.log"; then echo "== $name: ok"
   else echo "== $name: FAILED"; failed+=("$name"); fi
 }
-step suites "$PY" -m pytest -q --run-long --summary-md "$LOG_DIR/$STAMP-summary.md" suites
+step suites "$PY" -m pytest -q --run-long --summary-md "$LOG_DIR/$STAMP-summary.md" ${SUITES:-suites}
 step golden "$PY" -m golden
 step bench "$PY" -m harness.history run --check --threshold "${BENCH_THRESHOLD:-0.05}"
 step dashboard "$PY" ci/dashboard.py
