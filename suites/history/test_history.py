@@ -114,3 +114,26 @@ def test_append_skips_duplicates_and_ingest_fills_the_commit(tmp_path):
   loaded = history.load(str(dst))
   assert len(loaded) == len(recs)
   assert all(r["commit"] == "abc123" and r["run_id"] == "abc123@2001" for r in loaded)
+
+
+def test_gpu_timer_hands_the_compiled_program_to_cupti(monkeypatch):
+  """On GPU the compiled program itself goes to CUPTI (which would re-jit anything else)."""
+  import jax
+
+  from tokamax._src import benchmarking
+
+  seen = []
+
+  def fake_time_compiled(fn, arg, *, iterations, method):
+    assert method == "cupti" and isinstance(fn, jax.stages.Compiled)
+    jax.block_until_ready(fn(arg))  # Called as CUPTI's profiler calls it: one argument.
+    seen.append(iterations)
+    return [2.0] * iterations
+
+  monkeypatch.setattr(benchmarking, "cupti_unavailable_reason", lambda: None)
+  monkeypatch.setattr(benchmarking, "time_compiled", fake_time_compiled)
+  recs = history.run(
+    ops=["layer_norm"], modes=["fwd", "fwd_bwd"], timer=history.default_timer(iterations=4)
+  )
+  assert len(recs) == 2 and seen == [2, 2, 2, 2]  # Two rotations x two modes.
+  assert all(r["device_time_method"] == "cupti" and r["device_time_median_ms"] == 2.0 for r in recs)
