@@ -133,3 +133,28 @@ def test_committed_history_builds(tmp_path):
   out = tmp_path / "index.html"
   assert dashboard.main(["--out", str(out)]) == 0
   assert out.read_text().count('"run_id"') == len(records)
+
+
+@needs_chromium
+def test_page_of_the_committed_history_loads_in_chromium(tmp_path):
+  """The real history (H200 runs at several commits where committed): loads clean, draws every op."""
+  records = history.load()
+  if not records:
+    pytest.skip("bench/history.jsonl holds no records yet")
+  page = tmp_path / "index.html"
+  assert dashboard.main(["--out", str(page)]) == 0
+  dom = _chromium(tmp_path, "--dump-dom", page.as_uri())
+  assert dom.returncode == 0 and not _console_messages(dom.stderr), dom.stderr[-2000:]
+  body = re.search(r"<body[^>]*>", dom.stdout).group(0)
+  assert 'data-status="ok"' in body and "data-errors" not in body, body
+  # The first device in the selector (an accelerator where there is one) has a section per op.
+  kinds = sorted({r["device_kind"] for r in records if not r.get("host")})
+  if kinds:
+    mine = [r for r in records if r["device_kind"] == kinds[0]]
+    for op in {r["op"] for r in mine}:
+      assert f'id="op-{op}"' in dom.stdout, op
+    commits = {r["commit"] for r in mine}
+    summary = re.search(r'<span id="summary">([^<]*)</span>', dom.stdout).group(1)
+    assert f"at {len(commits)} commits" in summary, summary
+  plots = re.findall(r'<svg class="plot".*?</svg>', dom.stdout, re.S)
+  assert plots and all("<circle" in p or "no data" in p for p in plots)
