@@ -98,7 +98,7 @@ SCRIPT = r"""
 
   // One line plot: series = [{name, color, points: [{x, y, label}]}]; x = run index.
   function plot(parent, title, series, runs, opts) {
-    const W = 380, H = 230, L = 56, R = 28, T = 26, B = 42;
+    const W = 360, H = 230, L = 56, R = 28, T = 26, B = 42;
     const box = el("div", {class: "plotbox"}, parent);
     const svg = el("svg:svg", {class: "plot", width: W, height: H, viewBox: `0 0 ${W} ${H}`,
                                "data-title": title}, box);
