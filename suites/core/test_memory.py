@@ -30,7 +30,7 @@ def test_chunked_attention_memory_at_8k(mode, inputs):
     f"xla_chunked peak {chunked / 2**20:.1f} MiB vs xla {full / 2**20:.1f} MiB"
   )
   if mode == "forward":
-    assert_matches(jax.jit(fn("xla_chunked"))(q, k, v), jax.jit(fn("xla"))(q, k, v), norm_rtol=1e-5)
+    assert_matches(jax.jit(fn("xla_chunked"))(q, k, v), jax.jit(fn("xla"))(q, k, v))
 
 
 @pytest.mark.parametrize("mode", ("forward", "gradient"))
@@ -50,4 +50,4 @@ def test_chunked_loss_memory(mode, inputs):
     f"chunked_xla peak {chunked / 2**20:.1f} MiB vs xla {full / 2**20:.1f} MiB"
   )
   if mode == "forward":
-    assert_matches(jax.jit(fn("chunked_xla"))(x, w), jax.jit(fn("xla"))(x, w), norm_rtol=1e-5)
+    assert_matches(jax.jit(fn("chunked_xla"))(x, w), jax.jit(fn("xla"))(x, w))
