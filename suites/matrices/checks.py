@@ -30,6 +30,15 @@ def skip_unsupported(impl, args: tuple, kwargs: dict) -> None:
     pytest.skip(f"{impl.name}: {reason}")
 
 
+def skip_eager_gradients(impl) -> None:
+  """Triton's host interpreter runs eager calls only; `custom_vjp` traces its functions."""
+  if getattr(impl, "eager", False):
+    pytest.skip(
+      f"{impl.name}: gradients in Triton's interpreter need tracing, which it cannot do "
+      "(checked on GPU and by the kernel's own tests)"
+    )
+
+
 def _relative(case: cases_lib.Case) -> bool:
   """Whether the relative rule applies (so the plain computation is needed)."""
   return tolerance.for_dtype(case.dtype).relative_rule
@@ -61,6 +70,7 @@ def check_forward(
 
 def check_vjp(case: cases_lib.Case, impl, key: jax.Array | None = None) -> None:
   """The VJP for a random cotangent against the reference's VJP at high precision."""
+  skip_eager_gradients(impl)
   key = case_key(case) if key is None else key
   args, kwargs = case.make_args(key)
   skip_unsupported(impl, args, kwargs)
@@ -88,6 +98,7 @@ def _longest_dim(case: cases_lib.Case) -> int:
 
 def check_determinism(case: cases_lib.Case, impl, key: jax.Array | None = None) -> None:
   """Two runs give bitwise-equal outputs and gradients."""
+  skip_eager_gradients(impl)
   key = case_key(case) if key is None else key
   args, kwargs = case.make_args(key)
   skip_unsupported(impl, args, kwargs)
@@ -99,6 +110,7 @@ def check_finite_differences(
   case: cases_lib.Case, impl, key: jax.Array | None = None, *, dtype: str = "float32"
 ) -> None:
   """`jax.test_util.check_grads` (reverse mode against finite differences) on a small case."""
+  skip_eager_gradients(impl)
   case = dataclasses.replace(case, dtype=dtype)
   with jax.enable_x64(dtype == "float64"):
     args, kwargs = case.make_args(case_key(case) if key is None else key)
