@@ -144,7 +144,14 @@ def _expand(op: str, shapes, dtypes, features, family: str, kind: str) -> list[C
     )
   # A shape may narrow the dtypes it runs with ("dtypes" inside the shape dict).
   return [
-    Case(op, _shape_key({k: v for k, v in shape.items() if k != "dtypes"}), dtype, feature, family, kind)
+    Case(
+      op,
+      _shape_key({k: v for k, v in shape.items() if k != "dtypes"}),
+      dtype,
+      feature,
+      family,
+      kind,
+    )
     for shape in shapes
     for dtype in shape.get("dtypes", dtypes)
     for feature in names
