@@ -59,32 +59,10 @@ Timer = Callable[[Callable, Sequence[tuple]], timing.Timing]
 
 
 def default_timer(iterations: int = 30, warmup: int = 3) -> Timer:
-  """The harness timer; on NVIDIA GPUs, CUPTI kernel time of the compiled program itself.
-
-  `fn` is an AOT-compiled function of one argument and each entry of
-  `args_list` a 1-tuple. `harness.timing.cupti_times` re-traces the function
-  it times under `jax.jit`, which a compiled program does not allow (it then
-  falls back to wallclock), so the compiled program goes to tokamax's CUPTI
-  timer directly, the one `harness.timing` uses; elsewhere, or where CUPTI
-  fails, the harness timer runs it.
-  """
-
-  def timer(fn, args_list):
-    if benchmarking.cupti_unavailable_reason() is None:
-      try:
-        for i in range(max(warmup, 1)):
-          jax.block_until_ready(fn(*args_list[i % len(args_list)]))
-        per_args = max(1, iterations // len(args_list))
-        times = []
-        for (arg,) in args_list:
-          ms = benchmarking.time_compiled(fn, arg, iterations=per_args, method="cupti")
-          times += [t * 1e-3 for t in ms]
-        return timing.Timing(tuple(times), timing.CUPTI)
-      except Exception as e:  # Measure on the host instead, and say so.
-        print(f"CUPTI timing failed ({type(e).__name__}: {str(e)[:200]}); timing wallclock")
-    return timing.device_time(fn, args_list, warmup=warmup, iterations=iterations)
-
-  return timer
+  """The harness timer (CUPTI kernel time on NVIDIA GPUs, else wallclock)."""
+  return lambda fn, args_list: timing.device_time(
+    fn, args_list, warmup=warmup, iterations=iterations
+  )
 
 
 # --- measuring ----------------------------------------------------------------

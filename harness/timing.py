@@ -75,8 +75,7 @@ def cupti_times(fn: Callable, args_list: Sequence[tuple], iterations: int) -> li
   per_args = max(1, iterations // len(args_list))
   times = []
   for args in args_list:
-    ms = benchmarking.time_compiled(lambda a: fn(*a), args, iterations=per_args, method="cupti")
-    times.extend(t * 1e-3 for t in ms)
+    times.extend(t * 1e-3 for t in benchmarking.cupti_times(fn, args, per_args))
   return times
 
 

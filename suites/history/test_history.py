@@ -124,14 +124,15 @@ def test_gpu_timer_hands_the_compiled_program_to_cupti(monkeypatch):
 
   seen = []
 
-  def fake_time_compiled(fn, arg, *, iterations, method):
-    assert method == "cupti" and isinstance(fn, jax.stages.Compiled)
-    jax.block_until_ready(fn(arg))  # Called as CUPTI's profiler calls it: one argument.
+  def fake_cupti_times(fn, call_args, iterations):
+    assert isinstance(fn, jax.stages.Compiled)
+    jax.block_until_ready(fn(*call_args))  # Called as CUPTI's profiler calls it.
     seen.append(iterations)
     return [2.0] * iterations
 
   monkeypatch.setattr(benchmarking, "cupti_unavailable_reason", lambda: None)
-  monkeypatch.setattr(benchmarking, "time_compiled", fake_time_compiled)
+  monkeypatch.setattr(benchmarking, "cupti_times", fake_cupti_times)
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   recs = history.run(
     ops=["layer_norm"], modes=["fwd", "fwd_bwd"], timer=history.default_timer(iterations=4)
   )

@@ -186,18 +186,26 @@ def cupti_unavailable_reason() -> str | None:
   return None
 
 
-def _cupti_times(fn: Callable, args: Any, iterations: int) -> list[float]:
+def cupti_times(fn: Callable, call_args: tuple, iterations: int) -> list[float]:
+  """Kernel time in ms of each of `iterations` runs of `fn(*call_args)`, after a warm-up.
+
+  `fn` may be a plain function, a jitted one or an AOT-compiled program.
+  """
   reason = cupti_unavailable_reason()
   if reason is not None:
     raise ValueError(f"method='cupti' is unavailable: {reason}.")
   # finalize=False keeps CUPTI attached between measurements (attaching is slow).
   measure = _cupti_profiler()(finalize=False).measure(fn, iterations=iterations)
-  _, timings = measure(args)  # Warms up once, then times `iterations` runs.
+  _, timings = measure(*call_args)  # Warms up once, then times `iterations` runs.
   if timings is None:  # No kernel ran.
     return [0.0] * iterations
   if iterations == 1:
     timings = [timings]
   return [float(t) for t in timings]
+
+
+def _cupti_times(fn: Callable, args: Any, iterations: int) -> list[float]:
+  return cupti_times(fn, (args,), iterations)
 
 
 _TIMERS: dict[str, Callable[[Callable, Any, int], list[float]]] = {
