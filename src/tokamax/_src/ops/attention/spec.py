@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from tokamax._src import arguments, validation
+from tokamax._src import arguments, numerics, validation
 from tokamax._src.ops import op
 
 LAYOUT = "query [*B,T,N,H], key [*B,S,K,H], value [*B,S,K,h], bias/mask [*#B,#N,#T,#S]"
@@ -217,16 +217,20 @@ SPEC = op.OpSpec(
 def logits_and_mask(
   args: AttentionArgs, q, k, bias, mask, q_pos, k_pos
 ) -> tuple[jax.Array, jax.Array | None]:
-  """Soft-capped logits [B,K,G,Tq,Sk] in float32 and their visibility mask."""
+  """Soft-capped logits [B,K,G,Tq,Sk] (float32 or wider) and their visibility mask."""
   b, tq, n, h = q.shape
   kh = k.shape[2]
   qg = q.reshape(b, tq, kh, n // kh, h)
   logits = jnp.einsum(
-    "btkgh,bskh->bkgts", qg, k, precision=args.precision, preferred_element_type=jnp.float32
+    "btkgh,bskh->bkgts",
+    qg,
+    k,
+    precision=args.precision,
+    preferred_element_type=numerics.accumulation_dtype(q.dtype),
   )
   logits = logits * args.scale
   if bias is not None:
-    logits = logits + _grouped(bias.astype(jnp.float32), kh)
+    logits = logits + _grouped(bias.astype(logits.dtype), kh)
   if args.soft_cap is not None:
     logits = args.soft_cap * jnp.tanh(logits / args.soft_cap)
   ok = visible(args, q_pos, k_pos)

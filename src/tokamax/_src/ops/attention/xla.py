@@ -27,7 +27,7 @@ def attend(args: spec.AttentionArgs) -> tuple[jax.Array, jax.Array]:
     probs.astype(v.dtype),
     v,
     precision=args.precision,
-    preferred_element_type=jnp.float32,
+    preferred_element_type=logits.dtype,
   )
   lse = (jnp.log(denom) + safe_max)[..., 0].reshape(b, n, t)
   return out.reshape(b, t, n, v.shape[-1]).astype(q.dtype), lse

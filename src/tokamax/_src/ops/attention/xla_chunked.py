@@ -11,6 +11,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from tokamax._src import numerics
 from tokamax._src.ops import op
 from tokamax._src.ops.attention import spec
 
@@ -72,6 +73,7 @@ def _forward(args: spec.AttentionArgs, config: ChunkedConfig):
   kh, hv = args.key.shape[2], args.value.shape[-1]
   chunks = _Chunks(args, config.kv_chunk_size)
   shape = (b, kh, n // kh, t)
+  acc_dtype = numerics.accumulation_dtype(q.dtype)
 
   def step(carry, i):
     m, total, acc = carry
@@ -85,14 +87,14 @@ def _forward(args: spec.AttentionArgs, config: ChunkedConfig):
       p.astype(v.dtype),
       v,
       precision=args.precision,
-      preferred_element_type=jnp.float32,
+      preferred_element_type=acc_dtype,
     )
     return (m_new, alpha * total + p.sum(-1), alpha[..., None] * acc + pv), None
 
   init = (
-    jnp.full(shape, -jnp.inf, jnp.float32),
-    jnp.zeros(shape, jnp.float32),
-    jnp.zeros((*shape, hv), jnp.float32),
+    jnp.full(shape, -jnp.inf, acc_dtype),
+    jnp.zeros(shape, acc_dtype),
+    jnp.zeros((*shape, hv), acc_dtype),
   )
   (m, total, acc), _ = jax.lax.scan(step, init, jnp.arange(chunks.count))
   out = acc / jnp.where(total == 0, 1.0, total)[..., None]
@@ -107,9 +109,10 @@ def _backward(args: spec.AttentionArgs, config: ChunkedConfig, out, lse, dout):
   kh, hv = args.key.shape[2], args.value.shape[-1]
   g = n // kh
   chunks = _Chunks(args, config.kv_chunk_size)
+  acc_dtype = numerics.accumulation_dtype(q.dtype)
   do = dout.reshape(b, t, kh, g, hv)
   delta = jnp.einsum(
-    "btkgh,btkgh->bkgt", do.astype(jnp.float32), out.reshape(do.shape).astype(jnp.float32)
+    "btkgh,btkgh->bkgt", do.astype(acc_dtype), out.reshape(do.shape).astype(acc_dtype)
   )
   lse_safe = jnp.where(jnp.isfinite(lse), lse, jnp.inf)[..., None]
   bias = chunks.bias
@@ -118,8 +121,8 @@ def _backward(args: spec.AttentionArgs, config: ChunkedConfig, out, lse, dout):
     dq, dbias = carry
     logits, k, v = chunks.logits(args, q, i)
     p = jnp.exp(logits - lse_safe)
-    dv = jnp.einsum("bkgts,btkgh->bskh", p.astype(do.dtype), do, preferred_element_type=jnp.float32)
-    dp = jnp.einsum("btkgh,bskh->bkgts", do, v, preferred_element_type=jnp.float32)
+    dv = jnp.einsum("bkgts,btkgh->bskh", p.astype(do.dtype), do, preferred_element_type=acc_dtype)
+    dp = jnp.einsum("btkgh,bskh->bkgts", do, v, preferred_element_type=acc_dtype)
     ds = p * (dp - delta[..., None])
     if args.soft_cap is not None:
       capped = jnp.where(jnp.isfinite(logits), logits, 0.0) / args.soft_cap
@@ -127,13 +130,13 @@ def _backward(args: spec.AttentionArgs, config: ChunkedConfig, out, lse, dout):
     if dbias is not None:
       dbias = _accumulate_bias(dbias, ds, i * chunks.size, chunks.size)
     ds_c = ds.astype(q.dtype)
-    dq = dq + jnp.einsum("bkgts,bskh->btkgh", ds_c, k, preferred_element_type=jnp.float32)
+    dq = dq + jnp.einsum("bkgts,bskh->btkgh", ds_c, k, preferred_element_type=acc_dtype)
     qg = q.reshape(b, t, kh, g, h)
-    dk = jnp.einsum("bkgts,btkgh->bskh", ds_c, qg, preferred_element_type=jnp.float32)
+    dk = jnp.einsum("bkgts,btkgh->bskh", ds_c, qg, preferred_element_type=acc_dtype)
     return (dq, dbias), (dk * args.scale, dv)
 
-  dbias0 = None if bias is None else jnp.zeros(bias.shape, jnp.float32)
-  init = (jnp.zeros((b, t, kh, g, h), jnp.float32), dbias0)
+  dbias0 = None if bias is None else jnp.zeros(bias.shape, acc_dtype)
+  init = (jnp.zeros((b, t, kh, g, h), acc_dtype), dbias0)
   (dq, dbias), (dk, dv) = jax.lax.scan(step, init, jnp.arange(chunks.count))
 
   def unchunk(x):  # [count, B, C, K, H] -> [B, S, K, H]

@@ -6,6 +6,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from tokamax._src import numerics
 from tokamax._src.ops import op
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import spec
 
@@ -33,7 +34,12 @@ class _Chunks:
     """Logits [B, C] of chunk i (-inf past V), its weights and column ids."""
     w = jax.lax.dynamic_slice_in_dim(self.weights, i * self.size, self.size, 1)
     cols = i * self.size + jnp.arange(self.size)
-    logits = jnp.matmul(args.x, w, precision=args.precision, preferred_element_type=jnp.float32)
+    logits = jnp.matmul(
+      args.x,
+      w,
+      precision=args.precision,
+      preferred_element_type=numerics.accumulation_dtype(args.x.dtype),
+    )
     return jnp.where(cols < self.v, logits, -jnp.inf), w, cols
 
 
@@ -50,7 +56,8 @@ def _forward(args: spec.LossArgs, config: ChunkedLossConfig):
     picked = picked + jnp.where(hit, logits, 0.0).sum(-1)
     return (m_new, s, picked), None
 
-  init = (jnp.full((b,), -jnp.inf), jnp.zeros((b,)), jnp.zeros((b,)))
+  acc = numerics.accumulation_dtype(args.x.dtype)
+  init = (jnp.full((b,), -jnp.inf, acc), jnp.zeros((b,), acc), jnp.zeros((b,), acc))
   (m, s, picked), _ = jax.lax.scan(step, init, jnp.arange(chunks.count))
   lse = m + jnp.log(s)
   return spec.reduce(args, lse - picked), lse
@@ -65,18 +72,26 @@ def _backward(args: spec.LossArgs, config: ChunkedLossConfig, lse, dout):
     g = jnp.broadcast_to(dout / b, (b,))
   else:
     g = dout
-  g = g.astype(jnp.float32)
+  g = g.astype(numerics.accumulation_dtype(args.x.dtype))
 
   def step(dx, i):
     logits, w, cols = chunks.logits(args, i)
     hit = cols[None, :] == args.labels[:, None]
     dlogits = (jnp.exp(logits - lse[:, None]) - hit) * g[:, None]
     dlogits = dlogits.astype(args.x.dtype)
-    dx = dx + jnp.matmul(dlogits, w.T, preferred_element_type=jnp.float32)
-    dw = jnp.matmul(args.x.T, dlogits, preferred_element_type=jnp.float32)
+    dx = dx + jnp.matmul(
+      dlogits, w.T, preferred_element_type=numerics.accumulation_dtype(args.x.dtype)
+    )
+    dw = jnp.matmul(
+      args.x.T, dlogits, preferred_element_type=numerics.accumulation_dtype(args.x.dtype)
+    )
     return dx, dw
 
-  dx, dw = jax.lax.scan(step, jnp.zeros(args.x.shape, jnp.float32), jnp.arange(chunks.count))
+  dx, dw = jax.lax.scan(
+    step,
+    jnp.zeros(args.x.shape, numerics.accumulation_dtype(args.x.dtype)),
+    jnp.arange(chunks.count),
+  )
   dw = jnp.moveaxis(dw, 0, 1).reshape(args.x.shape[1], -1)[:, : chunks.v]
   return {"x": dx.astype(args.x.dtype), "weights": dw.astype(args.weights.dtype)}
 

@@ -1,0 +1,45 @@
+"""float64 inputs stay float64 (no float32 accumulation) and pass finite-difference checks."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.test_util import check_grads
+
+import tokamax
+
+
+def _calls():
+  keys = jax.random.split(jax.random.key(0), 3)
+  x = jax.random.normal(keys[0], (6, 8), jnp.float64)
+  w = jax.random.normal(keys[1], (8, 13), jnp.float64)
+  q = jax.random.normal(keys[2], (1, 9, 2, 4), jnp.float64)
+  labels = jnp.array([1, 2, 3, 0, 5, 12])
+  return {
+    f"loss_{impl}": (
+      lambda x, w, impl=impl: tokamax.linear_softmax_cross_entropy_loss(x, labels, w, implementation=impl),
+      (x, w),
+    )
+    for impl in ("xla", "chunked_xla")
+  } | {
+    f"attention_{impl}": (
+      lambda q, impl=impl: tokamax.dot_product_attention(
+        q, q, q, is_causal=True, logits_soft_cap=3.0, implementation=impl
+      ),
+      (q,),
+    )
+    for impl in ("xla", "xla_chunked")
+  } | {
+    "layer_norm": (lambda x: tokamax.layer_norm(x, None, None), (x,)),
+    "ragged_dot": (lambda x, w: tokamax.ragged_dot(x, w[None].repeat(2, 0), jnp.array([2, 4])), (x, w)),
+  }
+
+
+NAMES = ("loss_xla", "loss_chunked_xla", "attention_xla", "attention_xla_chunked", "layer_norm", "ragged_dot")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_float64_finite_differences(name):
+  with jax.enable_x64(True):
+    fn, args = _calls()[name]
+    assert fn(*args).dtype == jnp.float64
+    check_grads(fn, args, order=1, modes=("rev",), eps=1e-6, atol=1e-7, rtol=1e-7)
