@@ -27,7 +27,9 @@ from tokamax._src.ops.attention import triton as attention_triton
 
 HIGHEST = jax.lax.Precision.HIGHEST
 ON_GPU = triton_call.unavailable_reason() is None and device.has_sm(8)
-gpu_only = pytest.mark.skipif(not ON_GPU, reason=attention_triton.PLATFORM_REASON)
+gpu_only = pytest.mark.skipif(
+  not ON_GPU, reason=f"needs the GPU: {triton_call.unavailable_reason()}"
+)
 
 
 def _inputs(
@@ -118,9 +120,9 @@ def _args(**kw) -> spec.AttentionArgs:
 @pytest.mark.skipif(ON_GPU, reason="checks the reason given where no GPU is present")
 def test_platform_reason_without_gpu():
   op = attention_triton.TritonAttention()
-  assert op.unsupported_reason(_args()) == attention_triton.PLATFORM_REASON
+  assert op.unsupported_reason(_args()) == triton_call.unavailable_reason()
   (q, k, v, _, _), _ = _inputs()
-  with pytest.raises(NotImplementedError, match="sm_80"):
+  with pytest.raises(NotImplementedError, match="NVIDIA GPU"):
     tokamax.dot_product_attention(q, k, v, implementation="triton")
   # `None` falls back to XLA.
   np.testing.assert_array_equal(

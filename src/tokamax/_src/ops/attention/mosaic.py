@@ -8,8 +8,7 @@ import jax
 import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 
-from tokamax._src import device
-from tokamax._src.ops import op
+from tokamax._src.ops import kernel_ops
 from tokamax._src.ops.attention import mosaic_bwd, mosaic_fwd
 from tokamax._src.ops.attention import mosaic_common as common
 from tokamax._src.ops.attention import spec as attention_spec
@@ -79,35 +78,12 @@ def _pad(x: jax.Array, axis: int, length: int, value: float = 0.0) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class MosaicAttention(op.Op):
-  """Warp-specialised flash attention in Pallas Mosaic GPU.
-
-  Attributes:
-    interpret: run in Mosaic GPU interpret mode (on the CPU too) with race
-      detection, for testing.
-  """
+class MosaicAttention(kernel_ops.MosaicGpuOp):
+  """Warp-specialised flash attention in Pallas Mosaic GPU."""
 
   name = "mosaic"
   spec = attention_spec.SPEC
   config_cls = Config
-  platforms = ("gpu",)
-  differentiable = False
-
-  interpret: bool = False
-
-  def _platform_reason(self, platform, dev):
-    if self.interpret:
-      return (
-        None if platform in ("cpu", "gpu") else f"interpret mode runs on cpu/gpu, not {platform}"
-      )
-    if platform != "gpu":
-      return f"runs on gpu, not on {platform}"
-    cc = device.compute_capability(dev)
-    if cc is None:
-      return "needs an NVIDIA GPU"
-    if cc[0] != 9:
-      return f"needs a Hopper GPU (sm_90, wgmma), got sm_{cc[0]}{cc[1]}"
-    return None
 
   def _unsupported_reason(self, args: attention_spec.AttentionArgs) -> str | None:
     h, hv = args.query.shape[-1], args.value.shape[-1]

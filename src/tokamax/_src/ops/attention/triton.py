@@ -19,10 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from tokamax._src import device, triton_call
-from tokamax._src.ops import op
+from tokamax._src.ops import kernel_ops
 from tokamax._src.ops.attention import spec, triton_flash
 
-PLATFORM_REASON = "needs an NVIDIA GPU with sm_80+ and jax-triton"
 DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 MAX_HEAD_DIM = 256
 # Shared memory a block may use, in bytes, by compute capability major.
@@ -358,18 +357,12 @@ def unsupported_reason(args: spec.AttentionArgs) -> str | None:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TritonAttention(op.Op):
+class TritonAttention(kernel_ops.TritonOp):
   """Flash attention in Triton: forward, and a deterministic dQ, dK, dV (and dbias) backward."""
 
   name = "triton"
   spec = spec.SPEC
   config_cls = Config
-  platforms = ("gpu",)
-
-  def _platform_reason(self, platform, dev):
-    if triton_call.unavailable_reason(platform) is not None or not device.has_sm(8, 0, dev):
-      return PLATFORM_REASON
-    return None
 
   def _unsupported_reason(self, args):
     return unsupported_reason(args)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from tokamax._src.ops import op
+from tokamax._src.ops import kernel_ops
 from tokamax._src.ops.gated_linear_unit import mosaic_kernel, spec
 from tokamax._src.ops.ragged_dot import mosaic as ragged_mosaic
 
@@ -108,26 +108,12 @@ def _flat_weights(args: spec.GluArgs):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class MosaicGatedLinearUnit(op.Op):
-  """Fused gated linear unit in Pallas Mosaic GPU (Hopper).
-
-  Attributes:
-    interpret: Run the kernel in the Pallas GPU interpreter (on CPU), with
-      race detection.
-  """
+class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
+  """Fused gated linear unit in Pallas Mosaic GPU (Hopper)."""
 
   name = "mosaic"
   spec = spec.SPEC
   config_cls = Config
-  platforms = ("gpu",)
-  differentiable = False
-
-  interpret: bool = False
-
-  def _platform_reason(self, platform, device):
-    return ragged_mosaic.MosaicRaggedDot(interpret=self.interpret)._platform_reason(
-      platform, device
-    )
 
   def _unsupported_reason(self, args: spec.GluArgs) -> str | None:
     dtype = np.dtype(args.x.dtype).name

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tokamax._src import triton_call
-from tokamax._src.ops import op
+from tokamax._src.ops import kernel_ops
 from tokamax._src.ops.gated_linear_unit import spec
 from tokamax._src.ops.gated_linear_unit import triton_glu as kernels
 
@@ -133,17 +133,12 @@ def backward(args: spec.GluArgs, gate: jax.Array, up: jax.Array, dout: jax.Array
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TritonGatedLinearUnit(op.Op):
+class TritonGatedLinearUnit(kernel_ops.TritonOp):
   """Fused GLU matmul in Triton (gate applied in the epilogue)."""
 
   name = "triton"
   spec = spec.SPEC
   config_cls = Config
-  platforms = ("gpu",)
-  differentiable = False
-
-  def _platform_reason(self, platform, device):
-    return triton_call.unavailable_reason(platform)
 
   def _unsupported_reason(self, args: spec.GluArgs) -> str | None:
     dtypes = {np.dtype(a.dtype).name for a in (args.x, *jax.tree.leaves(args.weights))}

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tokamax._src import triton_call
-from tokamax._src.ops import op
+from tokamax._src.ops import kernel_ops
 from tokamax._src.ops.normalization import spec
 from tokamax._src.ops.normalization import triton_layer_norm as kernels
 
@@ -151,17 +151,12 @@ def _cdiv(a: int, b: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TritonLayerNorm(op.Op):
+class TritonLayerNorm(kernel_ops.TritonOp):
   """LayerNorm/RMSNorm in Triton: one pass forward, one fused pass backward."""
 
   name = "triton"
   spec = spec.SPEC
   config_cls = Config
-  platforms = ("gpu",)
-  differentiable = False
-
-  def _platform_reason(self, platform, device):
-    return triton_call.unavailable_reason(platform)
 
   def _unsupported_reason(self, args: spec.NormArgs) -> str | None:
     m, d = _rows(args)

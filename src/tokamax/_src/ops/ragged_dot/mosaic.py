@@ -16,7 +16,7 @@ import numpy as np
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from tokamax._src import device as device_lib
-from tokamax._src.ops import op
+from tokamax._src.ops import kernel_ops
 from tokamax._src.ops.ragged_dot import mosaic_drhs, mosaic_fwd, spec
 
 _DTYPES = ("bfloat16", "float16")
@@ -122,33 +122,12 @@ def _abstract_dout(args: spec.RaggedDotArgs) -> jax.ShapeDtypeStruct:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class MosaicRaggedDot(op.Op):
-  """Grouped matmul in Pallas Mosaic GPU (Hopper); gradients use the other layouts.
-
-  Attributes:
-    interpret: Run the kernels in the Pallas GPU interpreter (on CPU), with
-      race detection.
-  """
+class MosaicRaggedDot(kernel_ops.MosaicGpuOp):
+  """Grouped matmul in Pallas Mosaic GPU (Hopper); gradients use the other layouts."""
 
   name = "mosaic"
   spec = spec.SPEC
   config_cls = Config
-  platforms = ("gpu",)
-  differentiable = False
-
-  interpret: bool = False
-
-  def _platform_reason(self, platform, device):
-    if self.interpret:
-      return (
-        None if platform in ("cpu", "gpu") else f"interpret mode runs on cpu/gpu, not {platform}"
-      )
-    if platform != "gpu":
-      return f"runs on gpu, not on {platform}"
-    cc = device_lib.compute_capability(device)
-    if cc != (9, 0):
-      return f"needs a Hopper GPU (sm_90, wgmma), got compute capability {cc}"
-    return None
 
   def _unsupported_reason(self, args: spec.RaggedDotArgs) -> str | None:
     dtype = np.dtype(args.lhs.dtype).name

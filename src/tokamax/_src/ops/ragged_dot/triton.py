@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tokamax._src import triton_call
-from tokamax._src.ops import op
+from tokamax._src.ops import kernel_ops
 from tokamax._src.ops.ragged_dot import spec
 from tokamax._src.ops.ragged_dot import triton_ragged_dot as kernels
 
@@ -171,17 +171,12 @@ def gradient_records(
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TritonRaggedDot(op.Op):
+class TritonRaggedDot(kernel_ops.TritonOp):
   """Grouped matmul in Triton; its gradients use the other two layouts."""
 
   name = "triton"
   spec = spec.SPEC
   config_cls = Config
-  platforms = ("gpu",)
-  differentiable = False
-
-  def _platform_reason(self, platform, device):
-    return triton_call.unavailable_reason(platform)
 
   def _unsupported_reason(self, args: spec.RaggedDotArgs) -> str | None:
     dtype = np.dtype(args.lhs.dtype).name

@@ -1,0 +1,49 @@
+"""Base classes of the kernel implementations: what every Triton or Mosaic GPU op shares."""
+
+import dataclasses
+
+import jax
+
+from tokamax._src import device as device_lib
+from tokamax._src import triton_call
+from tokamax._src.ops import op
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TritonOp(op.Op):
+  """A Triton kernel launched through jax-triton (NVIDIA GPUs, sm_80 and newer)."""
+
+  platforms = ("gpu",)
+  differentiable = False
+
+  def _platform_reason(self, platform: str, device: jax.Device | None) -> str | None:
+    return triton_call.unavailable_reason(platform)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MosaicGpuOp(op.Op):
+  """A Pallas Mosaic GPU kernel (Hopper, sm_90: TMA and wgmma).
+
+  Attributes:
+    interpret: Run in the Mosaic GPU interpreter, with race detection; this
+      works on the CPU too, for tests.
+  """
+
+  platforms = ("gpu",)
+  differentiable = False
+
+  interpret: bool = False
+
+  def _platform_reason(self, platform: str, device: jax.Device | None) -> str | None:
+    if self.interpret:
+      return (
+        None if platform in ("cpu", "gpu") else f"interpret mode runs on cpu/gpu, not {platform}"
+      )
+    if platform != "gpu":
+      return f"runs on gpu, not on {platform}"
+    cc = device_lib.compute_capability(device)
+    if cc is None:
+      return "needs an NVIDIA GPU"
+    if cc[0] != 9:
+      return f"needs a Hopper GPU (sm_90, wgmma), got sm_{cc[0]}{cc[1]}"
+    return None
