@@ -9,7 +9,9 @@ from tokamax._src.benchmarking import BenchmarkData as BenchmarkData
 from tokamax._src.benchmarking import benchmark as benchmark
 from tokamax._src.benchmarking import standardize_function as standardize_function
 from tokamax._src.export import DISABLE_JAX_EXPORT_CHECKS as DISABLE_JAX_EXPORT_CHECKS
-from tokamax._src.ops.attention.api import Implementation as DotProductAttentionImplementation
+from tokamax._src.ops.attention.api import (
+  Implementation as DotProductAttentionImplementation,  # noqa: F401 (public re-export)
+)
 from tokamax._src.ops.attention.api import dot_product_attention as dot_product_attention
 from tokamax._src.ops.gated_linear_unit.api import gated_linear_unit as gated_linear_unit
 from tokamax._src.ops.linear_softmax_cross_entropy_loss.api import (

@@ -147,4 +147,3 @@ def test_public_names_exist():
     "DISABLE_JAX_EXPORT_CHECKS",
   ):
     assert hasattr(tokamax, name), name
-

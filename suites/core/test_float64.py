@@ -14,27 +14,43 @@ def _calls():
   w = jax.random.normal(keys[1], (8, 13), jnp.float64)
   q = jax.random.normal(keys[2], (1, 9, 2, 4), jnp.float64)
   labels = jnp.array([1, 2, 3, 0, 5, 12])
-  return {
-    f"loss_{impl}": (
-      lambda x, w, impl=impl: tokamax.linear_softmax_cross_entropy_loss(x, labels, w, implementation=impl),
-      (x, w),
-    )
-    for impl in ("xla", "chunked_xla")
-  } | {
-    f"attention_{impl}": (
-      lambda q, impl=impl: tokamax.dot_product_attention(
-        q, q, q, is_causal=True, logits_soft_cap=3.0, implementation=impl
+  return (
+    {
+      f"loss_{impl}": (
+        lambda x, w, impl=impl: tokamax.linear_softmax_cross_entropy_loss(
+          x, labels, w, implementation=impl
+        ),
+        (x, w),
+      )
+      for impl in ("xla", "chunked_xla")
+    }
+    | {
+      f"attention_{impl}": (
+        lambda q, impl=impl: tokamax.dot_product_attention(
+          q, q, q, is_causal=True, logits_soft_cap=3.0, implementation=impl
+        ),
+        (q,),
+      )
+      for impl in ("xla", "xla_chunked")
+    }
+    | {
+      "layer_norm": (lambda x: tokamax.layer_norm(x, None, None), (x,)),
+      "ragged_dot": (
+        lambda x, w: tokamax.ragged_dot(x, w[None].repeat(2, 0), jnp.array([2, 4])),
+        (x, w),
       ),
-      (q,),
-    )
-    for impl in ("xla", "xla_chunked")
-  } | {
-    "layer_norm": (lambda x: tokamax.layer_norm(x, None, None), (x,)),
-    "ragged_dot": (lambda x, w: tokamax.ragged_dot(x, w[None].repeat(2, 0), jnp.array([2, 4])), (x, w)),
-  }
+    }
+  )
 
 
-NAMES = ("loss_xla", "loss_chunked_xla", "attention_xla", "attention_xla_chunked", "layer_norm", "ragged_dot")
+NAMES = (
+  "loss_xla",
+  "loss_chunked_xla",
+  "attention_xla",
+  "attention_xla_chunked",
+  "layer_norm",
+  "ragged_dot",
+)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -23,7 +23,7 @@ def _example() -> str:
 def test_readme_example_runs(implementation):
   source = _example().replace("IMPLEMENTATION = None", f"IMPLEMENTATION = {implementation!r}")
   namespace: dict = {}
-  exec(compile(source, str(README), "exec"), namespace)  # noqa: S102
+  exec(compile(source, str(README), "exec"), namespace)
   x, q, k, v = (namespace[n] for n in ("x", "q", "k", "v"))
   scale = jax.numpy.ones(x.shape[-1])
 
