@@ -268,6 +268,43 @@ def _fwd_loop(
 
 
 @triton.jit
+def _query_block(
+  q_len_ptr,
+  kv_len_ptr,
+  T: tl.constexpr,
+  S: tl.constexpr,
+  N: tl.constexpr,
+  KH: tl.constexpr,
+  CAUSAL: tl.constexpr,
+  HAS_Q_LEN: tl.constexpr,
+  HAS_KV_LEN: tl.constexpr,
+  BLOCK_M: tl.constexpr,
+):
+  """This program's (batch as int64, head, kv head, first row, q length, kv length).
+
+  Programs run over (query block, head, batch); causal runs the heaviest blocks first.
+  """
+  NUM_M: tl.constexpr = (T + BLOCK_M - 1) // BLOCK_M
+  pid = tl.program_id(0)
+  m_blk = pid % NUM_M
+  if CAUSAL:
+    m_blk = NUM_M - 1 - m_blk
+  bn = pid // NUM_M
+  n = bn % N
+  b = bn // N
+  kh = n // (N // KH)
+  m0 = m_blk * BLOCK_M
+  b64 = b.to(tl.int64)
+  q_len = m0 * 0 + T
+  if HAS_Q_LEN:
+    q_len = tl.minimum(tl.load(q_len_ptr + b), T)
+  kv_len = m0 * 0 + S
+  if HAS_KV_LEN:
+    kv_len = tl.maximum(tl.minimum(tl.load(kv_len_ptr + b), S), 0)
+  return b64, n, kh, m0, q_len, kv_len
+
+
+@triton.jit
 def fwd_kernel(
   q_ptr,
   k_ptr,
@@ -308,23 +345,9 @@ def fwd_kernel(
   BLOCK_HV: tl.constexpr,
 ):
   """One program per (query block, head, batch); the heaviest causal blocks first."""
-  NUM_M: tl.constexpr = (T + BLOCK_M - 1) // BLOCK_M
-  pid = tl.program_id(0)
-  m_blk = pid % NUM_M
-  if CAUSAL:
-    m_blk = NUM_M - 1 - m_blk
-  bn = pid // NUM_M
-  n = bn % N
-  b = bn // N
-  kh = n // (N // KH)
-  m0 = m_blk * BLOCK_M
-  b64 = b.to(tl.int64)
-  q_len = m0 * 0 + T
-  if HAS_Q_LEN:
-    q_len = tl.minimum(tl.load(q_len_ptr + b), T)
-  kv_len = m0 * 0 + S
-  if HAS_KV_LEN:
-    kv_len = tl.maximum(tl.minimum(tl.load(kv_len_ptr + b), S), 0)
+  b64, n, kh, m0, q_len, kv_len = _query_block(
+    q_len_ptr, kv_len_ptr, T, S, N, KH, CAUSAL, HAS_Q_LEN, HAS_KV_LEN, BLOCK_M
+  )
 
   offs_m = m0 + tl.arange(0, BLOCK_M)
   offs_d = tl.arange(0, BLOCK_H)
@@ -792,23 +815,9 @@ def dq_kernel(
   BLOCK_HV: tl.constexpr,
 ):
   """One program per (query block, head, batch), as the forward pass."""
-  NUM_M: tl.constexpr = (T + BLOCK_M - 1) // BLOCK_M
-  pid = tl.program_id(0)
-  m_blk = pid % NUM_M
-  if CAUSAL:
-    m_blk = NUM_M - 1 - m_blk
-  bn = pid // NUM_M
-  n = bn % N
-  b = bn // N
-  kh = n // (N // KH)
-  m0 = m_blk * BLOCK_M
-  b64 = b.to(tl.int64)
-  q_len = m0 * 0 + T
-  if HAS_Q_LEN:
-    q_len = tl.minimum(tl.load(q_len_ptr + b), T)
-  kv_len = m0 * 0 + S
-  if HAS_KV_LEN:
-    kv_len = tl.maximum(tl.minimum(tl.load(kv_len_ptr + b), S), 0)
+  b64, n, kh, m0, q_len, kv_len = _query_block(
+    q_len_ptr, kv_len_ptr, T, S, N, KH, CAUSAL, HAS_Q_LEN, HAS_KV_LEN, BLOCK_M
+  )
 
   offs_m = m0 + tl.arange(0, BLOCK_M)
   offs_d = tl.arange(0, BLOCK_H)
