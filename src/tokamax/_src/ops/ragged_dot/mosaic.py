@@ -48,13 +48,6 @@ class Config:
   cluster: int = 1
 
 
-def _dims(args: spec.RaggedDotArgs) -> tuple[int, int, int]:
-  """(M, K, N) of the product, whatever the layout."""
-  m, k = args.lhs.shape
-  n = args.rhs.shape[1] if args.layout == spec.RHS_TRANSPOSED else args.rhs.shape[-1]
-  return m, k, n
-
-
 def _kernel_config(args: spec.RaggedDotArgs, config: Config):
   block = 128 // np.dtype(args.lhs.dtype).itemsize
   if args.layout == spec.RAGGED_CONTRACTING:
@@ -71,7 +64,7 @@ def _kernel_config(args: spec.RaggedDotArgs, config: Config):
 
 
 def _config_reason(args: spec.RaggedDotArgs, config: Config) -> str | None:
-  m, k, n = _dims(args)
+  m, k, n = spec.dims(args)
   module = mosaic_drhs if args.layout == spec.RAGGED_CONTRACTING else mosaic_fwd
   return module.config_reason(
     _kernel_config(args, config),
@@ -130,14 +123,9 @@ class MosaicRaggedDot(kernel_ops.MosaicGpuOp):
   config_cls = Config
 
   def _unsupported_reason(self, args: spec.RaggedDotArgs) -> str | None:
-    dtype = np.dtype(args.lhs.dtype).name
-    if dtype not in _DTYPES:
-      return f"input dtype {dtype} (supported: {', '.join(_DTYPES)})"
-    if np.dtype(args.out_dtype).name not in _OUT_DTYPES:
-      return f"preferred_element_type {np.dtype(args.out_dtype).name}"
-    m, k, n = _dims(args)
-    if min(m, k, n, args.num_groups) == 0:
-      return f"empty dimension (M={m}, K={k}, N={n}, G={args.num_groups})"
+    reason = spec.kernel_unsupported_reason(args, _DTYPES, _OUT_DTYPES)
+    if reason is not None:
+      return reason
     config = self.config if self.config is not None else self._get_heuristics_config(args)
     return _config_reason(args, config)
 
@@ -149,7 +137,7 @@ class MosaicRaggedDot(kernel_ops.MosaicGpuOp):
     return None
 
   def _get_heuristics_config(self, args: spec.RaggedDotArgs) -> Config:
-    _, _, n = _dims(args)
+    _, _, n = spec.dims(args)
     block_n = next((b for b in (256, 128, 64) if n % b == 0), 64)
     epi_n = min(128, block_n)
     cluster = 1 if args.layout == spec.RAGGED_CONTRACTING else HEURISTIC_CLUSTER

@@ -185,9 +185,30 @@ def canonicalize(
   )
 
 
-def cost(args: RaggedDotArgs) -> op.Cost:
+def dims(args: RaggedDotArgs) -> tuple[int, int, int]:
+  """(M, K, N) of the product, whatever the layout."""
   m, k = args.lhs.shape
-  n = args.rhs.shape[-1] if args.layout != RHS_TRANSPOSED else args.rhs.shape[1]
+  n = args.rhs.shape[1] if args.layout == RHS_TRANSPOSED else args.rhs.shape[-1]
+  return m, k, n
+
+
+def kernel_unsupported_reason(
+  args: RaggedDotArgs, dtypes: tuple[str, ...], out_dtypes: tuple[str, ...]
+) -> str | None:
+  """The checks every ragged_dot kernel makes: input and output dtypes, empty dims."""
+  dtype = np.dtype(args.lhs.dtype).name
+  if dtype not in dtypes:
+    return f"input dtype {dtype} (supported: {', '.join(dtypes)})"
+  if np.dtype(args.out_dtype).name not in out_dtypes:
+    return f"preferred_element_type {np.dtype(args.out_dtype).name}"
+  m, k, n = dims(args)
+  if min(m, k, n, args.num_groups) == 0:
+    return f"empty dimension (M={m}, K={k}, N={n}, G={args.num_groups})"
+  return None
+
+
+def cost(args: RaggedDotArgs) -> op.Cost:
+  m, k, n = dims(args)
   itemsize = np.dtype(args.lhs.dtype).itemsize
   out = int(np.prod(args.out_shape))
   return op.Cost(

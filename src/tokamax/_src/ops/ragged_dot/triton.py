@@ -54,13 +54,6 @@ def _input_precision(args: spec.RaggedDotArgs) -> str:
   return "tf32"
 
 
-def _dims(args: spec.RaggedDotArgs) -> tuple[int, int, int]:
-  """(M, K, N) of the product, whatever the layout."""
-  m, k = args.lhs.shape
-  n = args.rhs.shape[1] if args.layout == spec.RHS_TRANSPOSED else args.rhs.shape[-1]
-  return m, k, n
-
-
 def _bounds(args: spec.RaggedDotArgs) -> tuple[jax.Array, jax.Array]:
   """First and end row of each computed group, clipped to the rows of lhs."""
   m = args.lhs.shape[0]
@@ -96,7 +89,7 @@ def row_schedule(args: spec.RaggedDotArgs, block_m: int) -> jax.Array:
 
 def ragged_dot(args: spec.RaggedDotArgs, config: Config) -> jax.Array:
   """The output of `args` (any layout) computed by the Triton kernels."""
-  _, k, n = _dims(args)
+  _, k, n = spec.dims(args)
   out_shape = jax.ShapeDtypeStruct(args.out_shape, args.out_dtype)
   precision = _input_precision(args)
   launch = dict(num_warps=config.num_warps, num_stages=config.num_stages)
@@ -179,20 +172,16 @@ class TritonRaggedDot(kernel_ops.TritonOp):
   config_cls = Config
 
   def _unsupported_reason(self, args: spec.RaggedDotArgs) -> str | None:
-    dtype = np.dtype(args.lhs.dtype).name
-    if dtype not in _DTYPES:
-      return f"input dtype {dtype} (supported: {', '.join(_DTYPES)})"
-    if np.dtype(args.out_dtype).name not in _OUT_DTYPES:
-      return f"preferred_element_type {np.dtype(args.out_dtype).name}"
-    m, k, n = _dims(args)
-    if min(m, k, n, args.num_groups) == 0:
-      return f"empty dimension (M={m}, K={k}, N={n}, G={args.num_groups})"
+    reason = spec.kernel_unsupported_reason(args, _DTYPES, _OUT_DTYPES)
+    if reason is not None:
+      return reason
+    _, k, n = spec.dims(args)
     if k * n >= 2**31:
       return f"K*N = {k * n} >= 2**31 per group (32-bit offsets within a group)"
     return None
 
   def _get_heuristics_config(self, args: spec.RaggedDotArgs) -> Config:
-    m, k, n = _dims(args)
+    m, k, n = spec.dims(args)
     wide = np.dtype(args.lhs.dtype).itemsize == 4
     block_k = 32 if wide else 64
     if args.layout == spec.RAGGED_CONTRACTING:
