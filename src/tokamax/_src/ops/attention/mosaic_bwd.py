@@ -87,7 +87,6 @@ def dq(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
   bq, bkv, stages = p.block_q, p.block_kv, p.num_stages
   rows_per_cta = NUM_CONSUMERS * bq
   num_tiles = t // rows_per_cta
-  num_kv = s_len // bkv
   dtype = q.dtype
   m = p.masking
   any_mask = m != common.Masking()
@@ -95,19 +94,12 @@ def dq(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
   def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref, dq_ref, smem, bars):
     q_smem, do_smem, lse_smem, delta_smem, k_smem, v_smem, ds_smem = smem
     q_bar, k_bar, v_bar, k_free, v_free = bars
-    head = lax.axis_index("heads")
-    tile = num_tiles - 1 - lax.axis_index("q_tiles")
-    batch = lax.axis_index("batch")
     wg = lax.axis_index("wg")
-    kv_head = lax.div(head, jnp.int32(groups))
-    q_len = len_ref[0, batch] if m.q_len else t
-    kv_len = len_ref[1, batch] if m.kv_len else s_len
-    tile_r0 = tile * rows_per_cta
-    ranges = [
-      common.kv_blocks(m, tile_r0 + i * bq, bq, bkv, num_kv, kv_len) for i in range(NUM_CONSUMERS)
-    ]
-    tile_lo = jnp.minimum(ranges[0][0], ranges[1][0])
-    tile_hi = jnp.maximum(ranges[0][3], ranges[1][3])
+    qt = common.query_tile(
+      m, len_ref, t=t, s_len=s_len, groups=groups, block_q=bq, block_kv=bkv, consumers=NUM_CONSUMERS
+    )
+    head, batch, kv_head, q_len, kv_len = qt.head, qt.batch, qt.kv_head, qt.q_len, qt.kv_len
+    tile_r0, ranges, tile_lo, tile_hi = qt.r0, qt.ranges, qt.lo, qt.hi
 
     @pl.when(wg < NUM_CONSUMERS)
     def _consumer():

@@ -7,6 +7,7 @@ For a held block it needs the range of streamed blocks that can see anything
 """
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -70,6 +71,60 @@ def kv_blocks(m: Masking, r0, rows: int, block_kv: int, num_kv: int, kv_len):
     hi = jnp.minimum(hi, _cdiv(kv_len, block_kv))
     full_hi = jnp.minimum(full_hi, _floor_div(kv_len, block_kv))
   return _clamp_ranges(lo, full_lo, full_hi, hi)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueryTile:
+  """What a CTA that holds `consumers` query blocks of `block_q` rows works on."""
+
+  head: jax.Array
+  batch: jax.Array
+  kv_head: jax.Array
+  q_len: jax.Array | int
+  kv_len: jax.Array | int
+  r0: jax.Array  # First query row of the CTA.
+  ranges: list  # `kv_blocks` of each consumer's query block.
+  lo: jax.Array  # Key blocks any consumer needs: [lo, hi).
+  hi: jax.Array
+
+
+def query_tile(
+  m: Masking,
+  len_ref,
+  *,
+  t: int,
+  s_len: int,
+  groups: int,
+  block_q: int,
+  block_kv: int,
+  consumers: int,
+) -> QueryTile:
+  """The query tile of this CTA (grid axes "heads", "q_tiles", "batch"), heaviest causal first.
+
+  `len_ref` holds int32 [2, B] query and key lengths.
+  """
+  rows_per_cta = consumers * block_q
+  tile = t // rows_per_cta - 1 - lax.axis_index("q_tiles")
+  head = lax.axis_index("heads")
+  batch = lax.axis_index("batch")
+  q_len = len_ref[0, batch] if m.q_len else t
+  kv_len = len_ref[1, batch] if m.kv_len else s_len
+  r0 = tile * rows_per_cta
+  num_kv = s_len // block_kv
+  ranges = [
+    kv_blocks(m, r0 + i * block_q, block_q, block_kv, num_kv, kv_len) for i in range(consumers)
+  ]
+  return QueryTile(
+    head=head,
+    batch=batch,
+    kv_head=lax.div(head, jnp.int32(groups)),
+    q_len=q_len,
+    kv_len=kv_len,
+    r0=r0,
+    ranges=ranges,
+    lo=functools.reduce(jnp.minimum, [r[0] for r in ranges]),
+    hi=functools.reduce(jnp.maximum, [r[3] for r in ranges]),
+  )
 
 
 def q_blocks(m: Masking, c0, cols: int, block_q: int, num_q: int, q_len, kv_len):
