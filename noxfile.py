@@ -39,9 +39,24 @@ def gpu_tests(session):
     "-q",
     "-m",
     "not bench",
+    *_parallel_args(session),
     f"--summary-json={RESULTS}/gpu_summary.json",
     f"--summary-md={RESULTS}/gpu_summary.md",
   )
+
+
+def _parallel_args(session) -> list[str]:
+  """pytest-xdist workers sharing the accelerator, where xdist is installed (compiles dominate)."""
+  found = session.run(
+    "python",
+    "-c",
+    "import importlib.util as u; print(u.find_spec('xdist') is not None)",
+    silent=True,
+  )
+  if "True" not in str(found):
+    return []
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  return ["-n", os.environ.get("SUITE_WORKERS", "6")]
 
 
 @nox.session(venv_backend="none")

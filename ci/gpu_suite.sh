@@ -4,7 +4,8 @@
 # benchmark JSON and the log to $OUT (default suites/results/gpu_run).
 #
 #   bash ci/gpu_suite.sh [extra pytest args, e.g. -k attention]
-# Environment: OUT, SKIP_BENCH=1, SUITE_TIMEOUT (seconds for the test part, default 420).
+# Environment: OUT, SKIP_BENCH=1, SUITE_TIMEOUT (seconds for the test part, default 420),
+# SUITE_WORKERS (pytest-xdist workers where it is installed, default 6), TEST_TIMEOUT (per test).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-suites/results/gpu_run}"
@@ -16,7 +17,14 @@ if ls .whl/*.whl >/dev/null 2>&1; then  # jax-triton etc. carried as wheels (off
 fi
 export PYTHONPATH="$PWD/src:$PWD:${PYTHONPATH:-}"
 python3 -c "import jax; d = jax.devices()[0]; print(jax.__version__, d.platform, d.device_kind)" | tee "$OUT/device.txt"
-timeout "${SUITE_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider -m "not bench" \
+# Compiling kernels dominates the suite: spread it over worker processes sharing the GPU.
+PARALLEL=()
+if python3 -c "import xdist" 2>/dev/null; then
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false
+  PARALLEL=(-n "${SUITE_WORKERS:-6}")
+fi
+if python3 -c "import pytest_timeout" 2>/dev/null; then PARALLEL+=(--timeout "${TEST_TIMEOUT:-240}"); fi
+timeout "${SUITE_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider -m "not bench" "${PARALLEL[@]}" \
   --summary-json="$OUT/summary.json" --summary-md="$OUT/summary.md" \
   -o junit_family=xunit2 --junitxml="$OUT/junit.xml" "$@" 2>&1 | tee "$OUT/log.txt"
 status=${PIPESTATUS[0]}

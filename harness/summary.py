@@ -11,6 +11,7 @@ import os
 from harness import hardware
 
 OTHER = ("(harness and other tests)", "")
+OWNER_PROPERTY = "tokamax_op"
 
 
 def _skip_reason(report) -> str:
@@ -37,13 +38,14 @@ class Collector:
     for item in items:
       marker = item.get_closest_marker("op")
       if marker is not None:
-        self.owner[item.nodeid] = (
-          str(marker.args[0]),
-          str(marker.args[1]) if len(marker.args) > 1 else "",
-        )
+        key = (str(marker.args[0]), str(marker.args[1]) if len(marker.args) > 1 else "")
+        self.owner[item.nodeid] = key
+        # Reports carry user_properties to the pytest-xdist controller, which collects nothing.
+        item.user_properties.append((OWNER_PROPERTY, key))
 
   def pytest_runtest_logreport(self, report):
-    key = self.owner.get(report.nodeid, OTHER)
+    carried = dict(getattr(report, "user_properties", ())).get(OWNER_PROPERTY)
+    key = self.owner.get(report.nodeid) or (tuple(carried) if carried else OTHER)
     if report.when == "call" or (report.when == "setup" and not report.passed):
       outcome = "skipped" if report.skipped else report.outcome
       if report.when == "setup" and report.failed:

@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# Everything the H200 has to check, in one device call: the h100 suite, the goldens and a
-# benchmark-history run, and the tooling checks (timers, export). Results are packed into
-# $OUT/results.tar.gz (the device tool brings back few files), with the suite summary beside it.
+# What the H200 has to check, in one device call: the steps named in STEPS, each under its own
+# time limit, results packed into $OUT/results.tar.gz (the device tool brings back few files)
+# with the suite summary beside it.
 #
-#   GITHUB_SHA=<commit> OUT=<dir> bash ci/gpu/run_all.sh
-# Environment: SUITE_S (seconds for the suite, default 200), TOOLING_S (default 90),
-# TOOLING_SKIP (tooling sections to skip, default "autotune,default_cache").
+#   GITHUB_SHA=<commit> OUT=<dir> STEPS="suite golden_bench tooling" bash ci/gpu/run_all.sh
+#
+# Steps (seconds in <STEP>_S override the default limit):
+#   suite             the h100 matrix and kernel tests (ci/gpu_suite.sh), summary.md/json
+#   golden_bench      goldens and one benchmark-history run (ci/gpu/golden_and_bench.sh)
+#   tooling           timers and export (ci/gpu/tooling.py; TOOLING_SKIP, default autotune,default_cache)
+#   autotune          step autotuning and the default cache (ci/gpu/tooling.py, timers/export skipped)
+#   attention_mosaic  Mosaic attention against cuDNN (ci/gpu/attention_mosaic.py --skip-checks)
+#   attention_triton  Triton attention timings (ci/gpu/attention_triton.py --skip-tests)
+#   mosaic_mm         Mosaic ragged_dot and GLU timings (ci/gpu/mosaic_mm.py --part bench)
+#   triton_mm_norm    Triton layer_norm, GLU and ragged_dot timings (ci/gpu/triton_mm_norm.py)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the output folder}"
@@ -17,14 +25,40 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
 fi
 export PYTHONPATH="$PWD/src:$PWD:${PYTHONPATH:-}"
-mkdir -p "$WORK/suite" "$WORK/golden_and_bench" "$WORK/tooling"
-echo "== suite"
-OUT=$WORK/suite SKIP_BENCH=1 SUITE_TIMEOUT=${SUITE_S:-200} bash ci/gpu_suite.sh 2>&1 | tail -25
-echo "== goldens and benchmark history"
-OUT=$WORK/golden_and_bench bash ci/gpu/golden_and_bench.sh 2>&1 | grep -E "^(==|status|new |ok |slower|[a-z_]+\[)" | head -60
-echo "== tooling checks"
-timeout "${TOOLING_S:-90}" python3 ci/gpu/tooling.py --out "$WORK/tooling" --budget-s "${TOOLING_S:-90}" \
-  --skip "${TOOLING_SKIP:-autotune,default_cache}" 2>&1 | tail -15
-tar czf "$FINAL/results.tar.gz" -C "$WORK" .
-cp "$WORK/suite/summary.md" "$FINAL/" 2>/dev/null
+if [ -z "${GITHUB_SHA:-}" ] && [ -f .gpu_commit ]; then export GITHUB_SHA=$(cat .gpu_commit); fi
+export TOKAMAX_COMMIT=${GITHUB_SHA:-unknown}
+
+step() {  # step NAME DEFAULT_SECONDS COMMAND...
+  local name=$1 default=$2 var
+  shift 2
+  var="$(echo "$name" | tr a-z A-Z)_S"
+  mkdir -p "$WORK/$name"
+  echo "== $name (limit ${!var:-$default} s)"
+  local t0=$SECONDS
+  timeout "${!var:-$default}" "$@" >"$WORK/$name/log.txt" 2>&1
+  echo "== $name: exit $? after $((SECONDS - t0)) s"
+  tail -"${TAIL:-12}" "$WORK/$name/log.txt"
+  # Packed after every step, so that a call cut short still brings back what finished.
+  tar czf "$FINAL/results.tar.gz" -C "$WORK" .
+  cp "$WORK/suite/summary.md" "$FINAL/" 2>/dev/null
+}
+
+for s in ${STEPS:-suite golden_bench tooling}; do
+  case $s in
+    suite) step suite 240 env OUT="$WORK/suite" SKIP_BENCH=1 SUITE_TIMEOUT=100000 bash ci/gpu_suite.sh ;;
+    golden_bench) step golden_bench 150 env OUT="$WORK/golden_bench" bash ci/gpu/golden_and_bench.sh ;;
+    tooling) step tooling 90 python3 ci/gpu/tooling.py --out "$WORK/tooling" --budget-s "${TOOLING_S:-90}" \
+      --skip "${TOOLING_SKIP:-autotune,default_cache}" ;;
+    autotune) step autotune 300 python3 ci/gpu/tooling.py --out "$WORK/autotune" --budget-s "${AUTOTUNE_S:-300}" \
+      --skip timers,export ;;
+    attention_mosaic) step attention_mosaic 120 python3 ci/gpu/attention_mosaic.py --skip-checks \
+      --out "$WORK/attention_mosaic/attention_mosaic.json" ;;
+    attention_triton) step attention_triton 90 python3 ci/gpu/attention_triton.py --skip-tests \
+      --out "$WORK/attention_triton" --commit "$TOKAMAX_COMMIT" ;;
+    mosaic_mm) step mosaic_mm 120 python3 ci/gpu/mosaic_mm.py --part bench --out "$WORK/mosaic_mm/mosaic_mm.json" ;;
+    triton_mm_norm) step triton_mm_norm 150 python3 ci/gpu/triton_mm_norm.py --skip-correctness \
+      --out "$WORK/triton_mm_norm" ;;
+    *) echo "unknown step $s" ;;
+  esac
+done
 echo "== packed $(du -h "$FINAL/results.tar.gz" | cut -f1) into results.tar.gz"

@@ -248,7 +248,7 @@ def make_step(shapes: dict, dry: bool):
   return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4))), args
 
 
-def autotune_step(out_dir: str, dry: bool) -> dict:
+def autotune_step(out_dir: str, dry: bool, budget_s: float) -> dict:
   shapes = step_shapes(dry)
   step, sds = make_step(shapes, dry)
   _, arrays = tokamax.standardize_function(lambda *a: a, *sds)
@@ -257,7 +257,7 @@ def autotune_step(out_dir: str, dry: bool) -> dict:
   ]
   log("ops found:", found)
   t = time.monotonic()
-  result = tokamax.autotune(step, *arrays, timeout_s=90, time_budget_s=240, iterations=5)
+  result = tokamax.autotune(step, *arrays, timeout_s=90, time_budget_s=budget_s, iterations=5)
   tune_s = time.monotonic() - t
   result.dump(os.path.join(out_dir, "step_autotuning.json"))
   fn, fn_args = tokamax.standardize_function(step, *arrays, seed=None)
@@ -448,6 +448,7 @@ def main() -> None:
   parser.add_argument("--out", default=os.environ.get("OUT", "."))
   parser.add_argument("--dry", action="store_true")
   parser.add_argument("--budget-s", type=float, default=400.0)
+  parser.add_argument("--step-budget-s", type=float, default=180.0, help="autotuning the step")
   parser.add_argument("--skip", default="", help="comma-separated sections to skip")
   opts = parser.parse_args()
   os.makedirs(opts.out, exist_ok=True)
@@ -459,7 +460,7 @@ def main() -> None:
   if "timers" not in skip:
     section("timers", opts.out)(timers)(opts.dry)
   if "autotune" not in skip:
-    section("autotune", opts.out)(autotune_step)(opts.out, opts.dry)
+    section("autotune", opts.out)(autotune_step)(opts.out, opts.dry, opts.step_budget_s)
   if "export" not in skip:
     section("export", opts.out)(export_kernels)(opts.dry)
   if "default_cache" not in skip:
