@@ -16,6 +16,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then  # jax-triton etc. carried as wheels (off
   export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
 fi
 export PYTHONPATH="$PWD/src:$PWD:${PYTHONPATH:-}"
+# Triton needs a writable cache; the device image's HOME may have none.
+export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/tmp/triton_cache}"
 python3 -c "import jax; d = jax.devices()[0]; print(jax.__version__, d.platform, d.device_kind)" | tee "$OUT/device.txt"
 # Compiling kernels dominates the suite: spread it over worker processes sharing the GPU.
 PARALLEL=()

@@ -96,14 +96,22 @@ def record(benchmark, m: Measurement) -> dict:
   return info
 
 
-def environment() -> dict:
-  """Commit, date, jax version and device: the context of a set of records."""
+def current_commit() -> str:
+  """The commit under test: GITHUB_SHA where set (a device copy of the tree may carry a stale
+  .git), else git's HEAD, else "unknown"."""
+  if os.environ.get("GITHUB_SHA"):
+    return os.environ["GITHUB_SHA"]
   try:
-    commit = subprocess.run(
+    return subprocess.run(
       ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
     ).stdout.strip()
   except (OSError, subprocess.SubprocessError):
-    commit = os.environ.get("GITHUB_SHA", "unknown")
+    return "unknown"
+
+
+def environment() -> dict:
+  """Commit, date, jax version and device: the context of a set of records."""
+  commit = current_commit()
   return {
     "commit": commit,
     "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

@@ -192,6 +192,7 @@ def run(
   rotations: int = 2,
   budget_s: float | None = None,
   log: Callable[[str], None] = print,
+  sink: Callable[[dict], None] | None = None,
 ) -> list[dict]:
   """Measures the family's benchmark cases through every native implementation here.
 
@@ -271,6 +272,8 @@ def run(
           host=host() if profile.platform == "cpu" else None,
         )
         records.append(rec)
+        if sink is not None:  # Written as it comes, so that a run cut short keeps it.
+          sink(rec)
         log(
           f"{label}: {rec['device_time_median_ms']:.4g} ms"
           + (f", {rec['tflops_per_s']:.4g} TFLOP/s" if rec.get("tflops_per_s") else "")
@@ -501,6 +504,7 @@ def main(argv=None) -> int:
       modes=_csv(args.modes),
       timer=default_timer(args.iterations, args.warmup),
       budget_s=args.budget_s,
+      sink=(lambda rec: append([rec], args.out)) if args.out else None,
     )
     if args.out:
       append(records, args.out)

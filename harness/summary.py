@@ -93,7 +93,7 @@ class Collector:
     return "\n".join(lines) + "\n"
 
   def pytest_terminal_summary(self, terminalreporter):
-    if not self.outcomes:
+    if not self.outcomes or hasattr(self.config, "workerinput"):  # xdist: the controller writes.
       return
     terminalreporter.section("tokamax summary")
     doc = self.as_dict()

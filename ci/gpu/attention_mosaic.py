@@ -13,11 +13,9 @@ Run on the device machine from the repository root:
 """
 
 import argparse
-import contextlib
 import dataclasses
 import functools
 import json
-import subprocess
 import time
 import traceback
 
@@ -25,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from harness import bench as bench_lib
 from harness import timing
 from tokamax._src.ops import op
 from tokamax._src.ops.attention import mosaic, xla
@@ -203,10 +202,7 @@ def main():
   a = parser.parse_args()
   OUT_PATH[0] = a.out
   RESULTS["device"] = jax.devices()[0].device_kind
-  with contextlib.suppress(OSError):
-    RESULTS["commit"] = subprocess.run(
-      ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+  RESULTS["commit"] = bench_lib.current_commit()
   RESULTS["has_bwd_kernel"] = has_bwd()
   log("device", RESULTS["device"], "bwd kernel", has_bwd())
   grads = has_bwd()

@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import subprocess
 import sys
 import time
 import traceback
@@ -25,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from harness import references, timing
+from harness import bench, references, timing
 from tokamax._src.ops.gated_linear_unit import api as glu_api
 from tokamax._src.ops.gated_linear_unit import mosaic as glu_mosaic
 from tokamax._src.ops.ragged_dot import api as rd_api
@@ -395,8 +394,7 @@ def main():
   OUT_PATH[0] = opts.out
   dev = jax.devices()[0]
   RESULTS["device"] = f"{dev.device_kind} ({dev.platform}, {getattr(dev, 'core_count', '?')} SMs)"
-  with contextlib.suppress(Exception):  # The device copy of the tree has no git history.
-    RESULTS["commit"] = subprocess.check_output(["git", "rev-parse", "HEAD"], text=True).strip()
+  RESULTS["commit"] = bench.current_commit()
   log(RESULTS["device"], RESULTS["commit"], jax.__version__)
   t0 = time.time()
   if opts.part in ("checks", "all"):

@@ -8,6 +8,7 @@
 # Steps (seconds in <STEP>_S override the default limit):
 #   suite             the h100 matrix and kernel tests (ci/gpu_suite.sh), summary.md/json
 #   golden_bench      goldens and one benchmark-history run (ci/gpu/golden_and_bench.sh)
+#   history_ops       the benchmark-history run of the ops other than attention, forward
 #   tooling           timers and export (ci/gpu/tooling.py; TOOLING_SKIP, default autotune,default_cache)
 #   autotune          step autotuning and the default cache (ci/gpu/tooling.py, timers/export skipped)
 #   attention_mosaic  Mosaic attention against cuDNN (ci/gpu/attention_mosaic.py --skip-checks)
@@ -26,7 +27,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH="$PWD/src:$PWD:${PYTHONPATH:-}"
 if [ -z "${GITHUB_SHA:-}" ] && [ -f .gpu_commit ]; then export GITHUB_SHA=$(cat .gpu_commit); fi
-export TOKAMAX_COMMIT=${GITHUB_SHA:-unknown}
+export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/tmp/triton_cache}"
+export TOKAMAX_COMMIT=${GITHUB_SHA:-unknown} GITHUB_SHA=${GITHUB_SHA:-}
 
 step() {  # step NAME DEFAULT_SECONDS COMMAND...
   local name=$1 default=$2 var
@@ -47,6 +49,10 @@ for s in ${STEPS:-suite golden_bench tooling}; do
   case $s in
     suite) step suite 240 env OUT="$WORK/suite" SKIP_BENCH=1 SUITE_TIMEOUT=100000 bash ci/gpu_suite.sh ;;
     golden_bench) step golden_bench 150 env OUT="$WORK/golden_bench" bash ci/gpu/golden_and_bench.sh ;;
+    history_ops) step history_ops 100 python3 -m harness.history run --family h100 --no-append \
+      --out "$WORK/history_ops/bench_records.jsonl" --iterations 20 --budget-s "${HISTORY_BUDGET_S:-70}" \
+      --ops layer_norm,gated_linear_unit,ragged_dot,linear_softmax_cross_entropy_loss \
+      --features plain,swiglu,default,sum --modes fwd ;;
     tooling) step tooling 90 python3 ci/gpu/tooling.py --out "$WORK/tooling" --budget-s "${TOOLING_S:-90}" \
       --skip "${TOOLING_SKIP:-autotune,default_cache}" ;;
     autotune) step autotune 300 python3 ci/gpu/tooling.py --out "$WORK/autotune" --budget-s "${AUTOTUNE_S:-300}" \

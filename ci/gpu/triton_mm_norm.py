@@ -13,13 +13,11 @@ rotating input sets), the same method for the kernel and its anchor.
 """
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -453,10 +451,7 @@ def main():
   RESULTS["device"] = getattr(dev, "device_kind", str(dev))
   RESULTS["jax"] = jax.__version__
   RESULTS["python"] = platform.python_version()
-  with contextlib.suppress(OSError):
-    RESULTS["commit"] = subprocess.run(
-      ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+  RESULTS["commit"] = bench.current_commit()
   RESULTS["timing_method"] = (
     "wallclock: median over repeats of the mean of back-to-back queued calls"
   )

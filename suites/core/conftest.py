@@ -37,6 +37,21 @@ class Inputs:
     return jax.random.randint(sub, shape, low, high)
 
 
+@pytest.fixture(autouse=True)
+def _float32_matmuls_at_full_precision():
+  """These tests check the ops' semantics against float64, so float32 matmuls run in float32.
+
+  Accelerators lower float32 matmuls at DEFAULT precision to TF32 (GPU) or bfloat16 passes
+  (TPU); the hardware matrices (suites/test_matrix.py) test that default with the harness's
+  accelerator tolerances.
+  """
+  if jax.default_backend() == "cpu":
+    yield
+    return
+  with jax.default_matmul_precision("highest"):
+    yield
+
+
 @pytest.fixture
 def inputs(request) -> Inputs:
   return Inputs(plugin.key_for(request.node.nodeid))

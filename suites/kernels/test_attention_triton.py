@@ -423,3 +423,14 @@ def test_gpu_backward_is_deterministic():
   first, second = f(q, k, v), f(q, k, v)
   for a, b in zip(first, second, strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_interpreter_leaves_triton_language_as_it_was():
+  """Triton's interpreter patches the language for helpers; left patched, later compiles break."""
+  spaces = triton_call._language_namespaces()
+  before = [dict(vars(ns)) for ns in spaces]
+  test_interpreted("causal-gqa")
+  for ns, old in zip(spaces, before, strict=True):
+    now = dict(vars(ns))
+    changed = sorted(k for k in old if old[k] is not now.get(k))
+    assert not changed, f"{getattr(ns, '__name__', ns)}: {changed[:10]}"

@@ -212,3 +212,12 @@ def test_gpu_matches_reference_with_gradients(case, dtype):
 
 if __name__ == "__main__":
   print(json.dumps(_interpreted_errors()))
+
+
+def test_compiles_after_jax_triton_empties_the_triton_cache_dir(monkeypatch):
+  """Importing jax-triton sets TRITON_CACHE_DIR to ""; compiling must still work."""
+  monkeypatch.setenv("TRITON_CACHE_DIR", "")
+  args = _record((16, 256), -1, "bfloat16", True, True, True, 0.0)
+  launches, _, _ = _launches(args, OP._get_heuristics_config(args))
+  assert "cubin" in triton_call.compile_launch(launches[0], 90).asm
+  assert os.environ["TRITON_CACHE_DIR"] == ""

@@ -10,6 +10,7 @@ only where jax has GPU support, so it is imported lazily here.
   NVIDIA target on any machine (CI compiles every kernel for sm_80 and sm_90).
 - `capture()` records the launches `call` would make instead of running them,
   so that wrapper logic runs on a CPU; `compile_launch` compiles a recording.
+- Under `jax.vmap`, a launch runs once per batch element (`sequential_under_vmap`).
 - `interpret()` runs launches in Triton's interpreter on the host instead
   (eager calls only, small shapes, float32/float16: its bfloat16 is unreliable),
   so that CPU tests can check a kernel's numbers.
@@ -18,6 +19,8 @@ only where jax has GPU support, so it is imported lazily here.
 import contextlib
 import dataclasses
 import functools
+import os
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -125,6 +128,35 @@ def _torch_dtype(name: str) -> Any:
   return type("dtype", (), {"__str__": lambda _: f"torch.{name}"})()
 
 
+def _language_namespaces() -> list[Any]:
+  """The modules and classes of `triton.language` that Triton's interpreter patches."""
+  import triton.language as tl
+
+  return [tl, tl.core, tl.math, tl.standard, tl.tensor, tl.core.tensor_descriptor_base]
+
+
+@contextlib.contextmanager
+def _language_restored() -> Iterator[None]:
+  """Puts `triton.language` back as it was after the block.
+
+  Triton's interpreter patches the language for every jitted helper a kernel calls
+  and never restores those patches (triton 3.6, `InterpretedFunction.__call__`);
+  left in place, they break every later compile in the process.
+  Names the interpreter adds (its semantic object) stay: later interpreted runs need them.
+  """
+  saved = [(ns, dict(vars(ns))) for ns in _language_namespaces()]
+  try:
+    yield
+  finally:
+    for ns, before in saved:
+      for name, value in before.items():
+        if vars(ns).get(name, _MISSING) is not value:
+          setattr(ns, name, value)
+
+
+_MISSING = object()
+
+
 def _run_interpreted(kernel, args, shapes, grid, meta) -> list[jax.Array]:
   import triton
   from triton.runtime import interpreter
@@ -167,7 +199,8 @@ def _run_interpreted(kernel, args, shapes, grid, meta) -> list[jax.Array]:
   for ns, functions in zip(namespaces, jitted, strict=True):
     ns.update({k: interpreter.InterpretedFunction(v.fn) for k, v in functions.items()})
   try:
-    Executor(fn.fn, fn.arg_names, _normalize_grid(grid, meta))(*wrapped, **constexprs)
+    with _language_restored():
+      Executor(fn.fn, fn.arg_names, _normalize_grid(grid, meta))(*wrapped, **constexprs)
   finally:
     interpreter._patch_lang_tensor = patch_tensor
     for ns, functions in zip(namespaces, jitted, strict=True):
@@ -218,7 +251,36 @@ def call(
     return outs[0] if single else outs
   import jax_triton
 
-  return jax_triton.triton_call(*args, kernel=kernel, out_shape=out_shape, grid=grid, **meta)
+  positions = [i for i, a in enumerate(args) if hasattr(a, "shape") and hasattr(a, "dtype")]
+
+  def launch(*arrays):
+    full = list(args)
+    for i, a in zip(positions, arrays, strict=True):
+      full[i] = a
+    return jax_triton.triton_call(*full, kernel=kernel, out_shape=out_shape, grid=grid, **meta)
+
+  return sequential_under_vmap(launch)(*(args[i] for i in positions))
+
+
+def sequential_under_vmap(fn: Callable[..., Any]) -> Callable[..., Any]:
+  """`fn` of arrays, which `jax.vmap` runs once per batch element (jax-triton has no batching).
+
+  Unbatched arguments are passed whole to every call, not broadcast.
+  """
+  wrapped = jax.custom_batching.custom_vmap(fn)
+
+  @wrapped.def_vmap
+  def _rule(axis_size, in_batched, *arrays):
+    del axis_size
+
+    def one(batched_slices):
+      it = iter(batched_slices)
+      return wrapped(*(next(it) if b else a for a, b in zip(arrays, in_batched, strict=True)))
+
+    outs = jax.lax.map(one, [a for a, b in zip(arrays, in_batched, strict=True) if b])
+    return outs, jax.tree.map(lambda _: True, outs)
+
+  return wrapped
 
 
 def _type_of(value: Any) -> str:
@@ -277,9 +339,27 @@ def compile_for(
     raise ValueError(f"{kernel.__name__}: no type or value for arguments {missing}")
   src = ASTSource(fn=kernel, signature=ordered, constexprs=dict(constexprs), attrs=attrs)
   target = GPUTarget("cuda", sm, 64 if sm >= 90 else 32)
-  return triton.compile(
-    src, target=target, options={"num_warps": num_warps, "num_stages": num_stages}
-  )
+  with _triton_cache_dir():
+    return triton.compile(
+      src, target=target, options={"num_warps": num_warps, "num_stages": num_stages}
+    )
+
+
+@contextlib.contextmanager
+def _triton_cache_dir() -> Iterator[None]:
+  """A cache directory for `triton.compile`: importing jax-triton empties TRITON_CACHE_DIR."""
+  before = os.environ.get("TRITON_CACHE_DIR")
+  if before:
+    yield
+    return
+  os.environ["TRITON_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), "tokamax_triton_cache")
+  try:
+    yield
+  finally:
+    if before is None:
+      del os.environ["TRITON_CACHE_DIR"]
+    else:
+      os.environ["TRITON_CACHE_DIR"] = before
 
 
 def compile_launch(launch: Launch, sm: int = 90) -> Any:

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tokamax._src import device, triton_call
+from tokamax._src import device, numerics, triton_call
 from tokamax._src.ops import kernel_ops
 from tokamax._src.ops.attention import spec, triton_flash
 
@@ -73,10 +73,7 @@ def _broadcast_strides(x: jax.Array | None) -> tuple[int, int, int, int]:
 
 
 def _dot_precision(args: spec.AttentionArgs) -> str:
-  precisions = args.precision if isinstance(args.precision, tuple) else (args.precision,)
-  if args.query.dtype == jnp.float32 and jax.lax.Precision.HIGHEST in precisions:
-    return "ieee"
-  return "tf32"
+  return numerics.triton_input_precision(args.query.dtype, args.precision)
 
 
 def _absent(dtype) -> jax.Array:

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tokamax._src import triton_call
+from tokamax._src import numerics, triton_call
 from tokamax._src.ops import kernel_ops
 from tokamax._src.ops.gated_linear_unit import spec
 from tokamax._src.ops.gated_linear_unit import triton_glu as kernels
@@ -53,16 +53,7 @@ class Config:
 
 
 def _input_precision(args: spec.GluArgs) -> str:
-  if np.dtype(args.x.dtype) != np.float32:
-    return "ieee"  # Unused for 16-bit inputs.
-  precision = args.precision
-  if isinstance(precision, tuple):
-    precision = max((p for p in precision if p is not None), default=None, key=lambda p: p.value)
-  if precision == jax.lax.Precision.HIGHEST:
-    return "ieee"
-  if precision == jax.lax.Precision.HIGH:
-    return "tf32x3"
-  return "tf32"
+  return numerics.triton_input_precision(args.x.dtype, args.precision)
 
 
 def _weights(args: spec.GluArgs) -> tuple[jax.Array, jax.Array, int, int]:

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from tokamax._src import arguments, validation
+from tokamax._src import arguments, numerics, validation
 from tokamax._src.ops import op
 
 DEFAULT = "default"
@@ -274,7 +274,7 @@ def gradients(args: RaggedDotArgs, dout: jax.Array, compute) -> dict[str, jax.Ar
       lhs=operands[a],
       rhs=operands[b],
       layout=layout,
-      out_dtype=jnp.dtype(jnp.float32),
+      out_dtype=numerics.accumulation_dtype(operands[a].dtype),
       num_groups=args.num_groups,
     )
     grads[name] = compute(record).astype(operands[name].dtype)

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tokamax._src import triton_call
+from tokamax._src import numerics, triton_call
 from tokamax._src.ops import kernel_ops
 from tokamax._src.ops.ragged_dot import spec
 from tokamax._src.ops.ragged_dot import triton_ragged_dot as kernels
@@ -42,16 +42,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _input_precision(args: spec.RaggedDotArgs) -> str:
-  if np.dtype(args.lhs.dtype) != np.float32:
-    return "ieee"  # Unused for 16-bit inputs.
-  precision = args.precision
-  if isinstance(precision, tuple):
-    precision = max((p for p in precision if p is not None), default=None, key=lambda p: p.value)
-  if precision == jax.lax.Precision.HIGHEST:
-    return "ieee"
-  if precision == jax.lax.Precision.HIGH:
-    return "tf32x3"
-  return "tf32"
+  return numerics.triton_input_precision(args.lhs.dtype, args.precision)
 
 
 def _bounds(args: spec.RaggedDotArgs) -> tuple[jax.Array, jax.Array]:

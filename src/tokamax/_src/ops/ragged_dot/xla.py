@@ -31,6 +31,8 @@ def _loop_over_batch(axis_size, in_batched, args):
 
 
 def _ragged_dot(args: spec.RaggedDotArgs) -> jax.Array:
+  if args.lhs.dtype == jnp.float64:
+    return _one_hot_ragged_dot(args)
   sizes, before = spec.local_group_sizes(args)
   rhs = args.rhs
   if before is not None:
@@ -50,6 +52,27 @@ def _ragged_dot(args: spec.RaggedDotArgs) -> jax.Array:
   )
   if before is not None and args.layout == spec.RAGGED_CONTRACTING:
     out = out[1:-1]
+  return out.astype(args.out_dtype)
+
+
+def _one_hot_ragged_dot(args: spec.RaggedDotArgs) -> jax.Array:
+  """Dense matmuls masked by each row's group: XLA:GPU has no float64 grouped GEMM."""
+  sizes, before = spec.local_group_sizes(args)
+  m, g = args.lhs.shape[0], sizes.shape[0]
+  start = jnp.zeros((), sizes.dtype) if before is None else before
+  ends = start + jnp.cumsum(sizes)
+  rows = jnp.arange(m, dtype=sizes.dtype)
+  group = jnp.sum(rows[:, None] >= ends[None, :], axis=1)
+  in_group = (rows >= start)[:, None] & (group[:, None] == jnp.arange(g)[None, :])
+  one_hot = in_group.astype(args.lhs.dtype)
+  rhs = args.rhs
+  kwargs = dict(precision=args.precision, preferred_element_type=args.out_dtype)
+  if args.layout == spec.RAGGED_CONTRACTING:
+    out = jnp.einsum("mg,mk,mn->gkn", one_hot, args.lhs, rhs, **kwargs)
+  else:
+    if args.layout == spec.RHS_TRANSPOSED:
+      rhs = jnp.swapaxes(rhs, 1, 2)
+    out = jnp.einsum("mg,mk,gkn->mn", one_hot, args.lhs, rhs, **kwargs)
   return out.astype(args.out_dtype)
 
 
