@@ -26,7 +26,8 @@ if python3 -c "import xdist" 2>/dev/null; then
   PARALLEL=(-n "${SUITE_WORKERS:-6}")
 fi
 if python3 -c "import pytest_timeout" 2>/dev/null; then PARALLEL+=(--timeout "${TEST_TIMEOUT:-240}"); fi
-timeout "${SUITE_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider -m "not bench" "${PARALLEL[@]}" \
+# SIGINT, so that pytest still writes the summary and junit of what ran when time is up.
+timeout -s INT -k 30 "${SUITE_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider -m "not bench" "${PARALLEL[@]}" \
   --summary-json="$OUT/summary.json" --summary-md="$OUT/summary.md" \
   -o junit_family=xunit2 --junitxml="$OUT/junit.xml" "$@" 2>&1 | tee "$OUT/log.txt"
 status=${PIPESTATUS[0]}

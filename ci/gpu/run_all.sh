@@ -47,7 +47,7 @@ step() {  # step NAME DEFAULT_SECONDS COMMAND...
 
 for s in ${STEPS:-suite golden_bench tooling}; do
   case $s in
-    suite) step suite 240 env OUT="$WORK/suite" SKIP_BENCH=1 SUITE_TIMEOUT=100000 bash ci/gpu_suite.sh ;;
+    suite) step suite 240 env OUT="$WORK/suite" SKIP_BENCH=1 SUITE_TIMEOUT=$((${SUITE_S:-240} - 40)) bash ci/gpu_suite.sh ;;
     golden_bench) step golden_bench 150 env OUT="$WORK/golden_bench" bash ci/gpu/golden_and_bench.sh ;;
     history_ops) step history_ops 100 python3 -m harness.history run --family h100 --no-append \
       --out "$WORK/history_ops/bench_records.jsonl" --iterations 20 --budget-s "${HISTORY_BUDGET_S:-70}" \

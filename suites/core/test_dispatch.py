@@ -3,11 +3,13 @@
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import tokamax
 from suites.core.conftest import assert_matches, references
+from tokamax._src.ops.attention import spec as attention_spec
 from tokamax._src.ops.normalization import spec as norm_spec
 from tokamax._src.ops.normalization import xla as norm_xla
 
@@ -149,3 +151,19 @@ def test_public_names_exist():
     "DISABLE_JAX_EXPORT_CHECKS",
   ):
     assert hasattr(tokamax, name), name
+
+
+@pytest.mark.parametrize("what", ["bias", "mask"])
+def test_cudnn_names_a_bias_or_mask_broadcast_over_positions(what):
+  """jax.nn's cuDNN path rejects [.., 1, S] biases with a ValueError; ours names the reason."""
+  q = jax.ShapeDtypeStruct((2, 16, 4, 64), jnp.bfloat16)
+  extra = {
+    "bias": jax.ShapeDtypeStruct((2, 4, 1, 16), jnp.bfloat16),
+    "mask": jax.ShapeDtypeStruct((1, 1, 16, 1), jnp.bool_),
+  }[what]
+  record = jax.eval_shape(lambda q, x: attention_spec.canonicalize(q, q, q, **{what: x}), q, extra)
+  reason = attention_spec.SPEC.get("cudnn")._unsupported_reason(record)
+  assert reason is not None and reason.startswith(what) and "broadcast" in reason
+  full = jax.ShapeDtypeStruct((2, 4, 16, 16), extra.dtype)
+  record = jax.eval_shape(lambda q, x: attention_spec.canonicalize(q, q, q, **{what: x}), q, full)
+  assert attention_spec.SPEC.get("cudnn")._unsupported_reason(record) is None

@@ -35,6 +35,12 @@ class CudnnAttention(op.Op):
       return "logits_soft_cap"
     if args.local_window is not None:
       return "local_window_size"
+    t, s = args.query.shape[1], args.key.shape[1]
+    for name, x in (("bias", args.bias), ("mask", args.mask)):
+      if x is not None and tuple(x.shape[-2:]) != (t, s):
+        return (
+          f"{name} of shape {tuple(x.shape)} broadcast over positions (cuDNN takes [.., {t}, {s}])"
+        )
     if args.q_seq_lengths is not None or args.kv_seq_lengths is not None:
       # jax.nn requires both, and cuDNN leaves padded query rows unspecified.
       return "query/key_value sequence lengths"
