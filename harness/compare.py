@@ -29,10 +29,15 @@ class Report:
 
 
 def _as_f64(x) -> np.ndarray:
-  x = np.asarray(x)
-  if x.dtype == np.bool_ or np.issubdtype(x.dtype, np.integer):
-    return x.astype(np.float64)
-  return x.astype(np.float64)
+  return np.asarray(x).astype(np.float64)
+
+
+def relative_error(actual, expected) -> float:
+  """||actual - expected|| / ||expected|| in float64 (inf where `actual` is not finite)."""
+  a, e = _as_f64(actual), _as_f64(expected)
+  if not np.isfinite(a).all():
+    return float("inf")
+  return float(np.linalg.norm(a - e) / max(np.linalg.norm(e), 1e-30))
 
 
 def _nonfinite(x: np.ndarray) -> str:

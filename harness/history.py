@@ -506,8 +506,6 @@ def main(argv=None) -> int:
       budget_s=args.budget_s,
       sink=(lambda rec: append([rec], args.out)) if args.out else None,
     )
-    if args.out:
-      append(records, args.out)
     if not args.no_append:
       n = append(records, args.history)
       print(f"appended {n} records to {args.history}")

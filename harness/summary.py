@@ -25,7 +25,6 @@ class Collector:
 
   def __init__(self, config):
     self.config = config
-    self.owner: dict[str, tuple[str, str]] = {}
     self.outcomes: dict[tuple[str, str], collections.Counter] = collections.defaultdict(
       collections.Counter
     )
@@ -39,13 +38,11 @@ class Collector:
       marker = item.get_closest_marker("op")
       if marker is not None:
         key = (str(marker.args[0]), str(marker.args[1]) if len(marker.args) > 1 else "")
-        self.owner[item.nodeid] = key
-        # Reports carry user_properties to the pytest-xdist controller, which collects nothing.
+        # Reports carry user_properties, also to the pytest-xdist controller (which collects nothing).
         item.user_properties.append((OWNER_PROPERTY, key))
 
   def pytest_runtest_logreport(self, report):
-    carried = dict(getattr(report, "user_properties", ())).get(OWNER_PROPERTY)
-    key = self.owner.get(report.nodeid) or (tuple(carried) if carried else OTHER)
+    key = tuple(dict(report.user_properties).get(OWNER_PROPERTY, OTHER))
     if report.when == "call" or (report.when == "setup" and not report.passed):
       outcome = "skipped" if report.skipped else report.outcome
       if report.when == "setup" and report.failed:

@@ -14,48 +14,20 @@ Run on the device machine from the repository root:
 
 import argparse
 import dataclasses
-import functools
 import json
-import time
-import traceback
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ci.gpu import run_record
 from harness import bench as bench_lib
 from harness import timing
 from tokamax._src.ops import op
 from tokamax._src.ops.attention import mosaic, xla
 
-RESULTS = {"device": None, "commit": None, "checks": [], "timings": [], "errors": []}
-OUT_PATH = ["attention_mosaic.json"]
-START = time.monotonic()
-
-
-def save():
-  with open(OUT_PATH[0], "w") as f:
-    json.dump(RESULTS, f, indent=1)
-
-
-def log(*a):
-  print(f"[{time.monotonic() - START:6.1f}s]", *a, flush=True)
-
-
-def guarded(fn):
-  @functools.wraps(fn)
-  def wrapped(*a, **k):
-    try:
-      return fn(*a, **k)
-    except Exception as e:
-      traceback.print_exc()
-      RESULTS["errors"].append(
-        {"where": f"{fn.__name__}{a}{k}", "error": f"{type(e).__name__}: {e}"[:3000]}
-      )
-      save()
-      return None
-
-  return wrapped
+RECORD = run_record.Record("attention_mosaic.json", checks=[], timings=[])
+RESULTS, save, log, guarded = RECORD.results, RECORD.save, RECORD.log, RECORD.guarded
 
 
 def has_bwd() -> bool:
@@ -200,7 +172,7 @@ def main():
   parser.add_argument("--skip-checks", action="store_true")
   parser.add_argument("--only", default="")
   a = parser.parse_args()
-  OUT_PATH[0] = a.out
+  RECORD.path = a.out
   RESULTS["device"] = jax.devices()[0].device_kind
   RESULTS["commit"] = bench_lib.current_commit()
   RESULTS["has_bwd_kernel"] = has_bwd()

@@ -18,33 +18,22 @@ Writes attention_triton.json (and pytest logs) to DIR.
 
 import argparse
 import dataclasses
-import json
 import os
 import subprocess
 import sys
-import time
 import traceback
 
 import jax
 import jax.numpy as jnp
 
 import tokamax
+from ci.gpu import run_record
 from harness import timing
 from tokamax._src.ops.attention import spec
 from tokamax._src.ops.attention import triton as attention_triton
 
-RESULTS: dict = {"device": None, "commit": None, "tests": {}, "timings": [], "errors": []}
-OUT = ["."]
-START = time.time()
-
-
-def log(*parts) -> None:
-  print(f"[{time.time() - START:6.1f}s]", *parts, flush=True)
-
-
-def save() -> None:
-  with open(os.path.join(OUT[0], "attention_triton.json"), "w") as f:
-    json.dump(RESULTS, f, indent=1, default=str)
+RECORD = run_record.Record("attention_triton.json", tests={}, timings=[])
+RESULTS, save, log = RECORD.results, RECORD.save, RECORD.log
 
 
 def run_pytest(name: str, args: list[str], workers: int) -> None:
@@ -56,7 +45,7 @@ def run_pytest(name: str, args: list[str], workers: int) -> None:
   if proc.returncode == 4:  # A usage error (no pytest-xdist?): once more, in one process.
     cmd = [c for c in cmd if c not in ("-n", str(workers))]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-  with open(os.path.join(OUT[0], f"pytest_{name}.txt"), "w") as f:
+  with open(os.path.join(os.path.dirname(RECORD.path), f"pytest_{name}.txt"), "w") as f:
     f.write(proc.stdout + proc.stderr)
   tail = [line for line in proc.stdout.splitlines() if line.strip()][-25:]
   RESULTS["tests"][name] = {"returncode": proc.returncode, "tail": tail}
@@ -157,8 +146,8 @@ def main() -> None:
   parser.add_argument("--workers", type=int, default=8)
   parser.add_argument("--dry", action="store_true", help="CPU plumbing check: small, XLA only")
   a = parser.parse_args()
-  OUT[0] = a.out
   os.makedirs(a.out, exist_ok=True)
+  RECORD.path = os.path.join(a.out, "attention_triton.json")
   dev = jax.devices()[0]
   RESULTS["device"] = f"{dev.device_kind} ({dev.platform})"
   RESULTS["commit"] = a.commit

@@ -14,58 +14,24 @@ Run on the device machine from the repository root:
 import argparse
 import contextlib
 import dataclasses
-import functools
 import json
 import sys
 import time
-import traceback
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from harness import bench, references, timing
+from ci.gpu import run_record
+from harness import bench, compare, references, timing
 from tokamax._src.ops.gated_linear_unit import api as glu_api
 from tokamax._src.ops.gated_linear_unit import mosaic as glu_mosaic
 from tokamax._src.ops.ragged_dot import api as rd_api
 from tokamax._src.ops.ragged_dot import mosaic as rd_mosaic
 from tokamax._src.ops.ragged_dot import spec as rd_spec
 
-RESULTS = {"device": None, "commit": None, "checks": [], "timings": [], "errors": []}
-OUT_PATH = ["mosaic_mm.json"]
-
-
-def save():
-  with open(OUT_PATH[0], "w") as f:
-    json.dump(RESULTS, f, indent=1)
-
-
-def log(*a):
-  print(*a, flush=True)
-
-
-def rel_err(x, ref) -> float:
-  x = np.asarray(x, np.float64)
-  return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
-
-
-def f32(tree):
-  return jax.tree.map(lambda a: np.asarray(a, np.float32), tree)
-
-
-def guarded(fn):
-  @functools.wraps(fn)
-  def wrapped(*a, **k):
-    try:
-      return fn(*a, **k)
-    except Exception as e:
-      msg = f"{fn.__name__}{a}: {type(e).__name__}: {str(e)[:2000]}"
-      log("ERROR", msg)
-      traceback.print_exc()
-      RESULTS["errors"].append(msg)
-      return None
-
-  return wrapped
+RECORD = run_record.Record("mosaic_mm.json", checks=[], timings=[])
+RESULTS, save, log, guarded = RECORD.results, RECORD.save, RECORD.log, RECORD.guarded
 
 
 def rhs_shape(layout, m, k, n, g):
@@ -105,10 +71,14 @@ def _check_ragged(layout, m, k, n, g, offset, cluster):
     lambda a, b: references.ragged_dot_general(
       a, b, sizes, layout, group_offset=go, num_groups=ng if offset else None
     ),
-    f32((lhs, rhs)),
-    f32(ct),
+    (lhs, rhs),
+    ct,
   )
-  errs = dict(out=rel_err(out, ref), dlhs=rel_err(da, ra), drhs=rel_err(db, rb))
+  errs = dict(
+    out=compare.relative_error(out, ref),
+    dlhs=compare.relative_error(da, ra),
+    drhs=compare.relative_error(db, rb),
+  )
   ok = all(e < 1e-2 for e in errs.values()) and all(
     np.isfinite(np.asarray(x, np.float32)).all() for x in (out, da, db)
   )
@@ -141,15 +111,18 @@ def check_glu(m, k, n, tuple_weights):
   dx, dw = vjp(ct)
   ref, (rx, rw) = references.high_precision_vjp(
     lambda a, b: references.gated_linear_unit(a, b, activation=jax.nn.swish),
-    f32((x, weights)),
-    f32(ct),
+    (x, weights),
+    ct,
   )
   errs = dict(
-    out=rel_err(out, ref),
-    dx=rel_err(dx, rx),
-    dw=max(rel_err(a, b) for a, b in zip(jax.tree.leaves(dw), jax.tree.leaves(rw), strict=True)),
+    out=compare.relative_error(out, ref),
+    dx=compare.relative_error(dx, rx),
+    dw=max(
+      compare.relative_error(a, b)
+      for a, b in zip(jax.tree.leaves(dw), jax.tree.leaves(rw), strict=True)
+    ),
   )
-  primal = rel_err(jax.jit(fn)(x, weights), ref)
+  primal = compare.relative_error(jax.jit(fn)(x, weights), ref)
   ok = all(e < 1e-2 for e in errs.values()) and primal < 1e-2
   rec = dict(
     op="gated_linear_unit",
@@ -391,7 +364,7 @@ def main():
   parser.add_argument("--out", default="mosaic_mm.json")
   parser.add_argument("--part", choices=("checks", "bench", "all"), default="all")
   opts = parser.parse_args()
-  OUT_PATH[0] = opts.out
+  RECORD.path = opts.out
   dev = jax.devices()[0]
   RESULTS["device"] = f"{dev.device_kind} ({dev.platform}, {getattr(dev, 'core_count', '?')} SMs)"
   RESULTS["commit"] = bench.current_commit()

@@ -14,7 +14,6 @@ rotating input sets), the same method for the kernel and its anchor.
 
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import statistics
@@ -27,6 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import tokamax
+from ci.gpu import run_record
+from harness import bench as bench_lib
+from harness import compare
 from tokamax._src.ops.gated_linear_unit import triton as glu_triton
 from tokamax._src.ops.normalization import triton as norm_triton
 from tokamax._src.ops.ragged_dot import spec as rd_spec
@@ -37,23 +39,8 @@ HIGHEST = jax.lax.Precision.HIGHEST
 DRY = "--dry" in sys.argv
 OURS = "xla" if DRY else "triton"
 SCALE = 64 if DRY else 1
-RESULTS: dict = {"checks": [], "timings": [], "errors": []}
-
-
-OUT_DIR = ["."]
-
-
-def save():
-  with open(os.path.join(OUT_DIR[0], "triton_mm_norm.json"), "w") as f:
-    json.dump(RESULTS, f, indent=1, default=str)
-
-
-def rel_err(a, r) -> float:
-  a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
-  r = np.asarray(jnp.asarray(r, jnp.float32), np.float64)
-  if not np.isfinite(a).all():
-    return float("inf")
-  return float(np.linalg.norm(a - r) / max(np.linalg.norm(r), 1e-30))
+RECORD = run_record.Record("triton_mm_norm.json", checks=[], timings=[])
+RESULTS, save = RECORD.results, RECORD.save
 
 
 def tol(dtype) -> float:
@@ -65,7 +52,7 @@ def check(name, fn, ref_fn, args, dtype, diff_argnums):
   out = jax.jit(fn)(*args)
   up = [jax.tree.map(lambda a: a.astype(jnp.float32), a) for a in args]
   ref = jax.jit(ref_fn)(*up)
-  errs = {"out": rel_err(out, ref)}
+  errs = {"out": compare.relative_error(out, ref)}
   grads = rgrads = ()
   if diff_argnums:
     ct = jax.random.normal(jax.random.key(7), out.shape, jnp.float32).astype(out.dtype)
@@ -80,7 +67,7 @@ def check(name, fn, ref_fn, args, dtype, diff_argnums):
     rgrads = jax.jit(jax.grad(rloss, diff_argnums))(*up)
   for i, g, rg in zip(diff_argnums, grads, rgrads, strict=True):
     for j, (gl, rgl) in enumerate(zip(jax.tree.leaves(g), jax.tree.leaves(rg), strict=True)):
-      errs[f"d{i}.{j}"] = rel_err(gl, rgl)
+      errs[f"d{i}.{j}"] = compare.relative_error(gl, rgl)
   ok = all(e <= tol(dtype) for e in errs.values())
   RESULTS["checks"].append({"name": name, "dtype": np.dtype(dtype).name, "ok": ok, "errors": errs})
   print(f"{'PASS' if ok else 'FAIL'} {name} {np.dtype(dtype).name} {errs}", flush=True)
@@ -446,15 +433,13 @@ def main():
     "--only", default="layer_norm,gated_linear_unit,ragged_dot", help="ops to check and time"
   )
   a = parser.parse_args()
-  OUT_DIR[0] = a.out
+  RECORD.path = os.path.join(a.out, "triton_mm_norm.json")
   dev = jax.devices()[0]
   RESULTS["device"] = getattr(dev, "device_kind", str(dev))
   RESULTS["jax"] = jax.__version__
   RESULTS["python"] = platform.python_version()
-  RESULTS["commit"] = bench.current_commit()
-  RESULTS["timing_method"] = (
-    "wallclock: median over repeats of the mean of back-to-back queued calls"
-  )
+  RESULTS["commit"] = bench_lib.current_commit()
+  RESULTS["timing_method"] = "CUPTI device time where it works, else queued wallclock (per row)"
   t0 = time.time()
   try:
     only = set(a.only.split(","))

@@ -21,6 +21,7 @@ import pytest
 import triton
 
 import tokamax
+from harness import compare
 from tokamax._src import device, triton_call
 from tokamax._src.ops.attention import spec
 from tokamax._src.ops.attention import triton as attention_triton
@@ -79,12 +80,6 @@ def _split(kw: dict) -> tuple[dict, dict]:
 
 def _seed(name: str) -> int:
   return sum(map(ord, name))
-
-
-def _rel(x, ref) -> float:
-  x = np.asarray(jnp.asarray(x, jnp.float32), np.float64)
-  ref = np.asarray(jnp.asarray(ref, jnp.float32), np.float64)
-  return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
 def _upcast(x):
@@ -334,11 +329,11 @@ def _check_interpreted(kw, config):
     grads = attention_triton.backward(args, config, out, lse, dout)
   ref_out, ref_grads = _reference_vjp(arrays, {**lengths, **options}, dout)
   tol = 1e-5 if kw["dtype"] == jnp.float32 else 2e-3
-  assert _rel(out, ref_out) < tol
+  assert compare.relative_error(out, ref_out) < tol
   names = ["query", "key", "value"] + (["bias"] if arrays[3] is not None else [])
   for name, ref in zip(names, ref_grads, strict=True):
     assert grads[name].shape == ref.shape, name
-    assert _rel(grads[name], ref) < tol, name
+    assert compare.relative_error(grads[name], ref) < tol, name
   # The log-sum-exp is base 2, and +inf exactly where a row sees no key.
   q, k, _ = (_upcast(x) for x in (args.query, args.key, args.value))
   logits, ok = spec.logits_and_mask(
@@ -401,7 +396,7 @@ def test_gpu_matches_xla(case):
   names = ("out", "dq", "dk", "dv", "dbias")[: 1 + len(grads)]
   for name, x, ref in zip(names, (out, *grads), (ref_out, *ref_grads), strict=True):
     assert np.isfinite(np.asarray(x, np.float32)).all(), name
-    assert _rel(x, ref) < tol, (name, _rel(x, ref))
+    assert compare.relative_error(x, ref) < tol, (name, compare.relative_error(x, ref))
     max_err = float(jnp.max(jnp.abs(x.astype(jnp.float32) - ref)))
     assert max_err <= 10 * tol * float(jnp.max(jnp.abs(ref))) + 1e-6, (name, max_err)
 

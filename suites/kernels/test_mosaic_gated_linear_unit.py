@@ -11,19 +11,10 @@ import numpy as np
 import pytest
 from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 
-from harness import references
+from harness import compare, references
 from tokamax._src.ops.gated_linear_unit import api, mosaic, spec
 
 SMALL = mosaic.Config(block_n=64, num_stages=2, epi_n=64, grid_tile_m=2)
-
-
-def _rel_err(x, ref):
-  x = np.asarray(x, np.float64)
-  return np.linalg.norm(x - ref) / np.linalg.norm(ref)
-
-
-def _f32(tree):
-  return jax.tree.map(lambda a: np.asarray(a, np.float32), tree)
 
 
 @pytest.mark.parametrize(
@@ -53,17 +44,17 @@ def test_interpret_matches_reference_with_gradients(shape, tuple_weights, activa
   dx, dw = vjp(ct)
   ref, (ref_dx, ref_dw) = references.high_precision_vjp(
     lambda a, b: references.gated_linear_unit(a, b, activation=activation),
-    _f32((x, weights)),
-    _f32(ct),
+    (x, weights),
+    ct,
   )
   assert not interpret_pallas_call.get_races().races_found
   assert "RACE DETECTED" not in capfd.readouterr().out
-  assert _rel_err(primal, ref) < 5e-3
-  assert _rel_err(out, ref) < 5e-3
-  assert _rel_err(dx, ref_dx) < 1e-2
+  assert compare.relative_error(primal, ref) < 5e-3
+  assert compare.relative_error(out, ref) < 5e-3
+  assert compare.relative_error(dx, ref_dx) < 1e-2
   assert jax.tree.structure(dw) == jax.tree.structure(weights)
   for got, want in zip(jax.tree.leaves(dw), jax.tree.leaves(ref_dw), strict=True):
-    assert _rel_err(got, want) < 1e-2
+    assert compare.relative_error(got, want) < 1e-2
 
 
 def _lower(m, k, n, configs, save_gate_up=False):

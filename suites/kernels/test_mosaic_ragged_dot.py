@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 
-from harness import references
+from harness import compare, references
 from tokamax._src.ops.ragged_dot import api, mosaic, mosaic_fwd, spec
 
 SMALL = mosaic.Config(block_n=64, num_stages=2, epi_n=64)
@@ -25,15 +25,6 @@ def _rhs_shape(layout, m, k, n, g):
   return {spec.DEFAULT: (g, k, n), spec.RHS_TRANSPOSED: (g, n, k), spec.RAGGED_CONTRACTING: (m, n)}[
     layout
   ]
-
-
-def _rel_err(x, ref):
-  x = np.asarray(x, np.float64)
-  return np.linalg.norm(x - ref) / np.linalg.norm(ref)
-
-
-def _f32(tree):
-  return jax.tree.map(lambda a: np.asarray(a, np.float32), tree)
 
 
 @pytest.mark.parametrize(
@@ -68,14 +59,14 @@ def test_interpret_matches_reference_with_gradients(layout, m, offset, capfd):
     lambda a, b: references.ragged_dot_general(
       a, b, sizes, layout, group_offset=group_offset, num_groups=num_groups
     ),
-    _f32((lhs, rhs)),
-    _f32(ct),
+    (lhs, rhs),
+    ct,
   )
   assert not interpret_pallas_call.get_races().races_found
   assert "RACE DETECTED" not in capfd.readouterr().out  # Any of the three kernels.
   for name, x, r in (("out", out, ref), ("dlhs", dlhs, ref_dlhs), ("drhs", drhs, ref_drhs)):
     assert x.shape == r.shape, name
-    assert _rel_err(x, r) < 5e-3, name
+    assert compare.relative_error(x, r) < 5e-3, name
 
 
 @pytest.mark.parametrize("transpose", [False, True])
@@ -96,9 +87,9 @@ def test_interpret_two_cta_clusters(transpose, capfd):
     preferred_element_type=jnp.float32,
     implementation=impl,
   )
-  ref = references.high_precision(references.ragged_dot_general)(*_f32((lhs, rhs)), sizes, layout)
+  ref = references.high_precision(references.ragged_dot_general)(lhs, rhs, sizes, layout)
   assert "RACE DETECTED" not in capfd.readouterr().out
-  assert _rel_err(out, ref) < 1e-5
+  assert compare.relative_error(out, ref) < 1e-5
 
 
 def test_interpret_preferred_element_type():
@@ -110,10 +101,8 @@ def test_interpret_preferred_element_type():
   impl = mosaic.MosaicRaggedDot(interpret=True, config=SMALL)
   out = api.ragged_dot(lhs, rhs, sizes, preferred_element_type=jnp.float32, implementation=impl)
   assert out.dtype == jnp.float32
-  ref = references.high_precision(references.ragged_dot_general)(
-    *_f32((lhs, rhs)), sizes, spec.DEFAULT
-  )
-  assert _rel_err(out, ref) < 1e-5  # float32 output: only accumulation-order error.
+  ref = references.high_precision(references.ragged_dot_general)(lhs, rhs, sizes, spec.DEFAULT)
+  assert compare.relative_error(out, ref) < 1e-5  # float32 output: only accumulation-order error.
   assert np.all(np.asarray(out)[57:] == 0)
 
 

@@ -6,17 +6,15 @@ below and ci/gpu/triton_mm_norm.py cover them on the H200).
 """
 
 import dataclasses
-import json
 import os
 import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness import references
+from harness import compare, references
 from tokamax._src import triton_call
 from tokamax._src.ops.gated_linear_unit import api, spec
 from tokamax._src.ops.gated_linear_unit import triton as glu_triton
@@ -120,49 +118,38 @@ def test_cpu_names_triton_unavailable():
     api.gated_linear_unit(x, weights, implementation="triton")
 
 
-def _rel(a, r) -> float:
-  a = np.asarray(a, np.float64)
-  if not np.isfinite(a).all():
-    return float("inf")
-  return float(np.linalg.norm(a - r) / np.linalg.norm(r))
-
-
 def _reference(activation):
   return lambda x, w: references.gated_linear_unit(x, w, activation=activation)
 
 
-def _interpreted_errors() -> list[dict]:
-  """Runs the kernel in Triton's interpreter (needs TRITON_INTERPRET=1)."""
-  results = []
-  for x_shape, n, dtype, activation, fused in CASES:
-    x, weights, dout = _inputs(x_shape, n, dtype, fused)
-    args = spec.canonicalize(x, weights, activation=activation, precision=jax.lax.Precision.HIGHEST)
-    config = glu_triton.Config(32, 32, 16, 2, 4, 2)
-    with triton_call.interpret():
-      out, residuals = OP._fwd(args, config)
-      primal = OP._fwd_primal(args, config)
-    grads = OP._bwd(args, config, out, residuals, dout)
-    ref_out, (rx, rw) = references.high_precision_vjp(_reference(activation), (x, weights), dout)
-    errs = {"out": _rel(out, ref_out), "primal": _rel(primal, ref_out), "x": _rel(grads["x"], rx)}
-    for i, (g, r) in enumerate(
-      zip(jax.tree.leaves(grads["weights"]), jax.tree.leaves(rw), strict=True)
-    ):
-      errs[f"w{i}"] = _rel(g, r)
-    results.append({"case": repr((x_shape, n, dtype, fused)), "dtype": dtype, "errors": errs})
-  return results
+def _interpreted_errors(case) -> dict:
+  """Runs the kernel in Triton's interpreter."""
+  x_shape, n, dtype, activation, fused = case
+  x, weights, dout = _inputs(x_shape, n, dtype, fused)
+  args = spec.canonicalize(x, weights, activation=activation, precision=jax.lax.Precision.HIGHEST)
+  config = glu_triton.Config(32, 32, 16, 2, 4, 2)
+  with triton_call.interpret():
+    out, residuals = OP._fwd(args, config)
+    primal = OP._fwd_primal(args, config)
+  grads = OP._bwd(args, config, out, residuals, dout)
+  ref_out, (rx, rw) = references.high_precision_vjp(_reference(activation), (x, weights), dout)
+  errs = {
+    "out": compare.relative_error(out, ref_out),
+    "primal": compare.relative_error(primal, ref_out),
+    "x": compare.relative_error(grads["x"], rx),
+  }
+  for i, (g, r) in enumerate(
+    zip(jax.tree.leaves(grads["weights"]), jax.tree.leaves(rw), strict=True)
+  ):
+    errs[f"w{i}"] = compare.relative_error(g, r)
+  return {"case": repr((x_shape, n, dtype, fused)), "dtype": dtype, "errors": errs}
 
 
-def test_interpreted_kernel_matches_float64_reference():
-  env = {**os.environ, "TRITON_INTERPRET": "1", "JAX_PLATFORMS": "cpu"}
-  proc = subprocess.run(
-    [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900, check=False
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  results = json.loads(proc.stdout.strip().splitlines()[-1])
-  assert len(results) == len(CASES)
-  for r in results:
-    limit = 1e-5 if r["dtype"] == "float32" else 2e-3
-    assert all(e <= limit for e in r["errors"].values()), r
+@pytest.mark.parametrize("case", CASES)
+def test_interpreted_kernels_match_float64_reference(case):
+  result = _interpreted_errors(case)
+  limit = 1e-5 if result["dtype"] == "float32" else 2e-3
+  assert all(e <= limit for e in result["errors"].values()), result
 
 
 @pytest.mark.requires("triton")
@@ -183,11 +170,7 @@ def test_gpu_matches_reference_with_gradients(case, dtype):
   gx, gw = vjp(dout)
   ref_out, (rx, rw) = references.high_precision_vjp(_reference(activation), (x, weights), dout)
   limit = {"float32": 1e-5, "bfloat16": 1e-2}[dtype]
-  assert _rel(out, ref_out) <= limit
-  assert _rel(gx, rx) <= limit
+  assert compare.relative_error(out, ref_out) <= limit
+  assert compare.relative_error(gx, rx) <= limit
   for g, r in zip(jax.tree.leaves(gw), jax.tree.leaves(rw), strict=True):
-    assert _rel(g, r) <= limit
-
-
-if __name__ == "__main__":
-  print(json.dumps(_interpreted_errors()))
+    assert compare.relative_error(g, r) <= limit

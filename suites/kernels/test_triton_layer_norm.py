@@ -6,17 +6,14 @@ below and ci/gpu/triton_mm_norm.py cover them on the H200).
 """
 
 import dataclasses
-import json
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness import references
+from harness import compare, references
 from tokamax._src import triton_call
 from tokamax._src.ops.normalization import api, spec
 from tokamax._src.ops.normalization import triton as norm_triton
@@ -123,61 +120,48 @@ def test_cpu_names_triton_unavailable_and_falls_back():
   np.testing.assert_allclose(api.layer_norm(x, scale, offset), expected, rtol=1e-5, atol=1e-5)
 
 
-def _interpreted_errors() -> list[dict]:
-  """Runs the kernels in Triton's interpreter (needs TRITON_INTERPRET=1)."""
-  results = []
-  for case in CASES:
-    shape, axis, dtype, subtract_mean, has_scale, has_offset, scale_offset = case
-    x, scale, offset, dy = _inputs(shape, axis, dtype, has_scale, has_offset)
-    kw = dict(axis=axis, scale_offset=scale_offset, subtract_mean=subtract_mean)
-    args = spec.canonicalize(x, scale, offset, **kw)
-    # One program per block, and persistent programs that prefetch the next rows.
-    config = norm_triton.Config(
-      block_m=2, num_warps=4, bwd_block_m=2, bwd_num_warps=4, bwd_programs=3
-    )
-    prefetch = dataclasses.replace(config, block_m=1, fwd_programs=3, bwd_prefetch=True)
-    with triton_call.interpret():
-      out, residuals = OP._fwd(args, config)
-      grads = OP._bwd(args, config, out, residuals, dy)
-      out_p, residuals_p = OP._fwd(args, prefetch)
-      grads_p = OP._bwd(args, prefetch, out_p, residuals_p, dy)
-    present = [(n, v) for n, v in (("x", x), ("scale", scale), ("offset", offset)) if v is not None]
-
-    def ref(*vals, present=present, kw=kw):
-      named = {
-        "scale": None,
-        "offset": None,
-        **{n: v for (n, _), v in zip(present, vals, strict=True)},
-      }
-      return references.layer_norm(named["x"], named["scale"], named["offset"], epsilon=1e-6, **kw)
-
-    ref_out, ref_grads = references.high_precision_vjp(ref, [v for _, v in present], dy)
-    errs = {"out": _rel(out, ref_out), "out_prefetch": _rel(out_p, ref_out)}
-    for (name, _), rg in zip(present, ref_grads, strict=True):
-      errs[name] = _rel(grads[name], rg)
-      errs[f"{name}_prefetch"] = _rel(grads_p[name], rg)
-    results.append({"case": repr(case), "dtype": dtype, "errors": errs})
-  return results
-
-
-def _rel(a, r) -> float:
-  a = np.asarray(a, np.float64)
-  if not np.isfinite(a).all():
-    return float("inf")
-  return float(np.linalg.norm(a - r) / np.linalg.norm(r))
-
-
-def test_interpreted_kernels_match_float64_reference():
-  env = {**os.environ, "TRITON_INTERPRET": "1", "JAX_PLATFORMS": "cpu"}
-  proc = subprocess.run(
-    [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600, check=False
+def _interpreted_errors(case) -> dict:
+  """Runs the kernels in Triton's interpreter."""
+  shape, axis, dtype, subtract_mean, has_scale, has_offset, scale_offset = case
+  x, scale, offset, dy = _inputs(shape, axis, dtype, has_scale, has_offset)
+  kw = dict(axis=axis, scale_offset=scale_offset, subtract_mean=subtract_mean)
+  args = spec.canonicalize(x, scale, offset, **kw)
+  # One program per block, and persistent programs that prefetch the next rows.
+  config = norm_triton.Config(
+    block_m=2, num_warps=4, bwd_block_m=2, bwd_num_warps=4, bwd_programs=3
   )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  results = json.loads(proc.stdout.strip().splitlines()[-1])
-  assert len(results) == len(CASES)
-  for r in results:
-    limit = 1e-5 if r["dtype"] == "float32" else 2e-3
-    assert all(e <= limit for e in r["errors"].values()), r
+  prefetch = dataclasses.replace(config, block_m=1, fwd_programs=3, bwd_prefetch=True)
+  with triton_call.interpret():
+    out, residuals = OP._fwd(args, config)
+    grads = OP._bwd(args, config, out, residuals, dy)
+    out_p, residuals_p = OP._fwd(args, prefetch)
+    grads_p = OP._bwd(args, prefetch, out_p, residuals_p, dy)
+  present = [(n, v) for n, v in (("x", x), ("scale", scale), ("offset", offset)) if v is not None]
+
+  def ref(*vals, present=present, kw=kw):
+    named = {
+      "scale": None,
+      "offset": None,
+      **{n: v for (n, _), v in zip(present, vals, strict=True)},
+    }
+    return references.layer_norm(named["x"], named["scale"], named["offset"], epsilon=1e-6, **kw)
+
+  ref_out, ref_grads = references.high_precision_vjp(ref, [v for _, v in present], dy)
+  errs = {
+    "out": compare.relative_error(out, ref_out),
+    "out_prefetch": compare.relative_error(out_p, ref_out),
+  }
+  for (name, _), rg in zip(present, ref_grads, strict=True):
+    errs[name] = compare.relative_error(grads[name], rg)
+    errs[f"{name}_prefetch"] = compare.relative_error(grads_p[name], rg)
+  return {"case": repr(case), "dtype": dtype, "errors": errs}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_interpreted_kernels_match_float64_reference(case):
+  result = _interpreted_errors(case)
+  limit = 1e-5 if result["dtype"] == "float32" else 2e-3
+  assert all(e <= limit for e in result["errors"].values()), result
 
 
 @pytest.mark.requires("triton")
@@ -205,13 +189,9 @@ def test_gpu_matches_reference_with_gradients(case, dtype):
 
   ref_out, ref_grads = references.high_precision_vjp(ref, present, dy)
   limit = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 5e-3}[dtype]
-  assert _rel(out, ref_out) <= limit
+  assert compare.relative_error(out, ref_out) <= limit
   for name, g, rg in zip(names, grads, ref_grads, strict=True):
-    assert _rel(g, rg) <= limit, name
-
-
-if __name__ == "__main__":
-  print(json.dumps(_interpreted_errors()))
+    assert compare.relative_error(g, rg) <= limit, name
 
 
 def test_compiles_after_jax_triton_empties_the_triton_cache_dir(monkeypatch):

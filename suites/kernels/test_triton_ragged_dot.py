@@ -6,17 +6,13 @@ below and ci/gpu/triton_mm_norm.py cover them on the H200).
 """
 
 import dataclasses
-import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness import references
+from harness import compare, references
 from tokamax._src import triton_call
 from tokamax._src.ops.ragged_dot import api, spec
 from tokamax._src.ops.ragged_dot import triton as rd_triton
@@ -156,55 +152,42 @@ def _reference(layout, lhs, rhs, sizes, group_offset, g):
   return references.ragged_dot_general(lhs, rhs, sizes, layout, group_offset, num_groups=g)
 
 
-def _rel(a, r) -> float:
-  a = np.asarray(a, np.float64)
-  if not np.isfinite(a).all():
-    return float("inf")
-  return float(np.linalg.norm(a - r) / np.linalg.norm(r))
-
-
-def _interpreted_errors() -> list[dict]:
-  """Runs the kernels in Triton's interpreter (needs TRITON_INTERPRET=1)."""
-  results = []
-  for case in CASES:
-    layout, m, k, n, g, dtype, offset = case
-    lhs, rhs, sizes, group_offset = _inputs(layout, m, k, n, g, dtype, offset)
-    args = spec.canonicalize(
-      lhs,
-      rhs,
-      sizes,
-      spec.dimension_numbers(layout),
-      jax.lax.Precision.HIGHEST,
-      group_offset=group_offset,
-    )
-    dout = jnp.asarray(np.random.default_rng(5).standard_normal(args.out_shape), dtype)
-    with triton_call.interpret():
-      out = rd_triton.ragged_dot(args, SMALL)
-      grads = [rd_triton.ragged_dot(r, SMALL) for r in rd_triton.gradient_records(args, dout)]
-    ref_out, ref_grads = references.high_precision_vjp(
-      lambda a, b, layout=layout, sizes=sizes, go=group_offset, g=args.num_groups: _reference(
-        layout, a, b, sizes, go, g
-      ),
-      (lhs, rhs),
-      dout,
-    )
-    errs = {"out": _rel(out, ref_out), "lhs": _rel(grads[0], ref_grads[0])}
-    errs["rhs"] = _rel(grads[1], ref_grads[1])
-    results.append({"case": repr(case), "dtype": dtype, "errors": errs})
-  return results
-
-
-def test_interpreted_kernels_match_float64_reference():
-  env = {**os.environ, "TRITON_INTERPRET": "1", "JAX_PLATFORMS": "cpu"}
-  proc = subprocess.run(
-    [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900, check=False
+def _interpreted_errors(case) -> dict:
+  """Runs the kernels in Triton's interpreter."""
+  layout, m, k, n, g, dtype, offset = case
+  lhs, rhs, sizes, group_offset = _inputs(layout, m, k, n, g, dtype, offset)
+  args = spec.canonicalize(
+    lhs,
+    rhs,
+    sizes,
+    spec.dimension_numbers(layout),
+    jax.lax.Precision.HIGHEST,
+    group_offset=group_offset,
   )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  results = json.loads(proc.stdout.strip().splitlines()[-1])
-  assert len(results) == len(CASES)
-  for r in results:
-    limit = 1e-5 if r["dtype"] == "float32" else 2e-3
-    assert all(e <= limit for e in r["errors"].values()), r
+  dout = jnp.asarray(np.random.default_rng(5).standard_normal(args.out_shape), dtype)
+  with triton_call.interpret():
+    out = rd_triton.ragged_dot(args, SMALL)
+    grads = [rd_triton.ragged_dot(r, SMALL) for r in rd_triton.gradient_records(args, dout)]
+  ref_out, ref_grads = references.high_precision_vjp(
+    lambda a, b, layout=layout, sizes=sizes, go=group_offset, g=args.num_groups: _reference(
+      layout, a, b, sizes, go, g
+    ),
+    (lhs, rhs),
+    dout,
+  )
+  errs = {
+    "out": compare.relative_error(out, ref_out),
+    "lhs": compare.relative_error(grads[0], ref_grads[0]),
+  }
+  errs["rhs"] = compare.relative_error(grads[1], ref_grads[1])
+  return {"case": repr(case), "dtype": dtype, "errors": errs}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_interpreted_kernels_match_float64_reference(case):
+  result = _interpreted_errors(case)
+  limit = 1e-5 if result["dtype"] == "float32" else 2e-3
+  assert all(e <= limit for e in result["errors"].values()), result
 
 
 @pytest.mark.requires("triton")
@@ -236,10 +219,6 @@ def test_gpu_matches_reference_with_gradients(case, dtype):
     lambda a, b: _reference(layout, a, b, sizes, group_offset, num_groups), (lhs, rhs), dout
   )
   limit = {"float32": 1e-5, "bfloat16": 5e-3}[dtype]
-  assert _rel(out, ref_out) <= limit
+  assert compare.relative_error(out, ref_out) <= limit
   for name, gr, rg in zip(("lhs", "rhs"), grads, ref_grads, strict=True):
-    assert _rel(gr, rg) <= limit, name
-
-
-if __name__ == "__main__":
-  print(json.dumps(_interpreted_errors()))
+    assert compare.relative_error(gr, rg) <= limit, name

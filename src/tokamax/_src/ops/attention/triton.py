@@ -72,10 +72,6 @@ def _broadcast_strides(x: jax.Array | None) -> tuple[int, int, int, int]:
   return tuple(0 if d == 1 else int(st) for d, st in zip(x.shape, strides, strict=True))
 
 
-def _dot_precision(args: spec.AttentionArgs) -> str:
-  return numerics.triton_input_precision(args.query.dtype, args.precision)
-
-
 def _absent(dtype) -> jax.Array:
   """A one-element stand-in for an absent optional input (the kernel never reads it)."""
   return jnp.zeros((1,), dtype)
@@ -117,7 +113,7 @@ def _inputs_and_constants(args: spec.AttentionArgs) -> tuple[tuple[jax.Array, ..
     **dict(zip(("MASK_SB", "MASK_SN", "MASK_ST", "MASK_SS"), mask_strides, strict=True)),
     HAS_Q_LEN=args.q_seq_lengths is not None,
     HAS_KV_LEN=args.kv_seq_lengths is not None,
-    DOT_PRECISION=_dot_precision(args),
+    DOT_PRECISION=numerics.triton_input_precision(args.query.dtype, args.precision),
     BLOCK_H=_pow2(h),
     BLOCK_HV=_pow2(hv),
   )

@@ -295,13 +295,28 @@ def _query_block(
   kh = n // (N // KH)
   m0 = m_blk * BLOCK_M
   b64 = b.to(tl.int64)
-  q_len = m0 * 0 + T
+  q_len, kv_len = _sequence_lengths(q_len_ptr, kv_len_ptr, b, T, S, HAS_Q_LEN, HAS_KV_LEN)
+  return b64, n, kh, m0, q_len, kv_len
+
+
+@triton.jit
+def _sequence_lengths(
+  q_len_ptr,
+  kv_len_ptr,
+  b,
+  T: tl.constexpr,
+  S: tl.constexpr,
+  HAS_Q_LEN: tl.constexpr,
+  HAS_KV_LEN: tl.constexpr,
+):
+  """Batch `b`'s query and key/value lengths, clipped to [0, T] and [0, S]."""
+  q_len = b * 0 + T
   if HAS_Q_LEN:
-    q_len = tl.minimum(tl.load(q_len_ptr + b), T)
-  kv_len = m0 * 0 + S
+    q_len = tl.maximum(tl.minimum(tl.load(q_len_ptr + b), T), 0)
+  kv_len = b * 0 + S
   if HAS_KV_LEN:
     kv_len = tl.maximum(tl.minimum(tl.load(kv_len_ptr + b), S), 0)
-  return b64, n, kh, m0, q_len, kv_len
+  return q_len, kv_len
 
 
 @triton.jit
@@ -597,12 +612,7 @@ def dkdv_kernel(
   b = bk // KH
   n0 = n_blk * BLOCK_N
   b64 = b.to(tl.int64)
-  q_len = n0 * 0 + T
-  if HAS_Q_LEN:
-    q_len = tl.maximum(tl.minimum(tl.load(q_len_ptr + b), T), 0)
-  kv_len = n0 * 0 + S
-  if HAS_KV_LEN:
-    kv_len = tl.maximum(tl.minimum(tl.load(kv_len_ptr + b), S), 0)
+  q_len, kv_len = _sequence_lengths(q_len_ptr, kv_len_ptr, b, T, S, HAS_Q_LEN, HAS_KV_LEN)
 
   offs_n = n0 + tl.arange(0, BLOCK_N)
   offs_d = tl.arange(0, BLOCK_H)

@@ -21,9 +21,10 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from tokamax._src.ops import kernel_ops
 from tokamax._src.ops.gated_linear_unit import mosaic_kernel, spec
 from tokamax._src.ops.ragged_dot import mosaic as ragged_mosaic
+from tokamax._src.ops.ragged_dot import mosaic_fwd
 
 _DTYPES = ("bfloat16", "float16")
-_ROW_ALIGN = 8
+_ROW_ALIGN = mosaic_fwd.ROW_ALIGN
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

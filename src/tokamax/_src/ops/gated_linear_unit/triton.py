@@ -52,10 +52,6 @@ class Config:
   num_stages: int = 4
 
 
-def _input_precision(args: spec.GluArgs) -> str:
-  return numerics.triton_input_precision(args.x.dtype, args.precision)
-
-
 def _weights(args: spec.GluArgs) -> tuple[jax.Array, jax.Array, int, int]:
   """Gate and up weight arrays, the weights' row stride and the up offset."""
   k, n = args.x.shape[-1], args.n
@@ -94,7 +90,7 @@ def forward(args: spec.GluArgs, config: Config, save: bool) -> tuple[jax.Array, 
     BLOCK_N=config.block_n,
     BLOCK_K=config.block_k,
     GROUP_M=config.group_m,
-    INPUT_PRECISION=_input_precision(args),
+    INPUT_PRECISION=numerics.triton_input_precision(args.x.dtype, args.precision),
     num_warps=config.num_warps,
     num_stages=config.num_stages,
   )

@@ -19,7 +19,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from tokamax._src.ops.ragged_dot import mosaic_fwd
+from tokamax._src.ops.ragged_dot import mosaic_fwd, spec
 
 WG_ROWS = mosaic_fwd.WG_ROWS
 NUM_COMPUTE_WGS = mosaic_fwd.NUM_COMPUTE_WGS
@@ -54,8 +54,8 @@ def smem_bytes(config: Config, in_itemsize: int, out_itemsize: int) -> int:
 
 def config_reason(config: Config, m: int, k: int, n: int, in_itemsize: int, out_itemsize: int):
   del m
-  if n % config.block_n or config.block_n % config.epi_n:
-    return f"N={n} must be a multiple of block_n={config.block_n} (and of epi_n={config.epi_n})"
+  if (reason := mosaic_fwd.columns_reason(config, n)) is not None:
+    return reason
   if k % config.block_k:
     return f"K={k} must be a multiple of {config.block_k}"
   if config.block_m * in_itemsize != 128:
@@ -69,10 +69,7 @@ def config_reason(config: Config, m: int, k: int, n: int, in_itemsize: int, out_
 
 def group_bounds(sizes: jax.Array, before: jax.Array | None, m: int) -> jax.Array:
   """int32 [G, 2]: first and end row of each group, clipped to [0, m]."""
-  before = jnp.zeros((), jnp.int32) if before is None else before.astype(jnp.int32)
-  ends = jnp.minimum(before + jnp.cumsum(sizes.astype(jnp.int32)), m)
-  starts = jnp.concatenate([jnp.minimum(before, m)[None], ends[:-1]])
-  return jnp.stack([starts, jnp.maximum(ends, starts)], axis=1)
+  return jnp.stack(spec.group_row_bounds(sizes, before, m), axis=1)
 
 
 def ragged_contracting_dot(

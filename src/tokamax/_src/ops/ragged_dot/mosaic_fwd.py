@@ -25,15 +25,15 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from tokamax._src.ops.ragged_dot import spec
+
 # Rows of the row block handled by one compute warpgroup.
 WG_ROWS = 64
 NUM_COMPUTE_WGS = 2
 # Shared memory a CTA can use on sm_90 (227 KiB), less room for barriers.
 SMEM_BYTES = 227 * 1024 - 1024
 MEMORY_REGISTERS = 40
-ROW_ALIGN = (
-  8  # Row tiling of the TMA copies.  # rhs index (-1: zero segment), row block, first row, end row.
-)
+ROW_ALIGN = 8  # Row tiling of the TMA copies.
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -68,11 +68,18 @@ def smem_bytes(config: Config, in_itemsize: int, out_itemsize: int) -> int:
   return config.num_stages * stage + epilogue
 
 
+def columns_reason(config, n: int) -> str | None:
+  """Why `n` output columns do not tile by the config's `block_n` and `epi_n`, or None."""
+  if n % config.block_n or config.block_n % config.epi_n:
+    return f"N={n} must be a multiple of block_n={config.block_n} (and of epi_n={config.epi_n})"
+  return None
+
+
 def config_reason(config: Config, m: int, k: int, n: int, in_itemsize: int, out_itemsize: int):
   """Why `config` cannot run this shape, or None."""
   del m
-  if n % config.block_n or config.block_n % config.epi_n:
-    return f"N={n} must be a multiple of block_n={config.block_n} (and of epi_n={config.epi_n})"
+  if (reason := columns_reason(config, n)) is not None:
+    return reason
   if k % config.block_k:
     return f"K={k} must be a multiple of block_k={config.block_k}"
   if k // config.block_k < config.num_stages:
@@ -116,9 +123,7 @@ def work_items(
     the block, first row to store, end of the rows to store); and T.
   """
   g = sizes.shape[0]
-  before = jnp.zeros((), jnp.int32) if before is None else before.astype(jnp.int32)
-  ends = jnp.minimum(before + jnp.cumsum(sizes.astype(jnp.int32)), m)
-  starts = jnp.concatenate([jnp.minimum(before, m)[None], ends[:-1]])
+  starts, ends = spec.group_row_bounds(sizes, before, m)
   seg_start = jnp.concatenate([jnp.zeros(1, jnp.int32), starts, ends[-1:]])
   seg_end = jnp.concatenate([starts[:1], ends, jnp.full((1,), m, jnp.int32)])
   seg_end = jnp.maximum(seg_end, seg_start)

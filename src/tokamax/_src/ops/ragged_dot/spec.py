@@ -246,6 +246,22 @@ def local_group_sizes(args: RaggedDotArgs) -> tuple[jax.Array, jax.Array | None]
   return sizes, before
 
 
+def group_row_bounds(
+  sizes: jax.Array, before: jax.Array | None, m: int
+) -> tuple[jax.Array, jax.Array]:
+  """int32 first and end row of each group, clipped to [0, m].
+
+  Args:
+    sizes: [G] rows of each computed group, in row order.
+    before: Rows before the first computed group (None: zero).
+    m: Rows of lhs.
+  """
+  before = jnp.zeros((), jnp.int32) if before is None else before.astype(jnp.int32)
+  ends = jnp.minimum(before + jnp.cumsum(sizes.astype(jnp.int32)), m)
+  starts = jnp.concatenate([jnp.minimum(before, m)[None], ends[:-1]])
+  return starts, jnp.maximum(ends, starts)
+
+
 # For each layout: the layouts and operands of the two gradients, as
 # (layout, lhs operand, rhs operand); "dout" is the output cotangent.
 _GRADIENTS = {

@@ -41,17 +41,10 @@ def _cdiv(a: int, b: int) -> int:
   return -(-a // b)
 
 
-def _input_precision(args: spec.RaggedDotArgs) -> str:
-  return numerics.triton_input_precision(args.lhs.dtype, args.precision)
-
-
 def _bounds(args: spec.RaggedDotArgs) -> tuple[jax.Array, jax.Array]:
   """First and end row of each computed group, clipped to the rows of lhs."""
-  m = args.lhs.shape[0]
   sizes, before = spec.local_group_sizes(args)
-  ends = jnp.cumsum(sizes) + (0 if before is None else before)
-  starts = ends - sizes
-  return jnp.clip(starts, 0, m).astype(jnp.int32), jnp.clip(ends, 0, m).astype(jnp.int32)
+  return spec.group_row_bounds(sizes, before, args.lhs.shape[0])
 
 
 def max_tiles(m: int, num_groups: int, block_m: int) -> int:
@@ -82,7 +75,7 @@ def ragged_dot(args: spec.RaggedDotArgs, config: Config) -> jax.Array:
   """The output of `args` (any layout) computed by the Triton kernels."""
   _, k, n = spec.dims(args)
   out_shape = jax.ShapeDtypeStruct(args.out_shape, args.out_dtype)
-  precision = _input_precision(args)
+  precision = numerics.triton_input_precision(args.lhs.dtype, args.precision)
   launch = dict(num_warps=config.num_warps, num_stages=config.num_stages)
   if args.layout == spec.RAGGED_CONTRACTING:
     starts, ends = _bounds(args)

@@ -58,13 +58,9 @@ def _ragged_dot(args: spec.RaggedDotArgs) -> jax.Array:
 def _one_hot_ragged_dot(args: spec.RaggedDotArgs) -> jax.Array:
   """Dense matmuls masked by each row's group: XLA:GPU has no float64 grouped GEMM."""
   sizes, before = spec.local_group_sizes(args)
-  m, g = args.lhs.shape[0], sizes.shape[0]
-  start = jnp.zeros((), sizes.dtype) if before is None else before
-  ends = start + jnp.cumsum(sizes)
-  rows = jnp.arange(m, dtype=sizes.dtype)
-  group = jnp.sum(rows[:, None] >= ends[None, :], axis=1)
-  in_group = (rows >= start)[:, None] & (group[:, None] == jnp.arange(g)[None, :])
-  one_hot = in_group.astype(args.lhs.dtype)
+  starts, ends = spec.group_row_bounds(sizes, before, args.lhs.shape[0])
+  rows = jnp.arange(args.lhs.shape[0], dtype=jnp.int32)[:, None]
+  one_hot = ((rows >= starts[None, :]) & (rows < ends[None, :])).astype(args.lhs.dtype)
   rhs = args.rhs
   kwargs = dict(precision=args.precision, preferred_element_type=args.out_dtype)
   if args.layout == spec.RAGGED_CONTRACTING:
