@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from harness import compare, references
+from suites.kernels import interpreted
 from tokamax._src import triton_call
 from tokamax._src.ops.gated_linear_unit import api, spec
 from tokamax._src.ops.gated_linear_unit import triton as glu_triton
@@ -147,9 +148,7 @@ def _interpreted_errors(case) -> dict:
 
 @pytest.mark.parametrize("case", CASES)
 def test_interpreted_kernels_match_float64_reference(case):
-  result = _interpreted_errors(case)
-  limit = 1e-5 if result["dtype"] == "float32" else 2e-3
-  assert all(e <= limit for e in result["errors"].values()), result
+  interpreted.assert_errors_within_bound(_interpreted_errors(case))
 
 
 @pytest.mark.requires("triton")

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from harness import compare, references
+from suites.kernels import interpreted
 from tokamax._src import triton_call
 from tokamax._src.ops.ragged_dot import api, spec
 from tokamax._src.ops.ragged_dot import triton as rd_triton
@@ -185,9 +186,7 @@ def _interpreted_errors(case) -> dict:
 
 @pytest.mark.parametrize("case", CASES)
 def test_interpreted_kernels_match_float64_reference(case):
-  result = _interpreted_errors(case)
-  limit = 1e-5 if result["dtype"] == "float32" else 2e-3
-  assert all(e <= limit for e in result["errors"].values()), result
+  interpreted.assert_errors_within_bound(_interpreted_errors(case))
 
 
 @pytest.mark.requires("triton")
