@@ -154,6 +154,8 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
   def _bwd_unsupported_reason(self, args: attention_spec.AttentionArgs) -> str | None:
     if args.query.shape[-1] > 128:
       return "head dim 256 in the backward kernels (dk and dv accumulators exceed the registers)"
+    if args.bias is not None or args.mask is not None:
+      return "bias/mask in the backward kernels"
     return None
 
   def _bwd(self, args: attention_spec.AttentionArgs, config: Config, out, residuals, dout):
