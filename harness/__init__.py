@@ -16,6 +16,9 @@ from harness.plugin import (
   pytest_addoption as pytest_addoption,
 )
 from harness.plugin import (
+  pytest_collection_modifyitems as pytest_collection_modifyitems,
+)
+from harness.plugin import (
   pytest_configure as pytest_configure,
 )
 from harness.plugin import (

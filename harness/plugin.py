@@ -64,6 +64,12 @@ def pytest_addoption(parser):
   )
   group.addoption("--summary-json", default=None, help="write the per-op summary as JSON here")
   group.addoption("--summary-md", default=None, help="write the per-op summary as Markdown here")
+  group.addoption(
+    "--resume-from",
+    default=None,
+    metavar="JUNIT",
+    help="deselect the tests an earlier run recorded in this JUnit XML (a run cut short)",
+  )
 
 
 def pytest_configure(config):
@@ -78,6 +84,16 @@ def pytest_configure(config):
   ):
     config.addinivalue_line("markers", line)
   config.pluginmanager.register(summary.Collector(config), "tokamax-summary")
+
+
+def pytest_collection_modifyitems(config, items):
+  path = config.getoption("--resume-from")
+  if not path:
+    return
+  done = summary.junit_test_ids(path)
+  keep = [item for item in items if summary.item_junit_id(item) not in done]
+  config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+  items[:] = keep
 
 
 def pytest_report_header(config):

@@ -1,12 +1,19 @@
 """The run's summary: tests per op and implementation, passed, failed, skipped with reasons.
 
 Printed at the end of every pytest run that loads the harness, and written as
-JSON or Markdown with `--summary-json` / `--summary-md`.
+JSON or Markdown with `--summary-json` / `--summary-md`. Runs cut short by a time
+limit go on with `--resume-from JUNIT` (tests recorded there are deselected), and
+`python -m harness.summary JUNIT... --md M --json J` summarises them together.
 """
 
+import argparse
+import ast
 import collections
 import json
 import os
+import xml.etree.ElementTree as ET
+
+import pytest
 
 from harness import hardware
 
@@ -32,6 +39,14 @@ class Collector:
       collections.Counter
     )
     self.failures: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
+    self.collected: int | None = None
+
+  def pytest_collection_finish(self, session):
+    self.collected = len(session.items)
+
+  @pytest.hookimpl(optionalhook=True)
+  def pytest_xdist_node_collection_finished(self, node, ids):
+    self.collected = len(ids)
 
   def pytest_collection_modifyitems(self, items):
     for item in items:
@@ -54,40 +69,10 @@ class Collector:
         self.failures[key].append(report.nodeid)
 
   def as_dict(self) -> dict:
-    rows = []
-    for key in sorted(self.outcomes):
-      counts = self.outcomes[key]
-      rows.append(
-        {
-          "op": key[0],
-          "implementation": key[1],
-          "passed": counts["passed"],
-          "failed": counts["failed"] + counts["error"],
-          "skipped": counts["skipped"],
-          "skip_reasons": dict(self.reasons[key].most_common()),
-          "failures": self.failures[key],
-        }
-      )
-    return {"hardware": hardware.detect().as_dict(), "rows": rows}
+    return _document(self.outcomes, self.reasons, self.failures, self.collected)
 
   def markdown(self) -> str:
-    doc = self.as_dict()
-    lines = [
-      f"# Suite summary: {hardware.detect().describe()}",
-      "",
-      "| op | implementation | passed | failed | skipped | skip reasons |",
-      "| --- | --- | ---: | ---: | ---: | --- |",
-    ]
-    for r in doc["rows"]:
-      reasons = "; ".join(f"{n}x {why}" for why, n in list(r["skip_reasons"].items())[:3])
-      lines.append(
-        f"| {r['op']} | {r['implementation']} | {r['passed']} | {r['failed']} | {r['skipped']} | "
-        f"{reasons.replace('|', '/')} |"
-      )
-    failures = [f for r in doc["rows"] for f in r["failures"]]
-    if failures:
-      lines += ["", "Failures:", *(f"- `{f}`" for f in failures)]
-    return "\n".join(lines) + "\n"
+    return markdown(self.as_dict())
 
   def pytest_terminal_summary(self, terminalreporter):
     if not self.outcomes or hasattr(self.config, "workerinput"):  # xdist: the controller writes.
@@ -95,6 +80,8 @@ class Collector:
     terminalreporter.section("tokamax summary")
     doc = self.as_dict()
     width = max(len(f"{r['op']} [{r['implementation']}]") for r in doc["rows"])
+    if doc["collected"] is not None:
+      terminalreporter.write_line(f"{doc['ran']} of {doc['collected']} collected tests ran")
     for r in doc["rows"]:
       name = f"{r['op']} [{r['implementation']}]" if r["implementation"] else r["op"]
       top = next(iter(r["skip_reasons"]), "")
@@ -112,3 +99,115 @@ class Collector:
         with open(path, "w") as f:
           f.write(text())
         terminalreporter.write_line(f"summary written to {path}")
+
+
+def _document(outcomes, reasons, failures, collected: int | None, runs: int = 1) -> dict:
+  rows = []
+  for key in sorted(outcomes):
+    counts = outcomes[key]
+    rows.append(
+      {
+        "op": key[0],
+        "implementation": key[1],
+        "passed": counts["passed"],
+        "failed": counts["failed"] + counts["error"],
+        "skipped": counts["skipped"],
+        "skip_reasons": dict(reasons[key].most_common()),
+        "failures": failures[key],
+      }
+    )
+  ran = sum(r["passed"] + r["failed"] + r["skipped"] for r in rows)
+  return {
+    "hardware": hardware.detect().as_dict(),
+    "collected": collected,
+    "ran": ran,
+    "runs": runs,
+    "rows": rows,
+  }
+
+
+def markdown(doc: dict, title: str | None = None) -> str:
+  """The summary document as a Markdown table."""
+  lines = [f"# Suite summary: {title or hardware.detect().describe()}", ""]
+  if doc.get("collected") is not None:
+    missing = doc["collected"] - doc["ran"]
+    lines += [
+      f"{doc['ran']} of {doc['collected']} collected tests ran"
+      + (f" over {doc['runs']} runs" if doc.get("runs", 1) > 1 else "")
+      + (f"; {missing} not reached (time limit)." if missing > 0 else "."),
+      "",
+    ]
+  lines += [
+    "| op | implementation | passed | failed | skipped | skip reasons |",
+    "| --- | --- | ---: | ---: | ---: | --- |",
+  ]
+  for r in doc["rows"]:
+    reasons = "; ".join(f"{n}x {why}" for why, n in list(r["skip_reasons"].items())[:3])
+    lines.append(
+      f"| {r['op']} | {r['implementation']} | {r['passed']} | {r['failed']} | {r['skipped']} | "
+      f"{reasons.replace('|', '/')} |"
+    )
+  failures = [f for r in doc["rows"] for f in r["failures"]]
+  if failures:
+    lines += ["", "Failures:", *(f"- `{f}`" for f in failures)]
+  return "\n".join(lines) + "\n"
+
+
+def junit_test_ids(path: str) -> set[tuple[str, str]]:
+  """(classname, name) of every test case a JUnit XML file records."""
+  root = ET.parse(path).getroot()
+  return {(case.get("classname", ""), case.get("name", "")) for case in root.iter("testcase")}
+
+
+def item_junit_id(item) -> tuple[str, str]:
+  """The (classname, name) pytest's JUnit writer gives `item`."""
+  parts = item.nodeid.split("::")
+  module = parts[0].removesuffix(".py").replace("/", ".")
+  return ".".join([module, *parts[1:-1]]), parts[-1]
+
+
+def from_junit(paths: list[str], collected: int | None = None) -> dict:
+  """The summary document of one or more JUnit XML files (later files win per test)."""
+  cases = {}
+  for path in paths:
+    for case in ET.parse(path).getroot().iter("testcase"):
+      cases[case.get("classname", ""), case.get("name", "")] = case
+  outcomes = collections.defaultdict(collections.Counter)
+  reasons = collections.defaultdict(collections.Counter)
+  failures = collections.defaultdict(list)
+  for (classname, name), case in cases.items():
+    props = {p.get("name"): p.get("value") for p in case.iter("property")}
+    key = tuple(ast.literal_eval(props[OWNER_PROPERTY])) if OWNER_PROPERTY in props else OTHER
+    skipped = case.find("skipped")
+    if skipped is not None:
+      outcomes[key]["skipped"] += 1
+      reasons[key][(skipped.get("message") or "").removeprefix("Skipped: ")] += 1
+    elif case.find("failure") is not None or case.find("error") is not None:
+      outcomes[key]["failed"] += 1
+      failures[key].append(f"{classname}::{name}")
+    else:
+      outcomes[key]["passed"] += 1
+  return _document(outcomes, reasons, failures, collected, runs=len(paths))
+
+
+def main(argv: list[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(description="Summarise JUnit XML files of suite runs.")
+  parser.add_argument("junit", nargs="+")
+  parser.add_argument("--collected", type=int, default=None, help="tests the full suite collects")
+  parser.add_argument("--title", default=None, help="hardware line (default: this machine)")
+  parser.add_argument("--json", default=None)
+  parser.add_argument("--md", default=None)
+  opts = parser.parse_args(argv)
+  doc = from_junit(opts.junit, opts.collected)
+  text = markdown(doc, opts.title)
+  if opts.json:
+    with open(opts.json, "w") as f:
+      json.dump(doc, f, indent=1)
+  if opts.md:
+    with open(opts.md, "w") as f:
+      f.write(text)
+  print(text)
+
+
+if __name__ == "__main__":
+  main()

@@ -6,7 +6,8 @@
 #   GITHUB_SHA=<commit> OUT=<dir> STEPS="suite golden_bench tooling" bash ci/gpu/run_all.sh
 #
 # Steps (seconds in <STEP>_S override the default limit):
-#   suite             the h100 matrix and kernel tests (ci/gpu_suite.sh), summary.md/json
+#   suite             the h100 matrix and kernel tests (ci/gpu_suite.sh), summary.md/json; SUITE_ARGS
+#                     go to pytest (e.g. --resume-from JUNIT to finish a run cut by the time limit)
 #   golden_bench      goldens and one benchmark-history run (ci/gpu/golden_and_bench.sh)
 #   history_ops       the benchmark-history run of the ops other than attention, forward
 #   tooling           timers and export (ci/gpu/tooling.py; TOOLING_SKIP, default autotune,default_cache)
@@ -47,7 +48,8 @@ step() {  # step NAME DEFAULT_SECONDS COMMAND...
 
 for s in ${STEPS:-suite golden_bench tooling}; do
   case $s in
-    suite) step suite 240 env OUT="$WORK/suite" SKIP_BENCH=1 SUITE_TIMEOUT=$((${SUITE_S:-240} - 40)) bash ci/gpu_suite.sh ;;
+    suite) step suite 240 env OUT="$WORK/suite" SKIP_BENCH=1 SUITE_TIMEOUT=$((${SUITE_S:-240} - 40)) \
+      bash ci/gpu_suite.sh ${SUITE_ARGS:-} ;;
     golden_bench) step golden_bench 150 env OUT="$WORK/golden_bench" bash ci/gpu/golden_and_bench.sh ;;
     history_ops) step history_ops 100 python3 -m harness.history run --family h100 --no-append \
       --out "$WORK/history_ops/bench_records.jsonl" --iterations 20 --budget-s "${HISTORY_BUDGET_S:-70}" \
