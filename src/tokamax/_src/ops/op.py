@@ -67,6 +67,8 @@ class Op(abc.ABC):
   # Whether JAX can differentiate `_fwd` itself; if not and there is no `_bwd`,
   # the gradient comes from the XLA implementation.
   differentiable: ClassVar[bool] = True
+  # Why two runs may give gradients that differ in their last bits, or None.
+  nondeterministic_gradients: ClassVar[str | None] = None
 
   config: Any = None
 

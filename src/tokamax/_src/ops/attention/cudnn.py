@@ -17,6 +17,10 @@ class CudnnAttention(op.Op):
   name = "cudnn"
   spec = spec.SPEC
   platforms = ("gpu",)
+  nondeterministic_gradients = (
+    "cuDNN's backward accumulates dq with atomics (XLA_FLAGS=--xla_gpu_deterministic_ops=true "
+    "makes it deterministic)"
+  )
 
   def _platform_reason(self, platform, dev):
     if platform == "gpu" and not device.is_nvidia_gpu(dev):
