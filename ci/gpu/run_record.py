@@ -48,3 +48,26 @@ class Record:
         return None
 
     return wrapped
+
+
+def forward_backward(fn: Callable, diff_argnums: tuple[int, ...]) -> Callable:
+  """`(*args, cotangent) -> (out, grads)`: a training step's view of `fn`.
+
+  The forward output stays live and the cotangent has the output's dtype, as in
+  `harness.history.benchmark_fn`; grads are with respect to `diff_argnums`.
+  """
+  import jax  # The record itself needs no JAX.
+
+  def step(*args_and_cotangent):
+    *args, cotangent = args_and_cotangent
+
+    def of_diff(*diff):
+      full = list(args)
+      for i, value in zip(diff_argnums, diff, strict=True):
+        full[i] = value
+      return fn(*full)
+
+    out, pull = jax.vjp(of_diff, *(args[i] for i in diff_argnums))
+    return out, pull(cotangent)
+
+  return step

@@ -6,8 +6,9 @@ Run on an NVIDIA GPU with jax-triton installed:
 Correctness: each op through the public API with implementation="triton",
 against the XLA implementation on float32-upcast inputs at HIGHEST precision,
 outputs and gradients, on random inputs (uneven and empty groups for ragged_dot).
-Timings: the done-when shapes of issue 4 in bfloat16, forward and forward+backward,
-with the XLA anchors measured in the same run. Times are the median over
+Timings: the done-when shapes of issue 4 in bfloat16, forward and forward+backward
+(`run_record.forward_backward`: output and gradients, cotangent in the output's
+dtype), with the XLA anchors measured in the same run. Times are the median over
 repeats of the mean of back-to-back queued calls (wallclock after warm-up,
 rotating input sets), the same method for the kernel and its anchor.
 """
@@ -217,13 +218,13 @@ def queued_wallclock(fn, argsets, iters, repeats) -> dict:
 
 
 def fwd_and_fwdbwd(fn, diff_argnums):
-  fwd = jax.jit(fn)
+  return jax.jit(fn), jax.jit(run_record.forward_backward(fn, diff_argnums))
 
-  def loss(*a):
-    return (fn(*a[:-1]).astype(jnp.float32) * a[-1]).sum()
 
-  grad = jax.jit(jax.grad(loss, diff_argnums))
-  return fwd, grad
+def cotangent(fwd, args):
+  """A random cotangent of the output's shape and dtype."""
+  out = jax.eval_shape(fwd, *args)
+  return jax.random.normal(jax.random.key(5), out.shape, jnp.float32).astype(out.dtype)
 
 
 def timed(name, shape, impls, make_args, diff_argnums, iters=20, configs=None):
@@ -233,7 +234,7 @@ def timed(name, shape, impls, make_args, diff_argnums, iters=20, configs=None):
   for impl_name, fn in impls.items():
     try:
       fwd, grad = fwd_and_fwdbwd(fn, diff_argnums)
-      ct = jax.random.normal(jax.random.key(5), jax.eval_shape(fwd, *argsets[0]).shape, jnp.float32)
+      ct = cotangent(fwd, argsets[0])
       row[f"{impl_name}_fwd"] = bench(fwd, argsets, iters)
       row[f"{impl_name}_fwdbwd"] = bench(grad, [(*a, ct) for a in argsets], max(iters // 2, 3))
     except Exception as e:
@@ -268,7 +269,7 @@ def sweep(name, make_fn, configs, argsets, diff_argnums=None):
       fwd, grad = fwd_and_fwdbwd(make_fn(cfg), diff_argnums or (0,))
       row = {"config": repr(cfg), "fwd": bench(fwd, argsets, 10, 3)}
       if diff_argnums:
-        ct = jax.random.normal(jax.random.key(5), jax.eval_shape(fwd, *argsets[0]).shape)
+        ct = cotangent(fwd, argsets[0])
         row["fwdbwd"] = bench(grad, [(*a, ct) for a in argsets], 10, 3)
       rows.append(row)
     except Exception as e:
