@@ -68,7 +68,7 @@ def pytest_addoption(parser):
     "--resume-from",
     default=None,
     metavar="JUNIT",
-    help="deselect the tests an earlier run recorded in this JUnit XML (a run cut short)",
+    help="deselect the tests that passed or skipped in this JUnit XML of a run cut short",
   )
 
 
@@ -90,7 +90,7 @@ def pytest_collection_modifyitems(config, items):
   path = config.getoption("--resume-from")
   if not path:
     return
-  done = summary.junit_test_ids(path)
+  done = summary.junit_finished_ids(path)
   keep = [item for item in items if summary.item_junit_id(item) not in done]
   config.hook.pytest_deselected(items=[item for item in items if item not in keep])
   items[:] = keep

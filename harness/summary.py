@@ -2,7 +2,8 @@
 
 Printed at the end of every pytest run that loads the harness, and written as
 JSON or Markdown with `--summary-json` / `--summary-md`. Runs cut short by a time
-limit go on with `--resume-from JUNIT` (tests recorded there are deselected), and
+limit go on with `--resume-from JUNIT` (tests that passed or skipped there are
+deselected; failures run again), and
 `python -m harness.summary JUNIT... --md M --json J` summarises them together.
 """
 
@@ -153,10 +154,14 @@ def markdown(doc: dict, title: str | None = None) -> str:
   return "\n".join(lines) + "\n"
 
 
-def junit_test_ids(path: str) -> set[tuple[str, str]]:
-  """(classname, name) of every test case a JUnit XML file records."""
+def junit_finished_ids(path: str) -> set[tuple[str, str]]:
+  """(classname, name) of the test cases a JUnit XML file records as passed or skipped."""
   root = ET.parse(path).getroot()
-  return {(case.get("classname", ""), case.get("name", "")) for case in root.iter("testcase")}
+  return {
+    (case.get("classname", ""), case.get("name", ""))
+    for case in root.iter("testcase")
+    if case.find("failure") is None and case.find("error") is None
+  }
 
 
 def item_junit_id(item) -> tuple[str, str]:
