@@ -4,6 +4,7 @@ tuning config. Timings and compiled numerics: ci/gpu/mosaic_mm.py on the H200.
 """
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -12,34 +13,40 @@ import pytest
 from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 
 from harness import compare, references
+from tokamax._src.ops import kernel_ops
 from tokamax._src.ops.gated_linear_unit import api, mosaic, spec
 
 SMALL = mosaic.Config(block_n=64, num_stages=2, epi_n=64, grid_tile_m=2)
 
 
 @pytest.mark.parametrize(
-  ("shape", "tuple_weights", "activation"),
+  ("shape", "tuple_weights", "activation", "backward"),
   [
-    ((2, 50, 128), False, jax.nn.swish),  # Batch dims; 100 rows: padded to 104.
-    ((64, 128), True, None),
-    ((72, 128), False, jax.nn.gelu),
-    ((40, 384), False, jax.nn.swish),  # The heuristic config of a single row tile.
+    # Batch dims; 100 rows: padded to 104. Backward matmuls in the ragged_dot kernels.
+    ((2, 50, 128), False, jax.nn.swish, "mosaic"),
+    ((64, 128), True, None, None),
+    ((72, 128), False, jax.nn.gelu, "xla"),
+    ((136, 128), False, None, "mosaic"),  # Two row tiles, the second 8 rows.
+    # The heuristic config of a single row tile; the second warpgroup has no rows.
+    ((40, 384), False, jax.nn.swish, None),
   ],
 )
-def test_interpret_matches_reference_with_gradients(shape, tuple_weights, activation, capfd):
+def test_interpret_matches_reference_with_gradients(
+  shape, tuple_weights, activation, backward, capfd
+):
   rng = np.random.default_rng(len(shape) + shape[-2])
   k, n = shape[-1], 128
   x = jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
   w = jnp.asarray(rng.standard_normal((k, 2, n)) / np.sqrt(k), jnp.bfloat16)
   weights = (w[:, 0], w[:, 1]) if tuple_weights else w
   config = None if k == 384 else SMALL
-  impl = mosaic.MosaicGatedLinearUnit(interpret=True, config=config)
+  impl = mosaic.MosaicGatedLinearUnit(interpret=True, config=config, backward=backward)
 
   def fn(a, b):
     return api.gated_linear_unit(a, b, activation=activation, implementation=impl)
 
   primal = fn(x, weights)  # The kernel without residuals.
-  out, vjp = jax.vjp(fn, x, weights)  # The kernel that also writes both projections.
+  out, vjp = jax.vjp(fn, x, weights)  # The kernel that also writes the residuals.
   ct = jnp.asarray(rng.standard_normal(out.shape), jnp.bfloat16)
   dx, dw = vjp(ct)
   ref, (ref_dx, ref_dw) = references.high_precision_vjp(
@@ -57,7 +64,7 @@ def test_interpret_matches_reference_with_gradients(shape, tuple_weights, activa
     assert compare.relative_error(got, want) < 1e-2
 
 
-def _lower(m, k, n, configs, save_gate_up=False):
+def _lower(m, k, n, configs, save_residuals=False):
   op = mosaic.MosaicGatedLinearUnit()
   shapes = (
     jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
@@ -66,7 +73,7 @@ def _lower(m, k, n, configs, save_gate_up=False):
 
   def fn(x, w):
     record = spec.canonicalize(x, w, activation=jax.nn.swish)
-    return [op._run(record, c, save_gate_up) for c in configs(record)]
+    return [op._run(record, c, save_residuals) for c in configs(record)]
 
   text = jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
   assert "mosaic_gpu" in text
@@ -92,7 +99,46 @@ def test_every_autotuning_config_lowers_for_cuda():
 def test_heuristic_and_residual_configs_lower_for_target_shapes(m, k, n):
   op = mosaic.MosaicGatedLinearUnit()
   _lower(m, k, n, lambda r: [op._get_heuristics_config(r)])
-  _lower(m, k, n, lambda r: [op._residual_config(op._get_heuristics_config(r))], save_gate_up=True)
+  _lower(
+    m, k, n, lambda r: [op._residual_config(r, op._get_heuristics_config(r))], save_residuals=True
+  )
+
+
+@pytest.mark.parametrize(
+  ("m", "k", "n"), [(8192, 4096, 14336), (2048, 2048, 8192), (512, 4096, 14336)]
+)
+def test_residual_config_keeps_the_pipeline_depth(m, k, n):
+  op = mosaic.MosaicGatedLinearUnit()
+  record = spec.canonicalize(
+    jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((k, 2, n), jnp.bfloat16)
+  )
+  config = op._get_heuristics_config(record)
+  residual = op._residual_config(record, config)
+  assert residual.num_stages == config.num_stages
+  assert (residual.block_n, residual.grid_tile_m) == (config.block_n, config.grid_tile_m)
+  assert mosaic._config_reason(record, residual, True) is None
+
+
+@pytest.mark.parametrize("backward", mosaic.BACKWARDS)
+@pytest.mark.parametrize(("m", "k", "n"), [(2048, 2048, 8192), (128, 4096, 14336)])
+def test_forward_and_backward_lower_for_cuda(m, k, n, backward, monkeypatch):
+  """The benchmarked program, jax.vjp of the op, with every Mosaic op taken as supported."""
+  monkeypatch.setattr(kernel_ops.MosaicGpuOp, "_platform_reason", lambda *_: None)
+  op = mosaic.MosaicGatedLinearUnit(backward=backward)
+
+  def fwd_bwd(x, w, ct):
+    f = lambda a, b: api.gated_linear_unit(a, b, activation=jax.nn.swish, implementation=op)
+    out, vjp = jax.vjp(f, x, w)
+    return out, vjp(ct)
+
+  shapes = [((m, k), jnp.bfloat16), ((k, 2, n), jnp.bfloat16), ((m, n), jnp.bfloat16)]
+  shapes = [jax.ShapeDtypeStruct(*s) for s in shapes]
+  text = jax.jit(fwd_bwd).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+  kernels = len(re.findall(r"custom_call @mosaic_gpu", text))
+  # The residual-writing forward kernel, plus dx and dW in the ragged_dot kernels.
+  assert kernels == (3 if backward == "mosaic" else 1)
+  if backward == "xla":  # Two matmuls over the fused 2N columns.
+    assert len(re.findall(r"stablehlo.dot_general", text)) == 2
 
 
 def test_unsupported_reasons_name_the_feature():

@@ -2,9 +2,11 @@
 
 The forward pass is one kernel (`mosaic_kernel`): both projections from one
 read of x, the gate applied in the epilogue. Under differentiation the same
-kernel also writes the two projections (the residuals); the backward pass is
-XLA: the gradients of both projections in one fusion, then the four matmuls
-of the projections' transpose.
+kernel also writes the two factors of the projections' cotangents. The
+backward pass multiplies them by the output cotangent (one fusion, giving the
+[M, 2, N] cotangent of both projections) and, for fused [K, 2, N] weights,
+runs two matmuls over the fused 2N columns: dx = d @ W^T and dW = x^T @ d,
+either in XLA or with the Mosaic ragged_dot kernels (one group).
 """
 
 from __future__ import annotations
@@ -20,11 +22,18 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from tokamax._src.ops import kernel_ops
 from tokamax._src.ops.gated_linear_unit import mosaic_kernel, spec
+from tokamax._src.ops.ragged_dot import api as ragged_api
 from tokamax._src.ops.ragged_dot import mosaic as ragged_mosaic
 from tokamax._src.ops.ragged_dot import mosaic_fwd
+from tokamax._src.ops.ragged_dot import spec as ragged_spec
 
 _DTYPES = ("bfloat16", "float16")
 _ROW_ALIGN = mosaic_fwd.ROW_ALIGN
+BACKWARDS = ("xla", "mosaic")
+# Rows from which the heuristics run the backward matmuls with the Mosaic
+# ragged_dot kernels; below, the matmuls are weight-bound and XLA's split-K
+# keeps every SM busy where one-group tiles of dx would not.
+MOSAIC_BACKWARD_MIN_ROWS = 1024
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -59,10 +68,10 @@ def _dims(args: spec.GluArgs) -> tuple[int, int, int]:
   return args.x.size // max(k, 1), k, args.n
 
 
-def _config_reason(args: spec.GluArgs, config: Config, num_outputs: int) -> str | None:
+def _config_reason(args: spec.GluArgs, config: Config, save_residuals: bool) -> str | None:
   m, k, n = _dims(args)
   return mosaic_kernel.config_reason(
-    _kernel_config(args.x.dtype, config), m, k, n, np.dtype(args.x.dtype).itemsize, num_outputs
+    _kernel_config(args.x.dtype, config), m, k, n, np.dtype(args.x.dtype).itemsize, save_residuals
   )
 
 
@@ -81,21 +90,25 @@ def _primitives(jaxpr) -> set:
 
 
 @functools.lru_cache(maxsize=64)
-def _activation_reason(activation) -> str | None:
-  """Why the kernel cannot apply `activation` in its epilogue, or None."""
+def _activation_reason(activation, derivative: bool = False) -> str | None:
+  """Why the kernel cannot apply `activation` (and its derivative) in its epilogue, or None."""
   if activation is None:
     return None
   from jax._src.pallas.mosaic_gpu import core as gpu_core
   from jax._src.pallas.mosaic_gpu import lowering
 
+  what = "the derivative of activation" if derivative else "activation"
+  fn = activation
+  if derivative:
+    fn = lambda g: mosaic_kernel.activation_and_derivative(activation, g, g)
   try:
-    jaxpr = jax.make_jaxpr(activation)(jax.ShapeDtypeStruct((64, 64), jnp.float32))
+    jaxpr = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct((64, 64), jnp.float32))
   except Exception as e:
-    return f"activation {activation!r} cannot be traced ({e})"
+    return f"{what} {activation!r} cannot be traced ({e})"
   rules = lowering.mosaic_lowering_rules[gpu_core.WGxWG_SEMANTICS]
   missing = sorted(p.name for p in _primitives(jaxpr.jaxpr) if p not in rules)
   if missing:
-    return f"activation {activation!r} uses {', '.join(missing)}, which Mosaic GPU cannot lower"
+    return f"{what} {activation!r} uses {', '.join(missing)}, which Mosaic GPU cannot lower"
   return None
 
 
@@ -110,11 +123,21 @@ def _flat_weights(args: spec.GluArgs):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
-  """Fused gated linear unit in Pallas Mosaic GPU (Hopper)."""
+  """Fused gated linear unit in Pallas Mosaic GPU (Hopper).
+
+  Attributes:
+    backward: Where the backward matmuls of fused weights run: "xla", "mosaic"
+      (the ragged_dot kernels with one group), or None for the heuristic.
+  """
 
   name = "mosaic"
   spec = spec.SPEC
   config_cls = Config
+  backward: str | None = None
+
+  def __post_init__(self):
+    if self.backward not in (None, *BACKWARDS):
+      raise ValueError(f"backward must be one of {BACKWARDS} or None, got {self.backward!r}")
 
   def _unsupported_reason(self, args: spec.GluArgs) -> str | None:
     dtype = np.dtype(args.x.dtype).name
@@ -130,11 +153,15 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
     if reason is not None:
       return reason
     config = self.config if self.config is not None else self._get_heuristics_config(args)
-    return _config_reason(args, config, 1)
+    return _config_reason(args, config, False)
 
   def _bwd_unsupported_reason(self, args: spec.GluArgs) -> str | None:
     config = self.config if self.config is not None else self._get_heuristics_config(args)
-    return self._unsupported_reason(args) or _config_reason(args, self._residual_config(config), 3)
+    return (
+      self._unsupported_reason(args)
+      or _activation_reason(args.activation, derivative=True)
+      or _config_reason(args, self._residual_config(args, config), True)
+    )
 
   def _get_heuristics_config(self, args: spec.GluArgs) -> Config:
     m, _, n = _dims(args)
@@ -144,13 +171,13 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
       # One row tile: more, narrower items and a deeper pipeline. Measured on the
       # H200 at 128x4096x14336: 0.146 ms, against 0.389 ms with (128, 4, 128).
       config = Config(block_n=64, num_stages=6, epi_n=64, grid_tile_m=tile_m)
-      if _config_reason(args, config, 1) is None:
+      if _config_reason(args, config, False) is None:
         return config
     for stages in (4, 3, 2):
       config = Config(
         block_n=block_n, num_stages=stages, epi_n=min(128, block_n), grid_tile_m=tile_m
       )
-      if _config_reason(args, config, 1) is None:
+      if _config_reason(args, config, False) is None:
         return config
     return Config(block_n=block_n, num_stages=2, epi_n=64, grid_tile_m=tile_m)
 
@@ -160,15 +187,31 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
       for b, s, e, t in itertools.product((64, 128), (2, 3, 4, 6), (64, 128), (4, 8, 16))
       if e <= b
     }
-    return {c for c in configs if _config_reason(args, c, 1) is None} or {
+    return {c for c in configs if _config_reason(args, c, False) is None} or {
       self._get_heuristics_config(args)
     }
 
-  def _residual_config(self, config: Config) -> Config:
-    """The config of the kernel that also writes both projections (3 outputs)."""
-    return dataclasses.replace(config, epi_n=64, num_stages=min(config.num_stages, 3))
+  def _residual_config(self, args: spec.GluArgs, config: Config) -> Config:
+    """The config of the kernel that also writes the residuals.
 
-  def _run(self, args: spec.GluArgs, config: Config, save_gate_up: bool):
+    Its epilogue rings two 64-column buffers per warpgroup (the output and two
+    residual factors per column chunk): as much shared memory as one 128-column
+    buffer, so that the forward pass keeps its pipeline depth.
+    """
+    narrow = dataclasses.replace(config, epi_n=min(config.epi_n, 64))
+    for stages in range(config.num_stages, 1, -1):
+      candidate = dataclasses.replace(narrow, num_stages=stages)
+      if _config_reason(args, candidate, True) is None:
+        return candidate
+    return dataclasses.replace(narrow, num_stages=2)
+
+  def _backward(self, args: spec.GluArgs) -> str:
+    if self.backward is not None:
+      return self.backward
+    return "mosaic" if _dims(args)[0] >= MOSAIC_BACKWARD_MIN_ROWS else "xla"
+
+  def _run(self, args: spec.GluArgs, config: Config, save_residuals: bool):
+    """The output [*B, N], and with `save_residuals` also the residuals [M, 2N]."""
     x = args.x
     batch, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
@@ -187,39 +230,67 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
       activation=args.activation,
       config=kcfg,
       num_sms=ragged_mosaic.INTERPRET_NUM_SMS if self.interpret else ragged_mosaic.num_sms(),
-      save_gate_up=save_gate_up,
+      save_residuals=save_residuals,
       interpret=plgpu.InterpretGPUParams(detect_races=True) if self.interpret else None,
     )
-    outs = outs if save_gate_up else (outs,)
-    outs = tuple(o[:m].reshape(*batch, args.n) for o in outs)
-    return outs if save_gate_up else outs[0]
+    out, residuals = outs if save_residuals else (outs, None)
+    out = out[:m].reshape(*batch, args.n)
+    return (out, residuals[:m]) if save_residuals else out
 
   def _fwd_primal(self, args: spec.GluArgs, config: Config) -> jax.Array:
-    return self._run(args, config, save_gate_up=False)
+    return self._run(args, config, save_residuals=False)
 
   def _fwd(self, args: spec.GluArgs, config: Config):
-    out, gate, up = self._run(args, self._residual_config(config), save_gate_up=True)
-    return out, (gate, up)
+    return self._run(args, self._residual_config(args, config), save_residuals=True)
 
   def _bwd(self, args, config, out, residuals, dout):
     del config, out
-    gate, up = residuals
-    dtype = args.x.dtype
-    g32, u32, d32 = (a.astype(jnp.float32) for a in (gate, up, dout))
-    if args.activation is None:
-      act, dgate = g32, d32 * u32
+    x = args.x.reshape(-1, args.x.shape[-1])
+    m, n = x.shape[0], args.n
+    factors = residuals.reshape(m, 2, n).astype(jnp.float32)
+    # The cotangents of both projections, [M, 2, N]: one elementwise fusion.
+    d = (dout.reshape(m, 1, n).astype(jnp.float32) * factors).astype(x.dtype)
+    if isinstance(args.weights, tuple):
+      dx, dweights = _separate_weight_matmuls(args, x, d)
+    elif self._backward(args) == "mosaic":
+      dx, dweights = self._mosaic_matmuls(args, x, d)
     else:
-      act, act_vjp = jax.vjp(args.activation, g32)
-      (dgate,) = act_vjp(d32 * u32)
-    dup = d32 * act
+      dx, dweights = _fused_weight_matmuls(args, x, d)
+    return {"x": dx.reshape(args.x.shape), "weights": dweights}
 
-    def projections(x, weights):
-      w_gate, w_up = dataclasses.replace(args, x=x, weights=weights).gate_and_up_weights()
-      dot = lambda w: jnp.einsum("...k,kn->...n", x, w, precision=args.precision)
-      return dot(w_gate), dot(w_up)
+  def _mosaic_matmuls(self, args: spec.GluArgs, x: jax.Array, d: jax.Array):
+    """dx and dW over the fused 2N columns with the ragged_dot kernels, one group."""
+    m, k = x.shape
+    d2 = d.reshape(m, -1)
+    w2 = args.weights.reshape(1, k, -1)  # [G=1, K (out), 2N (contracted)].
+    sizes = jnp.array([m], jnp.int32)
+    impl = [ragged_mosaic.MosaicRaggedDot(interpret=self.interpret), "xla"]
+    dims = ragged_spec.dimension_numbers
+    dx = ragged_api.ragged_dot_general(
+      d2, w2, sizes, dims(ragged_spec.RHS_TRANSPOSED), implementation=impl
+    )
+    dw = ragged_api.ragged_dot_general(
+      x, d2, sizes, dims(ragged_spec.RAGGED_CONTRACTING), implementation=impl
+    )
+    return dx, dw.reshape(args.weights.shape)
 
-    # The matmuls of the gradient as XLA differentiates the two projections
-    # (the forward matmuls of this vjp are dead code).
-    _, vjp = jax.vjp(projections, args.x, args.weights)
-    dx, dweights = vjp((dgate.astype(dtype), dup.astype(dtype)))
-    return {"x": dx, "weights": dweights}
+
+def _fused_weight_matmuls(args: spec.GluArgs, x: jax.Array, d: jax.Array):
+  """dx and dW of fused [K, 2, N] weights: two XLA matmuls over the 2N columns."""
+  m, k = x.shape
+  d2 = d.reshape(m, -1)
+  w2 = args.weights.reshape(k, -1)
+  dx = jnp.einsum("mc,kc->mk", d2, w2, precision=args.precision)
+  dw = jnp.einsum("mk,mc->kc", x, d2, precision=args.precision)
+  return dx, dw.reshape(args.weights.shape)
+
+
+def _separate_weight_matmuls(args: spec.GluArgs, x: jax.Array, d: jax.Array):
+  """dx and (dw_gate, dw_up) of a pair of weights: four XLA matmuls."""
+  prec = args.precision
+  dx = sum(
+    jnp.einsum("mn,kn->mk", d[:, j], w, precision=prec, preferred_element_type=jnp.float32)
+    for j, w in enumerate(args.weights)
+  )
+  dws = tuple(jnp.einsum("mk,mn->kn", x, d[:, j], precision=prec) for j in range(2))
+  return dx.astype(x.dtype), dws

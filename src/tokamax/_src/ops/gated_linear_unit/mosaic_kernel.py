@@ -4,8 +4,9 @@ One persistent kernel computes both projections of an (M tile, N tile) work
 item from one read of the x tile per pipeline stage: each of two compute
 warpgroups owns 64 rows and accumulates the gate and the up projection; the
 gate is applied in the epilogue. A third warpgroup issues the TMA loads.
-Optionally the kernel also writes the two pre-activation projections, the
-residuals of the backward pass.
+Optionally the kernel also writes the residuals of the backward pass: the two
+factors of the projections' cotangents, so that the backward pass starts with
+one multiply by the output cotangent.
 """
 
 import dataclasses
@@ -47,13 +48,50 @@ class Config:
     return WG_ROWS * NUM_COMPUTE_WGS
 
 
-def smem_bytes(config: Config, in_itemsize: int, num_outputs: int) -> int:
+def activation_and_derivative(activation, gate: jax.Array, up: jax.Array):
+  """(act(gate), up * act'(gate)) of an elementwise `activation`, as primitives
+  Mosaic GPU lowers: the JVP's `add_any` (which it does not lower) becomes `add`."""
+  jaxpr = jax.make_jaxpr(lambda g, u: jax.jvp(activation, (g,), (u,)))(gate, up)
+  return tuple(_eval_with_add(jaxpr.jaxpr, jaxpr.consts, gate, up))
+
+
+def _eval_with_add(jaxpr, consts, *args):
+  env = {}
+  read = lambda v: v.val if isinstance(v, jax.extend.core.Literal) else env[v]
+  for var, val in zip((*jaxpr.constvars, *jaxpr.invars), (*consts, *args), strict=True):
+    env[var] = val
+  prims = jax.extend.core.primitives
+  for eqn in jaxpr.eqns:
+    ins = [read(v) for v in eqn.invars]
+    if eqn.primitive is prims.add_jaxvals_p:
+      outs = [lax.add(*ins)]
+    elif eqn.primitive is prims.jit_p:
+      inner = eqn.params["jaxpr"]
+      outs = _eval_with_add(inner.jaxpr, inner.consts, *ins)
+    else:
+      outs = eqn.primitive.bind(*ins, **eqn.params)
+      outs = outs if eqn.primitive.multiple_results else [outs]
+    for var, val in zip(eqn.outvars, outs, strict=True):
+      env[var] = val
+  return [read(v) for v in jaxpr.outvars]
+
+
+def epilogue_slots(save_residuals: bool) -> int:
+  """Shared-memory store buffers per compute warpgroup: a ring of two when the
+  epilogue stores three values (the output and both residual factors)."""
+  return 2 if save_residuals else 1
+
+
+def smem_bytes(config: Config, in_itemsize: int, save_residuals: bool) -> int:
   stage = (config.block_m + 2 * config.block_n) * config.block_k * in_itemsize
-  epilogue = num_outputs * NUM_COMPUTE_WGS * WG_ROWS * config.epi_n * in_itemsize
+  slots = epilogue_slots(save_residuals)
+  epilogue = slots * NUM_COMPUTE_WGS * WG_ROWS * config.epi_n * in_itemsize
   return config.num_stages * stage + epilogue
 
 
-def config_reason(config: Config, m: int, k: int, n: int, in_itemsize: int, num_outputs: int):
+def config_reason(
+  config: Config, m: int, k: int, n: int, in_itemsize: int, save_residuals: bool = False
+):
   del m
   if n % config.block_n or config.block_n % config.epi_n:
     return f"N={n} must be a multiple of block_n={config.block_n} (and of epi_n={config.epi_n})"
@@ -65,7 +103,7 @@ def config_reason(config: Config, m: int, k: int, n: int, in_itemsize: int, num_
     return f"block_k={config.block_k} must span 128 bytes"
   if config.block_n > 256 or config.block_n % 64:
     return f"block_n={config.block_n} must be a multiple of 64 up to 256"
-  if smem_bytes(config, in_itemsize, num_outputs) > mosaic_fwd.SMEM_BYTES:
+  if smem_bytes(config, in_itemsize, save_residuals) > mosaic_fwd.SMEM_BYTES:
     return f"{config} needs more than {mosaic_fwd.SMEM_BYTES} bytes of shared memory"
   return None
 
@@ -80,7 +118,7 @@ def gated_linear_unit(
   activation: Callable[[jax.Array], jax.Array] | None,
   config: Config,
   num_sms: int,
-  save_gate_up: bool = False,
+  save_residuals: bool = False,
   interpret=None,
 ):
   """Fused GLU on 2D x.
@@ -95,11 +133,14 @@ def gated_linear_unit(
     activation: Applied to the gate projection (float32), or None.
     config: Tiling.
     num_sms: Persistent CTAs.
-    save_gate_up: Also return the gate and up projections.
+    save_residuals: Also return the residuals of the backward pass.
     interpret: Pallas interpret parameters, or None.
 
   Returns:
-    [M, N], or ([M, N], gate [M, N], up [M, N]) with `save_gate_up`.
+    out [M, N], or (out, residuals [M, 2N]) with `save_residuals`: with
+    gate = x @ w_gate and up = x @ w_up, residuals[:, :N] = up * act'(gate) and
+    residuals[:, N:] = act(gate), so that the cotangents of the two projections
+    are dout * residuals[:, :N] and dout * residuals[:, N:].
   """
   m, k = x.shape
   bm, bn, bk, epi_n = config.block_m, config.block_n, config.block_k, config.epi_n
@@ -107,7 +148,7 @@ def gated_linear_unit(
   tile_m = min(config.grid_tile_m, m_tiles)
   tf = mosaic_fwd._transforms(x.dtype)
   dtype = x.dtype
-  num_outputs = 3 if save_gate_up else 1
+  slots = epilogue_slots(save_residuals)
 
   def make_pipeline(body, compute_context, mi, ni):
     return plgpu.emit_pipeline_warp_specialized(
@@ -127,14 +168,13 @@ def gated_linear_unit(
       compute_context=compute_context,
     )
 
-  def kernel(x_ref, wg_ref, wu_ref, *refs):
-    out_refs = refs[:num_outputs]
+  def kernel(x_ref, wg_ref, wu_ref, out_ref, *res_refs):
     nothing = lambda *_, **__: None
 
     @functools.partial(
       pl.run_scoped,
       allocs=make_pipeline(nothing, nothing, 0, 0).get_allocations(x_ref, wg_ref, wu_ref),
-      o_smem=plgpu.SMEM((num_outputs, NUM_COMPUTE_WGS, WG_ROWS, epi_n), dtype),
+      o_smem=plgpu.SMEM((slots, NUM_COMPUTE_WGS, WG_ROWS, epi_n), dtype),
       collective_axes="wg",
     )
     def scope(allocs, o_smem):
@@ -164,29 +204,43 @@ def gated_linear_unit(
           def _acc_scope(acc_g, acc_u):
             run((acc_g, acc_u))
             gate, up = acc_g[...], acc_u[...]
-            act = gate if activation is None else activation(gate)
-            values = [(act * up).astype(dtype)]
-            if save_gate_up:
-              values += [gate.astype(dtype), up.astype(dtype)]
-            for c in range(bn // epi_n):
-              plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-              for j, v in enumerate(values):
-                o_smem.at[j, wg][...] = v[:, c * epi_n : (c + 1) * epi_n]
+            # (value [WG_ROWS, bn], output ref, its first column) per store.
+            if not save_residuals:
+              act = gate if activation is None else activation(gate)
+              values = [(act * up, out_ref, 0)]
+            elif activation is None:
+              values = [(gate * up, out_ref, 0), (up, res_refs[0], 0), (gate, res_refs[0], n)]
+            else:
+              act, dgate_factor = activation_and_derivative(activation, gate, up)
+              values = [
+                (act * up, out_ref, 0),
+                (dgate_factor, res_refs[0], 0),
+                (act, res_refs[0], n),
+              ]
+            values = [(v.astype(dtype), ref, col) for v, ref, col in values]
+            stores = [(v, ref, col, c) for c in range(bn // epi_n) for v, ref, col in values]
+            for u, (v, ref, col, c) in enumerate(stores):
+              # Each store is at least one bulk group when this warpgroup has
+              # rows, so at most slots - 1 pending groups leave the slot free;
+              # the first store also waits out the previous item's stores.
+              if u == 0 or u >= slots:
+                plgpu.wait_smem_to_gmem(0 if u == 0 else slots - 1, wait_read_only=True)
+              slot = o_smem.at[u % slots, wg]
+              slot[...] = v[:, c * epi_n : (c + 1) * epi_n]
               plgpu.commit_smem()
-              cols = pl.ds(ni * bn + c * epi_n, epi_n)
-              for j in range(num_outputs):
-                mosaic_fwd.store_rows(
-                  o_smem.at[j, wg], out_refs[j].at[:, cols], row0, 0, rows, WG_ROWS
-                )
+              cols = pl.ds(col + ni * bn + c * epi_n, epi_n)
+              mosaic_fwd.store_rows(slot, ref.at[:, cols], row0, 0, rows, WG_ROWS)
 
         make_pipeline(mma, compute_context, mi, ni)(x_ref, wg_ref, wu_ref, allocations=allocs)
 
       plgpu.wait_smem_to_gmem(0)
 
-  out_type = jax.ShapeDtypeStruct((m, n), dtype)
+  out_type = [jax.ShapeDtypeStruct((m, n), dtype)]
+  if save_residuals:
+    out_type.append(jax.ShapeDtypeStruct((m, 2 * n), dtype))
   call = plgpu.kernel(
     kernel,
-    out_type=(out_type,) * num_outputs,
+    out_type=tuple(out_type),
     grid=(num_sms,),
     grid_names=("sm",),
     num_threads=NUM_COMPUTE_WGS + 1,
@@ -195,4 +249,4 @@ def gated_linear_unit(
     interpret=interpret,
   )
   outs = call(x, w_gate, w_up)
-  return tuple(outs) if save_gate_up else outs[0]
+  return tuple(outs) if save_residuals else outs[0]
