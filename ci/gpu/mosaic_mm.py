@@ -97,12 +97,12 @@ def _check_ragged(layout, m, k, n, g, offset, cluster):
 
 
 @guarded
-def check_glu(m, k, n, tuple_weights):
+def check_glu(m, k, n, tuple_weights, backward=None):
   rng = np.random.default_rng(m + k)
   x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
   w = jnp.asarray(rng.standard_normal((k, 2, n)) / np.sqrt(k), jnp.bfloat16)
   weights = (w[:, 0], w[:, 1]) if tuple_weights else w
-  impl = glu_mosaic.MosaicGatedLinearUnit()
+  impl = glu_mosaic.MosaicGatedLinearUnit(backward=backward)
   fn = jax.jit(
     lambda a, b: glu_api.gated_linear_unit(a, b, activation=jax.nn.swish, implementation=impl)
   )
@@ -128,6 +128,7 @@ def check_glu(m, k, n, tuple_weights):
     op="gated_linear_unit",
     shape=[m, k, n],
     tuple_weights=tuple_weights,
+    backward=backward,
     ok=bool(ok),
     primal=primal,
     **errs,
@@ -293,7 +294,16 @@ def bench_dense(m, k, n):
 
 
 @guarded
-def bench_glu(m, k, n, configs):
+def bench_glu(m, k, n, configs=(None,), backwards=(None,), residual_fwd=False):
+  """XLA and Mosaic GLU (swish), forward and forward+backward, on the same arrays.
+
+  Args:
+    m, k, n: x [m, k], fused weights [k, 2, n].
+    configs: Forward configs of the Mosaic kernel (None: the heuristic).
+    backwards: `MosaicGatedLinearUnit.backward` values timed forward+backward
+      with the heuristic config (None: the heuristic choice, named in the label).
+    residual_fwd: Also time the residual-writing forward kernel alone.
+  """
   sets = []
   for i in range(2):
     x = jax.random.normal(jax.random.key(i), (m, k), jnp.bfloat16)
@@ -307,62 +317,90 @@ def bench_glu(m, k, n, configs):
   extra = dict(shape=[m, k, n])
   fwd_sets = [s[:2] for s in sets]
 
-  def fwd_of(impl):
-    return jax.jit(
-      lambda x, w: glu_api.gated_linear_unit(x, w, activation=jax.nn.swish, implementation=impl)
+  def glu(impl):
+    return lambda a, b: glu_api.gated_linear_unit(
+      a, b, activation=jax.nn.swish, implementation=impl
     )
+
+  def fwd_of(impl):
+    return jax.jit(glu(impl))
 
   def fb_of(impl):
-    return jax.jit(
-      lambda x, w, c: fwd_bwd(
-        lambda a, b: glu_api.gated_linear_unit(a, b, activation=jax.nn.swish, implementation=impl),
-        x,
-        w,
-        c,
-      )
-    )
+    return jax.jit(lambda x, w, c: fwd_bwd(glu(impl), x, w, c))
 
-  time_it(
-    f"glu xla fwd {tag}", fwd_of("xla"), fwd_sets, flops, dict(extra, impl="xla", pass_="fwd")
-  )
-  time_it(
-    f"glu xla fwd+bwd {tag}",
-    fb_of("xla"),
-    sets,
-    3 * flops,
-    dict(extra, impl="xla", pass_="fwd+bwd"),
-  )
-  for cfg in configs:
-    impl = (
-      glu_mosaic.MosaicGatedLinearUnit(config=cfg)
-      if cfg is not None
-      else glu_mosaic.MosaicGatedLinearUnit()
-    )
-    name = "heuristic" if cfg is None else str(dataclasses.astuple(cfg))
+  xla = {
+    "fwd": time_it(
+      f"glu xla fwd {tag}", fwd_of("xla"), fwd_sets, flops, dict(extra, impl="xla", pass_="fwd")
+    ),
+    "fwd+bwd": time_it(
+      f"glu xla fwd+bwd {tag}",
+      fb_of("xla"),
+      sets,
+      3 * flops,
+      dict(extra, impl="xla", pass_="fwd+bwd"),
+    ),
+  }
+
+  def time_mosaic(pass_, label, fn, args, fl, **fields):
+    name = f"glu mosaic {pass_} {tag} {label}"
     try:
-      time_it(
-        f"glu mosaic fwd {tag} {name}",
-        fwd_of(impl),
-        fwd_sets,
-        flops,
-        dict(extra, impl="mosaic", config=name, pass_="fwd"),
-      )
+      rec = time_it(name, fn, args, fl, dict(extra, impl="mosaic", pass_=pass_, **fields))
     except Exception as e:
-      RESULTS["errors"].append(f"glu fwd {tag} {name}: {str(e)[:500]}")
+      RESULTS["errors"].append(f"{name}: {str(e)[:500]}")
       log("ERROR", name, str(e)[:500])
-  time_it(
-    f"glu mosaic fwd+bwd {tag}",
-    fb_of(glu_mosaic.MosaicGatedLinearUnit()),
-    sets,
-    3 * flops,
-    dict(extra, impl="mosaic", pass_="fwd+bwd"),
+      return
+    base = xla.get(pass_)
+    if base:  # XLA's time over ours: the speedup the issue's targets name.
+      rec["xla_over_mosaic"] = base["median_ms"] / rec["median_ms"]
+      log(f"     xla/mosaic {pass_} {tag} {label}: {rec['xla_over_mosaic']:.3f}")
+      save()
+
+  heuristic = glu_mosaic.MosaicGatedLinearUnit()
+  record = glu_mosaic.spec.canonicalize(*fwd_sets[0], activation=jax.nn.swish)
+  for cfg in configs:
+    impl = heuristic if cfg is None else glu_mosaic.MosaicGatedLinearUnit(config=cfg)
+    chosen = cfg or heuristic._get_heuristics_config(record)
+    label = ("heuristic " if cfg is None else "") + str(dataclasses.astuple(chosen))
+    time_mosaic("fwd", label, fwd_of(impl), fwd_sets, flops, config=label)
+  if residual_fwd:
+    cfg = heuristic._residual_config(record, heuristic._get_heuristics_config(record))
+    label = f"residual-writing {dataclasses.astuple(cfg)}"
+    fn = jax.jit(
+      lambda x, w: heuristic._fwd(glu_mosaic.spec.canonicalize(x, w, activation=jax.nn.swish), cfg)
+    )
+    time_mosaic("fwd (with residuals)", label, fn, fwd_sets, flops, config=label)
+  for backward in backwards:
+    impl = glu_mosaic.MosaicGatedLinearUnit(backward=backward)
+    chosen = impl._backward(record)
+    label = f"bwd={chosen}" + (" (heuristic)" if backward is None else "")
+    time_mosaic("fwd+bwd", label, fb_of(impl), sets, 3 * flops, backward=chosen)
+
+
+def run_glu_benchmarks():
+  """The issue's four GLU shapes; each Mosaic backward at each, alternatives at M <= 512."""
+  G = glu_mosaic.Config
+  bench_glu(8192, 4096, 14336, backwards=(None, "xla"), residual_fwd=True)
+  bench_glu(2048, 2048, 8192, backwards=(None, "xla"))
+  bench_glu(
+    512,
+    4096,
+    14336,
+    configs=(None, G(block_n=64, num_stages=6, epi_n=64, grid_tile_m=8)),
+    backwards=(None, "mosaic"),
+  )
+  bench_glu(
+    128,
+    4096,
+    14336,
+    configs=(None, G(block_n=128, num_stages=4, epi_n=128, grid_tile_m=8)),
+    backwards=(None, "mosaic"),
   )
 
 
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--out", default="mosaic_mm.json")
-  parser.add_argument("--part", choices=("checks", "bench", "all"), default="all")
+  parser.add_argument("--part", choices=("checks", "bench", "glu", "all"), default="all")
   opts = parser.parse_args()
   RECORD.path = opts.out
   dev = jax.devices()[0]
@@ -372,6 +410,9 @@ def main():
   t0 = time.time()
   if opts.part in ("checks", "all"):
     run_checks()
+  if opts.part == "glu":  # The GLU checks and timings alone (about 150 s with compiles).
+    run_glu_checks()
+    run_glu_benchmarks()
   log(f"checks done in {time.time() - t0:.1f}s")
   if opts.part in ("bench", "all"):
     run_benchmarks()
@@ -386,18 +427,21 @@ def run_checks():
   check_ragged(rd_spec.DEFAULT, 1000, 512, 256, 6, offset=True)
   check_ragged(rd_spec.RHS_TRANSPOSED, 776, 256, 512, 5, offset=False)
   check_ragged(rd_spec.RAGGED_CONTRACTING, 1000, 512, 256, 6, offset=False)
-  check_glu(264, 512, 512, False)
+  run_glu_checks()
+
+
+def run_glu_checks():
+  for backward in glu_mosaic.BACKWARDS:
+    check_glu(264, 512, 512, False, backward)
+    check_glu(1000, 256, 384, False, backward)
+  check_glu(264, 512, 512, True)
 
 
 def run_benchmarks():
   bench_dense(16384, 4096, 2048)
   bench_ragged(16384, 4096, 2048, 8, True)
+  run_glu_benchmarks()  # Before the slow G64 ragged_dot, so that a cut run still has it.
   bench_ragged(32768, 7168, 2048, 64, False)
-  G = glu_mosaic.Config
-  bench_glu(8192, 4096, 14336, [None])
-  bench_glu(2048, 2048, 8192, [None])
-  bench_glu(512, 4096, 14336, [None])
-  bench_glu(128, 4096, 14336, [None, G(block_n=64, num_stages=6, epi_n=64, grid_tile_m=8)])
 
 
 def summarize(path):
