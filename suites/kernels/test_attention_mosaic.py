@@ -92,7 +92,15 @@ CASES = {
     " key_value_seq_lengths=jnp.array([100, 0]))",
   ),
   "fp16_h128_causal_fwd": ((1, 256, 256, 2, 2, 128), "float16", False, "dict(is_causal=True)"),
-  "h256_fwd_xla_grad": ((1, 128, 128, 1, 1, 256), "bfloat16", True, "{}"),
+  # Head dim 256: dq and the dk pass with one pipeline slot, the dv pass with two.
+  "h256_gqa_causal": ((1, 128, 128, 2, 1, 256), "bfloat16", True, "dict(is_causal=True)"),
+  "h256_lengths_window_softcap_padded": (
+    (2, 100, 130, 1, 1, 256),
+    "bfloat16",
+    True,
+    "dict(local_window_size=(40, 10), logits_soft_cap=4.0, query_seq_lengths=jnp.array([100, 61]),"
+    " key_value_seq_lengths=jnp.array([90, 130]))",
+  ),
 }
 
 
@@ -206,11 +214,41 @@ def test_unsupported_reason_names_the_feature(kw, dtype, h, words):
   assert reason is not None and words in reason
 
 
-def test_backward_unsupported_for_head_dim_256_only():
+@pytest.mark.parametrize(
+  ("h", "stages"),
+  # (dq, dk/dv passes): H256 splits dk and dv and takes the slots that fit.
+  [
+    (64, (2, {("dk", "dv"): 2})),
+    (128, (2, {("dk", "dv"): 2})),
+    (256, (1, {("dv",): 2, ("dk",): 1})),
+  ],
+)
+def test_backward_passes_and_stages(h, stages):
   impl = mosaic.MosaicAttention()
-  for h, expect in ((128, False), (256, True)):
-    q = jnp.ones((1, 8, 2, h), jnp.bfloat16)
-    assert (impl._bwd_unsupported_reason(spec.canonicalize(q, q, q)) is not None) == expect
+  q = jnp.ones((1, 8, 2, h), jnp.bfloat16)
+  record = spec.canonicalize(q, q, q)
+  assert impl._bwd_unsupported_reason(record) is None
+  config = impl._get_heuristics_config(record)
+  p_dq, passes = mosaic._bwd_kernel_params(config, h)
+  assert (p_dq.num_stages, {o: p.num_stages for o, p in passes}) == stages
+  assert mosaic.bwd_smem_bytes(config, h) <= mosaic._SMEM_BYTES
+
+
+def test_backward_lowers_for_cuda_at_head_dim_256_with_every_feature():
+  impl = mosaic.MosaicAttention()
+  lengths = dict(query_seq_lengths=jnp.array([3, 50]), key_value_seq_lengths=jnp.array([70, 0]))
+  for config in (mosaic.Config(block_kv=64), mosaic.Config(block_kv=64, bwd_num_stages=1)):
+    _lower(
+      impl,
+      config,
+      (2, 200, 300, 4, 2, 256),
+      jnp.float16,
+      grads=True,
+      is_causal=True,
+      local_window_size=(50, 10),
+      logits_soft_cap=3.0,
+      **lengths,
+    )
 
 
 def test_platform_reason():
@@ -226,6 +264,10 @@ def test_config_validation():
     mosaic.Config(block_kv=96)
   with pytest.raises(ValueError, match="num_stages"):
     mosaic.Config(num_stages=1)
+  with pytest.raises(ValueError, match="bwd_block_q"):
+    mosaic.Config(bwd_block_q=32)
+  with pytest.raises(ValueError, match="bwd_num_stages"):
+    mosaic.Config(bwd_num_stages=0)
 
 
 _GPU = pytest.mark.skipif(

@@ -29,7 +29,8 @@ class Config:
     schedule_barrier: whether the two consumers take turns on the tensor cores.
     bwd_block_q: query rows per block in the backward kernels.
     bwd_block_kv: keys per consumer warpgroup in the dk/dv kernel.
-    bwd_num_stages: pipeline slots of the backward kernels.
+    bwd_num_stages: pipeline slots of the backward kernels; a kernel takes
+      fewer (at least one) where they do not fit in shared memory.
   """
 
   block_q: int = 64
@@ -47,6 +48,12 @@ class Config:
       raise ValueError(f"`block_kv` must be 64, 128 or 256, got {self.block_kv}.")
     if self.num_stages < 2:
       raise ValueError(f"`num_stages` must be at least 2, got {self.num_stages}.")
+    for name in ("bwd_block_q", "bwd_block_kv"):
+      # One wgmma M tile, and the K group of a 128-byte swizzle.
+      if getattr(self, name) != 64:
+        raise ValueError(f"`{name}` must be 64, got {getattr(self, name)}.")
+    if self.bwd_num_stages < 1:
+      raise ValueError(f"`bwd_num_stages` must be at least 1, got {self.bwd_num_stages}.")
 
 
 def smem_bytes(config: Config, head_dim: int, itemsize: int = 2) -> int:
@@ -54,6 +61,50 @@ def smem_bytes(config: Config, head_dim: int, itemsize: int = 2) -> int:
   q = mosaic_fwd.NUM_CONSUMERS * config.block_q * head_dim * itemsize
   kv = 2 * config.num_stages * config.block_kv * head_dim * itemsize
   return q + kv + mosaic_fwd.NUM_CONSUMERS * config.block_q * 4
+
+
+def _bwd_passes(head_dim: int) -> tuple[tuple[str, ...], ...]:
+  """The outputs of each dk/dv kernel launch.
+
+  A consumer's float32 dk and dv accumulators take head_dim registers per
+  thread together: past 128 they leave too few of the 232 for the rest, so
+  each output gets its own pass.
+  """
+  return (("dk", "dv"),) if head_dim <= 128 else (("dv",), ("dk",))
+
+
+def _bwd_kernel_params(config: Config, head_dim: int, scale=1.0, soft_cap=None, masking=None):
+  """(dq params, [(outputs, dk/dv params) per pass]), each with the stages that fit."""
+  p = mosaic_bwd.BwdParams(
+    block_q=config.bwd_block_q,
+    block_kv=config.bwd_block_kv,
+    num_stages=config.bwd_num_stages,
+    scale=scale,
+    soft_cap=soft_cap,
+    masking=masking or common.Masking(),
+  )
+
+  def fit(smem_bytes):
+    stages = config.bwd_num_stages
+    while stages > 1 and smem_bytes(dataclasses.replace(p, num_stages=stages)) > _SMEM_BYTES:
+      stages -= 1
+    return dataclasses.replace(p, num_stages=stages)
+
+  p_dq = fit(lambda x: mosaic_bwd.dq_smem_bytes(x, head_dim))
+  passes = [
+    (o, fit(lambda x, o=o: mosaic_bwd.dkv_smem_bytes(x, head_dim, o)))
+    for o in _bwd_passes(head_dim)
+  ]
+  return p_dq, passes
+
+
+def bwd_smem_bytes(config: Config, head_dim: int) -> int:
+  """Shared memory of the largest backward kernel for `config` (after fitting its stages)."""
+  p_dq, passes = _bwd_kernel_params(config, head_dim)
+  return max(
+    mosaic_bwd.dq_smem_bytes(p_dq, head_dim),
+    *(mosaic_bwd.dkv_smem_bytes(p, head_dim, o) for o, p in passes),
+  )
 
 
 def _masking(args: attention_spec.AttentionArgs, padded_s: bool) -> common.Masking:
@@ -152,36 +203,33 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
     return out[:, :t], (lse, lengths)
 
   def _bwd_unsupported_reason(self, args: attention_spec.AttentionArgs) -> str | None:
-    if args.query.shape[-1] > 128:
-      return "head dim 256 in the backward kernels (dk and dv accumulators exceed the registers)"
     if args.bias is not None or args.mask is not None:
       return "bias/mask in the backward kernels"
+    config, h = self.config, args.query.shape[-1]
+    if config is not None and bwd_smem_bytes(config, h) > _SMEM_BYTES:
+      return f"config {config} needs {bwd_smem_bytes(config, h)} bytes of shared memory backward"
     return None
 
   def _bwd(self, args: attention_spec.AttentionArgs, config: Config, out, residuals, dout):
     lse, lengths = residuals
     q, k, v = args.query, args.key, args.value
-    t, s = q.shape[1], k.shape[1]
-    bq, bkv = config.bwd_block_q, config.bwd_block_kv
-    t_pad = _round_up(t, mosaic_bwd.NUM_CONSUMERS * bq)
-    s_pad = _round_up(s, mosaic_bwd.NUM_CONSUMERS * bkv)
+    t, s, h = q.shape[1], k.shape[1], q.shape[-1]
+    t_pad = _round_up(t, mosaic_bwd.NUM_CONSUMERS * config.bwd_block_q)
+    s_pad = _round_up(s, mosaic_bwd.NUM_CONSUMERS * config.bwd_block_kv)
     delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), dout.astype(jnp.float32))
     lse = _pad(lse[:, :, :t], 2, t_pad, jnp.inf)  # Padded rows: zero probabilities.
-    params = mosaic_bwd.BwdParams(
-      block_q=bq,
-      block_kv=bkv,
-      num_stages=config.bwd_num_stages,
-      scale=args.scale,
-      soft_cap=args.soft_cap,
-      masking=_masking(args, s_pad != s),
-    )
+    masking = _masking(args, s_pad != s)
+    p_dq, passes = _bwd_kernel_params(config, h, args.scale, args.soft_cap, masking)
     qp, dop = _pad(q, 1, t_pad), _pad(dout.astype(q.dtype), 1, t_pad)
     kp, vp = _pad(k, 1, s_pad), _pad(v, 1, s_pad)
-    deltap = _pad(delta, 2, t_pad)
+    operands = (qp, kp, vp, dop, lse, _pad(delta, 2, t_pad), lengths)
     interpret = self._interpret_params()
-    dq = mosaic_bwd.dq(params, qp, kp, vp, dop, lse, deltap, lengths, interpret=interpret)
-    dk, dv = mosaic_bwd.dkv(params, qp, kp, vp, dop, lse, deltap, lengths, interpret=interpret)
-    return {"query": dq[:, :t], "key": dk[:, :s], "value": dv[:, :s]}
+    grads = {"query": mosaic_bwd.dq(p_dq, *operands, interpret=interpret)[:, :t]}
+    for outputs, p_dkv in passes:
+      res = mosaic_bwd.dkv(p_dkv, *operands, outputs=outputs, interpret=interpret)
+      for name, x in zip(outputs, res, strict=True):
+        grads["key" if name == "dk" else "value"] = x[:, :s]
+    return grads
 
 
 @functools.cache

@@ -9,7 +9,9 @@ producer warpgroup, and no atomics (so results are bitwise reproducible):
 - dk/dv: a CTA holds 2 * block_kv keys of one key/value head and streams,
   for every query head of its group in turn, the query, output-gradient,
   log-sum-exp and delta blocks; it accumulates dv = P^T dO and dk = dS^T Q, so
-  GQA needs no reduction afterwards.
+  GQA needs no reduction afterwards. Where both float32 accumulators do not
+  fit the registers (head dim 256), it runs twice, once per output: the dv
+  pass needs neither the value block nor delta.
 
 The masking and block ranges are the forward kernel's (`mosaic_common`).
 """
@@ -42,6 +44,19 @@ class BwdParams:
   masking: common.Masking
   consumer_registers: int = 232
   producer_registers: int = 40
+
+
+def dq_smem_bytes(p: BwdParams, h: int, itemsize: int = 2) -> int:
+  """Shared memory of the dq kernel (compiled, not interpreted)."""
+  held = NUM_CONSUMERS * p.block_q * (2 * h * itemsize + 2 * 4)  # q, do, lse, delta
+  return held + 2 * p.num_stages * p.block_kv * h * itemsize
+
+
+def dkv_smem_bytes(p: BwdParams, h: int, outputs=("dk", "dv"), itemsize: int = 2) -> int:
+  """Shared memory of the dk/dv kernel computing `outputs` (compiled, not interpreted)."""
+  dk = "dk" in outputs
+  held = (2 if dk else 1) * NUM_CONSUMERS * p.block_kv * h * itemsize
+  return held + p.num_stages * p.block_q * (2 * h * itemsize + (8 if dk else 4))
 
 
 def _log2_logits(p: BwdParams, s: jax.Array):
@@ -90,6 +105,10 @@ def dq(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
   dtype = q.dtype
   m = p.masking
   any_mask = m != common.Masking()
+  # With one slot per operand, the value block goes first (dP) and is released
+  # early, so the producer refills it while the key block is still in use,
+  # and the next key block loads during the next dP.
+  v_first = stages == 1
 
   def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref, dq_ref, smem, bars):
     q_smem, do_smem, lse_smem, delta_smem, k_smem, v_smem, ds_smem = smem
@@ -120,11 +139,18 @@ def dq(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
       def step(kv_step, acc, *, masked: bool):
         masked = masked and any_mask
         slot = lax.rem(kv_step - tile_lo, jnp.int32(stages))
-        plgpu.barrier_wait(k_bar.at[slot])
-        plgpu.barrier_wait(v_bar.at[slot])
-        s = _mm_t(q_smem.at[wg], k_smem.at[slot], (bq, bkv))
-        dp = _mm_t(do_smem.at[wg], v_smem.at[slot], (bq, bkv))
-        plgpu.barrier_arrive(v_free.at[slot])
+        if v_first:
+          plgpu.barrier_wait(v_bar.at[slot])
+          dp = _mm_t(do_smem.at[wg], v_smem.at[slot], (bq, bkv))
+          plgpu.barrier_arrive(v_free.at[slot])
+          plgpu.barrier_wait(k_bar.at[slot])
+          s = _mm_t(q_smem.at[wg], k_smem.at[slot], (bq, bkv))
+        else:
+          plgpu.barrier_wait(k_bar.at[slot])
+          plgpu.barrier_wait(v_bar.at[slot])
+          s = _mm_t(q_smem.at[wg], k_smem.at[slot], (bq, bkv))
+          dp = _mm_t(do_smem.at[wg], v_smem.at[slot], (bq, bkv))
+          plgpu.barrier_arrive(v_free.at[slot])
         logits, dcap = _log2_logits(p, s)
         if masked:
           q_ids = common.iota((bq, bkv), 0) + r0
@@ -164,15 +190,11 @@ def dq(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
     @pl.when(wg == NUM_CONSUMERS)
     def _producer():
       plgpu.set_max_registers(p.producer_registers, action="decrease")
-      _stream(
-        tile_lo,
-        tile_hi,
-        stages,
-        [
-          (lambda _, j: k_ref.at[batch, pl.ds(j * bkv, bkv), kv_head], k_smem, k_bar, k_free),
-          (lambda _, j: v_ref.at[batch, pl.ds(j * bkv, bkv), kv_head], v_smem, v_bar, v_free),
-        ],
-      )
+      streams = [
+        (lambda _, j: k_ref.at[batch, pl.ds(j * bkv, bkv), kv_head], k_smem, k_bar, k_free),
+        (lambda _, j: v_ref.at[batch, pl.ds(j * bkv, bkv), kv_head], v_smem, v_bar, v_free),
+      ]
+      _stream(tile_lo, tile_hi, stages, streams[::-1] if v_first else streams)
 
   tr = common.smem_transforms(dtype, h)
   smem = (
@@ -235,8 +257,8 @@ def _stream(lo, hi, stages, streams, *, repeat: int = 1):
       plgpu.barrier_wait(free.at[slot])
 
 
-def dkv(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
-  """(dk, dv), each [B,S,K,H]."""
+def dkv(p: BwdParams, q, k, v, do, lse, delta, lengths, *, outputs=("dk", "dv"), interpret=None):
+  """The `outputs` ("dk", "dv" or both, in that order), each [B,S,K,H]."""
   b, t, n, h = q.shape
   s_len, kh = k.shape[1], k.shape[2]
   groups = n // kh
@@ -247,8 +269,16 @@ def dkv(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
   dtype = q.dtype
   m = p.masking
   any_mask = m != common.Masking()
+  want_dk, want_dv = "dk" in outputs, "dv" in outputs
+  names = [x for x in ("dk", "dv") if x in outputs]
+  assert names and len(names) == len(outputs), outputs
+  # As in `dq`: with one slot per operand the dk pass uses dO first (dP) and
+  # releases it early, and the query block last.
+  do_first = want_dk and not want_dv and stages == 1
 
-  def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref, dk_ref, dv_ref, smem, bars):
+  def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref, *refs):
+    out_refs = dict(zip(names, refs[: len(names)], strict=True))
+    smem, bars = refs[len(names) :]
     k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem = smem
     kv_bar, q_bar, do_bar, lse_bar, delta_bar, q_free, do_free, lse_free, delta_free = bars
     kv_head = lax.axis_index("heads")
@@ -265,6 +295,11 @@ def dkv(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
     tile_lo = jnp.minimum(ranges[0][0], ranges[1][0])
     tile_hi = jnp.maximum(ranges[0][3], ranges[1][3])
     span = tile_hi - tile_lo
+    # (full barrier, free barrier) of each streamed operand, in the producer's order.
+    streamed = [(q_bar, q_free), (lse_bar, lse_free), (do_bar, do_free)]
+    if want_dk:
+      streamed.append((delta_bar, delta_free))
+    order = [2, 1, 3, 0] if do_first else list(range(len(streamed)))  # Release order.
 
     @pl.when(wg < NUM_CONSUMERS)
     def _consumer():
@@ -273,17 +308,25 @@ def dkv(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
       lo, full_lo, full_hi, hi = (jnp.where(wg == 0, x, y) for x, y in zip(*ranges, strict=True))
       cols = (batch, pl.ds(c0, bkv), kv_head)
       plgpu.copy_gmem_to_smem(k_ref.at[cols], k_smem.at[wg], kv_bar.at[wg, 0])
-      plgpu.copy_gmem_to_smem(v_ref.at[cols], v_smem.at[wg], kv_bar.at[wg, 1])
+      if want_dk:
+        plgpu.copy_gmem_to_smem(v_ref.at[cols], v_smem.at[wg], kv_bar.at[wg, 1])
       plgpu.barrier_wait(kv_bar.at[wg, 0])
-      plgpu.barrier_wait(kv_bar.at[wg, 1])
+      if want_dk:
+        plgpu.barrier_wait(kv_bar.at[wg, 1])
 
-      def step(q_step, carry, *, g, masked: bool):
+      def step(q_step, acc, *, g, masked: bool):
         masked = masked and any_mask
-        dk, dv = carry
+        acc = dict(acc)
         slot = lax.rem(g * span + q_step - tile_lo, jnp.int32(stages))
+        if do_first:
+          plgpu.barrier_wait(do_bar.at[slot])
+          dp_t = _mm_t(v_smem.at[wg], do_smem.at[slot], (bkv, bq))
+          plgpu.barrier_arrive(do_free.at[slot])
         plgpu.barrier_wait(q_bar.at[slot])
         plgpu.barrier_wait(lse_bar.at[slot])
         s_t = _mm_t(k_smem.at[wg], q_smem.at[slot], (bkv, bq))
+        if not want_dk:
+          plgpu.barrier_arrive(q_free.at[slot])
         lse = plgpu.load(lse_smem.at[slot], layout=_COL)
         plgpu.barrier_arrive(lse_free.at[slot])
         logits, dcap = _log2_logits(p, s_t)
@@ -292,29 +335,31 @@ def dkv(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
           q_ids = common.iota((bkv, bq), 1) + q_step * bq
           logits = jnp.where(common.visible(m, q_ids, k_ids, q_len, kv_len), logits, -jnp.inf)
         p_t = jnp.exp2(logits - lax.broadcast_in_dim(lse, (bkv, bq), [1]))
-        plgpu.barrier_wait(do_bar.at[slot])
-        plgpu.barrier_wait(delta_bar.at[slot])
+        if not do_first:
+          plgpu.barrier_wait(do_bar.at[slot])
+        if want_dk:
+          plgpu.barrier_wait(delta_bar.at[slot])
         stage = ds_smem.at[wg] if interpret else None
-        dv = _mm(dv, p_t.astype(dtype), do_smem.at[slot], interpret, stage)
-        dp_t = _mm_t(v_smem.at[wg], do_smem.at[slot], (bkv, bq))
-        plgpu.barrier_arrive(do_free.at[slot])
+        if want_dv:
+          acc["dv"] = _mm(acc["dv"], p_t.astype(dtype), do_smem.at[slot], interpret, stage)
+        if not want_dk:
+          plgpu.barrier_arrive(do_free.at[slot])
+          return acc
+        if not do_first:
+          dp_t = _mm_t(v_smem.at[wg], do_smem.at[slot], (bkv, bq))
+          plgpu.barrier_arrive(do_free.at[slot])
         delta = plgpu.load(delta_smem.at[slot], layout=_COL)
         plgpu.barrier_arrive(delta_free.at[slot])
         ds_t = p_t * (dp_t - lax.broadcast_in_dim(delta, (bkv, bq), [1]))
         if dcap is not None:
           ds_t = ds_t * dcap
-        dk = _mm(dk, ds_t.astype(dtype), q_smem.at[slot], interpret, stage)
+        acc["dk"] = _mm(acc["dk"], ds_t.astype(dtype), q_smem.at[slot], interpret, stage)
         plgpu.barrier_arrive(q_free.at[slot])
-        return dk, dv
+        return acc
 
       def skip(q_step, carry, *, g):
         slot = lax.rem(g * span + q_step - tile_lo, jnp.int32(stages))
-        for full, free in (
-          (q_bar, q_free),
-          (lse_bar, lse_free),
-          (do_bar, do_free),
-          (delta_bar, delta_free),
-        ):
+        for full, free in streamed:
           plgpu.barrier_wait(full.at[slot])
           plgpu.barrier_arrive(free.at[slot])
         return carry
@@ -329,13 +374,14 @@ def dkv(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
         carry = lax.fori_loop(full_hi, hi, masked_step, carry)
         return lax.fori_loop(hi, tile_hi, skip_g, carry)
 
-      zero = common.tile((bkv, h), 0.0)
-      dk, dv = lax.fori_loop(0, groups, group, (zero, zero))
-      k_smem.at[wg][...] = (dk * p.scale).astype(dtype)
-      v_smem.at[wg][...] = dv.astype(dtype)
+      acc = lax.fori_loop(0, groups, group, {x: common.tile((bkv, h), 0.0) for x in names})
+      # The held key (and value) slots stage the results.
+      staging = dict(zip(names, (k_smem, v_smem)[: len(names)], strict=True))
+      for x in names:
+        staging[x].at[wg][...] = (acc[x] * p.scale if x == "dk" else acc[x]).astype(dtype)
       plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(k_smem.at[wg], dk_ref.at[cols])
-      plgpu.copy_smem_to_gmem(v_smem.at[wg], dv_ref.at[cols])
+      for x in names:
+        plgpu.copy_smem_to_gmem(staging[x].at[wg], out_refs[x].at[cols])
       plgpu.wait_smem_to_gmem(0)
 
     @pl.when(wg == NUM_CONSUMERS)
@@ -349,27 +395,20 @@ def dkv(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
       def vec(ref):
         return lambda g, j: ref.at[batch, head0 + g, pl.ds(j * bq, bq)]
 
-      _stream(
-        tile_lo,
-        tile_hi,
-        stages,
-        [
-          (rows(q_ref), q_smem, q_bar, q_free),
-          (vec(lse_ref), lse_smem, lse_bar, lse_free),
-          (rows(do_ref), do_smem, do_bar, do_free),
-          (vec(delta_ref), delta_smem, delta_bar, delta_free),
-        ],
-        repeat=groups,
-      )
+      sources = [(rows(q_ref), q_smem), (vec(lse_ref), lse_smem), (rows(do_ref), do_smem)]
+      if want_dk:
+        sources.append((vec(delta_ref), delta_smem))
+      streams = [(*a, *b_) for a, b_ in zip(sources, streamed, strict=True)]
+      _stream(tile_lo, tile_hi, stages, [streams[i] for i in order], repeat=groups)
 
   tr = common.smem_transforms(dtype, h)
   smem = (
     plgpu.SMEM((NUM_CONSUMERS, bkv, h), dtype, transforms=tr),
-    plgpu.SMEM((NUM_CONSUMERS, bkv, h), dtype, transforms=tr),
+    plgpu.SMEM((NUM_CONSUMERS, bkv, h), dtype, transforms=tr) if want_dk else None,
     plgpu.SMEM((stages, bq, h), dtype, transforms=tr),
     plgpu.SMEM((stages, bq, h), dtype, transforms=tr),
     plgpu.SMEM((stages, bq), jnp.float32),
-    plgpu.SMEM((stages, bq), jnp.float32),
+    plgpu.SMEM((stages, bq), jnp.float32) if want_dk else None,
     plgpu.SMEM((NUM_CONSUMERS, bkv, bq), dtype, transforms=common.smem_transforms(dtype, bq))
     if interpret
     else None,
@@ -381,16 +420,16 @@ def dkv(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
     full,
     full,
     full,
-    full,
+    full if want_dk else None,
     free,
     free,
     free,
-    free,
+    free if want_dk else None,
   )
   kv_type = jax.ShapeDtypeStruct(k.shape, dtype)
   return plgpu.kernel(
     body,
-    out_type=(kv_type, kv_type),
+    out_type=tuple(kv_type for _ in names),
     scratch_types=(smem, bars),
     grid=(kh, num_tiles, b),
     grid_names=("heads", "kv_tiles", "batch"),
