@@ -66,9 +66,10 @@ def pytest_addoption(parser):
   group.addoption("--summary-md", default=None, help="write the per-op summary as Markdown here")
   group.addoption(
     "--resume-from",
-    default=None,
+    action="append",
+    default=[],
     metavar="JUNIT",
-    help="deselect the tests that passed or skipped in this JUnit XML of a run cut short",
+    help="deselect the tests that passed or skipped in this JUnit XML of a run cut short (repeatable)",
   )
 
 
@@ -87,10 +88,10 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-  path = config.getoption("--resume-from")
-  if not path:
+  paths = config.getoption("--resume-from")
+  if not paths:
     return
-  done = summary.junit_finished_ids(path)
+  done = set().union(*(summary.junit_finished_ids(path) for path in paths))
   keep = [item for item in items if summary.item_junit_id(item) not in done]
   config.hook.pytest_deselected(items=[item for item in items if item not in keep])
   items[:] = keep

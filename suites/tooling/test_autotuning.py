@@ -242,7 +242,7 @@ def test_merge():
     merged.data_for(api.get_bound_args(attention_only, q)[0].op, a.data[0].key).config
   ) == {"kv_chunk_size": 128}
   with pytest.raises(ValueError, match="device kinds"):
-    a.merge(tokamax.AutotuningResult("NVIDIA H200", ()))
+    a.merge(tokamax.AutotuningResult(f"not {a.device_kind}", ()))
 
 
 def test_cache_miss_options():
@@ -353,9 +353,10 @@ def test_ignore_cache_and_all_implementations(tuned, capsys):
 
   assert len(tokamax.autotune(plain, q, progress=False)) == 0  # XLA has nothing to tune.
   every = tokamax.autotune(plain, q, all_implementations=True, iterations=2, progress=False)
-  assert [(d.op, d.implementation) for d in every.data] == [
-    ("dot_product_attention", "xla_chunked")
-  ]
+  # The tunable implementations that take float32 here: Triton's only on a GPU.
+  tunable = {"xla_chunked"} | ({"triton"} if jax.default_backend() == "gpu" else set())
+  assert {d.implementation for d in every.data} == tunable
+  assert {d.op for d in every.data} == {"dot_product_attention"}
   with result:
     fresh = tokamax.autotune(
       jax.jit(attention_only), q, ignore_cache=True, iterations=2, progress=False
