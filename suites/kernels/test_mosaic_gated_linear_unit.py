@@ -20,26 +20,27 @@ SMALL = mosaic.Config(block_n=64, num_stages=2, epi_n=64, grid_tile_m=2)
 
 
 @pytest.mark.parametrize(
-  ("shape", "tuple_weights", "activation", "backward"),
+  ("shape", "tuple_weights", "activation", "backward", "config"),
   [
     # Batch dims; 100 rows: padded to 104. Backward matmuls in the ragged_dot kernels.
-    ((2, 50, 128), False, jax.nn.swish, "mosaic"),
-    ((64, 128), True, None, None),
-    ((72, 128), False, jax.nn.gelu, "xla"),
-    ((136, 128), False, None, "mosaic"),  # Two row tiles, the second 8 rows.
+    ((2, 50, 128), False, jax.nn.swish, "mosaic", SMALL),
+    ((64, 128), True, None, None, SMALL),
+    ((72, 128), False, jax.nn.gelu, "xla", SMALL),
+    ((136, 128), False, None, "mosaic", SMALL),  # Two row tiles, the second 8 rows.
+    # Two-CTA clusters sharing x tiles by multicast.
+    ((136, 256), False, jax.nn.swish, "xla", dataclasses.replace(SMALL, cluster=2)),
     # The heuristic config of a single row tile; the second warpgroup has no rows.
-    ((40, 384), False, jax.nn.swish, None),
+    ((40, 384), False, jax.nn.swish, None, None),
   ],
 )
 def test_interpret_matches_reference_with_gradients(
-  shape, tuple_weights, activation, backward, capfd
+  shape, tuple_weights, activation, backward, config, capfd
 ):
   rng = np.random.default_rng(len(shape) + shape[-2])
   k, n = shape[-1], 128
   x = jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
   w = jnp.asarray(rng.standard_normal((k, 2, n)) / np.sqrt(k), jnp.bfloat16)
   weights = (w[:, 0], w[:, 1]) if tuple_weights else w
-  config = None if k == 384 else SMALL
   impl = mosaic.MosaicGatedLinearUnit(interpret=True, config=config, backward=backward)
 
   def fn(a, b):

@@ -45,12 +45,15 @@ class Config:
     num_stages: Shared-memory stages of the load pipeline.
     epi_n: Output columns per epilogue store.
     grid_tile_m: Row tiles visited together before moving along N.
+    cluster: CTAs per cluster: 2 shares each x tile between two column tiles
+      through TMA multicast.
   """
 
   block_n: int = 128
   num_stages: int = 4
   epi_n: int = 128
   grid_tile_m: int = 16
+  cluster: int = 1
 
 
 def _kernel_config(x_dtype, config: Config) -> mosaic_kernel.Config:
@@ -60,6 +63,7 @@ def _kernel_config(x_dtype, config: Config) -> mosaic_kernel.Config:
     num_stages=config.num_stages,
     epi_n=config.epi_n,
     grid_tile_m=config.grid_tile_m,
+    cluster=config.cluster,
   )
 
 
@@ -183,8 +187,8 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
 
   def _get_autotuning_configs(self, args: spec.GluArgs) -> set[Config]:
     configs = {
-      Config(block_n=b, num_stages=s, epi_n=e, grid_tile_m=t)
-      for b, s, e, t in itertools.product((64, 128), (2, 3, 4, 6), (64, 128), (4, 8, 16))
+      Config(block_n=b, num_stages=s, epi_n=e, grid_tile_m=t, cluster=c)
+      for b, s, e, t, c in itertools.product((64, 128), (2, 3, 4, 6), (64, 128), (4, 8, 16), (1, 2))
       if e <= b
     }
     return {c for c in configs if _config_reason(args, c, False) is None} or {

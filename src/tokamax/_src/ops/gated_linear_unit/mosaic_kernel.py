@@ -35,6 +35,9 @@ class Config:
     num_stages: Shared-memory stages of the load pipeline.
     epi_n: Output columns per epilogue store.
     grid_tile_m: Row tiles visited together before moving along N (L2 reuse).
+    cluster: CTAs per cluster; 2 computes two neighbouring column tiles of one
+      row tile on a CTA pair that shares each x tile through TMA multicast
+      (half the x traffic, for few rows where x is re-read per column tile).
   """
 
   block_n: int = 128
@@ -42,6 +45,7 @@ class Config:
   num_stages: int = 4
   epi_n: int = 128
   grid_tile_m: int = 16
+  cluster: int = 1
 
   @property
   def block_m(self) -> int:
@@ -105,6 +109,10 @@ def config_reason(
     return f"block_n={config.block_n} must be a multiple of 64 up to 256"
   if smem_bytes(config, in_itemsize, save_residuals) > mosaic_fwd.SMEM_BYTES:
     return f"{config} needs more than {mosaic_fwd.SMEM_BYTES} bytes of shared memory"
+  if config.cluster not in (1, 2):
+    return f"cluster={config.cluster} (supported: 1, 2)"
+  if (n // config.block_n) % config.cluster:
+    return f"N={n} must be a multiple of cluster * block_n={config.cluster * config.block_n}"
   return None
 
 
@@ -145,7 +153,10 @@ def gated_linear_unit(
   m, k = x.shape
   bm, bn, bk, epi_n = config.block_m, config.block_n, config.block_k, config.epi_n
   m_tiles, n_tiles, k_steps = pl.cdiv(m, bm), n // bn, k // bk
+  cluster = config.cluster
+  n_units = n_tiles // cluster  # Column tiles per cluster step.
   tile_m = min(config.grid_tile_m, m_tiles)
+  collective = ("cluster",) if cluster > 1 else None
   tf = mosaic_fwd._transforms(x.dtype)
   dtype = x.dtype
   slots = epilogue_slots(save_residuals)
@@ -156,7 +167,9 @@ def gated_linear_unit(
       grid=(k_steps,),
       memory_registers=mosaic_fwd.MEMORY_REGISTERS,
       in_specs=[
-        plgpu.BlockSpec((bm, bk), lambda s: (mi, s), transforms=tf, delay_release=0),
+        plgpu.BlockSpec(
+          (bm, bk), lambda s: (mi, s), transforms=tf, delay_release=0, collective_axes=collective
+        ),
         plgpu.BlockSpec((bk, bn), lambda s: (s, ni), transforms=tf, delay_release=0),
         plgpu.BlockSpec(
           (bk, bn), lambda s: (s, ni + up_block_offset), transforms=tf, delay_release=0
@@ -180,10 +193,11 @@ def gated_linear_unit(
     def scope(allocs, o_smem):
       wg = lax.axis_index("wg")
 
-      @plgpu.nd_loop((m_tiles * n_tiles,), collective_axes="sm")
+      @plgpu.nd_loop((m_tiles * n_units,), collective_axes="sm")
       def _item_loop(info):
         (idx,) = info.index
-        mi, ni = plgpu.planar_snake(idx, (m_tiles, n_tiles), 0, tile_m)
+        mi, nu = plgpu.planar_snake(idx, (m_tiles, n_units), 0, tile_m)
+        ni = nu * cluster + (lax.axis_index("cluster") if cluster > 1 else 0)
         row0 = mi * bm + wg * WG_ROWS
         rows = jnp.clip(m - row0, 0, WG_ROWS)
 
@@ -241,8 +255,9 @@ def gated_linear_unit(
   call = plgpu.kernel(
     kernel,
     out_type=tuple(out_type),
-    grid=(num_sms,),
+    grid=(num_sms // cluster,),
     grid_names=("sm",),
+    **(dict(cluster=(cluster,), cluster_names=("cluster",)) if cluster > 1 else {}),
     num_threads=NUM_COMPUTE_WGS + 1,
     thread_name="wg",
     compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
