@@ -5,7 +5,8 @@
 #
 #   GITHUB_SHA=<commit> OUT=<dir> STEPS="suite golden_bench tooling" bash ci/gpu/run_all.sh
 #
-# Steps (seconds in <STEP>_S override the default limit):
+# Steps (seconds in <STEP>_S override the default limit; <STEP>_ARGS replace the flags of the
+# attention_mosaic, mosaic_mm and triton_mm_norm scripts):
 #   suite             the h100 matrix and kernel tests (ci/gpu_suite.sh), summary.md/json; SUITE_ARGS
 #                     go to pytest (e.g. --resume-from JUNIT to finish a run cut by the time limit)
 #   golden_bench      goldens and one benchmark-history run (ci/gpu/golden_and_bench.sh)
@@ -59,12 +60,13 @@ for s in ${STEPS:-suite golden_bench tooling}; do
       --skip "${TOOLING_SKIP:-autotune,default_cache}" ;;
     autotune) step autotune 300 python3 ci/gpu/tooling.py --out "$WORK/autotune" --budget-s "${AUTOTUNE_S:-300}" \
       --skip timers,export ;;
-    attention_mosaic) step attention_mosaic 120 python3 ci/gpu/attention_mosaic.py --skip-checks \
+    attention_mosaic) step attention_mosaic 120 python3 ci/gpu/attention_mosaic.py ${ATTENTION_MOSAIC_ARGS:---skip-checks} \
       --out "$WORK/attention_mosaic/attention_mosaic.json" ;;
     attention_triton) step attention_triton 90 python3 ci/gpu/attention_triton.py --skip-tests \
       --out "$WORK/attention_triton" --commit "$TOKAMAX_COMMIT" ;;
-    mosaic_mm) step mosaic_mm 120 python3 ci/gpu/mosaic_mm.py --part bench --out "$WORK/mosaic_mm/mosaic_mm.json" ;;
-    triton_mm_norm) step triton_mm_norm 150 python3 ci/gpu/triton_mm_norm.py --skip-correctness \
+    mosaic_mm) step mosaic_mm 120 python3 ci/gpu/mosaic_mm.py ${MOSAIC_MM_ARGS:---part bench} \
+      --out "$WORK/mosaic_mm/mosaic_mm.json" ;;
+    triton_mm_norm) step triton_mm_norm 150 python3 ci/gpu/triton_mm_norm.py ${TRITON_MM_NORM_ARGS:---skip-correctness} \
       --out "$WORK/triton_mm_norm" ;;
     *) echo "unknown step $s" ;;
   esac
