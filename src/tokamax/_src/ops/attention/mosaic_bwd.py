@@ -295,11 +295,12 @@ def dkv(p: BwdParams, q, k, v, do, lse, delta, lengths, *, outputs=("dk", "dv"),
     tile_lo = jnp.minimum(ranges[0][0], ranges[1][0])
     tile_hi = jnp.maximum(ranges[0][3], ranges[1][3])
     span = tile_hi - tile_lo
-    # (full barrier, free barrier) of each streamed operand, in the producer's order.
+    # (full barrier, free barrier) of each streamed operand; the producer refills
+    # them in `order`, the order the consumers release them.
     streamed = [(q_bar, q_free), (lse_bar, lse_free), (do_bar, do_free)]
     if want_dk:
       streamed.append((delta_bar, delta_free))
-    order = [2, 1, 3, 0] if do_first else list(range(len(streamed)))  # Release order.
+    order = [2, 1, 3, 0] if do_first else list(range(len(streamed)))
 
     @pl.when(wg < NUM_CONSUMERS)
     def _consumer():
