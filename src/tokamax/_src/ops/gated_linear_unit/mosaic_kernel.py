@@ -181,6 +181,17 @@ def gated_linear_unit(
       compute_context=compute_context,
     )
 
+  def epilogue_values(gate, up, out_ref, res_refs):
+    """(float32 value, output ref, its first column) of each store."""
+    if not save_residuals:
+      act = gate if activation is None else activation(gate)
+      return [(act * up, out_ref, 0)]
+    (res_ref,) = res_refs
+    if activation is None:
+      return [(gate * up, out_ref, 0), (up, res_ref, 0), (gate, res_ref, n)]
+    act, dgate_factor = activation_and_derivative(activation, gate, up)
+    return [(act * up, out_ref, 0), (dgate_factor, res_ref, 0), (act, res_ref, n)]
+
   def kernel(x_ref, wg_ref, wu_ref, out_ref, *res_refs):
     nothing = lambda *_, **__: None
 
@@ -218,32 +229,22 @@ def gated_linear_unit(
           def _acc_scope(acc_g, acc_u):
             run((acc_g, acc_u))
             gate, up = acc_g[...], acc_u[...]
-            # (value [WG_ROWS, bn], output ref, its first column) per store.
-            if not save_residuals:
-              act = gate if activation is None else activation(gate)
-              values = [(act * up, out_ref, 0)]
-            elif activation is None:
-              values = [(gate * up, out_ref, 0), (up, res_refs[0], 0), (gate, res_refs[0], n)]
-            else:
-              act, dgate_factor = activation_and_derivative(activation, gate, up)
-              values = [
-                (act * up, out_ref, 0),
-                (dgate_factor, res_refs[0], 0),
-                (act, res_refs[0], n),
-              ]
-            values = [(v.astype(dtype), ref, col) for v, ref, col in values]
-            stores = [(v, ref, col, c) for c in range(bn // epi_n) for v, ref, col in values]
-            for u, (v, ref, col, c) in enumerate(stores):
-              # Each store is at least one bulk group when this warpgroup has
-              # rows, so at most slots - 1 pending groups leave the slot free;
-              # the first store also waits out the previous item's stores.
-              if u == 0 or u >= slots:
-                plgpu.wait_smem_to_gmem(0 if u == 0 else slots - 1, wait_read_only=True)
-              slot = o_smem.at[u % slots, wg]
-              slot[...] = v[:, c * epi_n : (c + 1) * epi_n]
-              plgpu.commit_smem()
-              cols = pl.ds(col + ni * bn + c * epi_n, epi_n)
-              mosaic_fwd.store_rows(slot, ref.at[:, cols], row0, 0, rows, WG_ROWS)
+            u = 0  # Stores so far in this item.
+            for c in range(bn // epi_n):
+              # A column chunk at a time, so that few float32 values are live.
+              chunk = slice(c * epi_n, (c + 1) * epi_n)
+              for v, ref, col in epilogue_values(gate[:, chunk], up[:, chunk], out_ref, res_refs):
+                # Each store is at least one bulk group when this warpgroup has
+                # rows, so at most slots - 1 pending groups leave the slot free;
+                # the first store also waits out the previous item's stores.
+                if u == 0 or u >= slots:
+                  plgpu.wait_smem_to_gmem(0 if u == 0 else slots - 1, wait_read_only=True)
+                slot = o_smem.at[u % slots, wg]
+                slot[...] = v.astype(dtype)
+                plgpu.commit_smem()
+                cols = pl.ds(col + ni * bn + c * epi_n, epi_n)
+                mosaic_fwd.store_rows(slot, ref.at[:, cols], row0, 0, rows, WG_ROWS)
+                u += 1
 
         make_pipeline(mma, compute_context, mi, ni)(x_ref, wg_ref, wu_ref, allocations=allocs)
 
