@@ -294,7 +294,7 @@ def bench_dense(m, k, n):
 
 
 @guarded
-def bench_glu(m, k, n, configs=(None,), backwards=(None,), residual_fwd=False):
+def bench_glu(m, k, n, configs=(None,), backwards=(None,), residual_configs=()):
   """XLA and Mosaic GLU (swish), forward and forward+backward, on the same arrays.
 
   Args:
@@ -302,7 +302,8 @@ def bench_glu(m, k, n, configs=(None,), backwards=(None,), residual_fwd=False):
     configs: Forward configs of the Mosaic kernel (None: the heuristic).
     backwards: `MosaicGatedLinearUnit.backward` values timed forward+backward
       with the heuristic config (None: the heuristic choice, named in the label).
-    residual_fwd: Also time the residual-writing forward kernel alone.
+    residual_configs: Configs of the residual-writing forward kernel to time
+      alone (None: the one forward+backward uses).
   """
   sets = []
   for i in range(2):
@@ -362,11 +363,13 @@ def bench_glu(m, k, n, configs=(None,), backwards=(None,), residual_fwd=False):
     chosen = cfg or heuristic._get_heuristics_config(record)
     label = ("heuristic " if cfg is None else "") + str(dataclasses.astuple(chosen))
     time_mosaic("fwd", label, fwd_of(impl), fwd_sets, flops, config=label)
-  if residual_fwd:
-    cfg = heuristic._residual_config(record, heuristic._get_heuristics_config(record))
+  for cfg in residual_configs:
+    cfg = cfg or heuristic._residual_config(record, heuristic._get_heuristics_config(record))
     label = f"residual-writing {dataclasses.astuple(cfg)}"
     fn = jax.jit(
-      lambda x, w: heuristic._fwd(glu_mosaic.spec.canonicalize(x, w, activation=jax.nn.swish), cfg)
+      lambda x, w, cfg=cfg: heuristic._run(
+        glu_mosaic.spec.canonicalize(x, w, activation=jax.nn.swish), cfg, save_residuals=True
+      )
     )
     time_mosaic("fwd (with residuals)", label, fn, fwd_sets, flops, config=label)
   for backward in backwards:
@@ -385,7 +388,14 @@ def run_glu_benchmarks():
   narrow = G(block_n=64, num_stages=6, epi_n=64, grid_tile_m=8)
   wide = G(block_n=128, num_stages=4, epi_n=128, grid_tile_m=8)
   pair = lambda c: dataclasses.replace(c, cluster=2)
-  bench_glu(8192, 4096, 14336, backwards=(None, "xla"), residual_fwd=True)
+  bench_glu(
+    8192,
+    4096,
+    14336,
+    backwards=(None, "xla"),
+    # The default (two 64-column store buffers, 4 stages) and 128-column buffers, 3 stages.
+    residual_configs=(None, dataclasses.replace(wide, num_stages=3)),
+  )
   bench_glu(2048, 2048, 8192, backwards=(None, "xla"))
   bench_glu(512, 4096, 14336, configs=(None, narrow, pair(wide)))
   bench_glu(128, 4096, 14336, configs=(None, wide, pair(narrow), pair(wide)))

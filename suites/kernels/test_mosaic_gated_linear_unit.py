@@ -105,6 +105,12 @@ def test_heuristic_and_residual_configs_lower_for_target_shapes(m, k, n):
   )
 
 
+def test_benchmarked_residual_alternatives_lower_for_cuda():
+  """The residual-writing configs that ci/gpu/mosaic_mm.py times besides the default."""
+  wide = mosaic.Config(block_n=128, num_stages=3, epi_n=128, grid_tile_m=8)
+  _lower(8192, 4096, 14336, lambda r: [wide, dataclasses.replace(wide, cluster=2)], True)
+
+
 @pytest.mark.parametrize(
   ("m", "k", "n"), [(8192, 4096, 14336), (2048, 2048, 8192), (512, 4096, 14336)]
 )
