@@ -18,6 +18,7 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from tokamax._src.ops import kernel_ops
@@ -30,10 +31,10 @@ from tokamax._src.ops.ragged_dot import spec as ragged_spec
 _DTYPES = ("bfloat16", "float16")
 _ROW_ALIGN = mosaic_fwd.ROW_ALIGN
 BACKWARDS = ("xla", "mosaic")
-# Rows from which the heuristics run the backward matmuls with the Mosaic
-# ragged_dot kernels; below, the matmuls are weight-bound and XLA's split-K
-# keeps every SM busy where one-group tiles of dx would not.
-MOSAIC_BACKWARD_MIN_ROWS = 1024
+# Output tiles of dx (128 x 256) from which the heuristics run the backward
+# matmuls with the Mosaic ragged_dot kernels: about a wave of an H200's 132 SMs.
+# With fewer (few rows, weight-bound), XLA's split-K keeps every SM busy.
+MOSAIC_BACKWARD_MIN_DX_TILES = 96
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -212,7 +213,9 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
   def _backward(self, args: spec.GluArgs) -> str:
     if self.backward is not None:
       return self.backward
-    return "mosaic" if _dims(args)[0] >= MOSAIC_BACKWARD_MIN_ROWS else "xla"
+    m, k, _ = _dims(args)
+    tiles = pl.cdiv(m, mosaic_kernel.WG_ROWS * mosaic_kernel.NUM_COMPUTE_WGS) * pl.cdiv(k, 256)
+    return "mosaic" if tiles >= MOSAIC_BACKWARD_MIN_DX_TILES else "xla"
 
   def _run(self, args: spec.GluArgs, config: Config, save_residuals: bool):
     """The output [*B, N], and with `save_residuals` also the residuals [M, 2N]."""
