@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
+from jax.extend import core as jex_core
 
 from tokamax._src.ops.ragged_dot import mosaic_fwd
 
@@ -60,11 +61,12 @@ def activation_and_derivative(activation, gate: jax.Array, up: jax.Array):
 
 
 def _eval_with_add(jaxpr, consts, *args):
+  """Evaluates `jaxpr` (inlining nested jits) with `add` in place of `add_any`."""
   env = {}
-  read = lambda v: v.val if isinstance(v, jax.extend.core.Literal) else env[v]
+  read = lambda v: v.val if isinstance(v, jex_core.Literal) else env[v]
   for var, val in zip((*jaxpr.constvars, *jaxpr.invars), (*consts, *args), strict=True):
     env[var] = val
-  prims = jax.extend.core.primitives
+  prims = jex_core.primitives
   for eqn in jaxpr.eqns:
     ins = [read(v) for v in eqn.invars]
     if eqn.primitive is prims.add_jaxvals_p:
