@@ -72,7 +72,31 @@ def _compare(impl, shape, dtype, grads, seed=0, **kw) -> dict:
     g = jax.grad(loss(impl), argnums=(0, 1, 2))(q, k, v)
     gr = jax.grad(loss(ref_impl, precision=hi), argnums=(0, 1, 2))(*up)
     res["grads"] = [_rel_err(a.astype(jnp.float32), r) for a, r in zip(g, gr, strict=True)]
+    if kw.get("bias") is not None:
+      res["grads"].append(
+        _rel_err(
+          _bias_grad(impl, (q, k, v), do, kw), _bias_grad(ref_impl, up, do, kw, precision=hi)
+        )
+      )
   return res
+
+
+def _bias_grad(impl, qkv, do, kw, **extra):
+  def loss(bias):
+    return jnp.sum(impl(*qkv, **{**kw, "bias": bias}, **extra).astype(jnp.float32) * do)
+
+  return jax.grad(loss)(kw["bias"])
+
+
+def _mask(seed, shape, p=0.7, dead_rows=0.2):
+  """A random mask [B|1, N|1, T|1, S|1] with a `dead_rows` share of its rows all False."""
+  keep, live = jax.random.split(jax.random.key(seed))
+  mask = jax.random.bernoulli(keep, p, shape)
+  return mask & jax.random.bernoulli(live, 1.0 - dead_rows, (*shape[:3], 1))
+
+
+def _bias(seed, shape, dtype=jnp.float32):
+  return (2.0 * jax.random.normal(jax.random.key(seed), shape)).astype(dtype)
 
 
 # name -> (shape (B, T, S, N, K, H), dtype, grads, kwargs as a Python expression)
@@ -101,7 +125,36 @@ CASES = {
     "dict(local_window_size=(40, 10), logits_soft_cap=4.0, query_seq_lengths=jnp.array([100, 61]),"
     " key_value_seq_lengths=jnp.array([90, 130]))",
   ),
+  # Bias and mask: forward kernel, gradients (bias included) through XLA.
+  "bias_mask_full_softcap": (
+    (1, 128, 128, 2, 1, 64),
+    "bfloat16",
+    True,
+    "dict(bias=_bias(7, (1, 2, 128, 128)), mask=_mask(8, (1, 2, 128, 128)), logits_soft_cap=5.0)",
+  ),
+  "bias_bcast_t_mask_bcast_s_causal_padded": (
+    (2, 120, 150, 2, 1, 64),
+    "bfloat16",
+    True,
+    "dict(bias=_bias(9, (1, 2, 1, 150), jnp.bfloat16), mask=_mask(10, (2, 1, 120, 1)),"
+    " is_causal=True, key_value_seq_lengths=jnp.array([150, 90]))",
+  ),
+  "bias_bcast_s_mask_bcast_t_window_gqa_fwd": (
+    (1, 128, 256, 4, 2, 128),
+    "float16",
+    False,
+    "dict(bias=_bias(11, (1, 1, 128, 1), jnp.float16), mask=_mask(12, (1, 4, 1, 256), 0.5, 0.0),"
+    " local_window_size=(100, 60))",
+  ),
+  "bias_scalar_mask_bcast_n_fwd": (
+    (2, 128, 128, 2, 1, 64),
+    "bfloat16",
+    False,
+    "dict(bias=_bias(13, (1, 1, 1, 1)), mask=_mask(14, (2, 1, 128, 128)), is_causal=True)",
+  ),
 }
+
+_EXTRA_CASES = [name for name in CASES if name.startswith("bias")]
 
 
 def _case_main(name: str) -> None:
@@ -193,23 +246,53 @@ def test_lowers_with_every_feature_for_cuda():
   )
 
 
+@pytest.mark.parametrize("name", _EXTRA_CASES)
+def test_bias_mask_cases_mask_whole_rows(name):
+  """The random masks of the interpret cases leave some query rows with no key."""
+  mask = eval(CASES[name][3])["mask"]
+  t = CASES[name][0][1]
+  if mask.shape[2] == t:
+    assert not mask.any(axis=-1).all() and mask.any()
+
+
 @pytest.mark.parametrize(
-  ("kw", "dtype", "h", "words"),
+  ("bias_shape", "mask_shape", "kw"),
   [
-    (dict(bias=True), jnp.bfloat16, 64, "bias"),
-    (dict(mask=True), jnp.bfloat16, 64, "mask"),
-    ({}, jnp.float32, 64, "float32"),
-    ({}, jnp.bfloat16, 96, "head dim 96"),
+    ((1, 4, 512, 512), (2, 1, 512, 512), {}),
+    ((2, 4, 1, 512), (1, 1, 512, 1), dict(is_causal=True, logits_soft_cap=3.0)),
+    ((1, 1, 512, 1), (2, 4, 1, 512), dict(local_window_size=(100, 20))),
+    ((1, 1, 1, 1), None, {}),
+    (None, (1, 1, 1, 1), {}),
   ],
 )
-def test_unsupported_reason_names_the_feature(kw, dtype, h, words):
+@pytest.mark.parametrize("h", [64, 128, 256])
+def test_lowers_with_bias_and_mask_for_cuda(bias_shape, mask_shape, kw, h):
+  impl = mosaic.MosaicAttention()
+  b, t, s, n, kh = 2, 512, 448, 4, 2
+  sds = jax.ShapeDtypeStruct
+
+  def f(q, k, v, bias, mask):
+    record = spec.canonicalize(q, k, v, bias=bias, mask=mask, **kw)
+    assert impl._unsupported_reason(record) is None
+    assert "bias/mask" in impl._bwd_unsupported_reason(record)
+    return impl._fwd(record, impl._get_heuristics_config(record))[0]
+
+  shapes = [(b, t, n, h), (b, s, kh, h), (b, s, kh, h)]
+  args = [sds(x, jnp.bfloat16) for x in shapes]
+  fix = lambda x: None if x is None else (*x[:3], s if x[3] > 1 else 1)
+  args.append(None if bias_shape is None else sds(fix(bias_shape), jnp.float32))
+  args.append(None if mask_shape is None else sds(fix(mask_shape), jnp.bool_))
+  text = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+
+
+@pytest.mark.parametrize(
+  ("dtype", "h", "words"),
+  [(jnp.float32, 64, "float32"), (jnp.bfloat16, 96, "head dim 96")],
+)
+def test_unsupported_reason_names_the_feature(dtype, h, words):
   q = jnp.ones((1, 8, 2, h), dtype)
-  extra = {}
-  if kw.get("bias"):
-    extra["bias"] = jnp.ones((1, 2, 8, 8), dtype)
-  if kw.get("mask"):
-    extra["mask"] = jnp.ones((1, 2, 8, 8), bool)
-  record = spec.canonicalize(q, q, q, **extra)
+  record = spec.canonicalize(q, q, q)
   reason = mosaic.MosaicAttention(interpret=True)._unsupported_reason(record)
   assert reason is not None and words in reason
 

@@ -116,6 +116,26 @@ def _masking(args: attention_spec.AttentionArgs, padded_s: bool) -> common.Maski
   )
 
 
+def _extra(x: jax.Array | None, t_pad: int, s_pad: int, dtype=None) -> jax.Array | None:
+  """A bias or mask [B|1, N|1, T|1, S|1] padded (with zeros) as the kernel wants it.
+
+  Padded rows are dropped and padded keys hidden by the kernel, so the value
+  there does not matter. T and S both broadcast become [B|1, N|1, 1, S_pad].
+  """
+  if x is None:
+    return None
+  if dtype is not None:
+    x = x.astype(dtype)
+  bb, nb, tb, sb = x.shape
+  if tb == sb == 1:
+    x = jnp.broadcast_to(x, (bb, nb, 1, s_pad))
+  if tb > 1:
+    x = _pad(x, 2, t_pad)
+  if x.shape[3] > 1:
+    x = _pad(x, 3, s_pad)
+  return x
+
+
 def _round_up(x: int, m: int) -> int:
   return -(-x // m) * m
 
@@ -144,10 +164,6 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
       return f"value head dim {hv} differs from query head dim {h}"
     if h not in _HEAD_DIMS:
       return f"head dim {h} (the Mosaic kernel takes {', '.join(map(str, _HEAD_DIMS))})"
-    if args.bias is not None:
-      return "bias (not implemented in the Mosaic kernel)"
-    if args.mask is not None:
-      return "mask (not implemented in the Mosaic kernel)"
     config = self.config
     if config is not None and smem_bytes(config, h) > _SMEM_BYTES:
       return f"config {config} needs {smem_bytes(config, h)} bytes of shared memory"
@@ -198,6 +214,8 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
       _pad(k, 1, s_pad),
       _pad(v, 1, s_pad),
       lengths,
+      _extra(args.bias, t_pad, s_pad),
+      _extra(args.mask, t_pad, s_pad, jnp.int8),
       interpret=self._interpret_params(),
     )
     return out[:, :t], (lse, lengths)

@@ -10,6 +10,12 @@ Shapes: q [B,T,N,H], k and v [B,S,K,H] with T a multiple of 2 * block_q and S
 of block_kv (the caller pads). Outputs o [B,T,N,H] and the log2-domain
 log-sum-exp [B,N,T] of the scaled logits (+inf for rows that see nothing, so a
 backward pass gets zero probabilities there).
+
+An optional bias (any float dtype) and mask (int8, nonzero = visible) have the
+layout [B|1, N|1, T|1, S|1] with T and S padded like q and k, and not both T
+and S broadcast. Consumers load their tiles straight from global memory into
+registers (issued before the Q.K^T matmul so the loads overlap it); a dim of
+size 1 is broadcast in registers, so nothing is materialised at [B,N,T,S].
 """
 
 import dataclasses
@@ -41,16 +47,55 @@ class FwdParams:
   producer_registers: int = 40
 
 
-def _scaled_logits(p: FwdParams, s: jax.Array) -> jax.Array | None:
-  """Soft-capped logits in log2 units, or None when the scale folds into exp2."""
+def _scaled_logits(p: FwdParams, s: jax.Array, bias: jax.Array | None) -> jax.Array | None:
+  """Biased, soft-capped logits in log2 units, or None when the scale folds into exp2."""
   if p.soft_cap is None:
-    return None
+    if bias is None:
+      return None
+    return s * (p.scale * common.LOG2E) + bias * common.LOG2E
   cap = p.soft_cap
-  return jnp.tanh(s * (p.scale / cap)) * (cap * common.LOG2E)
+  if bias is None:
+    return jnp.tanh(s * (p.scale / cap)) * (cap * common.LOG2E)
+  return jnp.tanh((s * p.scale + bias) * (1.0 / cap)) * (cap * common.LOG2E)
 
 
-def forward(p: FwdParams, q, k, v, lengths, *, interpret=None):
-  """Runs the kernel; `lengths` is int32 [2, B] (query, key lengths)."""
+def _extra_ref(ref, batch, head):
+  """The [T|1, S|1] plane of a bias or mask ref for this batch and query head."""
+  b, n = ref.shape[:2]
+  return ref.at[batch if b > 1 else 0, head if n > 1 else 0]
+
+
+def _load_rows(ref, r0, bq: int) -> jax.Array | None:
+  """A [T, 1] plane's values of query rows [r0, r0 + bq), or None if it is not [T, 1]."""
+  if ref is None or ref.shape[1] > 1:
+    return None
+  layout = plgpu.Layout.WGMMA.reduce(1)
+  return plgpu.load(ref.at[pl.ds(r0, bq), 0], layout=layout, optimized=False)
+
+
+def _load_tile(ref, rows, r0, kv_step, bq: int, bkv: int) -> jax.Array | None:
+  """The [bq, bkv] tile of a bias or mask plane at rows r0 and key block kv_step (WGMMA layout).
+
+  `rows` is what `_load_rows` returned: a [T, 1] plane is loaded once per tile.
+  """
+  if ref is None:
+    return None
+  shape, wgmma = (bq, bkv), plgpu.Layout.WGMMA
+  if rows is not None:
+    return lax.broadcast_in_dim(rows, shape, [0])
+  k0 = kv_step * bkv
+  if ref.shape[0] == 1:
+    cols = plgpu.load(ref.at[0, pl.ds(k0, bkv)], layout=wgmma.reduce(0), optimized=False)
+    return lax.broadcast_in_dim(cols, shape, [1])
+  return plgpu.load(ref.at[pl.ds(r0, bq), pl.ds(k0, bkv)], layout=wgmma, optimized=False)
+
+
+def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=None):
+  """Runs the kernel; `lengths` is int32 [2, B] (query, key lengths).
+
+  `bias` (float) and `mask` (int8) are None or [B|1, N|1, T|1, S|1] as the module
+  docstring says.
+  """
   b, t, n, h = q.shape
   s_len, kh = k.shape[1], k.shape[2]
   groups = n // kh
@@ -62,7 +107,12 @@ def forward(p: FwdParams, q, k, v, lengths, *, interpret=None):
   any_mask = m != common.Masking()
   c = p.scale * common.LOG2E
 
-  def body(q_ref, k_ref, v_ref, len_ref, o_ref, lse_ref, smem, bars):
+  extras = tuple(x for x in (bias, mask) if x is not None)
+
+  def body(q_ref, k_ref, v_ref, len_ref, *refs):
+    bias_ref = refs[0] if bias is not None else None
+    mask_ref = refs[len(extras) - 1] if mask is not None else None
+    o_ref, lse_ref, smem, bars = refs[len(extras) :]
     qo_smem, k_smem, v_smem, lse_smem, p_smem = smem
     q_bar, k_bar, v_bar, k_free, v_free, sched = bars
     wg = lax.axis_index("wg")
@@ -84,12 +134,19 @@ def forward(p: FwdParams, q, k, v, lengths, *, interpret=None):
       lo, full_lo, full_hi, hi = (jnp.where(wg == 0, a, b_) for a, b_ in zip(*ranges, strict=True))
       q_smem = qo_smem.at[wg]
       plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(r0, bq), head], q_smem, q_bar.at[wg])
+      bias_plane = None if bias_ref is None else _extra_ref(bias_ref, batch, head)
+      mask_plane = None if mask_ref is None else _extra_ref(mask_ref, batch, head)
+      bias_rows = _load_rows(bias_plane, r0, bq)
+      mask_rows = _load_rows(mask_plane, r0, bq)
       plgpu.barrier_wait(q_bar.at[wg])
 
       def step(kv_step, carry, *, masked: bool):
         masked = masked and any_mask
         acc, m_i, l_i = carry
         slot = lax.rem(kv_step - tile_lo, jnp.int32(stages))
+        # Issued before the matmul, so that their latency hides behind it.
+        bias_tile = _load_tile(bias_plane, bias_rows, r0, kv_step, bq, bkv)
+        mask_tile = _load_tile(mask_plane, mask_rows, r0, kv_step, bq, bkv)
         plgpu.barrier_wait(k_bar.at[slot])
 
         def qk(acc_ref):
@@ -99,11 +156,16 @@ def forward(p: FwdParams, q, k, v, lengths, *, interpret=None):
 
         s = pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32))
         plgpu.barrier_arrive(k_free.at[slot])
-        capped = _scaled_logits(p, s)
+        capped = _scaled_logits(p, s, None if bias_tile is None else bias_tile.astype(jnp.float32))
+        ok = None
         if masked:
           q_ids = common.iota((bq, bkv), 0) + r0
           k_ids = common.iota((bq, bkv), 1) + kv_step * bkv
           ok = common.visible(m, q_ids, k_ids, q_len, kv_len)
+        if mask_tile is not None:
+          keep = mask_tile != 0
+          ok = keep if ok is None else ok & keep
+        if ok is not None:
           if capped is None:
             s = jnp.where(ok, s, -jnp.inf)
           else:
@@ -112,7 +174,7 @@ def forward(p: FwdParams, q, k, v, lengths, *, interpret=None):
           m_new = jnp.maximum(m_i, s.max(axis=1) * c)
         else:
           m_new = jnp.maximum(m_i, capped.max(axis=1))
-        if masked:  # A row may still have seen nothing.
+        if ok is not None or bias_tile is not None:  # A row may still have seen nothing.
           m_new = jnp.where(m_new == -jnp.inf, 0.0, m_new)
         m_b = lax.broadcast_in_dim(m_new, (bq, bkv), [0])
         probs = jnp.exp2(s * c - m_b) if capped is None else jnp.exp2(capped - m_b)
@@ -245,4 +307,4 @@ def forward(p: FwdParams, q, k, v, lengths, *, interpret=None):
     thread_name="wg",
     compiler_params=plgpu.CompilerParams(approx_math=True),
     interpret=interpret,
-  )(q, k, v, lengths)
+  )(q, k, v, lengths, *extras)
