@@ -26,7 +26,8 @@ SMALL = mosaic.Config(block_n=64, num_stages=2, epi_n=64, grid_tile_m=2)
     ((2, 50, 128), False, jax.nn.swish, "mosaic", SMALL),
     ((64, 128), True, None, None, SMALL),
     ((72, 128), False, jax.nn.gelu, "xla", SMALL),
-    ((136, 128), False, None, "mosaic", SMALL),  # Two row tiles, the second 8 rows.
+    ((136, 128), False, None, ("mosaic", "xla"), SMALL),  # Two row tiles, the second 8 rows.
+    ((64, 128), False, jax.nn.swish, ("xla", "mosaic"), SMALL),
     # Two-CTA clusters sharing x tiles by multicast.
     ((136, 256), False, jax.nn.swish, "xla", dataclasses.replace(SMALL, cluster=2)),
     # The heuristic config of a single row tile; the second warpgroup has no rows.
@@ -161,10 +162,13 @@ def test_backward_heuristic_follows_the_tiles_of_dx(m, k, n, expected):
   record = spec.canonicalize(
     jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((k, 2, n), jnp.bfloat16)
   )
-  assert mosaic.MosaicGatedLinearUnit()._backward(record) == expected
-  assert mosaic.MosaicGatedLinearUnit(backward="xla")._backward(record) == "xla"
-  with pytest.raises(ValueError, match="backward"):
-    mosaic.MosaicGatedLinearUnit(backward="cublas")
+  assert mosaic.MosaicGatedLinearUnit()._backward(record) == (expected, expected)
+  assert mosaic.MosaicGatedLinearUnit(backward="xla")._backward(record) == ("xla", "xla")
+  mixed = ("xla", "mosaic")
+  assert mosaic.MosaicGatedLinearUnit(backward=mixed)._backward(record) == mixed
+  for bad in ("cublas", ("xla",), ("xla", "triton")):
+    with pytest.raises(ValueError, match="backward"):
+      mosaic.MosaicGatedLinearUnit(backward=bad)
 
 
 def test_unsupported_reasons_name_the_feature():

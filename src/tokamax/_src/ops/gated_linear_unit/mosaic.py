@@ -132,17 +132,22 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
 
   Attributes:
     backward: Where the backward matmuls of fused weights run: "xla", "mosaic"
-      (the ragged_dot kernels with one group), or None for the heuristic.
+      (the ragged_dot kernels with one group), a pair of them for (dx, dW),
+      or None for the heuristic.
   """
 
   name = "mosaic"
   spec = spec.SPEC
   config_cls = Config
-  backward: str | None = None
+  backward: str | tuple[str, str] | None = None
 
   def __post_init__(self):
-    if self.backward not in (None, *BACKWARDS):
-      raise ValueError(f"backward must be one of {BACKWARDS} or None, got {self.backward!r}")
+    choice = self.backward
+    pair = choice if isinstance(choice, tuple) and len(choice) == 2 else (choice, choice)
+    if choice is not None and not set(pair) <= set(BACKWARDS):
+      raise ValueError(
+        f"backward must be one of {BACKWARDS}, a pair of them or None, got {choice!r}"
+      )
 
   def _unsupported_reason(self, args: spec.GluArgs) -> str | None:
     dtype = np.dtype(args.x.dtype).name
@@ -210,12 +215,13 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
         return candidate
     return dataclasses.replace(narrow, num_stages=2)
 
-  def _backward(self, args: spec.GluArgs) -> str:
+  def _backward(self, args: spec.GluArgs) -> tuple[str, str]:
+    """Where dx and dW run (fused weights)."""
     if self.backward is not None:
-      return self.backward
+      return self.backward if isinstance(self.backward, tuple) else (self.backward,) * 2
     m, k, _ = _dims(args)
     tiles = pl.cdiv(m, mosaic_kernel.WG_ROWS * mosaic_kernel.NUM_COMPUTE_WGS) * pl.cdiv(k, 256)
-    return "mosaic" if tiles >= MOSAIC_BACKWARD_MIN_DX_TILES else "xla"
+    return ("mosaic",) * 2 if tiles >= MOSAIC_BACKWARD_MIN_DX_TILES else ("xla",) * 2
 
   def _run(self, args: spec.GluArgs, config: Config, save_residuals: bool):
     """The output [*B, N], and with `save_residuals` also the residuals [M, 2N]."""
@@ -259,37 +265,36 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
     d = (dout.reshape(m, 1, n).astype(jnp.float32) * factors).astype(x.dtype)
     if isinstance(args.weights, tuple):
       dx, dweights = _separate_weight_matmuls(args, x, d)
-    elif self._backward(args) == "mosaic":
-      dx, dweights = self._mosaic_matmuls(args, x, d)
     else:
-      dx, dweights = _fused_weight_matmuls(args, x, d)
+      dx_how, dw_how = self._backward(args)
+      d2 = d.reshape(m, 2 * n)
+      w2 = args.weights.reshape(-1, 2 * n)
+      dx = dx_matmul(d2, w2, dx_how, args.precision, self.interpret)
+      dweights = dw_matmul(x, d2, dw_how, args.precision, self.interpret)
+      dweights = dweights.reshape(args.weights.shape)
     return {"x": dx.reshape(args.x.shape), "weights": dweights}
 
-  def _mosaic_matmuls(self, args: spec.GluArgs, x: jax.Array, d: jax.Array):
-    """dx and dW over the fused 2N columns with the ragged_dot kernels, one group."""
-    m, k = x.shape
-    d2 = d.reshape(m, -1)
-    w2 = args.weights.reshape(1, k, -1)  # [G=1, K (out), 2N (contracted)].
-    sizes = jnp.array([m], jnp.int32)
-    impl = [ragged_mosaic.MosaicRaggedDot(interpret=self.interpret), "xla"]
-    dims = ragged_spec.dimension_numbers
-    dx = ragged_api.ragged_dot_general(
-      d2, w2, sizes, dims(ragged_spec.RHS_TRANSPOSED), implementation=impl
-    )
-    dw = ragged_api.ragged_dot_general(
-      x, d2, sizes, dims(ragged_spec.RAGGED_CONTRACTING), implementation=impl
-    )
-    return dx, dw.reshape(args.weights.shape)
+
+def _ragged(lhs, rhs, layout: str, interpret: bool) -> jax.Array:
+  """One-group ragged_dot in the Mosaic kernels (XLA where they cannot)."""
+  sizes = jnp.array([lhs.shape[0]], jnp.int32)
+  impl = [ragged_mosaic.MosaicRaggedDot(interpret=interpret), "xla"]
+  dims = ragged_spec.dimension_numbers(layout)
+  return ragged_api.ragged_dot_general(lhs, rhs, sizes, dims, implementation=impl)
 
 
-def _fused_weight_matmuls(args: spec.GluArgs, x: jax.Array, d: jax.Array):
-  """dx and dW of fused [K, 2, N] weights: two XLA matmuls over the 2N columns."""
-  m, k = x.shape
-  d2 = d.reshape(m, -1)
-  w2 = args.weights.reshape(k, -1)
-  dx = jnp.einsum("mc,kc->mk", d2, w2, precision=args.precision)
-  dw = jnp.einsum("mk,mc->kc", x, d2, precision=args.precision)
-  return dx, dw.reshape(args.weights.shape)
+def dx_matmul(d2: jax.Array, w2: jax.Array, how: str, precision=None, interpret=False):
+  """dx [M, K] = d2 [M, 2N] @ w2 [K, 2N]^T, in "xla" or "mosaic"."""
+  if how == "mosaic":
+    return _ragged(d2, w2[None], ragged_spec.RHS_TRANSPOSED, interpret)
+  return jnp.einsum("mc,kc->mk", d2, w2, precision=precision)
+
+
+def dw_matmul(x: jax.Array, d2: jax.Array, how: str, precision=None, interpret=False):
+  """dW [K, 2N] = x [M, K]^T @ d2 [M, 2N], in "xla" or "mosaic"."""
+  if how == "mosaic":
+    return _ragged(x, d2, ragged_spec.RAGGED_CONTRACTING, interpret)[0]
+  return jnp.einsum("mk,mc->kc", x, d2, precision=precision)
 
 
 def _separate_weight_matmuls(args: spec.GluArgs, x: jax.Array, d: jax.Array):
