@@ -2,6 +2,7 @@
 
 Run on the device machine from the repository root:
   PYTHONPATH=$PWD/src:$PWD python3 ci/gpu/mosaic_mm.py --out $OUT/mosaic_mm.json
+The GLU checks and timings alone (about 150 s): add `--part glu`.
 
 1. Correctness: every ragged_dot layout (outputs and both gradients, uneven
    random group sizes with empty groups, a group offset) and the GLU (output and
