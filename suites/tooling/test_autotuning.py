@@ -6,6 +6,7 @@ tests read from the lowered StableHLO.
 """
 
 import dataclasses
+import functools
 import io
 import json
 import re
@@ -17,9 +18,11 @@ import numpy as np
 import pytest
 
 import tokamax
+from tokamax._src import arguments
 from tokamax._src.autotuning import api, cache
 from tokamax._src.autotuning import example_user_op as ex
 from tokamax._src.ops.attention import xla_chunked
+from tokamax._src.ops.gated_linear_unit import spec as glu_spec
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import chunked_xla
 
 S = 256  # Key length: chunk candidates 128 and 256.
@@ -294,6 +297,21 @@ def test_shipped_default_caches_load():
     result = tokamax.AutotuningResult.load(path)
     assert path.name == cache.file_name(result.device_kind)
     assert all(d.config is not None for d in result.data)
+
+
+def test_signature_keys_name_functions_not_their_addresses():
+  x = jax.ShapeDtypeStruct((8192, 4096), jnp.bfloat16)
+  w = jax.ShapeDtypeStruct((4096, 2, 14336), jnp.bfloat16)
+
+  def key(activation):
+    return arguments.signature_key(glu_spec.SPEC.canonicalize(x, w, activation=activation))
+
+  assert "silu" in key(jax.nn.silu) and "0x" not in key(jax.nn.silu)
+  exact = functools.partial(jax.nn.gelu, approximate=False)
+  assert "approximate=False" in key(exact) and key(exact) != key(jax.nn.gelu)
+  # So the shipped H200 entry of the SwiGLU benchmark shape can be found in any process.
+  shipped = tokamax.AutotuningResult.load(cache.DATA_DIR / cache.file_name("NVIDIA H200"))
+  assert key(jax.nn.silu) in {d.key for d in shipped.data if d.op == "gated_linear_unit"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

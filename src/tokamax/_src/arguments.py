@@ -6,6 +6,7 @@ cross `jax.jit`, `jax.custom_vjp` and `jax.vmap` boundaries as one value.
 """
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -46,9 +47,20 @@ def signature_key(args: Any) -> str:
   for f in dataclasses.fields(args):
     value = getattr(args, f.name)
     if f.metadata.get("static"):
-      parts.append(f"{f.name}={value!r}")
+      parts.append(f"{f.name}={_stable_repr(value)}")
     else:
       leaves = jax.tree.leaves(value)
       desc = ",".join(f"{np.dtype(x.dtype).name}{list(np.shape(x))}" for x in leaves)
       parts.append(f"{f.name}=({desc})" if leaves else f"{f.name}=None")
   return f"{type(args).__name__}(" + ", ".join(parts) + ")"
+
+
+def _stable_repr(value: Any) -> str:
+  """`repr`, with functions named by module and qualified name (their reprs hold addresses)."""
+  if isinstance(value, functools.partial):
+    args = [_stable_repr(a) for a in value.args]
+    args += [f"{k}={_stable_repr(v)}" for k, v in sorted(value.keywords.items())]
+    return f"partial({', '.join([_stable_repr(value.func), *args])})"
+  if callable(value) and not isinstance(value, type) and hasattr(value, "__qualname__"):
+    return f"{getattr(value, '__module__', None) or '?'}.{value.__qualname__}"
+  return repr(value)
