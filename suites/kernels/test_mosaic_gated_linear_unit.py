@@ -149,20 +149,13 @@ def test_forward_and_backward_lower_for_cuda(m, k, n, backward, monkeypatch):
     assert len(re.findall(r"stablehlo.dot_general", text)) == 2
 
 
-@pytest.mark.parametrize(
-  ("m", "k", "n", "expected"),
-  [
-    (8192, 4096, 14336, "mosaic"),
-    (2048, 2048, 8192, "mosaic"),
-    (512, 4096, 14336, "xla"),  # dx has 64 tiles: too few for one group.
-    (1024, 512, 2048, "xla"),
-  ],
-)
-def test_backward_heuristic_follows_the_tiles_of_dx(m, k, n, expected):
+def test_backward_choice():
+  m, k, n = 2048, 2048, 8192
   record = spec.canonicalize(
     jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((k, 2, n), jnp.bfloat16)
   )
-  assert mosaic.MosaicGatedLinearUnit()._backward(record) == (expected, expected)
+  assert mosaic.MosaicGatedLinearUnit()._backward(record) == ("xla", "xla")  # Measured faster.
+  assert mosaic.MosaicGatedLinearUnit(backward="mosaic")._backward(record) == ("mosaic", "mosaic")
   assert mosaic.MosaicGatedLinearUnit(backward="xla")._backward(record) == ("xla", "xla")
   mixed = ("xla", "mosaic")
   assert mosaic.MosaicGatedLinearUnit(backward=mixed)._backward(record) == mixed

@@ -18,7 +18,6 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from tokamax._src.ops import kernel_ops
@@ -31,10 +30,6 @@ from tokamax._src.ops.ragged_dot import spec as ragged_spec
 _DTYPES = ("bfloat16", "float16")
 _ROW_ALIGN = mosaic_fwd.ROW_ALIGN
 BACKWARDS = ("xla", "mosaic")
-# Output tiles of dx (128 x 256) from which the heuristics run the backward
-# matmuls with the Mosaic ragged_dot kernels: about a wave of an H200's 132 SMs.
-# With fewer (few rows, weight-bound), XLA's split-K keeps every SM busy.
-MOSAIC_BACKWARD_MIN_DX_TILES = 96
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -133,7 +128,7 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
   Attributes:
     backward: Where the backward matmuls of fused weights run: "xla", "mosaic"
       (the ragged_dot kernels with one group), a pair of them for (dx, dW),
-      or None for the heuristic.
+      or None: XLA for both (measured faster on the H200).
   """
 
   name = "mosaic"
@@ -177,9 +172,10 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
     m, _, n = _dims(args)
     block_n = next((b for b in (128, 64) if n % b == 0), 64)
     tile_m = 8  # Measured on the H200 at 8192x4096x14336: 2.68 ms, against 3.07 ms with 16.
-    if m <= mosaic_kernel.WG_ROWS * mosaic_kernel.NUM_COMPUTE_WGS:
-      # One row tile: more, narrower items and a deeper pipeline. Measured on the
-      # H200 at 128x4096x14336: 0.146 ms, against 0.389 ms with (128, 4, 128).
+    if m <= 4 * mosaic_kernel.WG_ROWS * mosaic_kernel.NUM_COMPUTE_WGS:
+      # Few row tiles: more, narrower items and a deeper pipeline. Measured on the
+      # H200 (411fda5) at 128x4096x14336: 0.064 ms, and at 512x4096x14336: 0.166 ms
+      # against 0.175 ms with (128, 4, 128).
       config = Config(block_n=64, num_stages=6, epi_n=64, grid_tile_m=tile_m)
       if _config_reason(args, config, False) is None:
         return config
@@ -219,9 +215,11 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
     """Where dx and dW run (fused weights)."""
     if self.backward is not None:
       return self.backward if isinstance(self.backward, tuple) else (self.backward,) * 2
-    m, k, _ = _dims(args)
-    tiles = pl.cdiv(m, mosaic_kernel.WG_ROWS * mosaic_kernel.NUM_COMPUTE_WGS) * pl.cdiv(k, 256)
-    return ("mosaic",) * 2 if tiles >= MOSAIC_BACKWARD_MIN_DX_TILES else ("xla",) * 2
+    # XLA's matmuls were faster on the H200 at 411fda5: at 8192x4096x14336 dx 2.35 ms and
+    # dW 2.34 ms, against 2.53 and 3.24 ms in the one-group ragged_dot kernels; at
+    # 2048x2048x8192 forward+backward 0.575 against 0.633 ms.
+    del args
+    return ("xla", "xla")
 
   def _run(self, args: spec.GluArgs, config: Config, save_residuals: bool):
     """The output [*B, N], and with `save_residuals` also the residuals [M, 2N]."""
