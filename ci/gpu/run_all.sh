@@ -32,6 +32,7 @@ if [ -z "${GITHUB_SHA:-}" ] && [ -f .gpu_commit ]; then export GITHUB_SHA=$(cat 
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/tmp/triton_cache}"
 export TOKAMAX_COMMIT=${GITHUB_SHA:-unknown} GITHUB_SHA=${GITHUB_SHA:-}
 
+RAN=()
 step() {  # step NAME DEFAULT_SECONDS COMMAND...
   local name=$1 default=$2 var
   shift 2
@@ -42,8 +43,10 @@ step() {  # step NAME DEFAULT_SECONDS COMMAND...
   timeout "${!var:-$default}" "$@" >"$WORK/$name/log.txt" 2>&1
   echo "== $name: exit $? after $((SECONDS - t0)) s"
   tail -"${TAIL:-12}" "$WORK/$name/log.txt"
-  # Packed after every step, so that a call cut short still brings back what finished.
-  tar czf "$FINAL/results.tar.gz" -C "$WORK" .
+  # Packed after every step, so that a call cut short still brings back what finished. Only this
+  # run's steps: a device machine's /tmp has been seen to hold an earlier session's step folders.
+  RAN+=("$name")
+  tar czf "$FINAL/results.tar.gz" -C "$WORK" "${RAN[@]}"
   cp "$WORK/suite/summary.md" "$FINAL/" 2>/dev/null
 }
 
