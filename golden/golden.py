@@ -56,6 +56,11 @@ REMOVED = "REMOVED"
 FAILING = (FAIL, MISSING, ERROR)
 
 
+def at_golden_shape(case: cases_lib.Case) -> cases_lib.Case:
+  """`case` at its op's small golden shape."""
+  return dataclasses.replace(case, shape=cases_lib._shape_key(SHAPES[case.op]))
+
+
 def cases(family: str, ops: Iterable[str] | None = None) -> list[cases_lib.Case]:
   """The golden cases of `family`: small shapes x the family matrix's dtypes x first features."""
   matrix = cases_lib.matrix_module(family).MATRIX

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from golden import golden
-from harness import bench, compare, hardware, timing, tolerance
+from harness import bench, compare, grads, hardware, timing, tolerance
 from suites import matrices
 from suites.matrices import cases as cases_lib
 from suites.matrices import checks
@@ -126,8 +126,7 @@ def benchmark_fn(case: cases_lib.Case, impl: Callable, split: _Split, mode: str)
         full[p] = v
       return fwd(full)
 
-    out, pull = jax.vjp(of_diff, [values[p] for p in pos])
-    return out, pull(cotangent)
+    return grads.vjp(of_diff, ([values[p] for p in pos],), cotangent)
 
   return fwd_bwd
 
@@ -142,7 +141,7 @@ def drift(
     bound; above 1 is past tolerance somewhere), drift_ok (the harness
     comparator's verdict) and drift_shape.
   """
-  small = dataclasses.replace(case, shape=cases_lib._shape_key(golden.SHAPES[case.op]))
+  small = golden.at_golden_shape(case)
   args, kwargs = small.make_args(checks.case_key(small))
   out = np.asarray(jax.tree.leaves(small.call(impl, args, kwargs, jit=not eager))[0])
   ref = np.asarray(jax.tree.leaves(small.reference(args, kwargs))[0])

@@ -92,9 +92,9 @@ def pytest_collection_modifyitems(config, items):
   if not paths:
     return
   done = set().union(*(summary.junit_finished_ids(path) for path in paths))
-  keep = [item for item in items if summary.item_junit_id(item) not in done]
-  config.hook.pytest_deselected(items=[item for item in items if item not in keep])
-  items[:] = keep
+  finished = [summary.item_junit_id(item) in done for item in items]
+  config.hook.pytest_deselected(items=[i for i, f in zip(items, finished, strict=True) if f])
+  items[:] = [i for i, f in zip(items, finished, strict=True) if not f]
 
 
 def pytest_report_header(config):

@@ -70,7 +70,15 @@ class Collector:
         self.failures[key].append(report.nodeid)
 
   def as_dict(self) -> dict:
-    return _document(self.outcomes, self.reasons, self.failures, self.collected)
+    profile = hardware.detect()
+    return _document(
+      self.outcomes,
+      self.reasons,
+      self.failures,
+      self.collected,
+      title=profile.describe(),
+      hardware_info=profile.as_dict(),
+    )
 
   def markdown(self) -> str:
     return markdown(self.as_dict())
@@ -102,7 +110,16 @@ class Collector:
         terminalreporter.write_line(f"summary written to {path}")
 
 
-def _document(outcomes, reasons, failures, collected: int | None, runs: int = 1) -> dict:
+def _document(
+  outcomes,
+  reasons,
+  failures,
+  collected: int | None,
+  *,
+  title: str,
+  hardware_info: dict | None = None,
+  runs: int = 1,
+) -> dict:
   rows = []
   for key in sorted(outcomes):
     counts = outcomes[key]
@@ -119,7 +136,8 @@ def _document(outcomes, reasons, failures, collected: int | None, runs: int = 1)
     )
   ran = sum(r["passed"] + r["failed"] + r["skipped"] for r in rows)
   return {
-    "hardware": hardware.detect().as_dict(),
+    "title": title,
+    "hardware": hardware_info,
     "collected": collected,
     "ran": ran,
     "runs": runs,
@@ -127,9 +145,9 @@ def _document(outcomes, reasons, failures, collected: int | None, runs: int = 1)
   }
 
 
-def markdown(doc: dict, title: str | None = None) -> str:
+def markdown(doc: dict) -> str:
   """The summary document as a Markdown table."""
-  lines = [f"# Suite summary: {title or hardware.detect().describe()}", ""]
+  lines = [f"# Suite summary: {doc['title']}", ""]
   if doc.get("collected") is not None:
     missing = doc["collected"] - doc["ran"]
     lines += [
@@ -171,8 +189,14 @@ def item_junit_id(item) -> tuple[str, str]:
   return ".".join([module, *parts[1:-1]]), parts[-1]
 
 
-def from_junit(paths: list[str], collected: int | None = None) -> dict:
-  """The summary document of one or more JUnit XML files (later files win per test)."""
+def from_junit(paths: list[str], title: str, collected: int | None = None) -> dict:
+  """The summary document of one or more JUnit XML files (later files win per test).
+
+  Args:
+    paths: The JUnit XML files, earliest run first.
+    title: The hardware they ran on, in words (JUnit does not record it).
+    collected: How many tests the full suite collects, if known.
+  """
   cases = {}
   for path in paths:
     for case in ET.parse(path).getroot().iter("testcase"):
@@ -192,19 +216,19 @@ def from_junit(paths: list[str], collected: int | None = None) -> dict:
       failures[key].append(f"{classname}::{name}")
     else:
       outcomes[key]["passed"] += 1
-  return _document(outcomes, reasons, failures, collected, runs=len(paths))
+  return _document(outcomes, reasons, failures, collected, title=title, runs=len(paths))
 
 
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description="Summarise JUnit XML files of suite runs.")
   parser.add_argument("junit", nargs="+")
   parser.add_argument("--collected", type=int, default=None, help="tests the full suite collects")
-  parser.add_argument("--title", default=None, help="hardware line (default: this machine)")
+  parser.add_argument("--title", required=True, help="the hardware the runs ran on, in words")
   parser.add_argument("--json", default=None)
   parser.add_argument("--md", default=None)
   opts = parser.parse_args(argv)
-  doc = from_junit(opts.junit, opts.collected)
-  text = markdown(doc, opts.title)
+  doc = from_junit(opts.junit, opts.title, opts.collected)
+  text = markdown(doc)
   if opts.json:
     with open(opts.json, "w") as f:
       json.dump(doc, f, indent=1)

@@ -245,12 +245,7 @@ def bench(name, b, t, n, kh, h, causal, configs, fwd_bwd, bwd_variants=()):
 
   def timed(fn, with_bwd):
     if with_bwd:
-
-      def step(q, k, v, do):
-        _, vjp = jax.vjp(fn, q, k, v)
-        return vjp(do)
-
-      f = jax.jit(step)
+      f = jax.jit(run_record.forward_backward(fn, (0, 1, 2)))
       return timing.device_time(f, args, warmup=2, iterations=10).median_ms
     f = jax.jit(fn)
     return timing.device_time(f, [a[:3] for a in args], warmup=2, iterations=10).median_ms

@@ -108,12 +108,8 @@ def bench(dry: bool) -> None:
     for name, f in impls.items():
       modes = {"fwd": (jax.jit(f), [a[:3] for a in argsets], fwd_flops)}
       if name in with_bwd:
-
-        def fwd_bwd(q, k, v, do, f=f):
-          out, vjp = jax.vjp(f, q, k, v)
-          return out, vjp(do)
-
-        modes["fwd_bwd"] = (jax.jit(fwd_bwd), argsets, total_flops)
+        step = run_record.forward_backward(f, (0, 1, 2))
+        modes["fwd_bwd"] = (jax.jit(step), argsets, total_flops)
       for mode, (fn, args, flops) in modes.items():
         try:
           tm = timing.device_time(fn, args, warmup=2, iterations=10)

@@ -8,6 +8,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from harness import grads
+
 
 class Record:
   """The results of one script run.
@@ -53,10 +55,9 @@ class Record:
 def forward_backward(fn: Callable, diff_argnums: tuple[int, ...]) -> Callable:
   """`(*args, cotangent) -> (out, grads)`: a training step's view of `fn`.
 
-  The forward output stays live and the cotangent has the output's dtype, as in
-  `harness.history.benchmark_fn`; grads are with respect to `diff_argnums`.
+  The forward output stays live and the cotangent takes the output's dtype
+  (`harness.grads.vjp`); grads are with respect to `diff_argnums`.
   """
-  import jax  # The record itself needs no JAX.
 
   def step(*args_and_cotangent):
     *args, cotangent = args_and_cotangent
@@ -67,7 +68,6 @@ def forward_backward(fn: Callable, diff_argnums: tuple[int, ...]) -> Callable:
         full[i] = value
       return fn(*full)
 
-    out, pull = jax.vjp(of_diff, *(args[i] for i in diff_argnums))
-    return out, pull(cotangent)
+    return grads.vjp(of_diff, tuple(args[i] for i in diff_argnums), cotangent)
 
   return step

@@ -40,7 +40,7 @@ def test_junit_summary_matches_the_live_one(pytester):
   pytester.makepyfile(test_inner=_TESTS)
   _run(pytester, "--junitxml=j.xml", "--summary-json=s.json", "-o", "junit_family=xunit2")
   live = json.loads((pytester.path / "s.json").read_text())
-  rebuilt = summary.from_junit([str(pytester.path / "j.xml")], collected=4)
+  rebuilt = summary.from_junit([str(pytester.path / "j.xml")], "test host", collected=4)
   expected = {
     ("layer_norm", "xla"): (1, 0, 1),
     ("ragged_dot", "triton"): (0, 1, 0),
@@ -61,6 +61,8 @@ def test_resume_runs_only_what_the_cut_run_missed(pytester):
   )
   # The failure runs again; what passed or skipped does not.
   second.assert_outcomes(passed=1, failed=1, deselected=2)
-  merged = summary.from_junit([str(pytester.path / f) for f in ("first.xml", "second.xml")], 4)
+  junits = [str(pytester.path / f) for f in ("first.xml", "second.xml")]
+  merged = summary.from_junit(junits, "test host", collected=4)
   assert merged["ran"] == 4 and merged["runs"] == 2
-  assert "4 of 4 collected tests ran over 2 runs." in summary.markdown(merged, "test")
+  text = summary.markdown(merged)
+  assert "# Suite summary: test host" in text and "4 of 4 collected tests ran over 2 runs." in text

@@ -118,8 +118,7 @@ def check_finite_differences(
   skip_eager_gradients(impl)
   # The golden shapes: finite differences of a large float32 case drown in the rounding of its
   # many-term sums (GLU 512x1024x768 on the H200).
-  small = cases_lib._shape_key(golden.SHAPES[case.op])
-  case = dataclasses.replace(case, dtype=dtype, shape=small)
+  case = dataclasses.replace(golden.at_golden_shape(case), dtype=dtype)
   # Full float32 matmuls: finite differences of TF32 rounding are noise.
   with jax.enable_x64(dtype == "float64"), jax.default_matmul_precision("highest"):
     args, kwargs = case.make_args(case_key(case) if key is None else key)

@@ -223,9 +223,11 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
   def _bwd_unsupported_reason(self, args: attention_spec.AttentionArgs) -> str | None:
     if args.bias is not None or args.mask is not None:
       return "bias/mask in the backward kernels"
-    config, h = self.config, args.query.shape[-1]
-    if config is not None and bwd_smem_bytes(config, h) > _SMEM_BYTES:
-      return f"config {config} needs {bwd_smem_bytes(config, h)} bytes of shared memory backward"
+    if self.config is None:
+      return None
+    needed = bwd_smem_bytes(self.config, args.query.shape[-1])
+    if needed > _SMEM_BYTES:
+      return f"config {self.config} needs {needed} bytes of shared memory backward"
     return None
 
   def _bwd(self, args: attention_spec.AttentionArgs, config: Config, out, residuals, dout):
