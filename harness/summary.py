@@ -4,7 +4,7 @@ Printed at the end of every pytest run that loads the harness, and written as
 JSON or Markdown with `--summary-json` / `--summary-md`. Runs cut short by a time
 limit go on with `--resume-from JUNIT` (tests that passed or skipped there are
 deselected; failures run again), and
-`python -m harness.summary JUNIT... --md M --json J` summarises them together.
+`python -m harness.summary JUNIT... --title HARDWARE --md M --json J` summarises them together.
 """
 
 import argparse
