@@ -17,6 +17,8 @@
 #   attention_triton  Triton attention timings (ci/gpu/attention_triton.py --skip-tests)
 #   mosaic_mm         Mosaic ragged_dot and GLU timings (ci/gpu/mosaic_mm.py --part bench)
 #   triton_mm_norm    Triton layer_norm, GLU and ragged_dot timings (ci/gpu/triton_mm_norm.py)
+#   profile           per-kernel device time of training steps, ours and anchors (ci/gpu/kernel_profile.py;
+#                     PROFILE_ONLY: substrings of case names)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the output folder}"
@@ -71,6 +73,8 @@ for s in ${STEPS:-suite golden_bench tooling}; do
       --out "$WORK/mosaic_mm/mosaic_mm.json" ;;
     triton_mm_norm) step triton_mm_norm 150 python3 ci/gpu/triton_mm_norm.py ${TRITON_MM_NORM_ARGS:---skip-correctness} \
       --out "$WORK/triton_mm_norm" ;;
+    profile) step profile 150 python3 ci/gpu/kernel_profile.py --only "${PROFILE_ONLY:-}" \
+      --out "$WORK/profile/kernel_profile.json" ;;
     *) echo "unknown step $s" ;;
   esac
 done
