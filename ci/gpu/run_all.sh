@@ -8,7 +8,8 @@
 # Steps (seconds in <STEP>_S override the default limit; <STEP>_ARGS replace the flags of the
 # attention_mosaic, mosaic_mm and triton_mm_norm scripts):
 #   suite             the h100 matrix and kernel tests (ci/gpu_suite.sh), summary.md/json; SUITE_ARGS
-#                     go to pytest (e.g. --resume-from JUNIT to finish a run cut by the time limit)
+#                     go to pytest (e.g. --resume-from JUNIT to finish a run cut by the time limit),
+#                     SUITE_K to its -k (an expression with spaces, which SUITE_ARGS cannot carry)
 #   golden_bench      goldens and one benchmark-history run (ci/gpu/golden_and_bench.sh)
 #   history_ops       the benchmark-history run of the ops other than attention, forward
 #   tooling           timers and export (ci/gpu/tooling.py; TOOLING_SKIP, default autotune,default_cache)
@@ -17,6 +18,7 @@
 #   attention_triton  Triton attention timings (ci/gpu/attention_triton.py --skip-tests)
 #   mosaic_mm         Mosaic ragged_dot and GLU timings (ci/gpu/mosaic_mm.py --part bench)
 #   triton_mm_norm    Triton layer_norm, GLU and ragged_dot timings (ci/gpu/triton_mm_norm.py)
+#   glu_rounds        XLA against Mosaic SwiGLU, interleaved rounds (ci/gpu/glu_rounds.py; GLU_ROUNDS_ARGS)
 #   profile           per-kernel device time of training steps, ours and anchors (ci/gpu/kernel_profile.py;
 #                     PROFILE_ONLY: substrings of case names)
 set -uo pipefail
@@ -55,7 +57,7 @@ step() {  # step NAME DEFAULT_SECONDS COMMAND...
 for s in ${STEPS:-suite golden_bench tooling}; do
   case $s in
     suite) step suite 240 env OUT="$WORK/suite" SKIP_BENCH=1 SUITE_TIMEOUT=$((${SUITE_S:-240} - 40)) \
-      bash ci/gpu_suite.sh ${SUITE_ARGS:-} ;;
+      bash ci/gpu_suite.sh ${SUITE_ARGS:-} ${SUITE_K:+-k "$SUITE_K"} ;;
     golden_bench) step golden_bench 150 env OUT="$WORK/golden_bench" bash ci/gpu/golden_and_bench.sh ;;
     history_ops) step history_ops 100 python3 -m harness.history run --family h100 --no-append \
       --out "$WORK/history_ops/bench_records.jsonl" --iterations 20 --budget-s "${HISTORY_BUDGET_S:-70}" \
@@ -73,6 +75,8 @@ for s in ${STEPS:-suite golden_bench tooling}; do
       --out "$WORK/mosaic_mm/mosaic_mm.json" ;;
     triton_mm_norm) step triton_mm_norm 150 python3 ci/gpu/triton_mm_norm.py ${TRITON_MM_NORM_ARGS:---skip-correctness} \
       --out "$WORK/triton_mm_norm" ;;
+    glu_rounds) step glu_rounds 200 python3 ci/gpu/glu_rounds.py ${GLU_ROUNDS_ARGS:-} \
+      --out "$WORK/glu_rounds/glu_rounds.json" ;;
     profile) step profile 150 python3 ci/gpu/kernel_profile.py --only "${PROFILE_ONLY:-}" \
       --out "$WORK/profile/kernel_profile.json" ;;
     *) echo "unknown step $s" ;;
