@@ -95,10 +95,10 @@ CASES = {
     for mode in ("fwd", "fwd+bwd")
   },
   **{
-    f"attention {impl} fwd+bwd B{b} T{t} N{n} H{h}{' causal' if c else ''}": (
+    f"attention {impl} {mode} B{b} T{t} N{n} H{h}{' causal' if c else ''}": (
       attention_case,
       (b, t, n, h, impl, c),
-      "fwd+bwd",
+      mode,
     )
     for impl in ("cudnn", "mosaic")
     for b, t, n, h, c in (
@@ -106,6 +106,7 @@ CASES = {
       (32, 2048, 16, 64, False),
       (2, 8192, 8, 256, True),
     )
+    for mode in ("fwd", "fwd+bwd")
   },
   **{
     f"ragged mosaic {mode} M32768 K7168 N2048 G64 {kind}": (
