@@ -38,7 +38,11 @@ def _arg_sets(m, k, n, count=2):
   return sets
 
 
-CANDIDATES = {"xla": "xla", "mosaic": glu_mosaic.MosaicGatedLinearUnit()}
+CANDIDATES = {
+  "xla": "xla",
+  "mosaic": glu_mosaic.MosaicGatedLinearUnit(),
+  "mosaic ct per matmul": glu_mosaic.MosaicGatedLinearUnit(cotangent_per_matmul=True),
+}
 
 
 def main():

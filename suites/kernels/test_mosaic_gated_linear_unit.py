@@ -37,12 +37,21 @@ SMALL = mosaic.Config(block_n=64, num_stages=2, epi_n=64, grid_tile_m=2)
 def test_interpret_matches_reference_with_gradients(
   shape, tuple_weights, activation, backward, config, capfd
 ):
+  impl = mosaic.MosaicGatedLinearUnit(interpret=True, config=config, backward=backward)
+  _check_against_reference(shape, tuple_weights, activation, impl, capfd)
+
+
+def test_cotangent_per_matmul_matches_reference(capfd):
+  impl = mosaic.MosaicGatedLinearUnit(interpret=True, config=SMALL, cotangent_per_matmul=True)
+  _check_against_reference((72, 128), False, jax.nn.swish, impl, capfd)
+
+
+def _check_against_reference(shape, tuple_weights, activation, impl, capfd):
   rng = np.random.default_rng(len(shape) + shape[-2])
   k, n = shape[-1], 128
   x = jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
   w = jnp.asarray(rng.standard_normal((k, 2, n)) / np.sqrt(k), jnp.bfloat16)
   weights = (w[:, 0], w[:, 1]) if tuple_weights else w
-  impl = mosaic.MosaicGatedLinearUnit(interpret=True, config=config, backward=backward)
 
   def fn(a, b):
     return api.gated_linear_unit(a, b, activation=activation, implementation=impl)

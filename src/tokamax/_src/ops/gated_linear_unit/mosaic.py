@@ -129,12 +129,16 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
     backward: Where the backward matmuls of fused weights run: "xla", "mosaic"
       (the ragged_dot kernels with one group), a pair of them for (dx, dW),
       or None: XLA for both (measured faster on the H200).
+    cotangent_per_matmul: Form the projections' cotangent separately for dx and
+      for dW (XLA backward), so that XLA can fuse it into each matmul instead of
+      writing it once and reading it twice.
   """
 
   name = "mosaic"
   spec = spec.SPEC
   config_cls = Config
   backward: str | tuple[str, str] | None = None
+  cotangent_per_matmul: bool = False
 
   def __post_init__(self):
     choice = self.backward
@@ -257,19 +261,31 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
     del config, out
     x = args.x.reshape(-1, args.x.shape[-1])
     m, n = x.shape[0], args.n
-    factors = residuals.reshape(m, 2, n).astype(jnp.float32)
     # The cotangents of both projections, [M, 2, N]: one elementwise fusion.
-    d = (dout.reshape(m, 1, n).astype(jnp.float32) * factors).astype(x.dtype)
+    d = _projection_cotangents(dout, residuals, x.dtype)
     if isinstance(args.weights, tuple):
       dx, dweights = _separate_weight_matmuls(args, x, d)
     else:
       dx_how, dw_how = self._backward()
       d2 = d.reshape(m, 2 * n)
+      if self.cotangent_per_matmul and dw_how == "xla":
+        # A second, uncommoned copy of the product, for the dW matmul alone.
+        dout_again, residuals_again = jax.lax.optimization_barrier((dout, residuals))
+        d2_dw = _projection_cotangents(dout_again, residuals_again, x.dtype).reshape(m, 2 * n)
+      else:
+        d2_dw = d2
       w2 = args.weights.reshape(-1, 2 * n)
       dx = dx_matmul(d2, w2, dx_how, args.precision, self.interpret)
-      dweights = dw_matmul(x, d2, dw_how, args.precision, self.interpret)
+      dweights = dw_matmul(x, d2_dw, dw_how, args.precision, self.interpret)
       dweights = dweights.reshape(args.weights.shape)
     return {"x": dx.reshape(args.x.shape), "weights": dweights}
+
+
+def _projection_cotangents(dout: jax.Array, residuals: jax.Array, dtype) -> jax.Array:
+  """[M, 2, N]: the output cotangent [.., N] times both residual factors [M, 2N]."""
+  m = residuals.shape[0]
+  factors = residuals.reshape(m, 2, -1).astype(jnp.float32)
+  return (dout.reshape(m, 1, -1).astype(jnp.float32) * factors).astype(dtype)
 
 
 def _ragged(lhs, rhs, layout: str, interpret: bool) -> jax.Array:
