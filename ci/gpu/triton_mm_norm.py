@@ -41,9 +41,9 @@ DRY = "--dry" in sys.argv
 OURS = "xla" if DRY else "triton"
 SCALE = 64 if DRY else 1
 RECORD = run_record.Record("triton_mm_norm.json", checks=[], timings=[])
-# Config sweeps of the backward where the heuristic misses its target (session 3: RMSNorm
-# 4096x8192 forward+backward 1.20x XLA against 1.3x).
-SWEEPS = {("rms_norm", 4096, 8192)}
+# Config sweeps where the heuristic misses its target (session 3: RMSNorm 4096x8192
+# forward+backward 1.20x XLA against 1.3x), and 16384x4096 to see that it does not regress.
+SWEEPS = {("rms_norm", 4096, 8192), ("rms_norm", 16384, 4096)}
 RESULTS, save = RECORD.results, RECORD.save
 
 
@@ -264,37 +264,95 @@ def timed(name, shape, impls, make_args, diff_argnums, iters=20, configs=None):
   return row
 
 
-def sweep(name, make_fn, configs, argsets, diff_argnums=None):
-  """Forward (and with `diff_argnums` forward+backward) time of each config."""
+def sweep(name, make_fn, configs, argsets, diff_argnums=None, anchor=None, iters=10, check_fn=None):
+  """Forward (and with `diff_argnums` forward+backward) time of each config.
+
+  With `anchor` (a `timed` row of the same run), each row also holds the XLA
+  time over the config's time (`speedup_fwd`, `speedup_fwdbwd`). With
+  `check_fn` (the same function in XLA), each row holds the largest relative
+  error of the output and gradients against it (`max_error`, `ok`).
+  """
   rows = []
+  expected = None
+  if check_fn is not None and diff_argnums:
+    fwd_ref, grad_ref = fwd_and_fwdbwd(check_fn, diff_argnums)
+    expected = grad_ref(*argsets[0], cotangent(fwd_ref, argsets[0]))
   for cfg in configs:
     try:
       fwd, grad = fwd_and_fwdbwd(make_fn(cfg), diff_argnums or (0,))
-      row = {"config": repr(cfg), "fwd": bench(fwd, argsets, 10, 3)}
+      row = {"config": repr(cfg), "fwd": bench(fwd, argsets, iters, 3)}
       if diff_argnums:
         ct = cotangent(fwd, argsets[0])
-        row["fwdbwd"] = bench(grad, [(*a, ct) for a in argsets], 10, 3)
+        row["fwdbwd"] = bench(grad, [(*a, ct) for a in argsets], iters, 3)
+      if expected is not None:
+        actual = grad(*argsets[0], ct)
+        errors = [
+          compare.relative_error(a, e)
+          for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True)
+        ]
+        row["max_error"] = max(errors)
+        row["ok"] = row["max_error"] <= tol(argsets[0][0].dtype)
+        if not row["ok"]:
+          RESULTS["errors"].append(f"sweep {name} {cfg}: error {row['max_error']:.3g}")
+      for mode in ("fwd", "fwdbwd"):
+        xla = (anchor or {}).get(f"xla_{mode}", {}).get("median_ms")
+        if xla and mode in row:
+          row[f"speedup_{mode}"] = round(xla / row[mode]["median_ms"], 4)
       rows.append(row)
     except Exception as e:
       rows.append({"config": repr(cfg), "error": f"{type(e).__name__}: {e}"[:500]})
     print(f"  sweep {name} {rows[-1]}", flush=True)
     RESULTS.setdefault("sweeps", {})[name] = rows
     save()
+  timed_rows = [r for r in rows if "fwdbwd" in r or "fwd" in r]
+  for r in sorted(timed_rows, key=lambda r: r.get("fwdbwd", r["fwd"])["median_ms"]):
+    ms = " ".join(f"{k}={r[k]['median_ms']:.4f}ms" for k in ("fwd", "fwdbwd") if k in r)
+    ratios = " ".join(f"{k}={v:.3f}x" for k, v in r.items() if k.startswith("speedup"))
+    print(f"  best-first {name}: {ms} {ratios} {r['config']}", flush=True)
 
 
 def backward_variants(base, d: int) -> list:
-  """The heuristic config and prefetching backward variants that keep <= 32 elements per thread."""
-  configs = [base]
-  for warps, block_m in ((8, 1), (16, 1), (16, 2), (32, 2)):
-    if block_m * d // (32 * warps) > 32:
-      continue
-    for programs in (132, 264, 396, 528):
-      cfg = dataclasses.replace(
-        base, bwd_num_warps=warps, bwd_block_m=block_m, bwd_programs=programs, bwd_prefetch=True
-      )
-      if cfg not in configs:
-        configs.append(cfg)
-  return configs
+  """The heuristic config, then variants of the backward, then of the forward.
+
+  Backward: the register-prefetching loop on one program per SM, and loops
+  software-pipelined through shared memory (`bwd_stages`, cp.async) at 8-32
+  elements per thread. Forward: persistent programs pipelined the same way,
+  on the backward that the D=8192 shared-memory variants are expected to win with.
+  """
+  rep = dataclasses.replace
+  wide = d >= 8192
+  # The session-3 default of D=8192 for reference: 264 programs.
+  configs = [base, rep(base, bwd_programs=264)] if wide else [base]
+  for warps in (16, 32) if wide else (8, 16):
+    for stages in (2, 3, 4, 5) if wide else (3, 4):
+      for programs in (
+        (132, 264) if wide and stages in (3, 4) and warps == 16 else (132 if wide else 264,)
+      ):
+        configs.append(
+          rep(
+            base,
+            bwd_num_warps=warps,
+            bwd_block_m=1,
+            bwd_programs=programs,
+            bwd_prefetch=False,
+            bwd_stages=stages,
+          )
+        )
+  bwd = rep(
+    base,
+    bwd_num_warps=16,
+    bwd_block_m=1,
+    bwd_programs=132 if wide else 264,
+    bwd_prefetch=False,
+    bwd_stages=4,
+  )
+  # Programs: as many as fit an SM at once (ptxas registers and shared memory, bf16).
+  fwd = ((8, 264, 3), (8, 396, 3), (4, 396, 3), (8, 264, 0))
+  if not wide:
+    fwd = ((8, 264, 3), (8, 528, 3), (4, 528, 3), (8, 396, 0))
+  for warps, programs, stages in fwd:
+    configs.append(rep(bwd, num_warps=warps, block_m=1, fwd_programs=programs, fwd_stages=stages))
+  return list(dict.fromkeys(configs))
 
 
 def spec_of_norm(args, rms):
@@ -322,7 +380,7 @@ def benchmarks(skip_sweeps: bool, only: set[str]):
           x, s, b, subtract_mean=not rms, implementation=name
         )
 
-      timed(
+      row = timed(
         "rms_norm" if rms else "layer_norm",
         [m, d],
         {"triton": impl(OURS), "xla": impl("xla")},
@@ -347,6 +405,9 @@ def benchmarks(skip_sweeps: bool, only: set[str]):
           configs,
           make(),
           (0, 1) if rms else (0, 1, 2),
+          anchor=row,
+          iters=20,
+          check_fn=impl("xla"),
         )
 
   # ragged_dot.

@@ -72,6 +72,30 @@ def test_heuristic_configs_compile(sm, d):
     assert compiled.metadata.shared <= SMEM_LIMIT[sm]
 
 
+@pytest.mark.parametrize("sm", [80, 90])
+def test_pipelined_configs_compile_to_async_copies(sm):
+  """Loops with stages copy rows into shared memory (cp.async), STAGES - 1 deep."""
+  args = _record((4096, 8192), -1, "bfloat16", False, True, False, 0.0)
+  config = dataclasses.replace(
+    OP._get_heuristics_config(args),
+    bwd_num_warps=16,
+    bwd_prefetch=False,
+    bwd_stages=4,
+    fwd_programs=264,
+    fwd_stages=3,
+  )
+  launches, _, _ = _launches(args, config)
+  assert [launch.kernel.__name__ for launch in launches] == [
+    "layer_norm_fwd_persistent",
+    "layer_norm_bwd",
+  ]
+  row_bytes = 8192 * 2
+  for launch, buffers in zip(launches, (2 * 1, 3 * 2), strict=True):
+    compiled = triton_call.compile_launch(launch, sm)
+    assert "cp.async" in compiled.asm["ptx"]
+    assert buffers * row_bytes <= compiled.metadata.shared <= SMEM_LIMIT[sm]
+
+
 def test_autotuning_configs_compile_for_sm90():
   args = _record((2048, 4096), -1, "bfloat16", False, True, False, 1.0)
   seen = set()
@@ -127,16 +151,20 @@ def _interpreted_errors(case) -> dict:
   x, scale, offset, dy = _inputs(shape, axis, dtype, has_scale, has_offset)
   kw = dict(axis=axis, scale_offset=scale_offset, subtract_mean=subtract_mean)
   args = spec.canonicalize(x, scale, offset, **kw)
-  # One program per block, and persistent programs that prefetch the next rows.
+  # One program per block, persistent programs that prefetch the next rows into
+  # registers, and loops pipelined through shared memory.
   config = norm_triton.Config(
     block_m=2, num_warps=4, bwd_block_m=2, bwd_num_warps=4, bwd_programs=3
   )
   prefetch = dataclasses.replace(config, block_m=1, fwd_programs=3, bwd_prefetch=True)
+  staged = dataclasses.replace(config, fwd_programs=2, fwd_stages=3, bwd_stages=3)
   with triton_call.interpret():
     out, residuals = OP._fwd(args, config)
     grads = OP._bwd(args, config, out, residuals, dy)
     out_p, residuals_p = OP._fwd(args, prefetch)
     grads_p = OP._bwd(args, prefetch, out_p, residuals_p, dy)
+    out_s, residuals_s = OP._fwd(args, staged)
+    grads_s = OP._bwd(args, staged, out_s, residuals_s, dy)
   present = [(n, v) for n, v in (("x", x), ("scale", scale), ("offset", offset)) if v is not None]
 
   def ref(*vals, present=present, kw=kw):
@@ -151,10 +179,12 @@ def _interpreted_errors(case) -> dict:
   errs = {
     "out": compare.relative_error(out, ref_out),
     "out_prefetch": compare.relative_error(out_p, ref_out),
+    "out_staged": compare.relative_error(out_s, ref_out),
   }
   for (name, _), rg in zip(present, ref_grads, strict=True):
     errs[name] = compare.relative_error(grads[name], rg)
     errs[f"{name}_prefetch"] = compare.relative_error(grads_p[name], rg)
+    errs[f"{name}_staged"] = compare.relative_error(grads_s[name], rg)
   return {"case": repr(case), "dtype": dtype, "errors": errs}
 
 

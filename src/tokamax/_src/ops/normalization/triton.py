@@ -16,6 +16,7 @@ from tokamax._src.ops.normalization import triton_layer_norm as kernels
 
 _DTYPES = ("float32", "bfloat16", "float16")
 _MAX_D = 32768  # Rows are held in registers; longer rows would spill.
+_SMEM = 128 * 1024  # Shared memory for the pipelined loops' stages (sm_80 has 163 KB).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,8 +32,13 @@ class Config:
       over a contiguous run of rows).
     fwd_programs: 0 for one program per row block; else this many persistent
       programs, each loading its next block before normalising the current one.
-    bwd_prefetch: Whether the backward kernel loads the next rows before the
-      current rows' reductions.
+    bwd_prefetch: Whether the backward kernel loads the next rows into
+      registers before the current rows' reductions.
+    fwd_stages: With `fwd_programs`, > 1 pipelines the persistent forward's
+      loads through shared memory this many stages deep (instead of the
+      register prefetch).
+    bwd_stages: > 1 pipelines the backward's loads of x and dy through shared
+      memory this many stages deep (cp.async; overrides `bwd_prefetch`).
   """
 
   block_m: int = 1
@@ -42,6 +48,8 @@ class Config:
   bwd_programs: int = 528
   fwd_programs: int = 0
   bwd_prefetch: bool = False
+  fwd_stages: int = 0
+  bwd_stages: int = 0
 
 
 def _rows(args: spec.NormArgs) -> tuple[int, int]:
@@ -74,9 +82,10 @@ def _common_meta(args: spec.NormArgs, d: int) -> dict:
   )
 
 
-def _vector(value: jax.Array | None, d: int) -> jax.Array:
-  # An unused pointer argument still needs an array.
-  return value if value is not None else jnp.zeros((d,), jnp.float32)
+def _vector(value: jax.Array | None, unused: jax.Array) -> jax.Array:
+  # An unused pointer argument still needs an array: any one will do, where a
+  # new zeros array would cost a kernel launch.
+  return value if value is not None else unused
 
 
 def forward(args: spec.NormArgs, config: Config) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -85,11 +94,12 @@ def forward(args: spec.NormArgs, config: Config) -> tuple[jax.Array, jax.Array, 
   m, d = x.shape
   blocks = _cdiv(m, config.block_m)
   persistent = 0 < config.fwd_programs < blocks
+  stages = {"STAGES": config.fwd_stages} if persistent else {}
   y, mean, rstd = triton_call.call(
     kernels.layer_norm_fwd_persistent if persistent else kernels.layer_norm_fwd,
     x,
-    _vector(args.scale, d),
-    _vector(args.offset, d),
+    _vector(args.scale, x),
+    _vector(args.offset, x),
     m,
     out_shape=[
       jax.ShapeDtypeStruct((m, d), x.dtype),
@@ -102,6 +112,7 @@ def forward(args: spec.NormArgs, config: Config) -> tuple[jax.Array, jax.Array, 
     HAS_OFFSET=args.offset is not None,
     num_warps=config.num_warps,
     num_stages=1,
+    **stages,
     **_common_meta(args, d),
   )
   return y, mean, rstd
@@ -117,23 +128,27 @@ def backward(
   programs = max(1, min(config.bwd_programs, _cdiv(m, config.bwd_block_m)))
   rows_per_program = _cdiv(_cdiv(m, programs), config.bwd_block_m) * config.bwd_block_m
   programs = _cdiv(m, rows_per_program)
+  has_offset = args.offset is not None
+  # Partial sums are only written for the vectors there are.
+  partials = [
+    jax.ShapeDtypeStruct((programs, d) if present else (1,), jnp.float32)
+    for present in (args.scale is not None, has_offset)
+  ]
   dx, dscale, doffset = triton_call.call(
     kernels.layer_norm_bwd,
     x,
-    _vector(args.scale, d),
+    _vector(args.scale, x),
     dy,
     mean,
     rstd,
     m,
     rows_per_program,
-    out_shape=[
-      jax.ShapeDtypeStruct((m, d), x.dtype),
-      jax.ShapeDtypeStruct((programs, d), jnp.float32),
-      jax.ShapeDtypeStruct((programs, d), jnp.float32),
-    ],
+    out_shape=[jax.ShapeDtypeStruct((m, d), x.dtype), *partials],
     grid=(programs,),
     BLOCK_M=config.bwd_block_m,
+    HAS_OFFSET=has_offset,
     PREFETCH=config.bwd_prefetch,
+    STAGES=config.bwd_stages,
     num_warps=config.bwd_num_warps,
     num_stages=2,
     **_common_meta(args, d),
@@ -141,7 +156,7 @@ def backward(
   grads = {"x": _from_rows(args, dx), "scale": None, "offset": None}
   if args.scale is not None:
     grads["scale"] = dscale.sum(axis=0).astype(args.scale.dtype)
-  if args.offset is not None:
+  if has_offset:
     grads["offset"] = doffset.sum(axis=0).astype(args.offset.dtype)
   return grads
 
@@ -181,7 +196,9 @@ class TritonLayerNorm(kernel_ops.TritonOp):
     # Backward: without prefetch it kept only ~32 KB of loads in flight per SM
     # (ptxas: 63-114 registers, 1-2 programs per SM) and ran at ~1.75 TB/s on the
     # H200. Prefetching the next rows doubles that at 16 elements per thread
-    # (<= 128 registers, no spills); two persistent programs per SM.
+    # (<= 128 registers, no spills); two persistent programs per SM. From D=8192
+    # the 16-warp program takes 113-128 registers, so one fits an SM: 132
+    # programs (0.092 ms against 0.097 with 264 at 4096x8192, session 4).
     bwd_block_m = int(np.clip(2048 // block_d, 1, 8))
     bwd_num_warps = int(np.clip(block_d * bwd_block_m // 512, 1, 16))
     return Config(
@@ -189,37 +206,42 @@ class TritonLayerNorm(kernel_ops.TritonOp):
       num_warps=num_warps,
       bwd_block_m=bwd_block_m,
       bwd_num_warps=bwd_num_warps,
-      bwd_programs=132 * 2,
+      bwd_programs=132 if block_d >= 8192 else 132 * 2,
       bwd_prefetch=True,
     )
 
   def _get_autotuning_configs(self, args: spec.NormArgs) -> set[Config]:
     _, d = _rows(args)
     block_d = _block_d(d)
+    row_bytes = block_d * np.dtype(args.x.dtype).itemsize
     base = self._get_heuristics_config(args)
+    rep = dataclasses.replace
     configs = {base}
     for block_m in (1, 2, 4):
-      for num_warps in (4, 8, 16):
+      for num_warps in (4, 8, 16, 32):
         per_thread = block_m * block_d // (32 * num_warps)
         if not 4 <= per_thread <= 64:
           continue
-        for fwd_programs in (0, 132 * 4):
-          configs.add(
-            dataclasses.replace(
-              base, block_m=block_m, num_warps=num_warps, fwd_programs=fwd_programs
-            )
-          )
-        for bwd_programs in (132, 264, 528, 1056):
-          for prefetch in (False, True) if per_thread <= 32 else (False,):
+        if num_warps <= 16:
+          for fwd_programs in (0, 132 * 4):
+            configs.add(rep(base, block_m=block_m, num_warps=num_warps, fwd_programs=fwd_programs))
+          if block_m == 1 and per_thread <= 32 and 3 * row_bytes <= _SMEM:
             configs.add(
-              dataclasses.replace(
-                base,
-                bwd_block_m=block_m,
-                bwd_num_warps=num_warps,
-                bwd_programs=bwd_programs,
-                bwd_prefetch=prefetch,
-              )
+              rep(base, block_m=block_m, num_warps=num_warps, fwd_programs=132 * 4, fwd_stages=4)
             )
+        bwd = rep(base, bwd_block_m=block_m, bwd_num_warps=num_warps)
+        for bwd_programs in (132, 264, 528, 1056):
+          if num_warps <= 16:
+            for prefetch in (False, True) if per_thread <= 32 else (False,):
+              configs.add(rep(bwd, bwd_programs=bwd_programs, bwd_prefetch=prefetch))
+          # Pipelined through shared memory: STAGES - 1 rows of x and dy in flight
+          # (blocks of 2 rows and more ran 1.6-2x slower on the H200 at 4096x8192).
+          for stages in (3, 4):
+            smem = (stages - 1) * 2 * row_bytes  # Stages in flight of x and dy.
+            if block_m == 1 and per_thread <= 32 and bwd_programs <= 264 and smem <= _SMEM:
+              configs.add(
+                rep(bwd, bwd_programs=bwd_programs, bwd_prefetch=False, bwd_stages=stages)
+              )
     return configs
 
   def _fwd(self, args: spec.NormArgs, config: Config):

@@ -4,6 +4,11 @@ Each program normalises BLOCK_M whole rows held in registers (BLOCK_D >= D).
 Statistics are float32. The backward kernel walks a contiguous run of rows per
 program and writes per-program partial sums of dscale and doffset, which the
 wrapper adds up.
+
+Row loops either keep the next rows' loads in registers (`PREFETCH`) or, with
+`STAGES` > 1, let Triton's software pipeliner copy the next `STAGES - 1` row
+blocks into shared memory (cp.async) while the current one is normalised: the
+bytes in flight then cost no registers, which wide rows (D >= 8192) lack.
 """
 
 import triton
@@ -115,7 +120,9 @@ def layer_norm_bwd(
   SCALE_OFFSET: tl.constexpr,
   HAS_SCALE: tl.constexpr,
   SUBTRACT_MEAN: tl.constexpr,
+  HAS_OFFSET: tl.constexpr = True,
   PREFETCH: tl.constexpr = False,
+  STAGES: tl.constexpr = 0,
 ):
   pid = tl.program_id(0)
   cols = tl.arange(0, BLOCK_D)
@@ -128,7 +135,33 @@ def layer_norm_bwd(
   doffset = tl.zeros((BLOCK_D,), tl.float32)
   first = pid * rows_per_program
   last = tl.minimum(first + rows_per_program, m)
-  if PREFETCH:
+  if STAGES > 1:
+    # Software-pipelined through shared memory: no register prefetch.
+    for start in tl.range(first, last, BLOCK_M, num_stages=STAGES):
+      rows = start + tl.arange(0, BLOCK_M)
+      mask = (rows < last)[:, None] & col_ok[None, :]
+      offs = rows[:, None].to(tl.int64) * D + cols[None, :]
+      x_raw = tl.load(x_ptr + offs, mask=mask, other=0.0)
+      dy_raw = tl.load(dy_ptr + offs, mask=mask, other=0.0)
+      ds, do = _bwd_rows(
+        x_raw,
+        dy_raw,
+        w,
+        start,
+        last,
+        cols,
+        col_ok,
+        mean_ptr,
+        rstd_ptr,
+        dx_ptr,
+        D,
+        BLOCK_M,
+        SUBTRACT_MEAN,
+      )
+      dscale += ds
+      if HAS_OFFSET:
+        doffset += do
+  elif PREFETCH:
     # The next rows' loads are issued before this step's reductions and stores.
     rows = first + tl.arange(0, BLOCK_M)
     mask = (rows < last)[:, None] & col_ok[None, :]
@@ -158,7 +191,8 @@ def layer_norm_bwd(
         SUBTRACT_MEAN,
       )
       dscale += ds
-      doffset += do
+      if HAS_OFFSET:
+        doffset += do
   else:
     for start in range(first, last, BLOCK_M):
       rows = start + tl.arange(0, BLOCK_M)
@@ -182,9 +216,48 @@ def layer_norm_bwd(
         SUBTRACT_MEAN,
       )
       dscale += ds
-      doffset += do
-  tl.store(dscale_ptr + pid * D + cols, dscale, mask=col_ok)
-  tl.store(doffset_ptr + pid * D + cols, doffset, mask=col_ok)
+      if HAS_OFFSET:
+        doffset += do
+  if HAS_SCALE:
+    tl.store(dscale_ptr + pid * D + cols, dscale, mask=col_ok)
+  if HAS_OFFSET:
+    tl.store(doffset_ptr + pid * D + cols, doffset, mask=col_ok)
+
+
+@triton.jit
+def _fwd_rows(
+  x_raw,
+  w,
+  b,
+  start,
+  m,
+  cols,
+  col_ok,
+  y_ptr,
+  mean_ptr,
+  rstd_ptr,
+  D: tl.constexpr,
+  BLOCK_M: tl.constexpr,
+  EPS: tl.constexpr,
+  SUBTRACT_MEAN: tl.constexpr,
+):
+  """Normalises BLOCK_M loaded rows from `start`; stores y, mean and rstd."""
+  rows = start + tl.arange(0, BLOCK_M)
+  row_ok = rows < m
+  mask = row_ok[:, None] & col_ok[None, :]
+  x = x_raw.to(tl.float32)
+  if SUBTRACT_MEAN:
+    mean = tl.sum(x, axis=1) / D
+    xc = tl.where(mask, x - mean[:, None], 0.0)
+  else:
+    mean = tl.zeros((BLOCK_M,), tl.float32)
+    xc = x
+  rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / D + EPS)
+  y = xc * rstd[:, None] * w[None, :] + b[None, :]
+  offs = rows[:, None].to(tl.int64) * D + cols[None, :]
+  tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+  tl.store(mean_ptr + rows, mean, mask=row_ok)
+  tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
 
 @triton.jit
@@ -204,8 +277,13 @@ def layer_norm_fwd_persistent(
   HAS_SCALE: tl.constexpr,
   HAS_OFFSET: tl.constexpr,
   SUBTRACT_MEAN: tl.constexpr,
+  STAGES: tl.constexpr = 0,
 ):
-  """Programs stride over row blocks, loading the next block before this one's math."""
+  """Programs stride over row blocks, loading ahead of this block's math.
+
+  With STAGES > 1 the next STAGES - 1 blocks are copied into shared memory by
+  Triton's pipeliner; otherwise the next block is held in registers.
+  """
   pid = tl.program_id(0)
   programs = tl.num_programs(0)
   cols = tl.arange(0, BLOCK_D)
@@ -218,28 +296,50 @@ def layer_norm_fwd_persistent(
     b = tl.load(offset_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
   else:
     b = tl.zeros((BLOCK_D,), tl.float32)
-  rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-  mask = (rows < m)[:, None] & col_ok[None, :]
-  x_next = tl.load(x_ptr + rows[:, None].to(tl.int64) * D + cols[None, :], mask=mask, other=0.0)
-  for start in range(pid * BLOCK_M, m, programs * BLOCK_M):
-    x_raw = x_next
-    rows_next = start + programs * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask_next = (rows_next < m)[:, None] & col_ok[None, :]
-    offs_next = rows_next[:, None].to(tl.int64) * D + cols[None, :]
-    x_next = tl.load(x_ptr + offs_next, mask=mask_next, other=0.0)
-    rows = start + tl.arange(0, BLOCK_M)
-    row_ok = rows < m
-    mask = row_ok[:, None] & col_ok[None, :]
-    x = x_raw.to(tl.float32)
-    if SUBTRACT_MEAN:
-      mean = tl.sum(x, axis=1) / D
-      xc = tl.where(mask, x - mean[:, None], 0.0)
-    else:
-      mean = tl.zeros((BLOCK_M,), tl.float32)
-      xc = x
-    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / D + EPS)
-    y = xc * rstd[:, None] * w[None, :] + b[None, :]
-    offs = rows[:, None].to(tl.int64) * D + cols[None, :]
-    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(mean_ptr + rows, mean, mask=row_ok)
-    tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+  if STAGES > 1:
+    for start in tl.range(pid * BLOCK_M, m, programs * BLOCK_M, num_stages=STAGES):
+      rows = start + tl.arange(0, BLOCK_M)
+      mask = (rows < m)[:, None] & col_ok[None, :]
+      x_raw = tl.load(x_ptr + rows[:, None].to(tl.int64) * D + cols[None, :], mask=mask, other=0.0)
+      _fwd_rows(
+        x_raw,
+        w,
+        b,
+        start,
+        m,
+        cols,
+        col_ok,
+        y_ptr,
+        mean_ptr,
+        rstd_ptr,
+        D,
+        BLOCK_M,
+        EPS,
+        SUBTRACT_MEAN,
+      )
+  else:
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask = (rows < m)[:, None] & col_ok[None, :]
+    x_next = tl.load(x_ptr + rows[:, None].to(tl.int64) * D + cols[None, :], mask=mask, other=0.0)
+    for start in range(pid * BLOCK_M, m, programs * BLOCK_M):
+      x_raw = x_next
+      rows_next = start + programs * BLOCK_M + tl.arange(0, BLOCK_M)
+      mask_next = (rows_next < m)[:, None] & col_ok[None, :]
+      offs_next = rows_next[:, None].to(tl.int64) * D + cols[None, :]
+      x_next = tl.load(x_ptr + offs_next, mask=mask_next, other=0.0)
+      _fwd_rows(
+        x_raw,
+        w,
+        b,
+        start,
+        m,
+        cols,
+        col_ok,
+        y_ptr,
+        mean_ptr,
+        rstd_ptr,
+        D,
+        BLOCK_M,
+        EPS,
+        SUBTRACT_MEAN,
+      )
