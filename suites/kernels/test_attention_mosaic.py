@@ -35,7 +35,7 @@ _HERE = os.path.abspath(__file__)
 # slot (the dk/dv kernel's log-sum-exp and delta slots; under `jax.grad` the
 # interpreter names the custom_vjp frame rather than the kernel line).
 _KNOWN_RACE = re.compile(
-  r"write of HostAllocationKey\([^)]*\)\[\(\d+, slice\(0, 64, 1\)\)\] from "
+  r"write of HostAllocationKey\([^)]*\)\[\(\d+, slice\(0, (64|128), 1\)\)\] from "
   r"Warpgroup\([^)]*warpgroup_id=2\)"
 )
 
@@ -99,7 +99,8 @@ def _bias(seed, shape, dtype=jnp.float32):
   return (2.0 * jax.random.normal(jax.random.key(seed), shape)).astype(dtype)
 
 
-# name -> (shape (B, T, S, N, K, H), dtype, grads, kwargs as a Python expression)
+# name -> (shape (B, T, S, N, K, H), dtype, grads, kwargs as a Python expression[, Config
+# kwargs as a Python expression; default the heuristic's config])
 CASES = {
   "gqa_plain_h64": ((1, 128, 128, 2, 1, 64), "bfloat16", True, "{}"),
   "causal_window_softcap_cross": (
@@ -116,6 +117,24 @@ CASES = {
     " key_value_seq_lengths=jnp.array([100, 0]))",
   ),
   "fp16_h128_causal_fwd": ((1, 256, 256, 2, 2, 128), "float16", False, "dict(is_causal=True)"),
+  # 128-row backward blocks (the dq kernel's CTA tile and the dk/dv kernel's streamed
+  # block), three dk/dv slots; T and S padded to 256.
+  "bwd_blocks_128q_lengths_causal_padded": (
+    (2, 200, 150, 2, 1, 64),
+    "bfloat16",
+    True,
+    "dict(is_causal=True, query_seq_lengths=jnp.array([150, 37]),"
+    " key_value_seq_lengths=jnp.array([100, 150]))",
+    "dict(dq_block_q=128, bwd_block_q=128, bwd_num_stages=3)",
+  ),
+  # 128-key blocks streamed by the dq kernel, with one slot (value block first).
+  "bwd_blocks_128kv_window_softcap_cross": (
+    (1, 128, 256, 2, 1, 128),
+    "bfloat16",
+    True,
+    "dict(local_window_size=(90, 20), logits_soft_cap=4.0)",
+    "dict(dq_block_kv=128, dq_num_stages=1)",
+  ),
   # Head dim 256: dq and the dk pass with one pipeline slot, the dv pass with two.
   "h256_gqa_causal": ((1, 128, 128, 2, 1, 256), "bfloat16", True, "dict(is_causal=True)"),
   "h256_lengths_window_softcap_padded": (
@@ -161,8 +180,11 @@ def _case_main(name: str) -> None:
   """Runs one interpret case and prints its result as JSON (subprocess entry)."""
   from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 
-  shape, dtype, grads, kw = CASES[name]
-  res = _compare(mosaic.interpret_op(), shape, jnp.dtype(dtype), grads, **eval(kw))
+  shape, dtype, grads, kw, *config = CASES[name]
+  impl = mosaic.interpret_op()
+  if config:
+    impl = mosaic.MosaicAttention(interpret=True, config=mosaic.Config(**eval(config[0])))
+  res = _compare(impl, shape, jnp.dtype(dtype), grads, **eval(kw))
   res["races_found_last_kernel"] = bool(interpret_pallas_call.get_races().races_found)
   print("RESULT " + json.dumps(res), flush=True)
 
@@ -214,20 +236,34 @@ def _lower(impl, config, shape, dtype=jnp.bfloat16, grads=False, **kw):
 
 @pytest.mark.parametrize("h", [64, 128, 256])
 def test_every_autotuning_config_lowers_for_cuda(h):
+  """Each distinct forward config lowers, and the backward at each dq and dk/dv block shape."""
   impl = mosaic.MosaicAttention()
   shape = (2, 512, 512, 4, 2, h)
   record = spec.canonicalize(
     *(jnp.zeros(s, jnp.bfloat16) for s in ((2, 512, 4, h), (2, 512, 2, h), (2, 512, 2, h)))
   )
   configs = impl._get_autotuning_configs(record)
-  assert impl._get_heuristics_config(record) in configs or h == 256
-  assert configs
+  assert impl._get_heuristics_config(record) in configs
+  fwd_fields = ("block_q", "block_kv", "num_stages", "schedule_barrier")
+  forwards, dq_blocks, dkv_blocks = set(), set(), set()
   for config in sorted(configs, key=str):
     assert mosaic.smem_bytes(config, h) <= mosaic._SMEM_BYTES
-    text = _lower(impl, config, shape, is_causal=True).as_text()
-    assert "mosaic_gpu" in text
-  if h <= 128:
-    _lower(impl, impl._get_heuristics_config(record), shape, grads=True, local_window_size=(64, 0))
+    assert mosaic.bwd_config_reason(config, h) is None
+    fwd = tuple(getattr(config, f) for f in fwd_fields)
+    if fwd not in forwards:
+      forwards.add(fwd)
+      assert "mosaic_gpu" in _lower(impl, config, shape, is_causal=True).as_text()
+    dq, dkv = (config.dq_block_q, config.dq_block_kv), (config.bwd_block_q, config.bwd_block_kv)
+    if dq not in dq_blocks or dkv not in dkv_blocks:
+      dq_blocks.add(dq)
+      dkv_blocks.add(dkv)
+      _lower(impl, config, shape, grads=True, local_window_size=(64, 0))
+  # The backward blocks the registers allow (`mosaic.bwd_registers`).
+  assert (sorted(dq_blocks), sorted(dkv_blocks)) == {
+    64: ([(64, 64), (64, 128), (128, 64)], [(64, 64), (128, 64)]),
+    128: ([(64, 64), (64, 128)], [(64, 64)]),
+    256: ([(64, 64)], [(64, 64)]),
+  }[h]
 
 
 def test_lowers_with_every_feature_for_cuda():
@@ -351,6 +387,36 @@ def test_config_validation():
     mosaic.Config(bwd_block_q=32)
   with pytest.raises(ValueError, match="bwd_num_stages"):
     mosaic.Config(bwd_num_stages=0)
+  with pytest.raises(ValueError, match="dq_block_kv"):
+    mosaic.Config(dq_block_kv=256)
+  with pytest.raises(ValueError, match="dq_num_stages"):
+    mosaic.Config(dq_num_stages=0)
+
+
+@pytest.mark.parametrize(
+  ("h", "fields", "words"),
+  [
+    (128, dict(bwd_block_kv=128), "registers"),  # dk and dv [128, 128] alone take 256.
+    (128, dict(dq_block_q=128), "registers"),
+    (64, dict(dq_block_q=128, dq_block_kv=128), "registers"),
+    (64, dict(dq_block_q=128), None),
+    (256, dict(dq_num_stages=3, bwd_num_stages=3), None),  # Fitted to the slots that fit.
+  ],
+)
+def test_backward_config_reason(h, fields, words):
+  q = jnp.ones((1, 8, 2, h), jnp.bfloat16)
+  record = spec.canonicalize(q, q, q)
+  reason = mosaic.MosaicAttention(config=mosaic.Config(**fields))._bwd_unsupported_reason(record)
+  assert reason is None if words is None else words in reason
+
+
+def test_backward_padding():
+  """T and S pad to whole CTA tiles of one kernel and whole streamed blocks of the other."""
+  C = mosaic.Config
+  assert mosaic.bwd_padding(C()) == (128, 128)
+  assert mosaic.bwd_padding(C(dq_block_q=128, bwd_block_q=128)) == (256, 128)
+  assert mosaic.bwd_padding(C(dq_block_kv=128)) == (128, 128)
+  assert mosaic.bwd_padding(C(bwd_block_q=128)) == (128, 128)
 
 
 _GPU = pytest.mark.skipif(

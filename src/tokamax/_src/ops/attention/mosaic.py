@@ -3,6 +3,7 @@
 import dataclasses
 import functools
 import itertools
+import math
 
 import jax
 import jax.experimental.pallas.mosaic_gpu as plgpu
@@ -22,15 +23,22 @@ _HEAD_DIMS = (64, 128, 256)
 class Config:
   """Tuning parameters of the Mosaic attention kernels.
 
+  The backward runs two kernels: the dq kernel (`dq_*` fields), which holds
+  query rows and streams key/value blocks, and the dk/dv kernel (`bwd_*`
+  fields), which holds keys and streams query blocks.
+
   Attributes:
     block_q: query rows per consumer warpgroup (a CTA holds two).
     block_kv: keys per pipeline step.
     num_stages: shared-memory slots of the key/value pipeline.
     schedule_barrier: whether the two consumers take turns on the tensor cores.
-    bwd_block_q: query rows per block in the backward kernels.
-    bwd_block_kv: keys per consumer warpgroup in the dk/dv kernel.
-    bwd_num_stages: pipeline slots of the backward kernels; a kernel takes
-      fewer (at least one) where they do not fit in shared memory.
+    bwd_block_q: query rows per streamed block of the dk/dv kernel.
+    bwd_block_kv: keys per consumer warpgroup of the dk/dv kernel.
+    bwd_num_stages: pipeline slots of the dk/dv kernel; each pass takes fewer
+      (at least one) where they do not fit in shared memory.
+    dq_block_q: query rows per consumer warpgroup of the dq kernel.
+    dq_block_kv: keys per streamed block of the dq kernel.
+    dq_num_stages: pipeline slots of the dq kernel (fewer where they do not fit).
   """
 
   block_q: int = 64
@@ -40,6 +48,9 @@ class Config:
   bwd_block_q: int = 64
   bwd_block_kv: int = 64
   bwd_num_stages: int = 2
+  dq_block_q: int = 64
+  dq_block_kv: int = 64
+  dq_num_stages: int = 2
 
   def __post_init__(self):
     if self.block_q != 64:
@@ -48,12 +59,14 @@ class Config:
       raise ValueError(f"`block_kv` must be 64, 128 or 256, got {self.block_kv}.")
     if self.num_stages < 2:
       raise ValueError(f"`num_stages` must be at least 2, got {self.num_stages}.")
-    for name in ("bwd_block_q", "bwd_block_kv"):
-      # One wgmma M tile, and the K group of a 128-byte swizzle.
-      if getattr(self, name) != 64:
-        raise ValueError(f"`{name}` must be 64, got {getattr(self, name)}.")
-    if self.bwd_num_stages < 1:
-      raise ValueError(f"`bwd_num_stages` must be at least 1, got {self.bwd_num_stages}.")
+    for name in ("bwd_block_q", "bwd_block_kv", "dq_block_q", "dq_block_kv"):
+      # Whole wgmma M tiles, and whole K groups of a 128-byte swizzle; past 128
+      # the score tiles alone exceed the registers (`bwd_registers`).
+      if getattr(self, name) not in (64, 128):
+        raise ValueError(f"`{name}` must be 64 or 128, got {getattr(self, name)}.")
+    for name in ("bwd_num_stages", "dq_num_stages"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"`{name}` must be at least 1, got {getattr(self, name)}.")
 
 
 def smem_bytes(config: Config, head_dim: int, itemsize: int = 2) -> int:
@@ -75,24 +88,29 @@ def _bwd_passes(head_dim: int) -> tuple[tuple[str, ...], ...]:
 
 def _bwd_kernel_params(config: Config, head_dim: int, scale=1.0, soft_cap=None, masking=None):
   """(dq params, [(outputs, dk/dv params) per pass]), each with the stages that fit."""
-  p = mosaic_bwd.BwdParams(
+  common_kw = dict(scale=scale, soft_cap=soft_cap, masking=masking or common.Masking())
+  p_dq = mosaic_bwd.BwdParams(
+    block_q=config.dq_block_q,
+    block_kv=config.dq_block_kv,
+    num_stages=config.dq_num_stages,
+    **common_kw,
+  )
+  p_dkv = mosaic_bwd.BwdParams(
     block_q=config.bwd_block_q,
     block_kv=config.bwd_block_kv,
     num_stages=config.bwd_num_stages,
-    scale=scale,
-    soft_cap=soft_cap,
-    masking=masking or common.Masking(),
+    **common_kw,
   )
 
-  def fit(smem_bytes):
-    stages = config.bwd_num_stages
+  def fit(p, smem_bytes):
+    stages = p.num_stages
     while stages > 1 and smem_bytes(dataclasses.replace(p, num_stages=stages)) > _SMEM_BYTES:
       stages -= 1
     return dataclasses.replace(p, num_stages=stages)
 
-  p_dq = fit(lambda x: mosaic_bwd.dq_smem_bytes(x, head_dim))
+  p_dq = fit(p_dq, lambda x: mosaic_bwd.dq_smem_bytes(x, head_dim))
   passes = [
-    (o, fit(lambda x, o=o: mosaic_bwd.dkv_smem_bytes(x, head_dim, o)))
+    (o, fit(p_dkv, lambda x, o=o: mosaic_bwd.dkv_smem_bytes(x, head_dim, o)))
     for o in _bwd_passes(head_dim)
   ]
   return p_dq, passes
@@ -105,6 +123,91 @@ def bwd_smem_bytes(config: Config, head_dim: int) -> int:
     mosaic_bwd.dq_smem_bytes(p_dq, head_dim),
     *(mosaic_bwd.dkv_smem_bytes(p, head_dim, o) for o, p in passes),
   )
+
+
+# Float32 registers per consumer thread that the backward kernels' live tiles
+# may take (`bwd_registers`) out of the 232 a consumer gets: what the 64/64
+# blocks take at head dims 128 (dk/dv) and 256 (dq, each dk/dv pass), the
+# configs measured on the H200; more leaves too few for operands and addresses.
+_BWD_REGISTERS = 192
+
+
+def bwd_registers(config: Config, head_dim: int) -> tuple[int, int]:
+  """Float32 registers per consumer thread of the (dq, dk/dv) kernels' live tiles.
+
+  A warpgroup's 128 threads share its float32 tiles: the accumulators (dq
+  [dq_block_q, H]; dk and dv [bwd_block_kv, H] each, one per pass where
+  `_bwd_passes` splits them) and the two score tiles (S and dP).
+  """
+  dq = config.dq_block_q * (head_dim + 2 * config.dq_block_kv)
+  outputs = max(len(o) for o in _bwd_passes(head_dim))
+  dkv = config.bwd_block_kv * (outputs * head_dim + 2 * config.bwd_block_q)
+  return dq // 128, dkv // 128
+
+
+def bwd_config_reason(config: Config, head_dim: int) -> str | None:
+  """Why the backward kernels cannot take `config` at `head_dim` (None if they can)."""
+  regs = bwd_registers(config, head_dim)
+  if max(regs) > _BWD_REGISTERS:
+    return (
+      f"config {config} needs (dq, dk/dv) {regs} float32 registers per thread at head dim"
+      f" {head_dim} (at most {_BWD_REGISTERS} leave room for the rest)"
+    )
+  needed = bwd_smem_bytes(config, head_dim)
+  if needed > _SMEM_BYTES:
+    return f"config {config} needs {needed} bytes of shared memory backward"
+  return None
+
+
+def bwd_padding(config: Config) -> tuple[int, int]:
+  """(T, S) multiples the backward kernels need: whole CTA tiles and streamed blocks."""
+  nc = mosaic_bwd.NUM_CONSUMERS
+  return (
+    math.lcm(nc * config.dq_block_q, config.bwd_block_q),
+    math.lcm(nc * config.bwd_block_kv, config.dq_block_kv),
+  )
+
+
+_BWD_FIELDS = (
+  "dq_block_q",
+  "dq_block_kv",
+  "dq_num_stages",
+  "bwd_block_q",
+  "bwd_block_kv",
+  "bwd_num_stages",
+)
+# The backward config the heuristic picks per head dim, in `_BWD_FIELDS` order:
+# (dq kernel: block_q, block_kv, slots; dk/dv kernel: block_q, block_kv, slots).
+# The measured choice goes here (ci/gpu/attention_mosaic.py --sweep-bwd); until
+# then the 64/64 blocks with two slots (fitted to shared memory) of sessions 1-3.
+_BWD_HEURISTICS: dict[int, tuple[int, ...]] = {
+  64: (64, 64, 2, 64, 64, 2),
+  128: (64, 64, 2, 64, 64, 2),
+  256: (64, 64, 2, 64, 64, 2),
+}
+
+
+def bwd_config(config: Config, values: tuple[int, ...]) -> Config:
+  """`config` with the backward fields set to `values` (`_BWD_FIELDS` order)."""
+  return dataclasses.replace(config, **dict(zip(_BWD_FIELDS, values, strict=True)))
+
+
+def bwd_variants(base: Config, head_dim: int) -> list[Config]:
+  """`base` with the valid backward configs (`bwd_config_reason`) of both kernels.
+
+  Every valid pair of blocks of the dq and the dk/dv kernel, each with two or
+  three slots (one or two at head dim 256, where no more fit); configs whose
+  kernels come out the same after fitting the slots count once (`base` first).
+  """
+  stages = (1, 2) if head_dim > 128 else (2, 3)
+  blocks = (64, 128)
+  seen = {}
+  candidates = itertools.product(blocks, blocks, stages, blocks, blocks, stages)
+  for config in [base, *(bwd_config(base, v) for v in candidates)]:
+    if bwd_config_reason(config, head_dim) is None:
+      p_dq, passes = _bwd_kernel_params(config, head_dim)
+      seen.setdefault((p_dq, tuple(passes)), config)
+  return list(seen.values())
 
 
 def _masking(args: attention_spec.AttentionArgs, padded_s: bool) -> common.Masking:
@@ -173,15 +276,20 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
     h = args.query.shape[-1]
     s = args.key.shape[1]
     block_kv = 64 if h > 128 or s <= 64 else 128
-    return Config(block_kv=block_kv, num_stages=2)
+    return bwd_config(Config(block_kv=block_kv, num_stages=2), _BWD_HEURISTICS[h])
 
   def _get_autotuning_configs(self, args: attention_spec.AttentionArgs) -> set[Config]:
+    """Forward variants around the heuristic's backward, and backward variants around its forward."""
     h = args.query.shape[-1]
-    configs = set()
+    base = self._get_heuristics_config(args)
+    configs = {base}
     for block_kv, stages, sched in itertools.product((64, 128, 256), (2, 3, 4), (True, False)):
-      config = Config(block_kv=block_kv, num_stages=stages, schedule_barrier=sched)
+      config = dataclasses.replace(
+        base, block_kv=block_kv, num_stages=stages, schedule_barrier=sched
+      )
       if smem_bytes(config, h) <= _SMEM_BYTES and block_kv * h <= 128 * 128:
         configs.add(config)
+    configs.update(bwd_variants(base, h))
     return configs
 
   def _interpret_params(self):
@@ -225,17 +333,14 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
       return "bias/mask in the backward kernels"
     if self.config is None:
       return None
-    needed = bwd_smem_bytes(self.config, args.query.shape[-1])
-    if needed > _SMEM_BYTES:
-      return f"config {self.config} needs {needed} bytes of shared memory backward"
-    return None
+    return bwd_config_reason(self.config, args.query.shape[-1])
 
   def _bwd(self, args: attention_spec.AttentionArgs, config: Config, out, residuals, dout):
     lse, lengths = residuals
     q, k, v = args.query, args.key, args.value
     t, s, h = q.shape[1], k.shape[1], q.shape[-1]
-    t_pad = _round_up(t, mosaic_bwd.NUM_CONSUMERS * config.bwd_block_q)
-    s_pad = _round_up(s, mosaic_bwd.NUM_CONSUMERS * config.bwd_block_kv)
+    t_mult, s_mult = bwd_padding(config)
+    t_pad, s_pad = _round_up(t, t_mult), _round_up(s, s_mult)
     delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), dout.astype(jnp.float32))
     lse = _pad(lse[:, :, :t], 2, t_pad, jnp.inf)  # Padded rows: zero probabilities.
     masking = _masking(args, s_pad != s)

@@ -223,6 +223,7 @@ def dq(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
     grid_names=("heads", "q_tiles", "batch"),
     num_threads=NUM_CONSUMERS + 1,
     thread_name="wg",
+    kernel_name="attention_dq",
     compiler_params=plgpu.CompilerParams(approx_math=True),
     interpret=interpret,
   )(q, k, v, do, lse, delta, lengths)
@@ -436,6 +437,7 @@ def dkv(p: BwdParams, q, k, v, do, lse, delta, lengths, *, outputs=("dk", "dv"),
     grid_names=("heads", "kv_tiles", "batch"),
     num_threads=NUM_CONSUMERS + 1,
     thread_name="wg",
+    kernel_name="attention_" + "_".join(names),  # attention_dk_dv, or one output's pass
     compiler_params=plgpu.CompilerParams(approx_math=True),
     interpret=interpret,
   )(q, k, v, do, lse, delta, lengths)
