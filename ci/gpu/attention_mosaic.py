@@ -14,6 +14,11 @@ Run on the device machine from the repository root:
    bias/mask shapes (outputs; q/k/v and bias gradients, which XLA computes),
    and forward timings at B4 T4096 N32 H128 against cuDNN given the same bias
    and mask (`--skip-checks --only _with_` runs only these timings).
+4. Backward sweep (`--sweep-bwd`, instead of 2 and 3): forward+backward time of
+   a few backward configs per shape (`BWD_SWEEP`), each kernel's time (CUPTI,
+   dq and dk/dv kernels apart), gradients against the default config's, and
+   cuDNN once per shape; then the best dq and dk/dv configs together, and the
+   `_BWD_HEURISTICS` entry they suggest.
 """
 
 import argparse
@@ -24,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ci.gpu import run_record
+from ci.gpu import kernel_profile, run_record
 from harness import bench as bench_lib
 from harness import timing
 from tokamax._src.ops import op
@@ -291,11 +296,148 @@ def bench(name, b, t, n, kh, h, causal, configs, fwd_bwd, bwd_variants=()):
   save()
 
 
+# Backward configs timed by `--sweep-bwd`, in `mosaic._BWD_FIELDS` order: (dq kernel: block_q,
+# block_kv, slots; dk/dv kernel: block_q, block_kv, slots); the first is the default. Each
+# candidate changes both kernels, whose times the sweep reads apart (CUPTI), so a few cover
+# the promising blocks and slots of each kernel (`mosaic.bwd_variants` lists all valid ones).
+_SWEEP_H64 = [
+  (64, 64, 2, 64, 64, 2),
+  (64, 128, 2, 128, 64, 2),
+  (128, 64, 2, 64, 64, 3),
+  (64, 128, 3, 128, 64, 3),
+  (128, 64, 3, 64, 64, 2),
+]
+_SWEEP_H128 = [
+  (64, 64, 2, 64, 64, 2),
+  (64, 128, 2, 64, 64, 3),
+  (64, 64, 3, 64, 64, 4),
+  (64, 64, 4, 64, 64, 2),
+]
+# H256: dq and the dk pass fit one slot; the dv pass takes two by default.
+_SWEEP_H256 = [(64, 64, 2, 64, 64, 2), (64, 64, 1, 64, 64, 1)]
+BWD_SWEEP = [
+  # name, B, T, N, K, H, causal, forward config, candidates
+  ("B32_T2048_N16_H64", 32, 2048, 16, 16, 64, False, dict(block_kv=256), _SWEEP_H64),
+  ("B4_T4096_N32_H128", 4, 4096, 32, 32, 128, False, dict(block_kv=128), _SWEEP_H128),
+  ("B4_T4096_N32_H128_causal", 4, 4096, 32, 32, 128, True, dict(block_kv=128), _SWEEP_H128),
+  ("B1_T16384_N16_H128_causal", 1, 16384, 16, 16, 128, True, dict(block_kv=128), _SWEEP_H128),
+  ("B2_T8192_N8_H256_causal", 2, 8192, 8, 8, 256, True, dict(block_kv=64), _SWEEP_H256),
+]
+
+
+def kernel_split(kernels: list[tuple[str, float]]) -> dict[str, float]:
+  """Per-kernel CUPTI times summed into the dq kernel, the dk/dv kernel (passes), and the rest."""
+  split = {"dq": 0.0, "dkv": 0.0, "other": 0.0}
+  for name, ms in kernels:
+    if "attention_dq" in name:
+      split["dq"] += ms
+    elif "attention_dk" in name or "attention_dv" in name:
+      split["dkv"] += ms
+    else:
+      split["other"] += ms
+  return split
+
+
+@guarded
+def sweep_bwd(name, b, t, n, kh, h, causal, fwd, candidates):
+  """Forward+backward time of backward configs against cuDNN at one shape (see module doc)."""
+  dtype = jnp.bfloat16
+  args = [inputs(jax.random.key(10 + i), b, t, t, n, kh, h, dtype) for i in range(3)]
+  rec = {
+    "name": name,
+    "shape": dict(B=b, T=t, N=n, K=kh, H=h),
+    "causal": causal,
+    "dtype": "bfloat16",
+    "forward_config": fwd,
+    "fields": list(mosaic._BWD_FIELDS),
+    "candidates": [],
+  }
+
+  def step(fn):
+    return jax.jit(run_record.forward_backward(fn, (0, 1, 2)))
+
+  def rel(x, ref):
+    x, ref = x.astype(jnp.float32), ref.astype(jnp.float32)
+    return jnp.linalg.norm(x - ref) / jnp.maximum(jnp.linalg.norm(ref), 1e-30)
+
+  rel = jax.jit(rel)
+  f = step(
+    lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
+  )
+  rec["cudnn_fwd_bwd_ms"] = timing.device_time(f, args, warmup=2, iterations=10).median_ms
+  rec["cudnn_kernels_ms"] = kernel_profile.per_kernel_ms(f, args[0])
+  log(name, "cudnn", rec["cudnn_fwd_bwd_ms"])
+  ref_grads = None
+
+  def kernels_of(values):
+    """The backward kernels' parameters (configs that differ only in unfitted slots agree)."""
+    config = mosaic.bwd_config(mosaic.Config(**fwd), values)
+    p_dq, passes = mosaic._bwd_kernel_params(config, h)
+    return p_dq, tuple(passes)
+
+  def run(values):
+    config = mosaic.bwd_config(mosaic.Config(**fwd), values)
+    c = {"values": list(values)}
+    reason = mosaic.bwd_config_reason(config, h)
+    if reason is not None:
+      c["error"] = reason
+      return c
+    try:
+      f = step(mosaic_fn(config=config, is_causal=causal))
+      c["fwd_bwd_ms"] = timing.device_time(f, args, warmup=2, iterations=10).median_ms
+      c["ratio_to_cudnn"] = c["fwd_bwd_ms"] / rec["cudnn_fwd_bwd_ms"]
+      kernels = kernel_profile.per_kernel_ms(f, args[0])
+      c["kernels_ms"] = kernels
+      c.update({f"{k}_ms": v for k, v in kernel_split(kernels).items()})
+      grads = f(*args[0])[1]
+      nonlocal ref_grads
+      if ref_grads is None:  # The first candidate that runs (the default) is the reference.
+        ref_grads, rec["grad_reference"] = grads, list(values)
+      errs = [float(rel(a, r)) for a, r in zip(grads, ref_grads, strict=True)]
+      c["grad_rel_err_vs_reference"] = errs
+      c["ok"] = max(errs) < 1e-2
+    except Exception as e:
+      c["error"] = f"{type(e).__name__}: {e}"[:500]
+    return c
+
+  for values in candidates:
+    rec["candidates"].append(run(values))
+    log(name, json.dumps(rec["candidates"][-1]))
+    save()
+  good = [c for c in rec["candidates"] if c.get("ok")]
+  if good:
+    best_dq = min(good, key=lambda c: c["dq_ms"])["values"][:3]
+    best_dkv = min(good, key=lambda c: c["dkv_ms"])["values"][3:]
+    combined = tuple(best_dq + best_dkv)
+    if kernels_of(combined) not in [kernels_of(c["values"]) for c in rec["candidates"]]:
+      rec["candidates"].append(run(combined))
+    good = [c for c in rec["candidates"] if c.get("ok")]
+    best = min(good, key=lambda c: c["fwd_bwd_ms"])
+    rec["best_values"], rec["best_fwd_bwd_ms"] = best["values"], best["fwd_bwd_ms"]
+    rec["best_ratio_to_cudnn"] = best["ratio_to_cudnn"]
+    rec["best_dq_values"], rec["best_dkv_values"] = best_dq, best_dkv
+    rec["fwd_bwd_tflops"] = tflops(b, t, t, n, h, causal, best["fwd_bwd_ms"], bwd=True)
+  RESULTS["timings"].append(rec)
+  log(
+    "sweep",
+    name,
+    "best",
+    rec.get("best_values"),
+    rec.get("best_fwd_bwd_ms"),
+    "ratio",
+    rec.get("best_ratio_to_cudnn"),
+  )
+  save()
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--out", default="attention_mosaic.json")
   parser.add_argument("--skip-checks", action="store_true")
   parser.add_argument("--only", default="")
+  parser.add_argument(
+    "--sweep-bwd", action="store_true", help="backward config sweep instead of the timings"
+  )
   a = parser.parse_args()
   RECORD.path = a.out
   RESULTS["device"] = jax.devices()[0].device_kind
@@ -384,6 +526,24 @@ def main():
     check_bias_mask(
       "mask_only_bcast_t_h256", 1, 256, 256, 2, 2, 256, None, (1, 1, 1, 256), is_causal=True
     )
+  if a.sweep_bwd:
+    for name, *rest in BWD_SWEEP:
+      if not a.only or a.only in name:
+        sweep_bwd(name, *rest)
+    log("=" * 20)
+    for r in RESULTS["timings"]:
+      log(
+        f"{r['name']:28s} cudnn {r['cudnn_fwd_bwd_ms']:.3f} best {r.get('best_fwd_bwd_ms')}"
+        f" ratio {r.get('best_ratio_to_cudnn')} {r.get('best_values')}"
+      )
+      for c in r["candidates"]:
+        log(
+          f"    {c['values']} total {c.get('fwd_bwd_ms')} dq {c.get('dq_ms')}"
+          f" dkv {c.get('dkv_ms')} ok {c.get('ok')} {c.get('error', '')[:80]}"
+        )
+    log("errors", len(RESULTS["errors"]))
+    save()
+    return
   C = mosaic.Config
   # The best forward configs of session 2's sweeps (h200_attention_mosaic_626a49f.json), and
   # one untried deeper pipeline at H64 (three 256-key slots fit its shared memory).
