@@ -44,8 +44,8 @@ def rhs_shape(layout, m, k, n, g):
 
 
 @guarded
-def check_ragged(layout, m, k, n, g, offset, cluster=1):
-  with heuristic_cluster(cluster):
+def check_ragged(layout, m, k, n, g, offset, cluster=1, order="rows"):
+  with heuristic_cluster(cluster), work_order(order):
     _check_ragged(layout, m, k, n, g, offset, cluster)
 
 
@@ -86,6 +86,7 @@ def _check_ragged(layout, m, k, n, g, offset, cluster):
   rec = dict(
     op="ragged_dot",
     cluster=cluster,
+    order=rd_mosaic.WORK_ORDER,
     layout=layout,
     shape=[m, k, n, g],
     offset=offset,
@@ -280,6 +281,90 @@ def bench_ragged(m, k, n, g, xla_bwd, rounds=2, layouts=False):
       )
 
 
+@contextlib.contextmanager
+def work_order(order):
+  """Makes the row-ragged Mosaic kernels list their work in `order` (mosaic_fwd.ORDERS)."""
+  old = rd_mosaic.WORK_ORDER
+  rd_mosaic.WORK_ORDER = order
+  try:
+    yield
+  finally:
+    rd_mosaic.WORK_ORDER = old
+
+
+@guarded
+def bench_ragged_order(m, k, n, g, rounds=2, orders=("rows", "mixed", "streams")):
+  """Work-list orders on equal and uneven group sizes, interleaved in rounds (issue #6).
+
+  Sizes: "equal"; "uneven" (random, summing to M); "uneven128" (the same kind of
+  draw in multiples of 128 rows: no partial row blocks); "uneven64" (multiples
+  of 64: partial blocks are exactly one idle warpgroup; "rows" order only, a
+  diagnostic of what a half-empty block costs). Group sizes are arguments, so
+  each (order, pass) compiles once.
+  """
+  all_sizes = {
+    "equal": np.full(g, m // g, np.int32),
+    "uneven": rd_spec.generate_ragged_dot_group_sizes(m, g, seed=1),
+    "uneven128": rd_spec.generate_ragged_dot_group_sizes(m // 128, g, seed=1) * 128,
+    "uneven64": rd_spec.generate_ragged_dot_group_sizes(m // 64, g, seed=1) * 64,
+  }
+  all_sizes = {kind: jnp.asarray(sz, jnp.int32) for kind, sz in all_sizes.items()}
+  sets = []
+  for i in range(2):
+    lhs = jax.random.normal(jax.random.key(20 + i), (m, k), jnp.bfloat16)
+    rhs = jax.random.normal(jax.random.key(i), (g, k, n), jnp.bfloat16)
+    ct = jax.random.normal(jax.random.key(7 + i), (m, n), jnp.bfloat16)
+    sets.append((lhs, rhs, ct))
+  flops = 2.0 * m * k * n
+  base = f"M{m} K{k} N{n} G{g}"
+  impl = rd_mosaic.MosaicRaggedDot()
+
+  def traced(order, cluster, fn):
+    def wrapped(*args):
+      with work_order(order), heuristic_cluster(cluster):
+        return fn(*args)
+
+    return jax.jit(wrapped)
+
+  fwd = lambda a, b, sz: rd_api.ragged_dot(a, b, sz, implementation=impl)
+  fb = lambda a, b, c, sz: fwd_bwd(lambda x, y: fwd(x, y, sz), a, b, c)
+  fns = {}
+  for order in orders:
+    for c in (1, 2):
+      fns[order, f"fwd c{c}"] = (traced(order, c, fwd), flops, False)
+      fns[order, f"fwd+bwd c{c}"] = (traced(order, c, fb), 3 * flops, True)
+  t0 = time.time()
+  for r in range(rounds):
+    for (order, pass_), (fn, fl, backward) in fns.items():
+      for kind, sz in all_sizes.items():
+        if kind == "uneven64" and order != "rows":
+          continue
+        args = [(*s_, sz) if backward else (*s_[:2], sz) for s_ in sets]
+        time_it(
+          f"ragged order {order:8s} {pass_:11s} {base} {kind:9s} r{r}",
+          fn,
+          args,
+          fl,
+          dict(shape=[m, k, n, g], sizes=kind, order=order, pass_=pass_, round=r),
+          iterations=10,
+        )
+    log(f"order round {r} done at {time.time() - t0:.1f}s")
+  summarize_orders()
+
+
+def summarize_orders():
+  """Median over rounds per (pass, order, sizes), and each against its pass's equal/rows."""
+  rows = {}
+  for t in RESULTS["timings"]:
+    if "order" in t:
+      rows.setdefault((t["pass_"], t["order"], t["sizes"]), []).append(t["median_ms"])
+  log("\nORDERS (median over rounds, ms; % against equal sizes in row order)")
+  for (pass_, order, kind), ts in sorted(rows.items()):
+    ms = float(np.median(ts))
+    ref = float(np.median(rows.get((pass_, "rows", "equal"), [np.nan])))
+    log(f"{pass_:11s} {order:8s} {kind:9s} {ms:8.3f} {100 * (ms / ref - 1):+6.1f}%")
+
+
 @guarded
 def bench_dense(m, k, n):
   a = jax.random.normal(jax.random.key(0), (m, k), jnp.bfloat16)
@@ -415,7 +500,8 @@ def run_glu_benchmarks():
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--out", default="mosaic_mm.json")
-  parser.add_argument("--part", choices=("checks", "bench", "glu", "all"), default="all")
+  parser.add_argument("--part", choices=("checks", "bench", "glu", "order", "all"), default="all")
+  parser.add_argument("--order-rounds", type=int, default=2)
   opts = parser.parse_args()
   RECORD.path = opts.out
   dev = jax.devices()[0]
@@ -423,6 +509,10 @@ def main():
   RESULTS["commit"] = bench.current_commit()
   log(RESULTS["device"], RESULTS["commit"], jax.__version__)
   t0 = time.time()
+  if opts.part == "order":  # Work-list orders at G64 (issue #6), about 150 s with compiles.
+    check_ragged(rd_spec.DEFAULT, 1000, 512, 256, 6, offset=True, cluster=2, order="streams")
+    check_ragged(rd_spec.RHS_TRANSPOSED, 1000, 512, 256, 9, offset=False, order="mixed")
+    bench_ragged_order(32768, 7168, 2048, 64, rounds=opts.order_rounds)
   if opts.part in ("checks", "all"):
     run_checks()
   if opts.part == "glu":  # The GLU checks and timings alone (about 150 s with compiles).
