@@ -2,7 +2,8 @@
 
 Run on the device machine from the repository root:
   PYTHONPATH=$PWD/src:$PWD python3 ci/gpu/mosaic_mm.py --out $OUT/mosaic_mm.json
-The GLU checks and timings alone (about 150 s): add `--part glu`.
+The GLU checks and timings alone (about 150 s): add `--part glu`. The ragged_dot
+work-list orders at G64 (issue #6): `--part order [--orders rows,mixed,streams]`.
 
 1. Correctness: every ragged_dot layout (outputs and both gradients, uneven
    random group sizes with empty groups, a group offset) and the GLU (output and
@@ -502,6 +503,7 @@ def main():
   parser.add_argument("--out", default="mosaic_mm.json")
   parser.add_argument("--part", choices=("checks", "bench", "glu", "order", "all"), default="all")
   parser.add_argument("--order-rounds", type=int, default=2)
+  parser.add_argument("--orders", default="rows,mixed,streams", help="--part order: orders to time")
   opts = parser.parse_args()
   RECORD.path = opts.out
   dev = jax.devices()[0]
@@ -512,7 +514,8 @@ def main():
   if opts.part == "order":  # Work-list orders at G64 (issue #6), about 150 s with compiles.
     check_ragged(rd_spec.DEFAULT, 1000, 512, 256, 6, offset=True, cluster=2, order="streams")
     check_ragged(rd_spec.RHS_TRANSPOSED, 1000, 512, 256, 9, offset=False, order="mixed")
-    bench_ragged_order(32768, 7168, 2048, 64, rounds=opts.order_rounds)
+    orders = tuple(opts.orders.split(","))
+    bench_ragged_order(32768, 7168, 2048, 64, rounds=opts.order_rounds, orders=orders)
   if opts.part in ("checks", "all"):
     run_checks()
   if opts.part == "glu":  # The GLU checks and timings alone (about 150 s with compiles).
