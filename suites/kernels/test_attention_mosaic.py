@@ -171,6 +171,30 @@ CASES = {
     False,
     "dict(bias=_bias(13, (1, 1, 1, 1)), mask=_mask(14, (2, 1, 128, 128)), is_causal=True)",
   ),
+  # overlap_qk (forward only: no race at all). Batch 0 leaves the second consumer
+  # of the tile no key block (rows >= 64 see none), so only one runs the pipeline.
+  "overlap_qk_window_lengths_softcap_padded_fwd": (
+    (2, 128, 150, 2, 1, 64),
+    "bfloat16",
+    False,
+    "dict(local_window_size=(0, 70), logits_soft_cap=4.0, key_value_seq_lengths=jnp.array([64, 150]))",
+    "dict(block_kv=64, overlap_qk=True)",
+  ),
+  "overlap_qk_bias_mask_window_gqa_h128_fwd": (
+    (1, 128, 384, 4, 2, 128),
+    "float16",
+    False,
+    "dict(bias=_bias(15, (1, 4, 128, 384)), mask=_mask(16, (1, 1, 1, 384), 0.6, 0.0),"
+    " local_window_size=(100, 160))",
+    "dict(overlap_qk=True)",
+  ),
+  "overlap_qk_no_schedule_barrier_h256_causal_gqa_fwd": (
+    (1, 256, 256, 2, 1, 256),
+    "bfloat16",
+    False,
+    "dict(is_causal=True)",
+    "dict(block_kv=64, overlap_qk=True, schedule_barrier=False)",
+  ),
 }
 
 _EXTRA_CASES = [name for name in CASES if name.startswith("bias")]
@@ -280,6 +304,17 @@ def test_lowers_with_every_feature_for_cuda():
     logits_soft_cap=3.0,
     **lengths,
   )
+
+
+@pytest.mark.parametrize(("h", "block_kv"), [(64, 64), (64, 128), (128, 64), (128, 128), (256, 64)])
+def test_overlap_qk_lowers_for_cuda(h, block_kv):
+  impl = mosaic.MosaicAttention()
+  lengths = dict(query_seq_lengths=jnp.array([3, 50]), key_value_seq_lengths=jnp.array([70, 0]))
+  for sched in (True, False):
+    config = mosaic.Config(block_kv=block_kv, overlap_qk=True, schedule_barrier=sched)
+    assert mosaic.smem_bytes(config, h) <= mosaic._SMEM_BYTES
+    kw = dict(is_causal=True, local_window_size=(50, 10), logits_soft_cap=3.0, **lengths)
+    _lower(impl, config, (2, 200, 300, 4, 2, h), jnp.float16, **kw)
 
 
 @pytest.mark.parametrize("name", _EXTRA_CASES)

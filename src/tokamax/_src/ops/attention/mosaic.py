@@ -32,6 +32,8 @@ class Config:
     block_kv: keys per pipeline step.
     num_stages: shared-memory slots of the key/value pipeline.
     schedule_barrier: whether the two consumers take turns on the tensor cores.
+    overlap_qk: whether each consumer issues the next step's Q.K^T before its
+      softmax, so that its own matmuls overlap it (see `mosaic_fwd`).
     bwd_block_q: query rows per streamed block of the dk/dv kernel.
     bwd_block_kv: keys per consumer warpgroup of the dk/dv kernel.
     bwd_num_stages: pipeline slots of the dk/dv kernel; each pass takes fewer
@@ -45,6 +47,7 @@ class Config:
   block_kv: int = 128
   num_stages: int = 2
   schedule_barrier: bool = True
+  overlap_qk: bool = False
   bwd_block_q: int = 64
   bwd_block_kv: int = 64
   bwd_num_stages: int = 2
@@ -315,6 +318,7 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
       soft_cap=args.soft_cap,
       masking=masking,
       schedule_barrier=config.schedule_barrier,
+      overlap_qk=config.overlap_qk,
     )
     out, lse = mosaic_fwd.forward(
       params,

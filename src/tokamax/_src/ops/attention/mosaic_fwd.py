@@ -6,6 +6,15 @@ producer warpgroup streams key and value blocks by TMA into `num_stages`
 shared-memory slots. A schedule barrier makes the two consumers take turns on
 the tensor cores, so one's softmax overlaps the other's matmuls.
 
+With `overlap_qk` each consumer also overlaps its own matmuls with its softmax:
+step j issues Q.K_j^T and then P_{j-1}.V_{j-1} (the probabilities of the step
+before, still in registers), waits for Q.K_j^T only, and computes the softmax
+of step j while P_{j-1}.V_{j-1} runs; it then waits for that product and
+rescales the output accumulator, which lives in wgmma registers across the
+steps. The first step only issues its Q.K^T and the last P.V comes after the
+loop. The schedule barrier then becomes a pair of turn barriers: a consumer
+issues its two matmuls of a step only after the other issued its own.
+
 Shapes: q [B,T,N,H], k and v [B,S,K,H] with T a multiple of 2 * block_q and S
 of block_kv (the caller pads). Outputs o [B,T,N,H] and the log2-domain
 log-sum-exp [B,N,T] of the scaled logits (+inf for rows that see nothing, so a
@@ -43,6 +52,7 @@ class FwdParams:
   soft_cap: float | None
   masking: common.Masking
   schedule_barrier: bool = True
+  overlap_qk: bool = False
   consumer_registers: int = 232
   producer_registers: int = 40
 
@@ -114,7 +124,8 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
     mask_ref = refs[len(extras) - 1] if mask is not None else None
     o_ref, lse_ref, smem, bars = refs[len(extras) :]
     qo_smem, k_smem, v_smem, lse_smem, p_smem = smem
-    q_bar, k_bar, v_bar, k_free, v_free, sched = bars
+    q_bar, k_bar, v_bar, k_free, v_free, sched, *turn = bars
+    turn = turn[0] if turn else None
     wg = lax.axis_index("wg")
     qt = common.query_tile(
       m, len_ref, t=t, s_len=s_len, groups=groups, block_q=bq, block_kv=bkv, consumers=NUM_CONSUMERS
@@ -140,22 +151,19 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
       mask_rows = _load_rows(mask_plane, r0, bq)
       plgpu.barrier_wait(q_bar.at[wg])
 
-      def step(kv_step, carry, *, masked: bool):
-        masked = masked and any_mask
-        acc, m_i, l_i = carry
-        slot = lax.rem(kv_step - tile_lo, jnp.int32(stages))
+      def slot_of(kv_step):
+        return lax.rem(kv_step - tile_lo, jnp.int32(stages))
+
+      def tiles(kv_step):
         # Issued before the matmul, so that their latency hides behind it.
-        bias_tile = _load_tile(bias_plane, bias_rows, r0, kv_step, bq, bkv)
-        mask_tile = _load_tile(mask_plane, mask_rows, r0, kv_step, bq, bkv)
-        plgpu.barrier_wait(k_bar.at[slot])
+        return (
+          _load_tile(bias_plane, bias_rows, r0, kv_step, bq, bkv),
+          _load_tile(mask_plane, mask_rows, r0, kv_step, bq, bkv),
+        )
 
-        def qk(acc_ref):
-          plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot].T)
-          rendezvous()
-          return acc_ref[...]
-
-        s = pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32))
-        plgpu.barrier_arrive(k_free.at[slot])
+      def softmax(kv_step, s, m_i, l_i, bias_tile, mask_tile, *, masked: bool):
+        """(bf16 probabilities, new max, new sum, factor that rescales the output)."""
+        masked = masked and any_mask
         capped = _scaled_logits(p, s, None if bias_tile is None else bias_tile.astype(jnp.float32))
         ok = None
         if masked:
@@ -179,24 +187,61 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
         m_b = lax.broadcast_in_dim(m_new, (bq, bkv), [0])
         probs = jnp.exp2(s * c - m_b) if capped is None else jnp.exp2(capped - m_b)
         alpha = jnp.exp2(m_i - m_new)
-        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-        l_i = l_i * alpha + probs.sum(axis=1)
-        p16 = probs.astype(dtype)
+        l_new = l_i * alpha + probs.sum(axis=1)
+        return probs.astype(dtype), m_new, l_new, alpha
+
+      def rescale(acc, alpha):
+        return acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+
+      def pv_interpret(acc, p16, slot):
+        # The interpreter's wgmma takes A from shared memory only and has no
+        # preloaded accumulators: stage P there and add a fresh product.
+        p_smem.at[wg][...] = p16
+
+        def product(acc_ref):
+          plgpu.wgmma(acc_ref, p_smem.at[wg], v_smem.at[slot])
+          return acc_ref[...]
+
+        return acc + pl.run_scoped(product, plgpu.ACC((bq, h), jnp.float32))
+
+      def finish(acc, m_i, l_i):
+        seen = l_i > 0.0
+        if m.q_len:
+          row_ok = (common.iota((bq, h), 0) + r0 < q_len).astype(jnp.float32).max(axis=1)
+          seen = seen & (row_ok > 0.0)
+        inv = jnp.where(seen, 1.0 / jnp.where(seen, l_i, 1.0), 0.0)
+        out = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
+        q_smem[...] = out.astype(dtype)
+        lse_smem.at[wg][...] = jnp.where(seen, m_i + jnp.log2(jnp.where(seen, l_i, 1.0)), jnp.inf)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(q_smem, o_ref.at[batch, pl.ds(r0, bq), head])
+        plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[batch, head, pl.ds(r0, bq)])
+        plgpu.wait_smem_to_gmem(0)
+
+      rows0 = (common.rows((bq,), -jnp.inf), common.rows((bq,), 0.0))
+
+      def step(kv_step, carry, *, masked: bool):
+        acc, m_i, l_i = carry
+        slot = slot_of(kv_step)
+        bias_tile, mask_tile = tiles(kv_step)
+        plgpu.barrier_wait(k_bar.at[slot])
+
+        def qk(acc_ref):
+          plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot].T)
+          rendezvous()
+          return acc_ref[...]
+
+        s = pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32))
+        plgpu.barrier_arrive(k_free.at[slot])
+        p16, m_new, l_i, alpha = softmax(kv_step, s, m_i, l_i, bias_tile, mask_tile, masked=masked)
+        acc = rescale(acc, alpha)
         if p.schedule_barrier:
           plgpu.barrier_arrive(sched)
         plgpu.barrier_wait(v_bar.at[slot])
         if p.schedule_barrier:
           plgpu.barrier_wait(sched)
         if interpret:
-          # The interpreter's wgmma takes A from shared memory only and has no
-          # preloaded accumulators: stage P there and add a fresh product.
-          p_smem.at[wg][...] = p16
-
-          def pv_interpret(acc_ref):
-            plgpu.wgmma(acc_ref, p_smem.at[wg], v_smem.at[slot])
-            return acc_ref[...]
-
-          acc = acc + pl.run_scoped(pv_interpret, plgpu.ACC((bq, h), jnp.float32))
+          acc = pv_interpret(acc, p16, slot)
         else:
 
           def pv(acc_ref):
@@ -208,7 +253,7 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
 
       def skip(kv_step, carry):
         # Steps the other consumer needs: keep the barriers' phases in step.
-        slot = lax.rem(kv_step - tile_lo, jnp.int32(stages))
+        slot = slot_of(kv_step)
         plgpu.barrier_wait(k_bar.at[slot])
         rendezvous()
         plgpu.barrier_arrive(k_free.at[slot])
@@ -217,34 +262,133 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
         plgpu.barrier_arrive(v_free.at[slot])
         return carry
 
-      carry = (
-        common.tile((bq, h), 0.0),
-        common.rows((bq,), -jnp.inf),
-        common.rows((bq,), 0.0),
-      )
-      pl.when(wg == 1)(rendezvous)
-      masked_step = functools.partial(step, masked=True)
-      plain_step = functools.partial(step, masked=False)
-      carry = lax.fori_loop(tile_lo, lo, skip, carry)
-      carry = lax.fori_loop(lo, full_lo, masked_step, carry)
-      carry = lax.fori_loop(full_lo, full_hi, plain_step, carry)
-      carry = lax.fori_loop(full_hi, hi, masked_step, carry)
-      carry = lax.fori_loop(hi, tile_hi, skip, carry)
-      pl.when(wg == 0)(rendezvous)
-      acc, m_i, l_i = carry
+      def serial():
+        carry = (common.tile((bq, h), 0.0), *rows0)
+        pl.when(wg == 1)(rendezvous)
+        masked_step = functools.partial(step, masked=True)
+        plain_step = functools.partial(step, masked=False)
+        carry = lax.fori_loop(tile_lo, lo, skip, carry)
+        carry = lax.fori_loop(lo, full_lo, masked_step, carry)
+        carry = lax.fori_loop(full_lo, full_hi, plain_step, carry)
+        carry = lax.fori_loop(full_hi, hi, masked_step, carry)
+        carry = lax.fori_loop(hi, tile_hi, skip, carry)
+        pl.when(wg == 0)(rendezvous)
+        finish(*carry)
 
-      seen = l_i > 0.0
-      if m.q_len:
-        row_ok = (common.iota((bq, h), 0) + r0 < q_len).astype(jnp.float32).max(axis=1)
-        seen = seen & (row_ok > 0.0)
-      inv = jnp.where(seen, 1.0 / jnp.where(seen, l_i, 1.0), 0.0)
-      out = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
-      q_smem[...] = out.astype(dtype)
-      lse_smem.at[wg][...] = jnp.where(seen, m_i + jnp.log2(jnp.where(seen, l_i, 1.0)), jnp.inf)
-      plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(q_smem, o_ref.at[batch, pl.ds(r0, bq), head])
-      plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[batch, head, pl.ds(r0, bq)])
-      plgpu.wait_smem_to_gmem(0)
+      def overlapped(o_ref):
+        """The `overlap_qk` schedule; `o_ref` is the output accumulator (None in interpret mode).
+
+        The carry is (output or None, max, sum, probabilities of the step before):
+        compiled, the output stays in `o_ref`'s wgmma registers and steps only
+        issue products into it; interpreted, it is a value (see `pv_interpret`).
+        """
+
+        def turn_wait():
+          if p.schedule_barrier:
+            plgpu.barrier_wait(turn.at[wg])
+
+        def turn_pass():
+          if p.schedule_barrier:
+            plgpu.barrier_arrive(turn.at[1 - wg])
+
+        def issue_pv(acc, p16, slot):
+          if o_ref is None:
+            return pv_interpret(acc, p16, slot)
+          plgpu.wgmma(o_ref, p16, v_smem.at[slot])
+          return None
+
+        def first(kv_step, carry):
+          # Q.K^T of the first step, with nothing to overlap: the output is still zero.
+          acc, m_i, l_i, _ = carry
+          slot = slot_of(kv_step)
+          bias_tile, mask_tile = tiles(kv_step)
+          plgpu.barrier_wait(k_bar.at[slot])
+
+          def qk(s_ref):
+            turn_wait()
+            plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].T)
+            turn_pass()
+            return s_ref[...]
+
+          s = pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32))
+          plgpu.barrier_arrive(k_free.at[slot])
+          # Masked whatever the step: it runs once per consumer.
+          p16, m_new, l_i, _ = softmax(kv_step, s, m_i, l_i, bias_tile, mask_tile, masked=True)
+          return acc, m_new, l_i, p16
+
+        def pipelined_step(kv_step, carry, *, masked: bool):
+          acc, m_i, l_i, p_prev = carry
+          slot, prev = slot_of(kv_step), slot_of(kv_step - 1)
+          bias_tile, mask_tile = tiles(kv_step)
+          plgpu.barrier_wait(k_bar.at[slot])
+
+          def qk_pv(s_ref):
+            turn_wait()
+            plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].T)
+            plgpu.barrier_wait(v_bar.at[prev])
+            new_acc = issue_pv(acc, p_prev, prev)
+            turn_pass()
+            # Q.K^T is done once at most the later P.V group is in flight.
+            return plgpu.wgmma_accumulator_load(s_ref, wait_n=1), new_acc
+
+          s, acc = pl.run_scoped(qk_pv, plgpu.ACC((bq, bkv), jnp.float32))
+          plgpu.barrier_arrive(k_free.at[slot])
+          p16, m_new, l_i, alpha = softmax(
+            kv_step, s, m_i, l_i, bias_tile, mask_tile, masked=masked
+          )
+          if o_ref is None:
+            acc = rescale(acc, alpha)
+          else:
+            o_ref[...] = rescale(o_ref[...], alpha)  # The load waits for P.V.
+          plgpu.barrier_arrive(v_free.at[prev])
+          return acc, m_new, l_i, p16
+
+        def last(kv_step, carry):
+          # P.V of the last step (no turn: the consumers' turn counts stay equal).
+          acc, m_i, l_i, p_prev = carry
+          slot = slot_of(kv_step)
+          plgpu.barrier_wait(v_bar.at[slot])
+          acc = issue_pv(acc, p_prev, slot)
+          if o_ref is not None:
+            plgpu.wgmma_wait(0)
+          plgpu.barrier_arrive(v_free.at[slot])
+          return acc, m_i, l_i, p_prev
+
+        def skip_turn(kv_step, carry):
+          slot = slot_of(kv_step)
+          plgpu.barrier_wait(k_bar.at[slot])
+          turn_wait()
+          plgpu.barrier_arrive(k_free.at[slot])
+          plgpu.barrier_wait(v_bar.at[slot])
+          turn_pass()
+          plgpu.barrier_arrive(v_free.at[slot])
+          return carry
+
+        acc0 = common.tile((bq, h), 0.0) if o_ref is None else None
+        carry = (acc0, *rows0, common.tile((bq, bkv), 0.0).astype(dtype))
+        if p.schedule_barrier:
+          pl.when(wg == 1)(lambda: plgpu.barrier_arrive(turn.at[0]))
+        masked_step = functools.partial(pipelined_step, masked=True)
+        plain_step = functools.partial(pipelined_step, masked=False)
+        after_first = lo + 1
+        carry = lax.fori_loop(tile_lo, lo, skip_turn, carry)
+        carry = lax.fori_loop(lo, jnp.minimum(after_first, hi), first, carry)
+        carry = lax.fori_loop(after_first, full_lo, masked_step, carry)
+        carry = lax.fori_loop(jnp.maximum(after_first, full_lo), full_hi, plain_step, carry)
+        carry = lax.fori_loop(jnp.maximum(after_first, full_hi), hi, masked_step, carry)
+        carry = lax.fori_loop(jnp.maximum(hi - 1, lo), hi, last, carry)
+        carry = lax.fori_loop(hi, tile_hi, skip_turn, carry)
+        if p.schedule_barrier:
+          pl.when(wg == 0)(lambda: plgpu.barrier_wait(turn.at[0]))
+        acc, m_i, l_i, _ = carry
+        finish(acc if o_ref is None else o_ref[...], m_i, l_i)
+
+      if not p.overlap_qk:
+        serial()
+      elif interpret:
+        overlapped(None)
+      else:
+        pl.run_scoped(overlapped, plgpu.ACC((bq, h), jnp.float32))
 
     @pl.when(wg == NUM_CONSUMERS)
     def _producer():
@@ -292,6 +436,8 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
     plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
     plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
     plgpu.Barrier(num_arrivals=NUM_CONSUMERS),
+    # `overlap_qk`: consumer i may issue its matmuls of a step when turn[i] completes.
+    *([plgpu.Barrier(num_barriers=NUM_CONSUMERS)] if p.overlap_qk else []),
   )
   out_type = (
     jax.ShapeDtypeStruct(q.shape, dtype),
