@@ -19,6 +19,9 @@ Run on the device machine from the repository root:
    dq and dk/dv kernels apart), gradients against the default config's, and
    cuDNN once per shape; then the best dq and dk/dv configs together, and the
    `_BWD_HEURISTICS` entry they suggest.
+5. Forward variants (`--fwd-variants [--rounds N]`, instead of 1 to 4):
+   `overlap_qk` off/on and block_kv against cuDNN in interleaved rounds, with
+   checks of the overlapped kernel (ci/gpu/attention_fwd_variants.py).
 """
 
 import argparse
@@ -29,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ci.gpu import kernel_profile, run_record
+from ci.gpu import attention_fwd_variants, kernel_profile, run_record
 from harness import bench as bench_lib
 from harness import timing
 from tokamax._src.ops import op
@@ -438,12 +441,17 @@ def main():
   parser.add_argument(
     "--sweep-bwd", action="store_true", help="backward config sweep instead of the timings"
   )
+  parser.add_argument("--fwd-variants", action="store_true", help="forward variants only")
+  parser.add_argument("--rounds", type=int, default=3, help="rounds of --fwd-variants")
   a = parser.parse_args()
   RECORD.path = a.out
   RESULTS["device"] = jax.devices()[0].device_kind
   RESULTS["commit"] = bench_lib.current_commit()
   RESULTS["has_bwd_kernel"] = has_bwd()
   log("device", RESULTS["device"], "bwd kernel", has_bwd())
+  if a.fwd_variants:
+    attention_fwd_variants.run(RECORD, a.only, a.rounds)
+    return
   grads = has_bwd()
   if not a.skip_checks:
     check("plain_h64", 2, 256, 256, 2, 2, 64, grads=grads)
