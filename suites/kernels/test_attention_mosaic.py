@@ -6,7 +6,10 @@ config lowers for CUDA. What the interpreter cannot run, so the compiled kernel
 differs there: `pl.run_state` with a preloaded wgmma accumulator and wgmma with
 its A operand in registers (the P.V, dS.K, P^T.dO and dS^T.Q products); in
 interpret mode those operands are staged through shared memory and the product
-is added to the accumulator. `setmaxnreg`, the real shared-memory limit and the
+is added to the accumulator; with `overlap_qk` the forward's output accumulator,
+which the compiled kernel keeps in wgmma registers across steps, is such a value
+too (and the interpreter runs wgmma synchronously, so it cannot see the overlap's
+`wgmma_wait` counts). `setmaxnreg`, the real shared-memory limit and the
 ptxas compile need the GPU (ci/gpu/attention_mosaic.py, and the GPU tests here).
 
 The interpreter reports races on the dk/dv kernel's register loads of the
@@ -482,6 +485,33 @@ def test_gpu_matches_xla_and_is_deterministic(shape, dtype, kw):
   first, second = f(q, k, v), f(q, k, v)
   for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(second), strict=True):
     assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+@_GPU
+@pytest.mark.parametrize(
+  ("shape", "kw", "config"),
+  [
+    (
+      (2, 512, 500, 4, 2, 128),
+      dict(is_causal=True, logits_soft_cap=5.0, key_value_seq_lengths=jnp.array([500, 77])),
+      dict(overlap_qk=True),
+    ),
+    (
+      (1, 384, 384, 4, 1, 64),
+      dict(local_window_size=(100, 30)),
+      dict(block_kv=64, overlap_qk=True),
+    ),
+    (
+      (1, 512, 512, 2, 2, 256),
+      dict(is_causal=True),
+      dict(block_kv=64, overlap_qk=True, schedule_barrier=False),
+    ),
+  ],
+)
+def test_gpu_overlap_qk_matches_xla(shape, kw, config):
+  impl = mosaic.MosaicAttention(config=mosaic.Config(**config))
+  res = _compare(impl, shape, jnp.bfloat16, grads=False, seed=5, **kw)
+  assert res["finite"] and res["out"] < 1e-2, res
 
 
 if __name__ == "__main__":
