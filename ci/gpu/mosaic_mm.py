@@ -4,6 +4,9 @@ Run on the device machine from the repository root:
   PYTHONPATH=$PWD/src:$PWD python3 ci/gpu/mosaic_mm.py --out $OUT/mosaic_mm.json
 The GLU checks and timings alone (about 150 s): add `--part glu`. The ragged_dot
 work-list orders at G64 (issue #6): `--part order [--orders rows,mixed,streams]`.
+The drhs kernel's row chunks (issue #6): `--part chunks [--chunk-aligns 8,64]`
+times the drhs kernel alone and forward+backward with each group's chunks
+aligned to 8 rows (the default) or to 64 (the old global chunks), in rounds.
 
 1. Correctness: every ragged_dot layout (outputs and both gradients, uneven
    random group sizes with empty groups, a group offset) and the GLU (output and
@@ -30,6 +33,7 @@ from tokamax._src.ops.gated_linear_unit import api as glu_api
 from tokamax._src.ops.gated_linear_unit import mosaic as glu_mosaic
 from tokamax._src.ops.ragged_dot import api as rd_api
 from tokamax._src.ops.ragged_dot import mosaic as rd_mosaic
+from tokamax._src.ops.ragged_dot import mosaic_drhs as rd_drhs
 from tokamax._src.ops.ragged_dot import spec as rd_spec
 
 RECORD = run_record.Record("mosaic_mm.json", checks=[], timings=[])
@@ -88,6 +92,7 @@ def _check_ragged(layout, m, k, n, g, offset, cluster):
     op="ragged_dot",
     cluster=cluster,
     order=rd_mosaic.WORK_ORDER,
+    chunk_align=rd_drhs.CHUNK_ALIGN,
     layout=layout,
     shape=[m, k, n, g],
     offset=offset,
@@ -366,6 +371,104 @@ def summarize_orders():
     log(f"{pass_:11s} {order:8s} {kind:9s} {ms:8.3f} {100 * (ms / ref - 1):+6.1f}%")
 
 
+@contextlib.contextmanager
+def chunk_align(align):
+  """Makes the drhs kernel start each group's row chunks at a multiple of `align` rows."""
+  old = rd_drhs.CHUNK_ALIGN
+  rd_drhs.CHUNK_ALIGN = align
+  try:
+    yield
+  finally:
+    rd_drhs.CHUNK_ALIGN = old
+
+
+@guarded
+def bench_ragged_chunks(m, k, n, g, aligns=(8, 64), rounds=3, budget_s=90.0):
+  """The drhs kernel alone and forward+backward per chunk alignment, in rounds (issue #6).
+
+  Sizes "equal", "uneven" (random, summing to M) and "uneven128" (multiples of
+  128). Before timing, the drhs outputs of every alignment are compared with
+  the first one's on the uneven sizes. A new round starts only within
+  `budget_s` seconds of the first.
+  """
+  all_sizes = {
+    "equal": np.full(g, m // g, np.int32),
+    "uneven": rd_spec.generate_ragged_dot_group_sizes(m, g, seed=1),
+    "uneven128": rd_spec.generate_ragged_dot_group_sizes(m // 128, g, seed=1) * 128,
+  }
+  all_sizes = {kind: jnp.asarray(sz, jnp.int32) for kind, sz in all_sizes.items()}
+  sets = []
+  for i in range(2):
+    lhs = jax.random.normal(jax.random.key(40 + i), (m, k), jnp.bfloat16)
+    rhs = jax.random.normal(jax.random.key(50 + i), (g, k, n), jnp.bfloat16)
+    ct = jax.random.normal(jax.random.key(60 + i), (m, n), jnp.bfloat16)
+    sets.append((lhs, rhs, ct))
+  flops = 2.0 * m * k * n
+  base = f"M{m} K{k} N{n} G{g}"
+  impl = rd_mosaic.MosaicRaggedDot()
+  dn = rd_spec.dimension_numbers(rd_spec.RAGGED_CONTRACTING)
+
+  def traced(align, fn):
+    def wrapped(*args):
+      with chunk_align(align):
+        return fn(*args)
+
+    return jax.jit(wrapped)
+
+  drhs = lambda a, c, sz: rd_api.ragged_dot_general(a, c, sz, dn, implementation=impl)
+  fb = lambda a, b, c, sz: fwd_bwd(
+    lambda x, y: rd_api.ragged_dot(x, y, sz, implementation=impl), a, b, c
+  )
+  fns = {}
+  for align in aligns:
+    fns[align, "drhs"] = (traced(align, drhs), flops, lambda s_, sz: (s_[0], s_[2], sz))
+    fns[align, "fwd+bwd"] = (traced(align, fb), 3 * flops, lambda s_, sz: (*s_, sz))
+  # The alignments must agree (only the float32 summation order of the chunks differs).
+  first = None
+  for align in aligns:
+    out = fns[align, "drhs"][0](sets[0][0], sets[0][2], all_sizes["uneven"])
+    if first is None:
+      first = out
+      continue
+    err = compare.relative_error(out, first)
+    rec = dict(op="ragged_dot drhs chunks", align=align, against=aligns[0], ok=bool(err < 1e-3))
+    rec.update(shape=[m, k, n, g], err=err)
+    log("CHECK", rec)
+    RESULTS["checks"].append(rec)
+  t0 = time.time()
+  for r in range(rounds):
+    if r and time.time() - t0 > budget_s:
+      log(f"chunks: round {r} skipped, {time.time() - t0:.1f}s past the {budget_s}s budget")
+      break
+    for (align, pass_), (fn, fl, make_args) in fns.items():
+      for kind, sz in all_sizes.items():
+        time_it(
+          f"ragged chunks align{align:<3d} {pass_:8s} {base} {kind:9s} r{r}",
+          fn,
+          [make_args(s_, sz) for s_ in sets],
+          fl,
+          dict(shape=[m, k, n, g], sizes=kind, align=align, pass_=pass_, round=r),
+          iterations=10,
+        )
+    log(f"chunks round {r} done at {time.time() - t0:.1f}s")
+  summarize_chunks()
+
+
+def summarize_chunks():
+  """Median over rounds per (pass, align, sizes), against the same pass and alignment on equal sizes."""
+  rows = {}
+  for t in RESULTS["timings"]:
+    if "align" in t:
+      rows.setdefault((t["pass_"], t["align"], t["sizes"]), []).append(t["median_ms"])
+  log("\nCHUNKS (median over rounds, ms; % against equal sizes, same pass and alignment)")
+  for (pass_, align, kind), ts in sorted(rows.items()):
+    ms = float(np.median(ts))
+    ref = float(np.median(rows.get((pass_, align, "equal"), [np.nan])))
+    log(
+      f"{pass_:8s} align{align:<3d} {kind:9s} {ms:8.3f} {100 * (ms / ref - 1):+6.1f}% ({len(ts)})"
+    )
+
+
 @guarded
 def bench_dense(m, k, n):
   a = jax.random.normal(jax.random.key(0), (m, k), jnp.bfloat16)
@@ -501,9 +604,14 @@ def run_glu_benchmarks():
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--out", default="mosaic_mm.json")
-  parser.add_argument("--part", choices=("checks", "bench", "glu", "order", "all"), default="all")
+  parser.add_argument(
+    "--part", choices=("checks", "bench", "glu", "order", "chunks", "all"), default="all"
+  )
   parser.add_argument("--order-rounds", type=int, default=2)
   parser.add_argument("--orders", default="rows,mixed,streams", help="--part order: orders to time")
+  parser.add_argument("--chunk-aligns", default="8,64", help="--part chunks: drhs alignments")
+  parser.add_argument("--chunk-rounds", type=int, default=3)
+  parser.add_argument("--chunk-budget-s", type=float, default=60.0, help="no new round after it")
   opts = parser.parse_args()
   RECORD.path = opts.out
   dev = jax.devices()[0]
@@ -516,6 +624,15 @@ def main():
     check_ragged(rd_spec.RHS_TRANSPOSED, 1000, 512, 256, 9, offset=False, order="mixed")
     orders = tuple(opts.orders.split(","))
     bench_ragged_order(32768, 7168, 2048, 64, rounds=opts.order_rounds, orders=orders)
+  if opts.part == "chunks":  # drhs row-chunk alignment at G64 (issue #6), about 100 s.
+    aligns = tuple(int(a) for a in opts.chunk_aligns.split(","))
+    for align in aligns:  # Uneven sizes with empty groups; DEFAULT's drhs gradient too.
+      with chunk_align(align):
+        check_ragged(rd_spec.RAGGED_CONTRACTING, 1000, 512, 256, 6, offset=True)
+        check_ragged(rd_spec.DEFAULT, 1000, 512, 256, 6, offset=True)
+    bench_ragged_chunks(
+      32768, 7168, 2048, 64, aligns, rounds=opts.chunk_rounds, budget_s=opts.chunk_budget_s
+    )
   if opts.part in ("checks", "all"):
     run_checks()
   if opts.part == "glu":  # The GLU checks and timings alone (about 150 s with compiles).

@@ -16,7 +16,7 @@ import pytest
 from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 
 from harness import compare, references
-from tokamax._src.ops.ragged_dot import api, mosaic, mosaic_fwd, spec
+from tokamax._src.ops.ragged_dot import api, mosaic, mosaic_drhs, mosaic_fwd, spec
 
 SMALL = mosaic.Config(block_n=64, num_stages=2, epi_n=64)
 
@@ -153,7 +153,7 @@ def test_work_items_cover_every_row_once(seed, cluster, order):
   covered = np.full(m, -2)
   for item in items[1 : 1 + total]:
     rhs = item[0]
-    for row0, lo, hi in item[1:].reshape(cluster, 3):
+    for row0, lo, hi in item[1 : 1 + 3 * cluster].reshape(cluster, 3):
       assert 0 <= row0 <= m - block_m and row0 % 8 == 0
       if lo == hi:  # A cluster's missing last block: stores nothing.
         continue
@@ -235,3 +235,42 @@ def test_work_orders_lower_for_cuda(order, monkeypatch):
   configs = [mosaic.Config(cluster=1), mosaic.Config(cluster=2)]
   _lower_all(spec.DEFAULT, 4096, 1024, 512, 16, lambda record: configs)
   _lower_all(spec.RHS_TRANSPOSED, 4096, 1024, 512, 16, lambda record: configs)
+
+
+@pytest.mark.parametrize("chunk_align", [8, 64])
+def test_interpret_drhs_chunks_at_group_starts(chunk_align, capfd):
+  """The drhs kernel with group starts off multiples of 64, groups of 1-7 rows, empty groups."""
+  m, k, n = 336, 128, 64
+  rng = np.random.default_rng(4)
+  # Starts (after 5 rows before): 5, 8, 11, 11, 15, 86, 87, 93, 93, 221, 326; 5 rows after.
+  sizes = jnp.array([3, 3, 0, 4, 71, 1, 6, 0, 128, 105, 5], jnp.int32)
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+  rhs = jnp.asarray(rng.standard_normal((m, n)), jnp.bfloat16)
+  config = mosaic_drhs.Config(
+    block_n=64, block_m=64, num_stages=2, epi_n=64, chunk_align=chunk_align
+  )
+  assert mosaic_drhs.config_reason(config, m, k, n, 2, 4) is None
+  out = mosaic_drhs.ragged_contracting_dot(
+    lhs,
+    rhs,
+    sizes,
+    jnp.int32(5),
+    out_dtype=jnp.float32,
+    config=config,
+    num_sms=2,
+    interpret=mosaic.plgpu.InterpretGPUParams(detect_races=True),
+  )
+  # The 5 rows before are a group of the reference that the offset skips.
+  ref = references.high_precision(references.ragged_dot_general)(
+    lhs,
+    rhs,
+    jnp.concatenate([jnp.array([5], jnp.int32), sizes]),
+    spec.RAGGED_CONTRACTING,
+    group_offset=jnp.array([1], jnp.int32),
+    num_groups=sizes.shape[0],
+  )
+  assert not interpret_pallas_call.get_races().races_found
+  assert "RACE DETECTED" not in capfd.readouterr().out
+  assert out.shape == (sizes.shape[0], k, n)
+  assert np.all(np.asarray(out)[[2, 7]] == 0)  # Empty groups.
+  assert compare.relative_error(out, ref) < 1e-5

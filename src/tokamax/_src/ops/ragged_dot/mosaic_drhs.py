@@ -3,11 +3,16 @@
 `out[g] = lhs[rows of g].T @ rhs[rows of g]`, lhs [M,K], rhs [M,N], out [G,K,N].
 
 Persistent over work items (group, K tile, N tile). Each item pipelines over
-the row chunks that its group touches (a dynamic count, zero for an empty
-group, which then just writes zeros). The first and last chunk of a group may
-hold rows of its neighbours: the compute warpgroups zero those rows of the lhs
-tile in shared memory before their wgmma. Two compute warpgroups each own 64
-rows of the K tile; a third warpgroup issues the TMA loads.
+row chunks of `block_m` rows that start at its group's first row rounded down
+to `chunk_align` rows (8 by default, the TMA row tiling): a group of s rows
+starting at row r needs ceil((s + r mod chunk_align) / block_m) chunks, zero
+for an empty group, which then just writes zeros. (`chunk_align=block_m` gives
+chunks at multiples of `block_m`, up to one more per group.) The first and last
+chunk of a group may hold rows of its neighbours, and the last one may run past
+the last row, which TMA reads as zeros: the compute warpgroups zero the rows
+outside the group of the lhs tile in shared memory before their wgmma. Two
+compute warpgroups each own 64 rows of the K tile; a third warpgroup issues the
+TMA loads.
 """
 
 import dataclasses
@@ -23,6 +28,10 @@ from tokamax._src.ops.ragged_dot import mosaic_fwd, spec
 
 WG_ROWS = mosaic_fwd.WG_ROWS
 NUM_COMPUTE_WGS = mosaic_fwd.NUM_COMPUTE_WGS
+ROW_ALIGN = mosaic_fwd.ROW_ALIGN
+# Row alignment of each group's first chunk when `Config.chunk_align` is None
+# (read at trace time, so that a benchmark can compare ROW_ALIGN with block_m).
+CHUNK_ALIGN = ROW_ALIGN
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -34,12 +43,16 @@ class Config:
     block_m: Rows of lhs/rhs (the contraction) per pipeline stage.
     num_stages: Shared-memory stages of the load pipeline.
     epi_n: Output columns per epilogue store.
+    chunk_align: A group's first row chunk starts at its first row rounded
+      down to a multiple of this (a multiple of ROW_ALIGN dividing block_m);
+      None: CHUNK_ALIGN.
   """
 
   block_n: int = 256
   block_m: int = 64
   num_stages: int = 4
   epi_n: int = 128
+  chunk_align: int | None = None
 
   @property
   def block_k(self) -> int:
@@ -62,9 +75,17 @@ def config_reason(config: Config, m: int, k: int, n: int, in_itemsize: int, out_
     return f"block_m={config.block_m} must span 128 bytes"
   if config.block_n > 256 or config.block_n % 64:
     return f"block_n={config.block_n} must be a multiple of 64 up to 256"
+  align = chunk_align(config)
+  if align % ROW_ALIGN or config.block_m % align:
+    return f"chunk_align={align} must be a multiple of {ROW_ALIGN} dividing {config.block_m}"
   if smem_bytes(config, in_itemsize, out_itemsize) > mosaic_fwd.SMEM_BYTES:
     return f"{config} needs more than {mosaic_fwd.SMEM_BYTES} bytes of shared memory"
   return None
+
+
+def chunk_align(config: Config) -> int:
+  """Row alignment of each group's first chunk."""
+  return CHUNK_ALIGN if config.chunk_align is None else config.chunk_align
 
 
 def group_bounds(sizes: jax.Array, before: jax.Array | None, m: int) -> jax.Array:
@@ -104,19 +125,26 @@ def ragged_contracting_dot(
   bk, bn, bm = config.block_k, config.block_n, config.block_m
   epi_n = config.epi_n
   k_tiles, n_tiles = k // bk, n // bn
+  align = chunk_align(config)
   bounds = group_bounds(sizes, before, m)
   tf = mosaic_fwd._transforms(lhs.dtype)
   out_tf = mosaic_fwd._transforms(out_dtype) if epi_n * jnp.dtype(out_dtype).itemsize >= 128 else ()
   out_dtype = jnp.dtype(out_dtype)
 
-  def make_pipeline(body, compute_context, steps, first, ki, ni):
+  def make_pipeline(body, compute_context, steps, row0, ki, ni):
+    # Row chunks at element offsets row0 + s * bm (row0 a multiple of align).
+    rows = lambda s: pl.multiple_of(row0 + s * bm, align)
     return plgpu.emit_pipeline_warp_specialized(
       body,
       grid=(steps,),
       memory_registers=mosaic_fwd.MEMORY_REGISTERS,
       in_specs=[
-        plgpu.BlockSpec((bm, bk), lambda s: (first + s, ki), transforms=tf, delay_release=0),
-        plgpu.BlockSpec((bm, bn), lambda s: (first + s, ni), transforms=tf, delay_release=0),
+        plgpu.BlockSpec(
+          (pl.Element(bm), bk), lambda s: (rows(s), ki), transforms=tf, delay_release=0
+        ),
+        plgpu.BlockSpec(
+          (pl.Element(bm), bn), lambda s: (rows(s), ni), transforms=tf, delay_release=0
+        ),
       ],
       wg_axis="wg",
       num_compute_wgs=NUM_COMPUTE_WGS,
@@ -129,7 +157,7 @@ def ragged_contracting_dot(
 
     @functools.partial(
       pl.run_scoped,
-      allocs=make_pipeline(nothing, nothing, jnp.int32(1), 0, 0, 0).get_allocations(
+      allocs=make_pipeline(nothing, nothing, jnp.int32(1), jnp.int32(0), 0, 0).get_allocations(
         lhs_ref, rhs_ref
       ),
       o_smem=plgpu.SMEM((NUM_COMPUTE_WGS, WG_ROWS, epi_n), out_dtype, transforms=out_tf),
@@ -147,8 +175,8 @@ def ragged_contracting_dot(
         ni = lax.rem(rest, n_tiles)
         start = bounds_ref[gi, 0]
         end = bounds_ref[gi, 1]
-        first = lax.div(start, bm)
-        steps = jnp.where(end > start, lax.div(end + bm - 1, bm) - first, 0)
+        row0 = lax.div(start, align) * align
+        steps = jnp.where(end > start, lax.div(end - row0 + bm - 1, bm), 0)
 
         def mma(idxs, a_smem, b_smem, acc):
           (s,) = idxs
@@ -156,8 +184,12 @@ def ragged_contracting_dot(
 
           @pl.when((s == 0) | (s == steps - 1))
           def _mask_rows_outside_group():
-            row = (first + s) * bm + plgpu.layout_cast(
-              lax.broadcasted_iota(jnp.int32, (bm, WG_ROWS), 0), plgpu.Layout.WGMMA
+            row = (
+              row0
+              + s * bm
+              + plgpu.layout_cast(
+                lax.broadcasted_iota(jnp.int32, (bm, WG_ROWS), 0), plgpu.Layout.WGMMA
+              )
             )
             keep = (row >= start) & (row < end)
             a_wg[...] = jnp.where(keep, a_wg[...], jnp.zeros((), a_wg.dtype))
@@ -184,7 +216,7 @@ def ragged_contracting_dot(
                 ],
               )
 
-        make_pipeline(mma, compute_context, steps, first, ki, ni)(
+        make_pipeline(mma, compute_context, steps, row0, ki, ni)(
           lhs_ref, rhs_ref, allocations=allocs
         )
 
