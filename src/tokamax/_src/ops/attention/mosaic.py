@@ -181,11 +181,13 @@ _BWD_FIELDS = (
 )
 # The backward config the heuristic picks per head dim, in `_BWD_FIELDS` order:
 # (dq kernel: block_q, block_kv, slots; dk/dv kernel: block_q, block_kv, slots).
-# The measured choice goes here (ci/gpu/attention_mosaic.py --sweep-bwd); until
-# then the 64/64 blocks with two slots (fitted to shared memory) of sessions 1-3.
+# Measured on the H200 at fb83b37 by ci/gpu/attention_mosaic.py --sweep-bwd
+# (suites/results/h200_attention_bwd_sweep_fb83b37.json).
+# H64: dq 64x128 and dk/dv 128-query blocks, 5.309 -> 4.846 ms forward+backward at
+# B32 T2048 N16; H128: dq streaming 128 keys, dq 2.42 -> 2.26 ms at B4 T4096 N32.
 _BWD_HEURISTICS: dict[int, tuple[int, ...]] = {
-  64: (64, 64, 2, 64, 64, 2),
-  128: (64, 64, 2, 64, 64, 2),
+  64: (64, 128, 2, 128, 64, 2),
+  128: (64, 128, 2, 64, 64, 2),
   256: (64, 64, 2, 64, 64, 2),
 }
 
@@ -276,10 +278,25 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
     return None
 
   def _get_heuristics_config(self, args: attention_spec.AttentionArgs) -> Config:
+    # Forward choices measured on the H200 at 2a1cff7 against cuDNN's 1.146 / 1.607 ms
+    # (suites/results/h200_attention_fwd_variants_2a1cff7.json): H64 B32 T2048 N16 takes
+    # 256-key blocks (1.229 against 1.278 ms with 128); unmasked H128 B4 T4096 N32 takes the
+    # overlapped consumers without the schedule barrier (1.554 against 1.703 ms); causal
+    # shapes and H256 stay serial (the overlap was 11-12% slower there).
     h = args.query.shape[-1]
     s = args.key.shape[1]
-    block_kv = 64 if h > 128 or s <= 64 else 128
-    return bwd_config(Config(block_kv=block_kv, num_stages=2), _BWD_HEURISTICS[h])
+    if h > 128 or s <= 64:
+      block_kv = 64
+    elif h == 64 and s >= 512:
+      block_kv = 256
+    else:
+      block_kv = 128
+    unmasked = not args.is_causal and args.local_window is None
+    overlap = h == 128 and block_kv == 128 and unmasked and args.bias is None and args.mask is None
+    config = Config(
+      block_kv=block_kv, num_stages=2, schedule_barrier=not overlap, overlap_qk=overlap
+    )
+    return bwd_config(config, _BWD_HEURISTICS[h])
 
   def _get_autotuning_configs(self, args: attention_spec.AttentionArgs) -> set[Config]:
     """Forward variants around the heuristic's backward, and backward variants around its forward."""

@@ -198,16 +198,22 @@ class TritonLayerNorm(kernel_ops.TritonOp):
     # H200. Prefetching the next rows doubles that at 16 elements per thread
     # (<= 128 registers, no spills); two persistent programs per SM. From D=8192
     # the 16-warp program takes 113-128 registers, so one fits an SM: 132
-    # programs (0.092 ms against 0.097 with 264 at 4096x8192, session 4).
+    # programs, their rows pipelined through shared memory (3 rows of x and dy
+    # in flight): 0.0887 ms forward+backward at 4096x8192 against 0.0898 with
+    # prefetch and 0.0967 with 264 prefetching programs (d6914e5, session 4).
     bwd_block_m = int(np.clip(2048 // block_d, 1, 8))
     bwd_num_warps = int(np.clip(block_d * bwd_block_m // 512, 1, 16))
+    wide = block_d >= 8192
+    in_flight = 3 * 2 * block_d * np.dtype(args.x.dtype).itemsize  # Bytes of 3 rows of x, dy.
+    bwd_stages = 4 if wide and in_flight <= _SMEM else 0
     return Config(
       block_m=block_m,
       num_warps=num_warps,
       bwd_block_m=bwd_block_m,
       bwd_num_warps=bwd_num_warps,
-      bwd_programs=132 if block_d >= 8192 else 132 * 2,
-      bwd_prefetch=True,
+      bwd_programs=132 if wide else 132 * 2,
+      bwd_prefetch=bwd_stages == 0,
+      bwd_stages=bwd_stages,
     )
 
   def _get_autotuning_configs(self, args: spec.NormArgs) -> set[Config]:
