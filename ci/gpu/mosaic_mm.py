@@ -7,7 +7,6 @@ work-list orders at G64 (issue #6): `--part order [--orders rows,mixed,streams]`
 The drhs kernel's row chunks (issue #6): `--part chunks [--chunk-aligns 8,64]`
 times the drhs kernel alone and forward+backward with each group's chunks
 aligned to 8 rows (the default) or to 64 (the old global chunks), in rounds.
-The forward kernel's 64-row half items off and on at G64 (issue #6): `--part half`.
 
 1. Correctness: every ragged_dot layout (outputs and both gradients, uneven
    random group sizes with empty groups, a group offset) and the GLU (output and
@@ -470,113 +469,6 @@ def summarize_chunks():
     )
 
 
-@contextlib.contextmanager
-def half_items(on):
-  """Makes the row-ragged Mosaic kernels end groups with 64-row half items (or not)."""
-  old = rd_mosaic.HALF_ITEMS
-  rd_mosaic.HALF_ITEMS = on
-  try:
-    yield
-  finally:
-    rd_mosaic.HALF_ITEMS = old
-
-
-@guarded
-def bench_ragged_half(m, k, n, g, rounds=3, budget_s=100.0):
-  """The forward kernel's 64-row half items off and on, interleaved in rounds (issue #6).
-
-  Sizes "equal", "uneven" (random, summing to M), "uneven128" (multiples of 128:
-  no partial blocks) and "uneven64" (multiples of 64: every partial block is a
-  half item). Passes: forward (the DEFAULT layout) and forward+backward (its
-  dlhs runs the same kernel on the transposed layout), each with 1- and 2-CTA
-  clusters. Before timing, the outputs and gradients with half items are
-  compared with those without on the uneven sizes. A new round starts only
-  within `budget_s` seconds of the first.
-  """
-  all_sizes = {
-    "equal": np.full(g, m // g, np.int32),
-    "uneven": rd_spec.generate_ragged_dot_group_sizes(m, g, seed=1),
-    "uneven128": rd_spec.generate_ragged_dot_group_sizes(m // 128, g, seed=1) * 128,
-    "uneven64": rd_spec.generate_ragged_dot_group_sizes(m // 64, g, seed=1) * 64,
-  }
-  all_sizes = {kind: jnp.asarray(sz, jnp.int32) for kind, sz in all_sizes.items()}
-  sets = []
-  for i in range(2):
-    lhs = jax.random.normal(jax.random.key(70 + i), (m, k), jnp.bfloat16)
-    rhs = jax.random.normal(jax.random.key(80 + i), (g, k, n), jnp.bfloat16)
-    ct = jax.random.normal(jax.random.key(90 + i), (m, n), jnp.bfloat16)
-    sets.append((lhs, rhs, ct))
-  flops = 2.0 * m * k * n
-  base = f"M{m} K{k} N{n} G{g}"
-  impl = rd_mosaic.MosaicRaggedDot()
-
-  def traced(on, cluster, fn):
-    def wrapped(*args):
-      with half_items(on), heuristic_cluster(cluster):
-        return fn(*args)
-
-    return jax.jit(wrapped)
-
-  fwd = lambda a, b, sz: rd_api.ragged_dot(a, b, sz, implementation=impl)
-  fb = lambda a, b, c, sz: fwd_bwd(lambda x, y: fwd(x, y, sz), a, b, c)
-  fns = {}
-  for on in (False, True):
-    for c in (1, 2):
-      fns[on, f"fwd c{c}"] = (traced(on, c, fwd), flops, False)
-      fns[on, f"fwd+bwd c{c}"] = (traced(on, c, fb), 3 * flops, True)
-  # Half items must not change the results (same products, same k order).
-  sz = all_sizes["uneven"]
-  for pass_ in ("fwd c1", "fwd c2", "fwd+bwd c1", "fwd+bwd c2"):
-    outs = []
-    for on in (False, True):
-      fn, _, backward = fns[on, pass_]
-      outs.append(fn(*sets[0], sz) if backward else fn(*sets[0][:2], sz))
-    err = max(
-      compare.relative_error(a, b)
-      for a, b in zip(jax.tree.leaves(outs[1]), jax.tree.leaves(outs[0]), strict=True)
-    )
-    rec = dict(op="ragged_dot half items", pass_=pass_, shape=[m, k, n, g], err=err)
-    rec["ok"] = bool(err < 1e-3)
-    log("CHECK", rec)
-    RESULTS["checks"].append(rec)
-  t0 = time.time()
-  for r in range(rounds):
-    if r and time.time() - t0 > budget_s:
-      log(f"half: round {r} skipped, {time.time() - t0:.1f}s past the {budget_s}s budget")
-      break
-    for (on, pass_), (fn, fl, backward) in fns.items():
-      for kind, sz in all_sizes.items():
-        args = [(*s_, sz) if backward else (*s_[:2], sz) for s_ in sets]
-        time_it(
-          f"ragged half {'on ' if on else 'off'} {pass_:11s} {base} {kind:9s} r{r}",
-          fn,
-          args,
-          fl,
-          dict(shape=[m, k, n, g], sizes=kind, half_items=on, pass_=pass_, round=r),
-          iterations=10,
-        )
-    log(f"half round {r} done at {time.time() - t0:.1f}s")
-  summarize_half()
-
-
-def summarize_half():
-  """Median over rounds per (pass, sizes), half items off and on, against equal sizes (off)."""
-  rows = {}
-  for t in RESULTS["timings"]:
-    if "half_items" in t:
-      rows.setdefault((t["pass_"], t["sizes"], t["half_items"]), []).append(t["median_ms"])
-  log("\nHALF ITEMS (median over rounds, ms; % against equal sizes with half items off)")
-  log(f"{'pass':11s} {'sizes':9s} {'off':>8s} {'on':>8s} {'off%':>7s} {'on%':>7s} {'on/off':>7s}")
-  for pass_, kind in sorted({key[:2] for key in rows}):
-    ref = float(np.median(rows.get((pass_, "equal", False), [np.nan])))
-    off = float(np.median(rows.get((pass_, kind, False), [np.nan])))
-    on = float(np.median(rows.get((pass_, kind, True), [np.nan])))
-    log(
-      f"{pass_:11s} {kind:9s} {off:8.3f} {on:8.3f} {100 * (off / ref - 1):+6.1f}%"
-      f" {100 * (on / ref - 1):+6.1f}% {100 * (on / off - 1):+6.1f}%"
-    )
-
-
 @guarded
 def bench_dense(m, k, n):
   a = jax.random.normal(jax.random.key(0), (m, k), jnp.bfloat16)
@@ -713,12 +605,10 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--out", default="mosaic_mm.json")
   parser.add_argument(
-    "--part", choices=("checks", "bench", "glu", "order", "chunks", "half", "all"), default="all"
+    "--part", choices=("checks", "bench", "glu", "order", "chunks", "all"), default="all"
   )
   parser.add_argument("--order-rounds", type=int, default=2)
   parser.add_argument("--orders", default="rows,mixed,streams", help="--part order: orders to time")
-  parser.add_argument("--half-rounds", type=int, default=3)
-  parser.add_argument("--half-budget-s", type=float, default=100.0, help="no new round after it")
   parser.add_argument("--chunk-aligns", default="8,64", help="--part chunks: drhs alignments")
   parser.add_argument("--chunk-rounds", type=int, default=3)
   parser.add_argument("--chunk-budget-s", type=float, default=50.0, help="no new round after it")
@@ -734,11 +624,6 @@ def main():
     check_ragged(rd_spec.RHS_TRANSPOSED, 1000, 512, 256, 9, offset=False, order="mixed")
     orders = tuple(opts.orders.split(","))
     bench_ragged_order(32768, 7168, 2048, 64, rounds=opts.order_rounds, orders=orders)
-  if opts.part == "half":  # Half items off/on at G64 (issue #6), about 150 s with compiles.
-    with half_items(True):  # Gradients against float64 (dlhs: the transposed layout).
-      check_ragged(rd_spec.DEFAULT, 1000, 512, 256, 6, offset=True, cluster=2)
-      check_ragged(rd_spec.RHS_TRANSPOSED, 1000, 512, 256, 9, offset=False)
-    bench_ragged_half(32768, 7168, 2048, 64, rounds=opts.half_rounds, budget_s=opts.half_budget_s)
   if opts.part == "chunks":  # drhs row-chunk alignment at G64 (issue #6), about 100 s.
     aligns = tuple(int(a) for a in opts.chunk_aligns.split(","))
     # The first alignment against float64 (uneven sizes with empty groups, a group

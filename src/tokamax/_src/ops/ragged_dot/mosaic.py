@@ -27,9 +27,6 @@ DEFAULT_NUM_SMS = 132
 HEURISTIC_CLUSTER = 1
 # Order of the groups in the work list of the row-ragged kernels (mosaic_fwd.ORDERS).
 WORK_ORDER = "rows"
-# Whether the row-ragged kernels end a group with a 64-row half item where the
-# config's block_n allows (mosaic_fwd.Config.half_items).
-HALF_ITEMS = False
 # Persistent CTAs simulated in interpret mode (few, so that it stays fast).
 INTERPRET_NUM_SMS = 2
 _ROW_ALIGN = mosaic_fwd.ROW_ALIGN  # TMA tiling of the row dimension.
@@ -66,7 +63,6 @@ def _kernel_config(args: spec.RaggedDotArgs, config: Config):
     epi_n=config.epi_n,
     cluster=config.cluster,
     order=WORK_ORDER,
-    half_items=HALF_ITEMS and mosaic_fwd.half_items_fit(config.block_n, config.epi_n),
   )
 
 

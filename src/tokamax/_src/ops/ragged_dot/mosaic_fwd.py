@@ -11,15 +11,9 @@ XLA ops before the kernel.
 
 Each CTA runs three warpgroups: one issues TMA loads into a ring of shared
 memory stages, two compute (wgmma) on 64-row halves of the row block. A half
-with no row of the item's segment skips its wgmmas. The epilogue stores the
-rows of the segment with a ladder of power-of-two TMA stores.
-
-With `Config.half_items`, a segment's last item is a "half" item when its rows
-fit 64-row blocks (at most 64 rows per CTA): the CTA loads only those 64 lhs
-rows and its two compute warpgroups split the N tile (warpgroup w computes
-columns [w * block_n / 2, (w + 1) * block_n / 2)), so the item takes about half
-a full item's compute. Both CTAs of a cluster always run the same kind of
-item (the kind is a property of the item), so the rhs multicast is unchanged.
+with no row of the item's segment skips its wgmmas, so a block that straddles
+a group boundary costs only the halves it needs. The epilogue stores the rows
+of the segment with a ladder of power-of-two TMA stores.
 """
 
 import dataclasses
@@ -57,9 +51,6 @@ class Config:
       two row blocks of the same group and share each rhs tile through a TMA
       multicast, which halves the rhs traffic from L2.
     order: Order of the groups in the work list (`ORDERS`, see `segment_order`).
-    half_items: Whether a segment's last item is a 64-row "half" item when its
-      rows fit (see the module docstring); needs `block_n / 2` to be a multiple
-      of 64 and of `epi_n`.
   """
 
   block_n: int = 256
@@ -68,7 +59,6 @@ class Config:
   epi_n: int = 128
   cluster: int = 1
   order: str = "rows"
-  half_items: bool = False
 
   @property
   def block_m(self) -> int:
@@ -110,15 +100,7 @@ def config_reason(config: Config, m: int, k: int, n: int, in_itemsize: int, out_
     return f"cluster={config.cluster} (supported: 1, 2)"
   if config.order not in ORDERS:
     return f"order={config.order!r} (supported: {ORDERS})"
-  if config.half_items and not half_items_fit(config.block_n, config.epi_n):
-    return f"half items need block_n/2={config.block_n // 2} a multiple of 64 and of epi_n"
   return None
-
-
-def half_items_fit(block_n: int, epi_n: int) -> bool:
-  """Whether half items can split a `block_n` tile between the two compute warpgroups."""
-  half = block_n // 2
-  return block_n % 128 == 0 and half % epi_n == 0
 
 
 def _big_groups(sizes: jax.Array) -> jax.Array:
@@ -167,7 +149,6 @@ def work_items(
   block_m: int,
   cluster: int = 1,
   order: str = "rows",
-  half: bool = False,
 ) -> tuple[jax.Array, int]:
   """The work list: row blocks of each segment, `cluster` blocks per item.
 
@@ -178,8 +159,6 @@ def work_items(
   previous segment too, which the kernel computes but never stores. An item
   holds `cluster` consecutive blocks of one segment (one per CTA of a
   cluster); a missing last one repeats the first block and stores nothing.
-  With `half`, a segment's last item is a half item, of blocks of
-  `block_m // 2` rows, when its rows fit them.
 
   Args:
     sizes: [G] rows of each computed group, in row order.
@@ -189,13 +168,11 @@ def work_items(
     cluster: Blocks per item.
     order: Order of the segments in the list (see `segment_order`); the items
       of one segment stay together, so that its rhs is fetched once into L2.
-    half: Whether to emit half items.
 
   Returns:
-    int32 [1 + T, 2 + 3 * cluster]: row 0 holds the number of items; row 1 + t
+    int32 [1 + T, 1 + 3 * cluster]: row 0 holds the number of items; row 1 + t
     holds item t as (rhs index or -1 for zeros, then per block: first row of
-    the block, first row to store, end of the rows to store; then 1 for a half
-    item, else 0); and T.
+    the block, first row to store, end of the rows to store); and T.
   """
   g = sizes.shape[0]
   starts, ends = spec.group_row_bounds(sizes, before, m)
@@ -208,12 +185,8 @@ def work_items(
   # TMA needs block rows at multiples of ROW_ALIGN: a block may begin up to
   # ROW_ALIGN - 1 rows before its segment.
   aligned_start = seg_start // ROW_ALIGN * ROW_ALIGN
-  rows = jnp.where(seg_end > seg_start, seg_end - aligned_start, 0)
-  item_rows = cluster * block_m
-  count = (rows + item_rows - 1) // item_rows
-  # Items of full blocks; the last item is a half one when its rows fit.
-  last_rows = rows - (count - 1) * item_rows
-  full = jnp.where(half & (count > 0) & (2 * last_rows <= item_rows), count - 1, count)
+  blocks = jnp.where(seg_end > seg_start, (seg_end - aligned_start + block_m - 1) // block_m, 0)
+  count = (blocks + cluster - 1) // cluster
   perm = segment_order(sizes, order)
   offsets = jnp.cumsum(count[perm])  # Items up to each segment, in work order.
   total = offsets[-1]
@@ -222,21 +195,17 @@ def work_items(
   t = jnp.arange(num_items, dtype=jnp.int32)
   pos = jnp.minimum(jnp.sum(offsets[None, :] <= t[:, None], axis=1), g + 1)
   seg = perm[pos]
-  local = t - (offsets[pos] - count[seg])  # Index of the item in its segment.
+  first_block = (t - (offsets[pos] - count[seg])) * cluster
   valid = t < total
-  is_half = valid & (local >= full[seg])
-  block_rows = jnp.where(is_half, block_m // 2, block_m)
-  item_start = aligned_start[seg] + local * item_rows
   fields = [jnp.where(valid, seg_rhs[seg], -1)]
   for c in range(cluster):
-    start = item_start + c * block_rows
-    present = valid & (start < seg_end[seg])
-    block_start = jnp.where(present, start, item_start)
+    j = first_block + c
+    present = valid & (j < blocks[seg])
+    block_start = aligned_start[seg] + jnp.where(present, j, first_block) * block_m
     lo = jnp.maximum(seg_start[seg], block_start)
-    hi = jnp.minimum(seg_end[seg], block_start + block_rows)
-    row0 = jnp.minimum(block_start, m - block_rows)
+    hi = jnp.minimum(seg_end[seg], block_start + block_m)
+    row0 = jnp.minimum(block_start, m - block_m)
     fields += [jnp.where(valid, row0, 0), jnp.where(present, lo, 0), jnp.where(present, hi, 0)]
-  fields.append(is_half)
   items = jnp.stack(fields, axis=1).astype(jnp.int32)
   if order == "streams":
     # Two streams of items, groups of at least the average size and smaller
@@ -310,25 +279,22 @@ def ragged_dot_fwd(
   m, k = lhs.shape
   n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
   bm, bn, bk = config.block_m, config.block_n, config.block_k
-  hn = bn // 2  # Columns per warpgroup in a half item.
   epi_n = config.epi_n
   n_tiles = n // bn
   k_steps = k // bk
   cluster = config.cluster
-  half_items = config.half_items
-  items, _ = work_items(sizes, before, m, bm, cluster, config.order, half_items)
-  half_field = 1 + 3 * cluster
+  items, _ = work_items(sizes, before, m, bm, cluster, config.order)
   collective = ("cluster",) if cluster > 1 else None
   in_tf = _transforms(lhs.dtype)
   out_dtype = jnp.dtype(out_dtype)
 
-  def make_pipeline(body, compute_context, steps, ni, rows=bm):
+  def make_pipeline(body, compute_context, steps, ni):
     return plgpu.emit_pipeline_warp_specialized(
       body,
       grid=(steps,),
       memory_registers=MEMORY_REGISTERS,
       in_specs=[
-        plgpu.BlockSpec((rows, bk), lambda s: (0, s), transforms=in_tf, delay_release=0),
+        plgpu.BlockSpec((bm, bk), lambda s: (0, s), transforms=in_tf, delay_release=0),
         plgpu.BlockSpec(
           (bn, bk) if transpose_rhs else (bk, bn),
           (lambda s: (ni, s)) if transpose_rhs else (lambda s: (s, ni)),
@@ -359,17 +325,6 @@ def ragged_dot_fwd(
     def scope(allocs, o_smem):
       wg = lax.axis_index("wg")
       total = items_ref[0, 0] * n_tiles
-      o_wg = o_smem.at[wg]
-
-      def epilogue(acc, row0, first, size, col0):
-        """Stores rows [first, first + size) of `acc` at row0 + first.., columns col0..."""
-        out = acc[...].astype(out_dtype)
-        for c in range(acc.shape[1] // epi_n):
-          plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-          o_wg[...] = out[:, c * epi_n : (c + 1) * epi_n]
-          plgpu.commit_smem()
-          cols = pl.ds(col0 + c * epi_n, epi_n)
-          store_rows(o_wg, out_ref.at[:, cols], row0, first, size, WG_ROWS)
 
       @plgpu.nd_loop((total,), collective_axes="sm")
       def _item_loop(info):
@@ -381,72 +336,37 @@ def ragged_dot_fwd(
         block_row0 = pl.multiple_of(items_ref[item, base], ROW_ALIGN)
         lo = items_ref[item, base + 1]
         hi = items_ref[item, base + 2]
+        row0 = block_row0 + wg * WG_ROWS
+        first = jnp.clip(lo - row0, 0, WG_ROWS)
+        size = jnp.clip(hi - row0, 0, WG_ROWS) - first
         steps = jnp.where(g >= 0, k_steps, 0)
-        rhs_g = rhs_ref.at[jnp.maximum(g, 0)]
 
-        def full_item():
-          row0 = block_row0 + wg * WG_ROWS
-          first = jnp.clip(lo - row0, 0, WG_ROWS)
-          size = jnp.clip(hi - row0, 0, WG_ROWS) - first
+        def mma(_, a_smem, b_smem, acc):
+          @pl.when(size > 0)
+          def _():
+            b = b_smem.T if transpose_rhs else b_smem
+            plgpu.wgmma(acc, a_smem.at[pl.ds(wg * WG_ROWS, WG_ROWS)], b)
 
-          def mma(_, a_smem, b_smem, acc):
-            @pl.when(size > 0)
-            def _():
-              b = b_smem.T if transpose_rhs else b_smem
-              plgpu.wgmma(acc, a_smem.at[pl.ds(wg * WG_ROWS, WG_ROWS)], b)
+          plgpu.wgmma_wait(0)
+          return acc
 
-            plgpu.wgmma_wait(0)
-            return acc
+        def compute_context(run):
+          @functools.partial(pl.run_scoped, acc=plgpu.ACC((WG_ROWS, bn), jnp.float32))
+          def _acc_scope(acc):
+            run(acc)
+            out = acc[...].astype(out_dtype)
+            o_wg = o_smem.at[wg]
+            for c in range(bn // epi_n):
+              plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+              o_wg[...] = out[:, c * epi_n : (c + 1) * epi_n]
+              plgpu.commit_smem()
+              cols = pl.ds(ni * bn + c * epi_n, epi_n)
+              store_rows(o_wg, out_ref.at[:, cols], row0, first, size, WG_ROWS)
 
-          def compute_context(run):
-            @functools.partial(pl.run_scoped, acc=plgpu.ACC((WG_ROWS, bn), jnp.float32))
-            def _acc_scope(acc):
-              run(acc)
-              epilogue(acc, row0, first, size, ni * bn)
-
-          pipeline = make_pipeline(mma, compute_context, steps, ni)
-          pipeline(lhs_ref.at[pl.ds(block_row0, bm)], rhs_g, allocations=allocs)
-
-        def half_item():
-          # Both warpgroups use the block's 64 rows; warpgroup w computes
-          # columns [w * hn, (w + 1) * hn) of the N tile.
-          first = jnp.clip(lo - block_row0, 0, WG_ROWS)
-          size = jnp.clip(hi - block_row0, 0, WG_ROWS) - first
-
-          def mma(_, a_smem, b_smem, acc):
-            @pl.when(size > 0)
-            def _():
-              for w in range(NUM_COMPUTE_WGS):
-
-                @pl.when(wg == w)
-                def _(w=w):
-                  if transpose_rhs:
-                    b = b_smem.at[pl.ds(w * hn, hn)].T
-                  else:
-                    b = b_smem.at[:, pl.ds(w * hn, hn)]
-                  plgpu.wgmma(acc, a_smem, b)
-
-            plgpu.wgmma_wait(0)
-            return acc
-
-          def compute_context(run):
-            @functools.partial(pl.run_scoped, acc=plgpu.ACC((WG_ROWS, hn), jnp.float32))
-            def _acc_scope(acc):
-              run(acc)
-              epilogue(acc, block_row0, first, size, ni * bn + wg * hn)
-
-          # The pipeline's lhs stages, cut to their first 64 rows.
-          lhs_smem, *rest = allocs["flat_in_smem_refs"]
-          half_allocs = dict(allocs, flat_in_smem_refs=[lhs_smem.at[:, pl.ds(0, WG_ROWS)], *rest])
-          pipeline = make_pipeline(mma, compute_context, steps, ni, rows=WG_ROWS)
-          pipeline(lhs_ref.at[pl.ds(block_row0, WG_ROWS)], rhs_g, allocations=half_allocs)
-
-        if half_items:
-          is_half = items_ref[item, half_field] != 0
-          pl.when(is_half)(half_item)
-          pl.when(~is_half)(full_item)
-        else:
-          full_item()
+        pipeline = make_pipeline(mma, compute_context, steps, ni)
+        pipeline(
+          lhs_ref.at[pl.ds(block_row0, bm)], rhs_ref.at[jnp.maximum(g, 0)], allocations=allocs
+        )
 
       plgpu.wait_smem_to_gmem(0)
 
