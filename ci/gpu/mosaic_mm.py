@@ -2,9 +2,7 @@
 
 Run on the device machine from the repository root:
   PYTHONPATH=$PWD/src:$PWD python3 ci/gpu/mosaic_mm.py --out $OUT/mosaic_mm.json
-The GLU checks and timings alone (about 150 s): add `--part glu`. The ragged_dot
-work-list orders at G64 (issue #6): `--part order [--orders rows,mixed,streams]`.
-The drhs kernel's row chunks (issue #6): `--part chunks [--chunk-aligns 8,64]`
+The GLU checks and timings alone (about 150 s): add `--part glu`. The drhs kernel's row chunks (issue #6): `--part chunks [--chunk-aligns 8,64]`
 times the drhs kernel alone and forward+backward with each group's chunks
 aligned to 8 rows (the default) or to 64 (the old global chunks), in rounds.
 
@@ -49,8 +47,8 @@ def rhs_shape(layout, m, k, n, g):
 
 
 @guarded
-def check_ragged(layout, m, k, n, g, offset, cluster=1, order="rows"):
-  with heuristic_cluster(cluster), work_order(order):
+def check_ragged(layout, m, k, n, g, offset, cluster=1):
+  with heuristic_cluster(cluster):
     _check_ragged(layout, m, k, n, g, offset, cluster)
 
 
@@ -91,7 +89,6 @@ def _check_ragged(layout, m, k, n, g, offset, cluster):
   rec = dict(
     op="ragged_dot",
     cluster=cluster,
-    order=rd_mosaic.WORK_ORDER,
     chunk_align=rd_drhs.CHUNK_ALIGN,
     layout=layout,
     shape=[m, k, n, g],
@@ -146,14 +143,19 @@ def check_glu(m, k, n, tuple_weights, backward=None):
 
 
 @contextlib.contextmanager
-def heuristic_cluster(cluster):
-  """Makes the ragged_dot heuristics choose `cluster` CTAs per cluster."""
-  old = rd_mosaic.HEURISTIC_CLUSTER
-  rd_mosaic.HEURISTIC_CLUSTER = cluster
+def module_flag(module, name: str, value):
+  """Sets `module.<name>` (a flag the kernels read when traced) to `value` inside the block."""
+  old = getattr(module, name)
+  setattr(module, name, value)
   try:
     yield
   finally:
-    rd_mosaic.HEURISTIC_CLUSTER = old
+    setattr(module, name, old)
+
+
+def heuristic_cluster(cluster):
+  """Makes the ragged_dot heuristics choose `cluster` CTAs per cluster."""
+  return module_flag(rd_mosaic, "HEURISTIC_CLUSTER", cluster)
 
 
 def traced_with_cluster(cluster, fn):
@@ -287,99 +289,9 @@ def bench_ragged(m, k, n, g, xla_bwd, rounds=2, layouts=False):
       )
 
 
-@contextlib.contextmanager
-def work_order(order):
-  """Makes the row-ragged Mosaic kernels list their work in `order` (mosaic_fwd.ORDERS)."""
-  old = rd_mosaic.WORK_ORDER
-  rd_mosaic.WORK_ORDER = order
-  try:
-    yield
-  finally:
-    rd_mosaic.WORK_ORDER = old
-
-
-@guarded
-def bench_ragged_order(m, k, n, g, rounds=2, orders=("rows", "mixed", "streams")):
-  """Work-list orders on equal and uneven group sizes, interleaved in rounds (issue #6).
-
-  Sizes: "equal"; "uneven" (random, summing to M); "uneven128" (the same kind of
-  draw in multiples of 128 rows: no partial row blocks); "uneven64" (multiples
-  of 64: partial blocks are exactly one idle warpgroup; "rows" order only, a
-  diagnostic of what a half-empty block costs). Group sizes are arguments, so
-  each (order, pass) compiles once.
-  """
-  all_sizes = {
-    "equal": np.full(g, m // g, np.int32),
-    "uneven": rd_spec.generate_ragged_dot_group_sizes(m, g, seed=1),
-    "uneven128": rd_spec.generate_ragged_dot_group_sizes(m // 128, g, seed=1) * 128,
-    "uneven64": rd_spec.generate_ragged_dot_group_sizes(m // 64, g, seed=1) * 64,
-  }
-  all_sizes = {kind: jnp.asarray(sz, jnp.int32) for kind, sz in all_sizes.items()}
-  sets = []
-  for i in range(2):
-    lhs = jax.random.normal(jax.random.key(20 + i), (m, k), jnp.bfloat16)
-    rhs = jax.random.normal(jax.random.key(i), (g, k, n), jnp.bfloat16)
-    ct = jax.random.normal(jax.random.key(7 + i), (m, n), jnp.bfloat16)
-    sets.append((lhs, rhs, ct))
-  flops = 2.0 * m * k * n
-  base = f"M{m} K{k} N{n} G{g}"
-  impl = rd_mosaic.MosaicRaggedDot()
-
-  def traced(order, cluster, fn):
-    def wrapped(*args):
-      with work_order(order), heuristic_cluster(cluster):
-        return fn(*args)
-
-    return jax.jit(wrapped)
-
-  fwd = lambda a, b, sz: rd_api.ragged_dot(a, b, sz, implementation=impl)
-  fb = lambda a, b, c, sz: fwd_bwd(lambda x, y: fwd(x, y, sz), a, b, c)
-  fns = {}
-  for order in orders:
-    for c in (1, 2):
-      fns[order, f"fwd c{c}"] = (traced(order, c, fwd), flops, False)
-      fns[order, f"fwd+bwd c{c}"] = (traced(order, c, fb), 3 * flops, True)
-  t0 = time.time()
-  for r in range(rounds):
-    for (order, pass_), (fn, fl, backward) in fns.items():
-      for kind, sz in all_sizes.items():
-        if kind == "uneven64" and order != "rows":
-          continue
-        args = [(*s_, sz) if backward else (*s_[:2], sz) for s_ in sets]
-        time_it(
-          f"ragged order {order:8s} {pass_:11s} {base} {kind:9s} r{r}",
-          fn,
-          args,
-          fl,
-          dict(shape=[m, k, n, g], sizes=kind, order=order, pass_=pass_, round=r),
-          iterations=10,
-        )
-    log(f"order round {r} done at {time.time() - t0:.1f}s")
-  summarize_orders()
-
-
-def summarize_orders():
-  """Median over rounds per (pass, order, sizes), and each against its pass's equal/rows."""
-  rows = {}
-  for t in RESULTS["timings"]:
-    if "order" in t:
-      rows.setdefault((t["pass_"], t["order"], t["sizes"]), []).append(t["median_ms"])
-  log("\nORDERS (median over rounds, ms; % against equal sizes in row order)")
-  for (pass_, order, kind), ts in sorted(rows.items()):
-    ms = float(np.median(ts))
-    ref = float(np.median(rows.get((pass_, "rows", "equal"), [np.nan])))
-    log(f"{pass_:11s} {order:8s} {kind:9s} {ms:8.3f} {100 * (ms / ref - 1):+6.1f}%")
-
-
-@contextlib.contextmanager
 def chunk_align(align):
   """Makes the drhs kernel start each group's row chunks at a multiple of `align` rows."""
-  old = rd_drhs.CHUNK_ALIGN
-  rd_drhs.CHUNK_ALIGN = align
-  try:
-    yield
-  finally:
-    rd_drhs.CHUNK_ALIGN = old
+  return module_flag(rd_drhs, "CHUNK_ALIGN", align)
 
 
 @guarded
@@ -604,11 +516,7 @@ def run_glu_benchmarks():
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--out", default="mosaic_mm.json")
-  parser.add_argument(
-    "--part", choices=("checks", "bench", "glu", "order", "chunks", "all"), default="all"
-  )
-  parser.add_argument("--order-rounds", type=int, default=2)
-  parser.add_argument("--orders", default="rows,mixed,streams", help="--part order: orders to time")
+  parser.add_argument("--part", choices=("checks", "bench", "glu", "chunks", "all"), default="all")
   parser.add_argument("--chunk-aligns", default="8,64", help="--part chunks: drhs alignments")
   parser.add_argument("--chunk-rounds", type=int, default=3)
   parser.add_argument("--chunk-budget-s", type=float, default=50.0, help="no new round after it")
@@ -619,11 +527,6 @@ def main():
   RESULTS["commit"] = bench.current_commit()
   log(RESULTS["device"], RESULTS["commit"], jax.__version__)
   t0 = time.time()
-  if opts.part == "order":  # Work-list orders at G64 (issue #6), about 150 s with compiles.
-    check_ragged(rd_spec.DEFAULT, 1000, 512, 256, 6, offset=True, cluster=2, order="streams")
-    check_ragged(rd_spec.RHS_TRANSPOSED, 1000, 512, 256, 9, offset=False, order="mixed")
-    orders = tuple(opts.orders.split(","))
-    bench_ragged_order(32768, 7168, 2048, 64, rounds=opts.order_rounds, orders=orders)
   if opts.part == "chunks":  # drhs row-chunk alignment at G64 (issue #6), about 100 s.
     aligns = tuple(int(a) for a in opts.chunk_aligns.split(","))
     # The first alignment against float64 (uneven sizes with empty groups, a group

@@ -106,37 +106,9 @@ def test_interpret_preferred_element_type():
   assert np.all(np.asarray(out)[57:] == 0)
 
 
-@pytest.mark.parametrize(("order", "cluster"), [("mixed", 1), ("streams", 2)])
-def test_interpret_work_orders(order, cluster, capfd):
-  """The forward kernel with a reordered work list: uneven, tiny and empty groups."""
-  m, k, n = 520, 128, 128
-  rng = np.random.default_rng(3)
-  sizes = jnp.array([3, 0, 260, 9, 70, 130, 21], jnp.int32)  # 493 rows, 27 outside.
-  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
-  rhs = jnp.asarray(rng.standard_normal((sizes.shape[0], k, n)), jnp.bfloat16)
-  config = mosaic_fwd.Config(block_n=64, num_stages=2, epi_n=64, cluster=cluster, order=order)
-  out = mosaic_fwd.ragged_dot_fwd(
-    lhs,
-    rhs,
-    sizes,
-    jnp.int32(0),
-    transpose_rhs=False,
-    out_dtype=jnp.float32,
-    config=config,
-    num_sms=2 * cluster,
-    interpret=mosaic.plgpu.InterpretGPUParams(detect_races=True),
-  )
-  ref = references.high_precision(references.ragged_dot_general)(lhs, rhs, sizes, spec.DEFAULT)
-  assert not interpret_pallas_call.get_races().races_found
-  assert "RACE DETECTED" not in capfd.readouterr().out
-  assert compare.relative_error(out, ref) < 1e-5
-  assert np.all(np.asarray(out)[493:] == 0)
-
-
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("cluster", [1, 2])
-@pytest.mark.parametrize("order", mosaic_fwd.ORDERS)
-def test_work_items_cover_every_row_once(seed, cluster, order):
+def test_work_items_cover_every_row_once(seed, cluster):
   rng = np.random.default_rng(seed)
   block_m = 128
   m, g = 8 * int(rng.integers(block_m // 8, 110)), int(rng.integers(1, 9))
@@ -145,7 +117,7 @@ def test_work_items_cover_every_row_once(seed, cluster, order):
   )
   before = int(rng.integers(0, 50))
   items, num_items = mosaic_fwd.work_items(
-    jnp.asarray(sizes), jnp.int32(before), m, block_m, cluster, order
+    jnp.asarray(sizes), jnp.int32(before), m, block_m, cluster
   )
   items = np.asarray(items)
   total = items[0, 0]
@@ -227,14 +199,6 @@ def test_unsupported_reasons_name_the_feature():
 def test_platform_reason():
   assert mosaic.MosaicRaggedDot(interpret=True)._platform_reason("cpu", None) is None
   assert "gpu" in mosaic.MosaicRaggedDot()._platform_reason("cpu", None)
-
-
-@pytest.mark.parametrize("order", mosaic_fwd.ORDERS)
-def test_work_orders_lower_for_cuda(order, monkeypatch):
-  monkeypatch.setattr(mosaic, "WORK_ORDER", order)
-  configs = [mosaic.Config(cluster=1), mosaic.Config(cluster=2)]
-  _lower_all(spec.DEFAULT, 4096, 1024, 512, 16, lambda record: configs)
-  _lower_all(spec.RHS_TRANSPOSED, 4096, 1024, 512, 16, lambda record: configs)
 
 
 @pytest.mark.parametrize("chunk_align", [8, 64])

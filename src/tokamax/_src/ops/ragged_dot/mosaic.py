@@ -25,8 +25,6 @@ _OUT_DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_NUM_SMS = 132
 # CTAs per cluster that the heuristics choose for the row-ragged layouts.
 HEURISTIC_CLUSTER = 1
-# Order of the groups in the work list of the row-ragged kernels (mosaic_fwd.ORDERS).
-WORK_ORDER = "rows"
 # Persistent CTAs simulated in interpret mode (few, so that it stays fast).
 INTERPRET_NUM_SMS = 2
 _ROW_ALIGN = mosaic_fwd.ROW_ALIGN  # TMA tiling of the row dimension.
@@ -62,7 +60,6 @@ def _kernel_config(args: spec.RaggedDotArgs, config: Config):
     num_stages=config.num_stages,
     epi_n=config.epi_n,
     cluster=config.cluster,
-    order=WORK_ORDER,
   )
 
 

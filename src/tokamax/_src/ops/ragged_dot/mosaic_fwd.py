@@ -34,8 +34,6 @@ NUM_COMPUTE_WGS = 2
 SMEM_BYTES = 227 * 1024 - 1024
 MEMORY_REGISTERS = 40
 ROW_ALIGN = 8  # Row tiling of the TMA copies.
-# Orders of the work list (see `segment_order`).
-ORDERS = ("rows", "mixed", "streams")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -50,7 +48,6 @@ class Config:
     cluster: CTAs per cluster (1 or 2). With 2, the two CTAs of a cluster take
       two row blocks of the same group and share each rhs tile through a TMA
       multicast, which halves the rhs traffic from L2.
-    order: Order of the groups in the work list (`ORDERS`, see `segment_order`).
   """
 
   block_n: int = 256
@@ -58,7 +55,6 @@ class Config:
   num_stages: int = 4
   epi_n: int = 128
   cluster: int = 1
-  order: str = "rows"
 
   @property
   def block_m(self) -> int:
@@ -98,57 +94,11 @@ def config_reason(config: Config, m: int, k: int, n: int, in_itemsize: int, out_
     return f"{config} needs more than {SMEM_BYTES} bytes of shared memory"
   if config.cluster not in (1, 2):
     return f"cluster={config.cluster} (supported: 1, 2)"
-  if config.order not in ORDERS:
-    return f"order={config.order!r} (supported: {ORDERS})"
   return None
 
 
-def _big_groups(sizes: jax.Array) -> jax.Array:
-  """bool [G]: groups of at least the average size of the non-empty groups."""
-  sizes = sizes.astype(jnp.int32)
-  return (sizes > 0) & (sizes * jnp.sum(sizes > 0) >= jnp.sum(sizes))
-
-
-def segment_order(sizes: jax.Array, order: str) -> jax.Array:
-  """int32 [G + 2]: the segments (0: rows before, 1..G: groups, G+1: rows after) in work order.
-
-  "rows" keeps row order. "mixed" sorts the groups by size and alternates the
-  largest and smallest of those left (empty groups last), then the two zero
-  segments: every group fetches its whole rhs, so a run of small groups would
-  make the CTAs working at the same time fetch many rhs matrices at once
-  (HBM-bound) while a run of big groups leaves HBM idle; alternating keeps the
-  number of groups in flight near its average. "streams" lists the groups of
-  at least the average size (largest first), then the smaller ones (smallest
-  first); `work_items` then interleaves the items of the two streams evenly.
-  """
-  g = sizes.shape[0]
-  if order == "rows":
-    return jnp.arange(g + 2, dtype=jnp.int32)
-  if order == "streams":
-    sizes = sizes.astype(jnp.int32)
-    big = _big_groups(sizes)
-    key = jnp.where(big, -sizes, jnp.where(sizes > 0, sizes + jnp.max(sizes), 2**30))
-    desc = jnp.argsort(key, stable=True).astype(jnp.int32)
-    return jnp.concatenate([desc + 1, jnp.array([0, g + 1], jnp.int32)])
-  if order != "mixed":
-    raise ValueError(f"order={order!r}, expected one of {ORDERS}")
-  desc = jnp.argsort(-sizes.astype(jnp.int32), stable=True).astype(jnp.int32)
-  nonempty = jnp.sum(sizes > 0).astype(jnp.int32)
-  p = jnp.arange(g, dtype=jnp.int32)
-  half = p // 2
-  pick = jnp.where(p % 2 == 0, half, nonempty - 1 - half)
-  pick = jnp.where(p < nonempty, pick, p)
-  tail = jnp.array([0, g + 1], jnp.int32)
-  return jnp.concatenate([desc[pick] + 1, tail])
-
-
 def work_items(
-  sizes: jax.Array,
-  before: jax.Array | None,
-  m: int,
-  block_m: int,
-  cluster: int = 1,
-  order: str = "rows",
+  sizes: jax.Array, before: jax.Array | None, m: int, block_m: int, cluster: int = 1
 ) -> tuple[jax.Array, int]:
   """The work list: row blocks of each segment, `cluster` blocks per item.
 
@@ -166,8 +116,6 @@ def work_items(
     m: Rows of lhs (at least `block_m`, a multiple of ROW_ALIGN).
     block_m: Rows per block.
     cluster: Blocks per item.
-    order: Order of the segments in the list (see `segment_order`); the items
-      of one segment stay together, so that its rhs is fetched once into L2.
 
   Returns:
     int32 [1 + T, 1 + 3 * cluster]: row 0 holds the number of items; row 1 + t
@@ -187,15 +135,13 @@ def work_items(
   aligned_start = seg_start // ROW_ALIGN * ROW_ALIGN
   blocks = jnp.where(seg_end > seg_start, (seg_end - aligned_start + block_m - 1) // block_m, 0)
   count = (blocks + cluster - 1) // cluster
-  perm = segment_order(sizes, order)
-  offsets = jnp.cumsum(count[perm])  # Items up to each segment, in work order.
+  offsets = jnp.cumsum(count)
   total = offsets[-1]
   # Each segment adds at most one partial block and one partial item.
   num_items = (pl.cdiv(m, block_m) + g + 2) // cluster + g + 2
   t = jnp.arange(num_items, dtype=jnp.int32)
-  pos = jnp.minimum(jnp.sum(offsets[None, :] <= t[:, None], axis=1), g + 1)
-  seg = perm[pos]
-  first_block = (t - (offsets[pos] - count[seg])) * cluster
+  seg = jnp.minimum(jnp.sum(offsets[None, :] <= t[:, None], axis=1), g + 1)
+  first_block = (t - (offsets[seg] - count[seg])) * cluster
   valid = t < total
   fields = [jnp.where(valid, seg_rhs[seg], -1)]
   for c in range(cluster):
@@ -207,18 +153,6 @@ def work_items(
     row0 = jnp.minimum(block_start, m - block_m)
     fields += [jnp.where(valid, row0, 0), jnp.where(present, lo, 0), jnp.where(present, hi, 0)]
   items = jnp.stack(fields, axis=1).astype(jnp.int32)
-  if order == "streams":
-    # Two streams of items, groups of at least the average size and smaller
-    # ones, interleaved evenly: the CTAs at work at any time hold items of both.
-    seg_big = jnp.concatenate([jnp.zeros(1, bool), _big_groups(sizes), jnp.zeros(1, bool)])
-    kind = jnp.where(valid, jnp.where(seg_rhs[seg] < 0, 2, jnp.where(seg_big[seg], 0, 1)), 3)
-    keys = []
-    for c in range(2):
-      mine = kind == c
-      rank = jnp.cumsum(mine) - 1
-      keys.append((rank.astype(jnp.float32) + 0.5) / jnp.maximum(jnp.sum(mine), 1))
-    key = jnp.where(kind == 0, keys[0], jnp.where(kind == 1, keys[1], kind.astype(jnp.float32)))
-    items = items[jnp.argsort(key, stable=True)]
   header = jnp.zeros((1, items.shape[1]), jnp.int32).at[0, 0].set(total)
   return jnp.concatenate([header, items]), num_items
 
@@ -283,7 +217,7 @@ def ragged_dot_fwd(
   n_tiles = n // bn
   k_steps = k // bk
   cluster = config.cluster
-  items, _ = work_items(sizes, before, m, bm, cluster, config.order)
+  items, _ = work_items(sizes, before, m, bm, cluster)
   collective = ("cluster",) if cluster > 1 else None
   in_tf = _transforms(lhs.dtype)
   out_dtype = jnp.dtype(out_dtype)
