@@ -41,7 +41,6 @@ def _arg_sets(m, k, n, count=2):
 CANDIDATES = {
   "xla": "xla",
   "mosaic": glu_mosaic.MosaicGatedLinearUnit(),
-  "mosaic ct per matmul": glu_mosaic.MosaicGatedLinearUnit(cotangent_per_matmul=True),
 }
 
 

@@ -41,11 +41,6 @@ def test_interpret_matches_reference_with_gradients(
   _check_against_reference(shape, tuple_weights, activation, impl, capfd)
 
 
-def test_cotangent_per_matmul_matches_reference(capfd):
-  impl = mosaic.MosaicGatedLinearUnit(interpret=True, config=SMALL, cotangent_per_matmul=True)
-  _check_against_reference((72, 128), False, jax.nn.swish, impl, capfd)
-
-
 def _check_against_reference(shape, tuple_weights, activation, impl, capfd):
   rng = np.random.default_rng(len(shape) + shape[-2])
   k, n = shape[-1], 128

@@ -129,16 +129,12 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
     backward: Where the backward matmuls of fused weights run: "xla", "mosaic"
       (the ragged_dot kernels with one group), a pair of them for (dx, dW),
       or None: XLA for both (measured faster on the H200).
-    cotangent_per_matmul: Form the projections' cotangent separately for dx and
-      for dW (XLA backward), so that XLA can fuse it into each matmul instead of
-      writing it once and reading it twice.
   """
 
   name = "mosaic"
   spec = spec.SPEC
   config_cls = Config
   backward: str | tuple[str, str] | None = None
-  cotangent_per_matmul: bool = False
 
   def __post_init__(self):
     choice = self.backward
@@ -268,15 +264,9 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
     else:
       dx_how, dw_how = self._backward()
       d2 = d.reshape(m, 2 * n)
-      if self.cotangent_per_matmul and dw_how == "xla":
-        # A second, uncommoned copy of the product, for the dW matmul alone.
-        dout_again, residuals_again = jax.lax.optimization_barrier((dout, residuals))
-        d2_dw = _projection_cotangents(dout_again, residuals_again, x.dtype).reshape(m, 2 * n)
-      else:
-        d2_dw = d2
       w2 = args.weights.reshape(-1, 2 * n)
       dx = dx_matmul(d2, w2, dx_how, args.precision, self.interpret)
-      dweights = dw_matmul(x, d2_dw, dw_how, args.precision, self.interpret)
+      dweights = dw_matmul(x, d2, dw_how, args.precision, self.interpret)
       dweights = dweights.reshape(args.weights.shape)
     return {"x": dx.reshape(args.x.shape), "weights": dweights}
 
