@@ -63,6 +63,14 @@ def layer_norm_fwd(
 
 
 @triton.jit
+def _load_rows(ptr, start, last, cols, col_ok, D: tl.constexpr, BLOCK_M: tl.constexpr):
+  """BLOCK_M rows of a [*, D] array from row `start`; rows from `last` on read as zeros."""
+  rows = start + tl.arange(0, BLOCK_M)
+  mask = (rows < last)[:, None] & col_ok[None, :]
+  return tl.load(ptr + rows[:, None].to(tl.int64) * D + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
 def _bwd_rows(
   x_raw,
   dy_raw,
@@ -138,11 +146,8 @@ def layer_norm_bwd(
   if STAGES > 1:
     # Software-pipelined through shared memory: no register prefetch.
     for start in tl.range(first, last, BLOCK_M, num_stages=STAGES):
-      rows = start + tl.arange(0, BLOCK_M)
-      mask = (rows < last)[:, None] & col_ok[None, :]
-      offs = rows[:, None].to(tl.int64) * D + cols[None, :]
-      x_raw = tl.load(x_ptr + offs, mask=mask, other=0.0)
-      dy_raw = tl.load(dy_ptr + offs, mask=mask, other=0.0)
+      x_raw = _load_rows(x_ptr, start, last, cols, col_ok, D, BLOCK_M)
+      dy_raw = _load_rows(dy_ptr, start, last, cols, col_ok, D, BLOCK_M)
       ds, do = _bwd_rows(
         x_raw,
         dy_raw,
@@ -163,18 +168,12 @@ def layer_norm_bwd(
         doffset += do
   elif PREFETCH:
     # The next rows' loads are issued before this step's reductions and stores.
-    rows = first + tl.arange(0, BLOCK_M)
-    mask = (rows < last)[:, None] & col_ok[None, :]
-    offs = rows[:, None].to(tl.int64) * D + cols[None, :]
-    x_next = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    dy_next = tl.load(dy_ptr + offs, mask=mask, other=0.0)
+    x_next = _load_rows(x_ptr, first, last, cols, col_ok, D, BLOCK_M)
+    dy_next = _load_rows(dy_ptr, first, last, cols, col_ok, D, BLOCK_M)
     for start in range(first, last, BLOCK_M):
       x_raw, dy_raw = x_next, dy_next
-      rows_next = start + BLOCK_M + tl.arange(0, BLOCK_M)
-      mask_next = (rows_next < last)[:, None] & col_ok[None, :]
-      offs_next = rows_next[:, None].to(tl.int64) * D + cols[None, :]
-      x_next = tl.load(x_ptr + offs_next, mask=mask_next, other=0.0)
-      dy_next = tl.load(dy_ptr + offs_next, mask=mask_next, other=0.0)
+      x_next = _load_rows(x_ptr, start + BLOCK_M, last, cols, col_ok, D, BLOCK_M)
+      dy_next = _load_rows(dy_ptr, start + BLOCK_M, last, cols, col_ok, D, BLOCK_M)
       ds, do = _bwd_rows(
         x_raw,
         dy_raw,
@@ -195,11 +194,8 @@ def layer_norm_bwd(
         doffset += do
   else:
     for start in range(first, last, BLOCK_M):
-      rows = start + tl.arange(0, BLOCK_M)
-      mask = (rows < last)[:, None] & col_ok[None, :]
-      offs = rows[:, None].to(tl.int64) * D + cols[None, :]
-      x_raw = tl.load(x_ptr + offs, mask=mask, other=0.0)
-      dy_raw = tl.load(dy_ptr + offs, mask=mask, other=0.0)
+      x_raw = _load_rows(x_ptr, start, last, cols, col_ok, D, BLOCK_M)
+      dy_raw = _load_rows(dy_ptr, start, last, cols, col_ok, D, BLOCK_M)
       ds, do = _bwd_rows(
         x_raw,
         dy_raw,
@@ -296,11 +292,10 @@ def layer_norm_fwd_persistent(
     b = tl.load(offset_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
   else:
     b = tl.zeros((BLOCK_D,), tl.float32)
+  step = programs * BLOCK_M
   if STAGES > 1:
-    for start in tl.range(pid * BLOCK_M, m, programs * BLOCK_M, num_stages=STAGES):
-      rows = start + tl.arange(0, BLOCK_M)
-      mask = (rows < m)[:, None] & col_ok[None, :]
-      x_raw = tl.load(x_ptr + rows[:, None].to(tl.int64) * D + cols[None, :], mask=mask, other=0.0)
+    for start in tl.range(pid * BLOCK_M, m, step, num_stages=STAGES):
+      x_raw = _load_rows(x_ptr, start, m, cols, col_ok, D, BLOCK_M)
       _fwd_rows(
         x_raw,
         w,
@@ -318,15 +313,10 @@ def layer_norm_fwd_persistent(
         SUBTRACT_MEAN,
       )
   else:
-    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask = (rows < m)[:, None] & col_ok[None, :]
-    x_next = tl.load(x_ptr + rows[:, None].to(tl.int64) * D + cols[None, :], mask=mask, other=0.0)
-    for start in range(pid * BLOCK_M, m, programs * BLOCK_M):
+    x_next = _load_rows(x_ptr, pid * BLOCK_M, m, cols, col_ok, D, BLOCK_M)
+    for start in range(pid * BLOCK_M, m, step):
       x_raw = x_next
-      rows_next = start + programs * BLOCK_M + tl.arange(0, BLOCK_M)
-      mask_next = (rows_next < m)[:, None] & col_ok[None, :]
-      offs_next = rows_next[:, None].to(tl.int64) * D + cols[None, :]
-      x_next = tl.load(x_ptr + offs_next, mask=mask_next, other=0.0)
+      x_next = _load_rows(x_ptr, start + step, m, cols, col_ok, D, BLOCK_M)
       _fwd_rows(
         x_raw,
         w,
