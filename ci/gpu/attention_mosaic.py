@@ -66,6 +66,22 @@ def rel_err(x, ref) -> float:
   return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
+def heuristic_configs(overrides, q, k, v, **kw) -> list:
+  """The op's heuristic config for this call, with each dict of `overrides` applied to it."""
+  base = mosaic.MosaicAttention()._get_heuristics_config(spec.canonicalize(q, k, v, **kw))
+  return [dataclasses.replace(base, **over) for over in overrides]
+
+
+def case_record(name, b, t, n, kh, h, causal) -> dict:
+  """The fields that name a timed attention call in the results."""
+  return {
+    "name": name,
+    "shape": dict(B=b, T=t, N=n, K=kh, H=h),
+    "causal": causal,
+    "dtype": "bfloat16",
+  }
+
+
 def mosaic_fn(config=None, **kw):
   impl = mosaic.MosaicAttention(config=config)
   return lambda q, k, v: impl(q, k, v, **kw)
@@ -175,7 +191,7 @@ def check_bias_mask(name, b, t, s, n, kh, h, bias_shape=None, mask_shape=None, *
 
 
 @guarded
-def bench_bias_mask(name, b, t, n, h, bias_shape, mask_shape, configs):
+def bench_bias_mask(name, b, t, n, h, bias_shape, mask_shape, overrides):
   """Forward time with a bias and/or mask against cuDNN given the same, and without either.
 
   The bias and mask are arguments of the jitted function (not constants), shared by
@@ -205,6 +221,7 @@ def bench_bias_mask(name, b, t, n, h, bias_shape, mask_shape, configs):
     rec["cudnn_fwd_ms"] = f"{type(e).__name__}: {e}"[:500]
   log(name, "cudnn", rec["cudnn_fwd_ms"])
   rec["mosaic_fwd_ms"] = {}
+  configs = heuristic_configs(overrides, *qkv[0], bias=bias, mask=mask)
   for cfg in configs:
     key = str(dataclasses.astuple(cfg))
     impl = mosaic.MosaicAttention(config=cfg)
@@ -237,16 +254,15 @@ def tflops(b, t, s, n, h, causal, ms, bwd=False):
 
 
 @guarded
-def bench(name, b, t, n, kh, h, causal, configs, fwd_bwd, bwd_variants=()):
-  """`bwd_variants`: backward config overrides also timed forward+backward (the best is kept)."""
+def bench(name, b, t, n, kh, h, causal, overrides, fwd_bwd, bwd_variants=()):
+  """Times the heuristic config with each dict of `overrides` applied (the best is kept).
+
+  `bwd_variants`: backward config overrides also timed forward+backward.
+  """
   dtype = jnp.bfloat16
   args = [inputs(jax.random.key(10 + i), b, t, t, n, kh, h, dtype) for i in range(3)]
-  rec = {
-    "name": name,
-    "shape": dict(B=b, T=t, N=n, K=kh, H=h),
-    "causal": causal,
-    "dtype": "bfloat16",
-  }
+  rec = case_record(name, b, t, n, kh, h, causal)
+  configs = heuristic_configs(overrides, *args[0][:3], is_causal=causal)
 
   def cudnn(q, k, v):
     return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
@@ -347,10 +363,7 @@ def sweep_bwd(name, b, t, n, kh, h, causal, fwd, candidates):
   dtype = jnp.bfloat16
   args = [inputs(jax.random.key(10 + i), b, t, t, n, kh, h, dtype) for i in range(3)]
   rec = {
-    "name": name,
-    "shape": dict(B=b, T=t, N=n, K=kh, H=h),
-    "causal": causal,
-    "dtype": "bfloat16",
+    **case_record(name, b, t, n, kh, h, causal),
     "forward_config": fwd,
     "fields": list(mosaic._BWD_FIELDS),
     "candidates": [],
@@ -552,12 +565,11 @@ def main():
     log("errors", len(RESULTS["errors"]))
     save()
     return
-  C = mosaic.Config
-  # The best forward configs of session 2's sweeps (h200_attention_mosaic_626a49f.json), and
-  # one untried deeper pipeline at H64 (three 256-key slots fit its shared memory).
-  h64 = [C(block_kv=256), C(block_kv=256, num_stages=3)]
-  h128 = [C(block_kv=128)]
-  h256 = [C(block_kv=64)]
+  # The op's heuristic config (what users get); at H64 also a deeper pipeline (three
+  # 256-key slots fit its shared memory).
+  h64 = [{}, dict(num_stages=3)]
+  h128 = [{}]
+  h256 = [{}]
   fb = has_bwd()
   benches = [
     ("B32_T2048_N16_H64", 32, 2048, 16, 16, 64, False, h64),
