@@ -8,6 +8,7 @@ are named by what they profile; `--only` takes substrings of their names.
 """
 
 import argparse
+import dataclasses
 import functools
 import os
 import sys
@@ -58,7 +59,20 @@ def glu_case(m, k, n, impl):
   return fn, (x, w), (0, 1)
 
 
+def _overlapped_attention():
+  """The Mosaic attention op with the overlapped consumers (`overlap_qk`, no schedule barrier)."""
+  from tokamax._src.ops.attention import mosaic
+
+  class Overlapped(mosaic.MosaicAttention):
+    def _get_heuristics_config(self, args):
+      config = super()._get_heuristics_config(args)
+      return dataclasses.replace(config, overlap_qk=True, schedule_barrier=False)
+
+  return Overlapped()
+
+
 def attention_case(b, t, n, h, impl, causal=False, kv_heads=None):
+  impl = _overlapped_attention() if impl == "mosaic-overlap" else impl
   q = _normal(0, (b, t, n, h))
   k = _normal(1, (b, t, kv_heads or n, h))
   v = _normal(2, (b, t, kv_heads or n, h))
@@ -109,6 +123,14 @@ CASES = {
     for mode in ("fwd", "fwd+bwd")
   },
   **{
+    f"attention mosaic-overlap {mode} B4 T4096 N32 H128": (
+      attention_case,
+      (4, 4096, 32, 128, "mosaic-overlap"),
+      mode,
+    )
+    for mode in ("fwd", "fwd+bwd")
+  },
+  **{
     f"ragged mosaic {mode} M32768 K7168 N2048 G64 {kind}": (
       ragged_case,
       (32768, 7168, 2048, 64, kind),
@@ -128,6 +150,7 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--out", default="kernel_profile.json")
   parser.add_argument("--only", default="", help="comma-separated substrings of case names")
+  parser.add_argument("--hlo", action="store_true", help="save each case's optimised HLO")
   flags = parser.parse_args()
   wanted = [s for s in flags.only.split(",") if s]
   record = run_record.Record(flags.out, iterations=ITERATIONS, cases={})
@@ -140,6 +163,10 @@ def main():
     fn, args, diff_argnums = make(*make_args)
     step, step_args = _step(fn, args, mode, diff_argnums)
     kernels = per_kernel_ms(step, step_args)
+    if flags.hlo:
+      path = os.path.join(os.path.dirname(flags.out) or ".", f"hlo_{name.replace(' ', '_')}.txt")
+      with open(path, "w") as f:
+        f.write(step.lower(*step_args).compile().as_text())
     total = sum(ms for _, ms in kernels)
     record.results["cases"][name] = {
       "total_ms": total,

@@ -20,7 +20,8 @@
 #   triton_mm_norm    Triton layer_norm, GLU and ragged_dot timings (ci/gpu/triton_mm_norm.py)
 #   glu_rounds        XLA against Mosaic SwiGLU, interleaved rounds (ci/gpu/glu_rounds.py; GLU_ROUNDS_ARGS)
 #   profile           per-kernel device time of training steps, ours and anchors (ci/gpu/kernel_profile.py;
-#                     PROFILE_ONLY: substrings of case names; PTXAS=1 logs ptxas's register and spill report)
+#                     PROFILE_ONLY: substrings of case names; PTXAS=1 logs ptxas's register and spill report;
+#                     PROFILE_ARGS=--hlo saves each case's optimised HLO)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the output folder}"
@@ -78,7 +79,7 @@ for s in ${STEPS:-suite golden_bench tooling}; do
     glu_rounds) step glu_rounds 200 python3 ci/gpu/glu_rounds.py ${GLU_ROUNDS_ARGS:-} \
       --out "$WORK/glu_rounds/glu_rounds.json" ;;
     profile) step profile 150 env ${PTXAS:+MOSAIC_GPU_DUMP_PTXAS=1} python3 ci/gpu/kernel_profile.py --only "${PROFILE_ONLY:-}" \
-      --out "$WORK/profile/kernel_profile.json" ;;
+      --out "$WORK/profile/kernel_profile.json" ${PROFILE_ARGS:-} ;;
     *) echo "unknown step $s" ;;
   esac
 done

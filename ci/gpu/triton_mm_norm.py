@@ -45,6 +45,7 @@ RECORD = run_record.Record("triton_mm_norm.json", checks=[], timings=[])
 # forward+backward 1.20x XLA against 1.3x), and 16384x4096 to see that it does not regress.
 SWEEPS = {("rms_norm", 4096, 8192), ("rms_norm", 16384, 4096)}
 RESULTS, save = RECORD.results, RECORD.save
+NORM_ROUNDS = 1  # --norm-rounds: interleaved rounds of the layer_norm timings.
 
 
 def tol(dtype) -> float:
@@ -230,19 +231,42 @@ def cotangent(fwd, args):
   return jax.random.normal(jax.random.key(5), out.shape, jnp.float32).astype(out.dtype)
 
 
-def timed(name, shape, impls, make_args, diff_argnums, iters=20, configs=None):
-  """Times each implementation forward and forward+backward."""
+def timed(name, shape, impls, make_args, diff_argnums, iters=20, rounds=1):
+  """Times each implementation forward and forward+backward.
+
+  With `rounds` > 1 the implementations take turns, round after round, so that
+  clock drift hits them alike; each time is then the median of the rounds' medians.
+  """
   argsets = make_args()
-  row = {"name": name, "shape": shape, "dtype": "bfloat16"}
+  row = {"name": name, "shape": shape, "dtype": "bfloat16", "rounds": rounds}
+  steps = {}
   for impl_name, fn in impls.items():
     try:
       fwd, grad = fwd_and_fwdbwd(fn, diff_argnums)
       ct = cotangent(fwd, argsets[0])
-      row[f"{impl_name}_fwd"] = bench(fwd, argsets, iters)
-      row[f"{impl_name}_fwdbwd"] = bench(grad, [(*a, ct) for a in argsets], max(iters // 2, 3))
+      steps[impl_name] = ((fwd, argsets), (grad, [(*a, ct) for a in argsets]))
     except Exception as e:
       row[f"{impl_name}_error"] = f"{type(e).__name__}: {e}"[:2000]
       traceback.print_exc()
+  per_round = {}
+  for _ in range(rounds):
+    for impl_name, ((fwd, fwd_args), (grad, grad_args)) in steps.items():
+      try:
+        times = per_round.setdefault(impl_name, {"fwd": [], "fwdbwd": []})
+        times["fwd"].append(bench(fwd, fwd_args, iters))
+        times["fwdbwd"].append(bench(grad, grad_args, max(iters // 2, 3)))
+      except Exception as e:
+        row[f"{impl_name}_error"] = f"{type(e).__name__}: {e}"[:2000]
+        traceback.print_exc()
+  for impl_name, times in per_round.items():
+    for mode, results in times.items():
+      if results:
+        medians = [r["median_ms"] for r in results]
+        row[f"{impl_name}_{mode}"] = {
+          **results[0],
+          "median_ms": statistics.median(medians),
+          "rounds_ms": medians,
+        }
   for mode in ("fwd", "fwdbwd"):
     ours = row.get(f"triton_{mode}", {}).get("median_ms")
     anchor = row.get(f"xla_{mode}", {}).get("median_ms")
@@ -387,6 +411,7 @@ def benchmarks(skip_sweeps: bool, only: set[str]):
         make,
         (0, 1) if rms else (0, 1, 2),
         iters=50,
+        rounds=NORM_ROUNDS,
       )
       if not skip_sweeps and not DRY and ("rms_norm" if rms else "layer_norm", m, d) in SWEEPS:
         base = norm_triton.TritonLayerNorm()._get_heuristics_config(spec_of_norm(make()[0], rms))
@@ -504,7 +529,10 @@ def main():
   parser.add_argument(
     "--only", default="layer_norm,gated_linear_unit,ragged_dot", help="ops to check and time"
   )
+  parser.add_argument("--norm-rounds", type=int, default=1, help="interleaved norm rounds")
   a = parser.parse_args()
+  global NORM_ROUNDS
+  NORM_ROUNDS = a.norm_rounds
   RECORD.path = os.path.join(a.out, "triton_mm_norm.json")
   dev = jax.devices()[0]
   RESULTS["device"] = getattr(dev, "device_kind", str(dev))

@@ -17,6 +17,8 @@ from tokamax._src.ops.normalization import triton_layer_norm as kernels
 _DTYPES = ("float32", "bfloat16", "float16")
 _MAX_D = 32768  # Rows are held in registers; longer rows would spill.
 _SMEM = 128 * 1024  # Shared memory for the pipelined loops' stages (sm_80 has 163 KB).
+# Columns per program of the partial sums' reduction: one 128-byte line of float32 per row.
+_SUM_BLOCK_C = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,11 +156,39 @@ def backward(
     **_common_meta(args, d),
   )
   grads = {"x": _from_rows(args, dx), "scale": None, "offset": None}
-  if args.scale is not None:
-    grads["scale"] = dscale.sum(axis=0).astype(args.scale.dtype)
-  if has_offset:
-    grads["offset"] = doffset.sum(axis=0).astype(args.offset.dtype)
+  if args.scale is not None or has_offset:
+    grads["scale"], grads["offset"] = _sum_partials(args, dscale, doffset, programs)
   return grads
+
+
+def _sum_partials(
+  args: spec.NormArgs, dscale: jax.Array, doffset: jax.Array, programs: int
+) -> tuple[jax.Array | None, jax.Array | None]:
+  """dscale and doffset (or None) in their parameters' dtypes, from per-program partials."""
+  vectors = (args.scale, args.offset)
+  d = next(v.shape[0] for v in vectors if v is not None)
+  # As with the partials, a missing vector gets a one-element placeholder output.
+  sums = triton_call.call(
+    kernels.sum_partials,
+    dscale,
+    doffset,
+    programs,
+    out_shape=[
+      jax.ShapeDtypeStruct((d,), v.dtype)
+      if v is not None
+      else jax.ShapeDtypeStruct((1,), jnp.float32)
+      for v in vectors
+    ],
+    grid=(_cdiv(d, _SUM_BLOCK_C),),
+    D=d,
+    BLOCK_P=min(256, max(16, 1 << (programs - 1).bit_length())),
+    BLOCK_C=_SUM_BLOCK_C,
+    HAS_SCALE=args.scale is not None,
+    HAS_OFFSET=args.offset is not None,
+    num_warps=4,
+    num_stages=1,
+  )
+  return tuple(s if v is not None else None for s, v in zip(sums, vectors, strict=True))
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -2,8 +2,9 @@
 
 Each program normalises BLOCK_M whole rows held in registers (BLOCK_D >= D).
 Statistics are float32. The backward kernel walks a contiguous run of rows per
-program and writes per-program partial sums of dscale and doffset, which the
-wrapper adds up.
+program and writes per-program partial sums of dscale and doffset, which
+`sum_partials` adds up in a fixed order (deterministic), column block by column
+block.
 
 Row loops either keep the next rows' loads in registers (`PREFETCH`) or, with
 `STAGES` > 1, let Triton's software pipeliner copy the next `STAGES - 1` row
@@ -218,6 +219,38 @@ def layer_norm_bwd(
     tl.store(dscale_ptr + pid * D + cols, dscale, mask=col_ok)
   if HAS_OFFSET:
     tl.store(doffset_ptr + pid * D + cols, doffset, mask=col_ok)
+
+
+@triton.jit
+def sum_partials(
+  dscale_partials_ptr,
+  doffset_partials_ptr,
+  programs,
+  dscale_ptr,
+  doffset_ptr,
+  D: tl.constexpr,
+  BLOCK_P: tl.constexpr,
+  BLOCK_C: tl.constexpr,
+  HAS_SCALE: tl.constexpr,
+  HAS_OFFSET: tl.constexpr,
+):
+  """dscale and doffset: the [programs, D] partial sums added over programs."""
+  cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+  col_ok = cols < D
+  if HAS_SCALE:
+    _sum_rows(dscale_partials_ptr, programs, cols, col_ok, dscale_ptr, D, BLOCK_P, BLOCK_C)
+  if HAS_OFFSET:
+    _sum_rows(doffset_partials_ptr, programs, cols, col_ok, doffset_ptr, D, BLOCK_P, BLOCK_C)
+
+
+@triton.jit
+def _sum_rows(
+  ptr, rows, cols, col_ok, out_ptr, D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr
+):
+  total = tl.zeros((BLOCK_C,), tl.float32)
+  for start in range(0, rows, BLOCK_P):
+    total += tl.sum(_load_rows(ptr, start, rows, cols, col_ok, D, BLOCK_P), axis=0)
+  tl.store(out_ptr + cols, total.to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
 @triton.jit
