@@ -42,6 +42,9 @@ CANDIDATES = {
   "xla": "xla",
   "mosaic": glu_mosaic.MosaicGatedLinearUnit(),
 }
+# --shipped: the config the shipped H200 cache held for 8192x4096x14336 (autotuned at
+# 626a49f, before `cluster` existed), beside the heuristic's.
+SHIPPED_8192 = glu_mosaic.Config(block_n=128, num_stages=3, epi_n=128, grid_tile_m=16)
 
 
 def main():
@@ -49,6 +52,7 @@ def main():
   parser.add_argument("--out", default="glu_rounds.json")
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--shapes", default="all", help="'all' or 'large' (8192 only)")
+  parser.add_argument("--shipped", action="store_true", help="also SHIPPED_8192 at 8192")
   flags = parser.parse_args()
   record = run_record.Record(flags.out, rounds=flags.rounds, timings=[], ratios={})
   record.results["device"] = jax.devices()[0].device_kind
@@ -60,7 +64,10 @@ def main():
     sets = _arg_sets(m, k, n)
     fwd_sets = [s[:2] for s in sets]
     fns = {}
-    for name, impl in CANDIDATES.items():
+    candidates = dict(CANDIDATES)
+    if flags.shipped and m == 8192:
+      candidates["mosaic_shipped"] = glu_mosaic.MosaicGatedLinearUnit(config=SHIPPED_8192)
+    for name, impl in candidates.items():
       glu = functools.partial(
         tokamax.gated_linear_unit, activation=jax.nn.swish, implementation=impl
       )

@@ -46,6 +46,7 @@ RECORD = run_record.Record("triton_mm_norm.json", checks=[], timings=[])
 SWEEPS = {("rms_norm", 4096, 8192), ("rms_norm", 16384, 4096)}
 RESULTS, save = RECORD.results, RECORD.save
 NORM_ROUNDS = 1  # --norm-rounds: interleaved rounds of the layer_norm timings.
+NORM_VARIANTS = False  # --norm-variants: RMSNorm configs beside the heuristic's, in the rounds.
 
 
 def tol(dtype) -> float:
@@ -268,10 +269,12 @@ def timed(name, shape, impls, make_args, diff_argnums, iters=20, rounds=1):
           "rounds_ms": medians,
         }
   for mode in ("fwd", "fwdbwd"):
-    ours = row.get(f"triton_{mode}", {}).get("median_ms")
     anchor = row.get(f"xla_{mode}", {}).get("median_ms")
-    if ours and anchor:
-      row[f"speedup_{mode}"] = anchor / ours
+    for impl_name in impls:
+      ours = row.get(f"{impl_name}_{mode}", {}).get("median_ms")
+      if impl_name.startswith("triton") and ours and anchor:
+        suffix = impl_name.removeprefix("triton")
+        row[f"speedup_{mode}{suffix}"] = anchor / ours
   RESULTS["timings"].append(row)
   save()
   print(
@@ -379,6 +382,16 @@ def backward_variants(base, d: int) -> list:
   return list(dict.fromkeys(configs))
 
 
+def norm_variants(base, d: int) -> dict:
+  """Configs timed beside the heuristic's in the interleaved rounds (--norm-variants)."""
+  rep = dataclasses.replace
+  variants = {"stream_dx": rep(base, bwd_stream_dx=True)}
+  if d >= 8192:
+    variants["fwd264"] = rep(base, fwd_programs=264)
+    variants["fwd264_stream_dx"] = rep(base, fwd_programs=264, bwd_stream_dx=True)
+  return variants
+
+
 def spec_of_norm(args, rms):
   from tokamax._src.ops.normalization import spec
 
@@ -404,10 +417,15 @@ def benchmarks(skip_sweeps: bool, only: set[str]):
           x, s, b, subtract_mean=not rms, implementation=name
         )
 
+      impls = {"triton": impl(OURS), "xla": impl("xla")}
+      if NORM_VARIANTS and rms and not DRY:
+        base = norm_triton.TritonLayerNorm()._get_heuristics_config(spec_of_norm(make()[0], rms))
+        for label, variant in norm_variants(base, d).items():
+          impls[f"triton_{label}"] = impl(norm_triton.TritonLayerNorm(config=variant))
       row = timed(
         "rms_norm" if rms else "layer_norm",
         [m, d],
-        {"triton": impl(OURS), "xla": impl("xla")},
+        impls,
         make,
         (0, 1) if rms else (0, 1, 2),
         iters=50,
@@ -530,9 +548,10 @@ def main():
     "--only", default="layer_norm,gated_linear_unit,ragged_dot", help="ops to check and time"
   )
   parser.add_argument("--norm-rounds", type=int, default=1, help="interleaved norm rounds")
+  parser.add_argument("--norm-variants", action="store_true", help="RMSNorm config variants")
   a = parser.parse_args()
-  global NORM_ROUNDS
-  NORM_ROUNDS = a.norm_rounds
+  global NORM_ROUNDS, NORM_VARIANTS
+  NORM_ROUNDS, NORM_VARIANTS = a.norm_rounds, a.norm_variants
   RECORD.path = os.path.join(a.out, "triton_mm_norm.json")
   dev = jax.devices()[0]
   RESULTS["device"] = getattr(dev, "device_kind", str(dev))

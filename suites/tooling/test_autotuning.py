@@ -292,6 +292,28 @@ def test_default_cache(monkeypatch, tmp_path):
     cache.default_result.cache_clear()
 
 
+def test_default_cache_skips_entries_of_an_older_config(monkeypatch, tmp_path):
+  """A shipped entry missing a config field was tuned on an older kernel: heuristics instead."""
+  q = make_inputs()[0]
+  kind = jax.devices()[0].device_kind
+
+  @dataclasses.dataclass(frozen=True)
+  class NewerConfig(xla_chunked.ChunkedConfig):
+    unroll: int = 1  # A field the shipped entry predates.
+
+  monkeypatch.setattr(xla_chunked.XlaChunkedAttention, "config_cls", NewerConfig)
+  chunk_result(64, q).dump(tmp_path / cache.file_name(kind))
+  monkeypatch.setattr(cache, "DATA_DIR", tmp_path)
+  cache.default_result.cache_clear()
+  try:
+    f = jax.jit(lambda q: attention_only(q))
+    assert trip_counts(f.lower(q).as_text()) == [1]  # The heuristic chunk, not the entry's.
+    with chunk_result(128, q):  # An entered result is taken as it is.
+      assert trip_counts(f.lower(q).as_text()) == [2]
+  finally:
+    cache.default_result.cache_clear()
+
+
 def test_shipped_default_caches_load():
   for path in sorted(cache.DATA_DIR.glob("*.json")):
     result = tokamax.AutotuningResult.load(path)

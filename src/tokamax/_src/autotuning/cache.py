@@ -5,15 +5,18 @@
    key: a jitted function called inside another set of results retraces.
 2. Configs tuned in this process on a cache miss (`cache_miss="autotune"`).
 3. The default cache shipped for the device kind under `tokamax/data/`
-   (when `config.OPTIONS.use_default_cache`).
+   (when `config.OPTIONS.use_default_cache`), less the entries written by an
+   older config class (a field missing), which were tuned on older kernels.
 4. A miss: heuristics, autotuning or an error, as `config.OPTIONS.cache_miss`
    says. An op with at most one candidate config has nothing to tune and
    always falls back to its heuristics.
 """
 
 import contextvars
+import dataclasses
 import functools
 import importlib.resources
+import json
 import pathlib
 import re
 import threading
@@ -88,8 +91,20 @@ def lookup_data(op: Any, key: str, kind: str | None = None) -> Any | None:
   if config.OPTIONS.use_default_cache:
     default = default_result(kind)
     if default is not None and default.device_kind == kind:
-      return default.data_for(op, key)
+      data = default.data_for(op, key)
+      return data if data is not None and _written_by_current_config(data, op) else None
   return None
+
+
+def _written_by_current_config(data: Any, op: Any) -> bool:
+  """Whether a shipped entry names every field of `op`'s config class.
+
+  The autotuner writes every field, so a missing one marks an entry tuned on an
+  older kernel, whose choice the heuristics have since superseded.
+  """
+  if data.config is None or not dataclasses.is_dataclass(op.config_cls):
+    return True
+  return set(json.loads(data.config)) == {f.name for f in dataclasses.fields(op.config_cls)}
 
 
 def _nothing_to_tune(op: Any, args: Any) -> bool:

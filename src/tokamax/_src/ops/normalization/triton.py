@@ -41,6 +41,8 @@ class Config:
       register prefetch).
     bwd_stages: > 1 pipelines the backward's loads of x and dy through shared
       memory this many stages deep (cp.async; overrides `bwd_prefetch`).
+    bwd_stream_dx: Whether the backward stores dx with the streaming cache
+      hint (`st.global.cs`: evict first).
   """
 
   block_m: int = 1
@@ -52,6 +54,7 @@ class Config:
   bwd_prefetch: bool = False
   fwd_stages: int = 0
   bwd_stages: int = 0
+  bwd_stream_dx: bool = False
 
 
 def _rows(args: spec.NormArgs) -> tuple[int, int]:
@@ -128,8 +131,6 @@ def backward(
   m, d = x.shape
   dy = _to_rows(dataclasses.replace(args, x=dy))
   programs = max(1, min(config.bwd_programs, _cdiv(m, config.bwd_block_m)))
-  rows_per_program = _cdiv(_cdiv(m, programs), config.bwd_block_m) * config.bwd_block_m
-  programs = _cdiv(m, rows_per_program)
   has_offset = args.offset is not None
   # Partial sums are only written for the vectors there are.
   partials = [
@@ -144,13 +145,13 @@ def backward(
     mean,
     rstd,
     m,
-    rows_per_program,
     out_shape=[jax.ShapeDtypeStruct((m, d), x.dtype), *partials],
     grid=(programs,),
     BLOCK_M=config.bwd_block_m,
     HAS_OFFSET=has_offset,
     PREFETCH=config.bwd_prefetch,
     STAGES=config.bwd_stages,
+    STREAM_DX=config.bwd_stream_dx,
     num_warps=config.bwd_num_warps,
     num_stages=2,
     **_common_meta(args, d),

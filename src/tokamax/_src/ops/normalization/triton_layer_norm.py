@@ -2,9 +2,9 @@
 
 Each program normalises BLOCK_M whole rows held in registers (BLOCK_D >= D).
 Statistics are float32. The backward kernel walks a contiguous run of rows per
-program and writes per-program partial sums of dscale and doffset, which
-`sum_partials` adds up in a fixed order (deterministic), column block by column
-block.
+program (runs differ by at most one row block) and writes per-program partial
+sums of dscale and doffset, which `sum_partials` adds up in a fixed order
+(deterministic), column block by column block.
 
 Row loops either keep the next rows' loads in registers (`PREFETCH`) or, with
 `STAGES` > 1, let Triton's software pipeliner copy the next `STAGES - 1` row
@@ -86,6 +86,7 @@ def _bwd_rows(
   D: tl.constexpr,
   BLOCK_M: tl.constexpr,
   SUBTRACT_MEAN: tl.constexpr,
+  STREAM_DX: tl.constexpr,
 ):
   """dx of BLOCK_M rows from `start`; returns their dscale and doffset sums."""
   rows = start + tl.arange(0, BLOCK_M)
@@ -107,7 +108,10 @@ def _bwd_rows(
     dx = (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
   else:
     dx = (wdy - xhat * c1[:, None]) * rstd[:, None]
-  tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+  if STREAM_DX:
+    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask, cache_modifier=".cs")
+  else:
+    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
   return tl.sum(dy * xhat, axis=0), tl.sum(dy, axis=0)
 
 
@@ -119,7 +123,6 @@ def layer_norm_bwd(
   mean_ptr,
   rstd_ptr,
   m,
-  rows_per_program,
   dx_ptr,
   dscale_ptr,
   doffset_ptr,
@@ -132,6 +135,7 @@ def layer_norm_bwd(
   HAS_OFFSET: tl.constexpr = True,
   PREFETCH: tl.constexpr = False,
   STAGES: tl.constexpr = 0,
+  STREAM_DX: tl.constexpr = False,
 ):
   pid = tl.program_id(0)
   cols = tl.arange(0, BLOCK_D)
@@ -142,8 +146,12 @@ def layer_norm_bwd(
     w = tl.full((BLOCK_D,), 1.0 + SCALE_OFFSET, tl.float32)
   dscale = tl.zeros((BLOCK_D,), tl.float32)
   doffset = tl.zeros((BLOCK_D,), tl.float32)
-  first = pid * rows_per_program
-  last = tl.minimum(first + rows_per_program, m)
+  # Row blocks shared out evenly: the first `extra` programs take one more.
+  blocks = tl.cdiv(m, BLOCK_M)
+  per_program = blocks // tl.num_programs(0)
+  extra = blocks % tl.num_programs(0)
+  first = (pid * per_program + tl.minimum(pid, extra)) * BLOCK_M
+  last = tl.minimum(first + (per_program + (pid < extra)) * BLOCK_M, m)
   if STAGES > 1:
     # Software-pipelined through shared memory: no register prefetch.
     for start in tl.range(first, last, BLOCK_M, num_stages=STAGES):
@@ -163,6 +171,7 @@ def layer_norm_bwd(
         D,
         BLOCK_M,
         SUBTRACT_MEAN,
+        STREAM_DX,
       )
       dscale += ds
       if HAS_OFFSET:
@@ -189,6 +198,7 @@ def layer_norm_bwd(
         D,
         BLOCK_M,
         SUBTRACT_MEAN,
+        STREAM_DX,
       )
       dscale += ds
       if HAS_OFFSET:
@@ -211,6 +221,7 @@ def layer_norm_bwd(
         D,
         BLOCK_M,
         SUBTRACT_MEAN,
+        STREAM_DX,
       )
       dscale += ds
       if HAS_OFFSET:
