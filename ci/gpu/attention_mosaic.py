@@ -332,8 +332,18 @@ _SWEEP_H128 = [
   (64, 64, 3, 64, 64, 4),
   (64, 64, 4, 64, 64, 2),
 ]
-# H256: dq and the dk pass fit one slot; the dv pass takes two by default.
-_SWEEP_H256 = [(64, 64, 2, 64, 64, 2), (64, 64, 1, 64, 64, 1)]
+# H256: dq and the dk pass fit one slot; the dv pass takes two by default. Streamed
+# 32-row blocks (dq_block_kv, bwd_block_q) halve the score tiles, which spill at 64
+# (ptxas, 168 registers per thread); then dq and the dk pass fit two slots, the dv
+# pass up to four (`mosaic._bwd_kernel_params` drops the rest).
+_SWEEP_H256 = [
+  (64, 64, 2, 64, 64, 2),
+  (64, 64, 1, 64, 64, 1),
+  (64, 32, 2, 32, 64, 2),
+  (64, 32, 3, 32, 64, 3),
+  (64, 32, 2, 64, 64, 2),
+  (64, 64, 2, 32, 64, 2),
+]
 BWD_SWEEP = [
   # name, B, T, N, K, H, causal, forward config, candidates
   ("B32_T2048_N16_H64", 32, 2048, 16, 16, 64, False, dict(block_kv=256), _SWEEP_H64),

@@ -38,7 +38,7 @@ _HERE = os.path.abspath(__file__)
 # slot (the dk/dv kernel's log-sum-exp and delta slots; under `jax.grad` the
 # interpreter names the custom_vjp frame rather than the kernel line).
 _KNOWN_RACE = re.compile(
-  r"write of HostAllocationKey\([^)]*\)\[\(\d+, slice\(0, (64|128), 1\)\)\] from "
+  r"write of HostAllocationKey\([^)]*\)\[\(\d+, slice\(0, (32|64|128), 1\)\)\] from "
   r"Warpgroup\([^)]*warpgroup_id=2\)"
 )
 
@@ -146,6 +146,30 @@ CASES = {
     True,
     "dict(local_window_size=(40, 10), logits_soft_cap=4.0, query_seq_lengths=jnp.array([100, 61]),"
     " key_value_seq_lengths=jnp.array([90, 130]))",
+  ),
+  # Streamed 32-row blocks (dq_block_kv, bwd_block_q; 64-byte swizzles): at H256 with
+  # one slot each (value / dO first), and with the slots that fit (dq and dk 2, dv 3).
+  "h256_bwd_blocks_32_one_slot_lengths_window_softcap_padded": (
+    (2, 100, 130, 1, 1, 256),
+    "bfloat16",
+    True,
+    "dict(local_window_size=(40, 10), logits_soft_cap=4.0, query_seq_lengths=jnp.array([100, 61]),"
+    " key_value_seq_lengths=jnp.array([90, 130]))",
+    "dict(block_kv=64, dq_block_kv=32, dq_num_stages=1, bwd_block_q=32, bwd_num_stages=1)",
+  ),
+  "h256_bwd_blocks_32_gqa_causal": (
+    (1, 128, 128, 2, 1, 256),
+    "bfloat16",
+    True,
+    "dict(is_causal=True)",
+    "dict(block_kv=64, dq_block_kv=32, bwd_block_q=32, dq_num_stages=3, bwd_num_stages=3)",
+  ),
+  "h128_bwd_blocks_32_window_cross": (
+    (1, 128, 256, 2, 1, 128),
+    "bfloat16",
+    True,
+    "dict(local_window_size=(90, 20))",
+    "dict(dq_block_kv=32, bwd_block_q=32)",
   ),
   # Bias and mask: forward kernel, gradients (bias included) through XLA.
   "bias_mask_full_softcap": (
@@ -287,9 +311,12 @@ def test_every_autotuning_config_lowers_for_cuda(h):
       _lower(impl, config, shape, grads=True, local_window_size=(64, 0))
   # The backward blocks the registers allow (`mosaic.bwd_registers`).
   assert (sorted(dq_blocks), sorted(dkv_blocks)) == {
-    64: ([(64, 64), (64, 128), (128, 64)], [(64, 64), (128, 64)]),
-    128: ([(64, 64), (64, 128)], [(64, 64)]),
-    256: ([(64, 64)], [(64, 64)]),
+    64: (
+      [(64, 32), (64, 64), (64, 128), (128, 32), (128, 64)],
+      [(32, 64), (32, 128), (64, 64), (128, 64)],
+    ),
+    128: ([(64, 32), (64, 64), (64, 128), (128, 32)], [(32, 64), (64, 64)]),
+    256: ([(64, 32), (64, 64)], [(32, 64), (64, 64)]),
   }[h]
 
 
@@ -372,20 +399,27 @@ def test_unsupported_reason_names_the_feature(dtype, h, words):
 
 
 @pytest.mark.parametrize(
-  ("h", "stages"),
-  # (dq, dk/dv passes): H256 splits dk and dv and takes the slots that fit.
+  ("h", "values", "stages"),
+  # (dq, dk/dv passes): H256 splits dk and dv and takes the slots that fit (more with
+  # the streamed 32-row blocks).
   [
-    (64, (2, {("dk", "dv"): 2})),
-    (128, (2, {("dk", "dv"): 2})),
-    (256, (1, {("dv",): 2, ("dk",): 1})),
+    (64, None, (2, {("dk", "dv"): 2})),
+    (128, None, (2, {("dk", "dv"): 2})),
+    (256, None, (1, {("dv",): 2, ("dk",): 1})),
+    (256, (64, 32, 2, 32, 64, 2), (2, {("dv",): 2, ("dk",): 2})),
+    (256, (64, 32, 4, 32, 64, 5), (2, {("dv",): 4, ("dk",): 2})),
+    (256, (64, 32, 2, 64, 64, 2), (2, {("dv",): 2, ("dk",): 1})),
   ],
 )
-def test_backward_passes_and_stages(h, stages):
+def test_backward_passes_and_stages(h, values, stages):
   impl = mosaic.MosaicAttention()
   q = jnp.ones((1, 8, 2, h), jnp.bfloat16)
   record = spec.canonicalize(q, q, q)
   assert impl._bwd_unsupported_reason(record) is None
   config = impl._get_heuristics_config(record)
+  if values is not None:
+    config = mosaic.bwd_config(config, values)
+    assert mosaic.bwd_config_reason(config, h) is None
   p_dq, passes = mosaic._bwd_kernel_params(config, h)
   assert (p_dq.num_stages, {o: p.num_stages for o, p in passes}) == stages
   assert mosaic.bwd_smem_bytes(config, h) <= mosaic._SMEM_BYTES
@@ -394,7 +428,15 @@ def test_backward_passes_and_stages(h, stages):
 def test_backward_lowers_for_cuda_at_head_dim_256_with_every_feature():
   impl = mosaic.MosaicAttention()
   lengths = dict(query_seq_lengths=jnp.array([3, 50]), key_value_seq_lengths=jnp.array([70, 0]))
-  for config in (mosaic.Config(block_kv=64), mosaic.Config(block_kv=64, bwd_num_stages=1)):
+  blocks_32 = dict(block_kv=64, dq_block_kv=32, bwd_block_q=32)
+  for fields in (
+    dict(block_kv=64),
+    dict(block_kv=64, bwd_num_stages=1),
+    blocks_32,
+    dict(blocks_32, dq_num_stages=1, bwd_num_stages=1),
+    dict(blocks_32, bwd_num_stages=3),
+  ):
+    config = mosaic.Config(**fields)
     _lower(
       impl,
       config,
@@ -422,7 +464,11 @@ def test_config_validation():
   with pytest.raises(ValueError, match="num_stages"):
     mosaic.Config(num_stages=1)
   with pytest.raises(ValueError, match="bwd_block_q"):
-    mosaic.Config(bwd_block_q=32)
+    mosaic.Config(bwd_block_q=16)
+  with pytest.raises(ValueError, match="dq_block_q"):
+    mosaic.Config(dq_block_q=32)  # Held rows: whole wgmma M tiles.
+  with pytest.raises(ValueError, match="bwd_block_kv"):
+    mosaic.Config(bwd_block_kv=32)
   with pytest.raises(ValueError, match="bwd_num_stages"):
     mosaic.Config(bwd_num_stages=0)
   with pytest.raises(ValueError, match="dq_block_kv"):
@@ -439,6 +485,12 @@ def test_config_validation():
     (64, dict(dq_block_q=128, dq_block_kv=128), "registers"),
     (64, dict(dq_block_q=128), None),
     (256, dict(dq_num_stages=3, bwd_num_stages=3), None),  # Fitted to the slots that fit.
+    (256, dict(dq_block_kv=32, bwd_block_q=32), None),  # (160, 160) registers.
+    (256, dict(dq_block_kv=32), None),
+    (256, dict(dq_block_q=128, dq_block_kv=32), "registers"),  # dq [128, 256] alone: 256.
+    (256, dict(bwd_block_q=32, bwd_block_kv=128), "registers"),
+    (128, dict(bwd_block_q=32, bwd_block_kv=128), "registers"),  # dk and dv [128, 128]: 256.
+    (64, dict(bwd_block_q=32, bwd_block_kv=128), None),
   ],
 )
 def test_backward_config_reason(h, fields, words):
@@ -455,6 +507,7 @@ def test_backward_padding():
   assert mosaic.bwd_padding(C(dq_block_q=128, bwd_block_q=128)) == (256, 128)
   assert mosaic.bwd_padding(C(dq_block_kv=128)) == (128, 128)
   assert mosaic.bwd_padding(C(bwd_block_q=128)) == (128, 128)
+  assert mosaic.bwd_padding(C(dq_block_kv=32, bwd_block_q=32)) == (128, 128)
 
 
 _GPU = pytest.mark.skipif(

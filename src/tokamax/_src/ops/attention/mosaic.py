@@ -17,6 +17,11 @@ from tokamax._src.ops.attention import spec as attention_spec
 # Shared memory a CTA may use on Hopper (227 KiB), less room for barriers and alignment.
 _SMEM_BYTES = 227 * 1024 - 4096
 _HEAD_DIMS = (64, 128, 256)
+# Backward block fields: rows a consumer warpgroup holds, and rows per streamed block.
+_BWD_HELD = ("dq_block_q", "bwd_block_kv")
+_BWD_STREAMED = ("dq_block_kv", "bwd_block_q")
+_BWD_HELD_BLOCKS = (64, 128)
+_BWD_STREAMED_BLOCKS = (32, 64, 128)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,12 +39,13 @@ class Config:
     schedule_barrier: whether the two consumers take turns on the tensor cores.
     overlap_qk: whether each consumer issues the next step's Q.K^T before its
       softmax, so that its own matmuls overlap it (see `mosaic_fwd`).
-    bwd_block_q: query rows per streamed block of the dk/dv kernel.
+    bwd_block_q: query rows per streamed block of the dk/dv kernel (32, 64 or
+      128: 32 halves the score tiles, see `bwd_registers`).
     bwd_block_kv: keys per consumer warpgroup of the dk/dv kernel.
     bwd_num_stages: pipeline slots of the dk/dv kernel; each pass takes fewer
       (at least one) where they do not fit in shared memory.
     dq_block_q: query rows per consumer warpgroup of the dq kernel.
-    dq_block_kv: keys per streamed block of the dq kernel.
+    dq_block_kv: keys per streamed block of the dq kernel (32, 64 or 128).
     dq_num_stages: pipeline slots of the dq kernel (fewer where they do not fit).
   """
 
@@ -62,11 +68,14 @@ class Config:
       raise ValueError(f"`block_kv` must be 64, 128 or 256, got {self.block_kv}.")
     if self.num_stages < 2:
       raise ValueError(f"`num_stages` must be at least 2, got {self.num_stages}.")
-    for name in ("bwd_block_q", "bwd_block_kv", "dq_block_q", "dq_block_kv"):
-      # Whole wgmma M tiles, and whole K groups of a 128-byte swizzle; past 128
-      # the score tiles alone exceed the registers (`bwd_registers`).
-      if getattr(self, name) not in (64, 128):
-        raise ValueError(f"`{name}` must be 64 or 128, got {getattr(self, name)}.")
+    # Rows held per consumer: whole wgmma M tiles. Streamed blocks: the N of the
+    # score products and the K of the products that contract them (dS.K, P^T.dO,
+    # dS^T.Q), which a 32-wide block takes with a 64-byte swizzle (`mosaic_bwd`).
+    # Past 128 the score tiles alone exceed the registers (`bwd_registers`).
+    for names, allowed in ((_BWD_HELD, _BWD_HELD_BLOCKS), (_BWD_STREAMED, _BWD_STREAMED_BLOCKS)):
+      for name in names:
+        if getattr(self, name) not in allowed:
+          raise ValueError(f"`{name}` must be one of {allowed}, got {getattr(self, name)}.")
     for name in ("bwd_num_stages", "dq_num_stages"):
       if getattr(self, name) < 1:
         raise ValueError(f"`{name}` must be at least 1, got {getattr(self, name)}.")
@@ -140,7 +149,9 @@ def bwd_registers(config: Config, head_dim: int) -> tuple[int, int]:
 
   A warpgroup's 128 threads share its float32 tiles: the accumulators (dq
   [dq_block_q, H]; dk and dv [bwd_block_kv, H] each, one per pass where
-  `_bwd_passes` splits them) and the two score tiles (S and dP).
+  `_bwd_passes` splits them) and the two score tiles (S and dP). At head dim
+  256 the 64-row blocks take 192 in each kernel, and streamed 32-row blocks
+  (`dq_block_kv`, `bwd_block_q`) 160, halving the score tiles.
   """
   dq = config.dq_block_q * (head_dim + 2 * config.dq_block_kv)
   outputs = max(len(o) for o in _bwd_passes(head_dim))
@@ -200,14 +211,16 @@ def bwd_config(config: Config, values: tuple[int, ...]) -> Config:
 def bwd_variants(base: Config, head_dim: int) -> list[Config]:
   """`base` with the valid backward configs (`bwd_config_reason`) of both kernels.
 
-  Every valid pair of blocks of the dq and the dk/dv kernel, each with two or
-  three slots (one or two at head dim 256, where no more fit); configs whose
-  kernels come out the same after fitting the slots count once (`base` first).
+  Every valid pair of blocks of the dq and the dk/dv kernel (held and streamed
+  blocks, `_BWD_HELD` and `_BWD_STREAMED`), each with two or three slots (one
+  to three at head dim 256, where a third fits only the dv pass of 32-row
+  blocks); configs whose kernels come out the same after fitting the slots
+  count once (`base` first).
   """
-  stages = (1, 2) if head_dim > 128 else (2, 3)
-  blocks = (64, 128)
+  stages = (1, 2, 3) if head_dim > 128 else (2, 3)
+  held, streamed = _BWD_HELD_BLOCKS, _BWD_STREAMED_BLOCKS
   seen = {}
-  candidates = itertools.product(blocks, blocks, stages, blocks, blocks, stages)
+  candidates = itertools.product(held, streamed, stages, streamed, held, stages)
   for config in [base, *(bwd_config(base, v) for v in candidates)]:
     if bwd_config_reason(config, head_dim) is None:
       p_dq, passes = _bwd_kernel_params(config, head_dim)

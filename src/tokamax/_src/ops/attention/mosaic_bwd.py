@@ -196,7 +196,9 @@ def dq(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
       ]
       _stream(tile_lo, tile_hi, stages, streams[::-1] if v_first else streams)
 
-  tr = common.smem_transforms(dtype, h)
+  # dS.K contracts over the streamed key block: the key tile takes the swizzle
+  # of its width, and so do the others (Q.K^T pairs the query tile with it).
+  tr = common.smem_transforms(dtype, h, contracted=bkv)
   smem = (
     plgpu.SMEM((NUM_CONSUMERS, bq, h), dtype, transforms=tr),
     plgpu.SMEM((NUM_CONSUMERS, bq, h), dtype, transforms=tr),
@@ -403,7 +405,8 @@ def dkv(p: BwdParams, q, k, v, do, lse, delta, lengths, *, outputs=("dk", "dv"),
       streams = [(*a, *b_) for a, b_ in zip(sources, streamed, strict=True)]
       _stream(tile_lo, tile_hi, stages, [streams[i] for i in order], repeat=groups)
 
-  tr = common.smem_transforms(dtype, h)
+  # P^T.dO and dS^T.Q contract over the streamed query block (see `dq`).
+  tr = common.smem_transforms(dtype, h, contracted=bq)
   smem = (
     plgpu.SMEM((NUM_CONSUMERS, bkv, h), dtype, transforms=tr),
     plgpu.SMEM((NUM_CONSUMERS, bkv, h), dtype, transforms=tr) if want_dk else None,

@@ -192,10 +192,16 @@ def tile(shape: tuple[int, int], value: float) -> jax.Array:
   return plgpu.layout_cast(jnp.full(shape, value, jnp.float32), plgpu.Layout.WGMMA)
 
 
-def smem_transforms(dtype, minor_dim: int) -> tuple:
-  """Tiling and swizzle of a [rows, minor_dim] shared-memory tile used by wgmma."""
+def smem_transforms(dtype, minor_dim: int, contracted: int | None = None) -> tuple:
+  """Tiling and swizzle of a [rows, minor_dim] shared-memory tile used by wgmma.
+
+  The swizzle is the largest (up to 128 bytes) that fits a row and, when the
+  tile takes part in a product that contracts `contracted` elements, whole
+  groups of swizzle // itemsize of them (wgmma takes one swizzle for both
+  operands): a 32-element bfloat16 contraction takes 64 bytes.
+  """
   itemsize = jnp.dtype(dtype).itemsize
-  swizzle = min(128, minor_dim * itemsize)
+  swizzle = min(128, minor_dim * itemsize, (contracted or minor_dim) * itemsize)
   return (
     plgpu.TilingTransform((8, swizzle // itemsize)),
     plgpu.SwizzleTransform(swizzle),
