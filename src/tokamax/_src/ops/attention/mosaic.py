@@ -291,12 +291,12 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
     return None
 
   def _get_heuristics_config(self, args: attention_spec.AttentionArgs) -> Config:
-    # Forward choices measured on the H200 at 2a1cff7 against cuDNN's 1.146 ms
+    # Forward choices measured on the H200 at 2a1cff7 against cuDNN's 1.146 / 1.607 ms
     # (suites/results/h200_attention_fwd_variants_2a1cff7.json): H64 B32 T2048 N16 takes
-    # 256-key blocks (1.229 against 1.278 ms with 128). The overlapped consumers
-    # (overlap_qk, no schedule barrier) read 1.554 against 1.703 ms at unmasked H128
-    # B4 T4096 N32 there, but 1.794 ms through the op in the profile at 9838616
-    # (h200_kernel_profile_9838616.json), so they stay opt-in until that is understood.
+    # 256-key blocks (1.229 against 1.278 ms with 128); unmasked H128 B4 T4096 N32 takes the
+    # overlapped consumers without the schedule barrier (1.554 against 1.703 ms; through the
+    # op 1.566 against 1.680 at c66492e); causal shapes and H256 stay serial (the overlap
+    # was 11-12% slower there).
     h = args.query.shape[-1]
     s = args.key.shape[1]
     if h > 128 or s <= 64:
@@ -305,7 +305,11 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
       block_kv = 256
     else:
       block_kv = 128
-    config = Config(block_kv=block_kv, num_stages=2)
+    unmasked = not args.is_causal and args.local_window is None
+    overlap = h == 128 and block_kv == 128 and unmasked and args.bias is None and args.mask is None
+    config = Config(
+      block_kv=block_kv, num_stages=2, schedule_barrier=not overlap, overlap_qk=overlap
+    )
     return bwd_config(config, _BWD_HEURISTICS[h])
 
   def _get_autotuning_configs(self, args: attention_spec.AttentionArgs) -> set[Config]:
