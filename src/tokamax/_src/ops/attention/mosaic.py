@@ -196,10 +196,13 @@ _BWD_FIELDS = (
 # (suites/results/h200_attention_bwd_sweep_fb83b37.json).
 # H64: dq 64x128 and dk/dv 128-query blocks, 5.309 -> 4.846 ms forward+backward at
 # B32 T2048 N16; H128: dq streaming 128 keys, dq 2.42 -> 2.26 ms at B4 T4096 N32.
+# H256: 32-row streamed blocks in both kernels (no register spills), 5.598 -> 4.607 ms
+# at B2 T8192 N8 causal, cuDNN 4.125 (7c07e8b, h200_attention_bwd_sweep_7c07e8b.json);
+# 32-query blocks were 11-20% slower at H64 and H128 there.
 _BWD_HEURISTICS: dict[int, tuple[int, ...]] = {
   64: (64, 128, 2, 128, 64, 2),
   128: (64, 128, 2, 64, 64, 2),
-  256: (64, 64, 2, 64, 64, 2),
+  256: (64, 32, 3, 32, 64, 3),
 }
 
 
