@@ -11,9 +11,10 @@ Run on the device machine from the repository root:
    forward+backward against cuDNN (`jax.nn.dot_product_attention`) in the same
    run, over a few configs per shape; the best is reported with its config.
 3. Bias and mask (`check_bias_mask`, `bench_bias_mask`): checks with broadcast
-   bias/mask shapes (outputs; q/k/v and bias gradients, which XLA computes),
-   and forward timings at B4 T4096 N32 H128 against cuDNN given the same bias
-   and mask (`--skip-checks --only _with_` runs only these timings).
+   bias/mask shapes (outputs; q/k/v gradients from the kernels, the bias
+   gradient from XLA), and forward and forward+backward (q/k/v gradients)
+   timings at B4 T4096 N32 H128 against cuDNN given the same bias and mask
+   (`--skip-checks --only _with_` runs only these timings).
 4. Backward sweep (`--sweep-bwd`, instead of 2 and 3): forward+backward time of
    a few backward configs per shape (`BWD_SWEEP`), each kernel's time (CUPTI,
    dq and dk/dv kernels apart), gradients against the default config's, and
@@ -160,7 +161,7 @@ def bias_and_mask(key, b, t, s, n, bias_shape=None, mask_shape=None, dtype=jnp.b
 def check_bias_mask(name, b, t, s, n, kh, h, bias_shape=None, mask_shape=None, **kw):
   """`check` (outputs, q/k/v gradients) with a bias and/or mask, and the bias gradient.
 
-  The gradients come through XLA (the backward kernels take no bias or mask).
+  The q/k/v gradients come from the backward kernels, the bias gradient from XLA.
   """
   dtype = kw.pop("dtype", jnp.bfloat16)
   key = jax.random.key(100 + len(RESULTS["checks"]))
@@ -199,8 +200,10 @@ def bench_bias_mask(name, b, t, n, h, bias_shape, mask_shape, overrides):
   """
   dtype = jnp.bfloat16
   bias, mask = bias_and_mask(jax.random.key(7), b, t, t, n, bias_shape, mask_shape, dtype)
-  qkv = [inputs(jax.random.key(10 + i), b, t, t, n, n, h, dtype)[:3] for i in range(3)]
+  qkvo = [inputs(jax.random.key(10 + i), b, t, t, n, n, h, dtype) for i in range(3)]
+  qkv = [x[:3] for x in qkvo]
   args = [(*x, bias, mask) for x in qkv]
+  step_args = [(*x[:3], bias, mask, x[3]) for x in qkvo]
   rec = {
     "name": name,
     "shape": dict(B=b, T=t, N=n, H=h),
@@ -211,6 +214,10 @@ def bench_bias_mask(name, b, t, n, h, bias_shape, mask_shape, overrides):
 
   def timed(fn):
     return timing.device_time(jax.jit(fn), args, warmup=2, iterations=10).median_ms
+
+  def timed_step(fn):
+    f = jax.jit(run_record.forward_backward(fn, (0, 1, 2)))
+    return timing.device_time(f, step_args, warmup=2, iterations=10).median_ms
 
   def cudnn(q, k, v, bias, mask):
     return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, implementation="cudnn")
@@ -237,11 +244,20 @@ def bench_bias_mask(name, b, t, n, h, bias_shape, mask_shape, overrides):
     best = min(good, key=good.get)
     rec["best_config"], rec["best_fwd_ms"] = best, good[best]
     cfg = next(c for c in configs if str(dataclasses.astuple(c)) == best)
-    plain = mosaic.MosaicAttention(config=cfg)
-    rec["mosaic_plain_fwd_ms"] = timed(lambda q, k, v, bias, mask: plain(q, k, v))
+    best_impl = mosaic.MosaicAttention(config=cfg)
+    rec["mosaic_plain_fwd_ms"] = timed(lambda q, k, v, bias, mask: best_impl(q, k, v))
     rec["overhead_vs_plain"] = good[best] / rec["mosaic_plain_fwd_ms"]
     if isinstance(rec["cudnn_fwd_ms"], float):
       rec["fwd_ratio_to_cudnn"] = good[best] / rec["cudnn_fwd_ms"]
+    rec["mosaic_fwd_bwd_ms"] = timed_step(
+      lambda q, k, v, bias, mask: best_impl(q, k, v, bias=bias, mask=mask)
+    )
+    try:
+      rec["cudnn_fwd_bwd_ms"] = timed_step(cudnn)
+      rec["fwd_bwd_ratio_to_cudnn"] = rec["mosaic_fwd_bwd_ms"] / rec["cudnn_fwd_bwd_ms"]
+    except Exception as e:
+      rec["cudnn_fwd_bwd_ms"] = f"{type(e).__name__}: {e}"[:500]
+    log(name, "fwd+bwd", rec["mosaic_fwd_bwd_ms"], "cudnn", rec["cudnn_fwd_bwd_ms"])
   RESULTS["timings"].append(rec)
   log("bench", json.dumps(rec))
   save()

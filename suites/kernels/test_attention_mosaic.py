@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 
 from tokamax._src import device
+from tokamax._src.ops import op
 from tokamax._src.ops.attention import mosaic, spec, xla
 
 _HERE = os.path.abspath(__file__)
@@ -75,7 +76,9 @@ def _compare(impl, shape, dtype, grads, seed=0, **kw) -> dict:
     g = jax.grad(loss(impl), argnums=(0, 1, 2))(q, k, v)
     gr = jax.grad(loss(ref_impl, precision=hi), argnums=(0, 1, 2))(*up)
     res["grads"] = [_rel_err(a.astype(jnp.float32), r) for a, r in zip(g, gr, strict=True)]
-    if kw.get("bias") is not None:
+    # A bias constant over the keys has a zero gradient (the softmax ignores a shift
+    # of its row), so only a bias that varies over them has one to compare.
+    if kw.get("bias") is not None and kw["bias"].shape[-1] > 1:
       res["grads"].append(
         _rel_err(
           _bias_grad(impl, (q, k, v), do, kw), _bias_grad(ref_impl, up, do, kw, precision=hi)
@@ -171,7 +174,7 @@ CASES = {
     "dict(local_window_size=(90, 20))",
     "dict(dq_block_kv=32, bwd_block_q=32)",
   ),
-  # Bias and mask: forward kernel, gradients (bias included) through XLA.
+  # Bias and mask: in every kernel; the bias gradient through XLA.
   "bias_mask_full_softcap": (
     (1, 128, 128, 2, 1, 64),
     "bfloat16",
@@ -197,6 +200,35 @@ CASES = {
     "bfloat16",
     False,
     "dict(bias=_bias(13, (1, 1, 1, 1)), mask=_mask(14, (2, 1, 128, 128)), is_causal=True)",
+  ),
+  # Backward with broadcast planes: the dk/dv kernel reads them transposed, so a
+  # bias over keys only is a row plane there, and GQA walks the query heads.
+  "bias_bcast_t_mask_bcast_s_window_gqa_h128": (
+    (1, 128, 256, 4, 2, 128),
+    "float16",
+    True,
+    "dict(bias=_bias(17, (1, 4, 1, 256), jnp.float16), mask=_mask(18, (1, 1, 128, 1), 0.8),"
+    " local_window_size=(100, 60))",
+  ),
+  "bias_scalar_mask_bcast_n_causal_lengths": (
+    (2, 128, 128, 2, 1, 64),
+    "bfloat16",
+    True,
+    "dict(bias=_bias(19, (1, 1, 1, 1)), mask=_mask(20, (2, 1, 128, 128)), is_causal=True,"
+    " query_seq_lengths=jnp.array([128, 70]))",
+  ),
+  "bias_mask_h256_gqa_softcap_padded": (
+    (1, 100, 130, 2, 1, 256),
+    "bfloat16",
+    True,
+    "dict(bias=_bias(21, (1, 2, 100, 130)), mask=_mask(22, (1, 2, 100, 130)), logits_soft_cap=4.0)",
+  ),
+  "bias_mask_bwd_blocks_32_gqa": (
+    (1, 128, 256, 4, 2, 64),
+    "bfloat16",
+    True,
+    "dict(bias=_bias(23, (1, 4, 128, 1)), mask=_mask(24, (1, 4, 128, 256)), is_causal=True)",
+    "dict(dq_block_kv=32, bwd_block_q=32, bwd_block_kv=128)",
   ),
   # overlap_qk (forward only: no race at all). Batch 0 leaves the second consumer
   # of the tile no key block (rows >= 64 see none), so only one runs the pipeline.
@@ -372,19 +404,23 @@ def test_lowers_with_bias_and_mask_for_cuda(bias_shape, mask_shape, kw, h):
   b, t, s, n, kh = 2, 512, 448, 4, 2
   sds = jax.ShapeDtypeStruct
 
-  def f(q, k, v, bias, mask):
+  def f(q, k, v, bias, mask, do):
     record = spec.canonicalize(q, k, v, bias=bias, mask=mask, **kw)
     assert impl._unsupported_reason(record) is None
-    assert "bias/mask" in impl._bwd_unsupported_reason(record)
-    return impl._fwd(record, impl._get_heuristics_config(record))[0]
+    assert impl._bwd_unsupported_reason(record) is None
+    config = impl._get_heuristics_config(record)
+    out, residuals = impl._fwd(record, config)
+    return out, impl._bwd(record, config, out, residuals, do)
 
   shapes = [(b, t, n, h), (b, s, kh, h), (b, s, kh, h)]
   args = [sds(x, jnp.bfloat16) for x in shapes]
   fix = lambda x: None if x is None else (*x[:3], s if x[3] > 1 else 1)
   args.append(None if bias_shape is None else sds(fix(bias_shape), jnp.float32))
   args.append(None if mask_shape is None else sds(fix(mask_shape), jnp.bool_))
+  args.append(sds(shapes[0], jnp.bfloat16))
   text = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-  assert "mosaic_gpu" in text
+  for kernel in ("attention_dq", "attention_dk" if h > 128 else "attention_dk_dv"):
+    assert kernel in text
 
 
 @pytest.mark.parametrize(
@@ -570,3 +606,23 @@ def test_gpu_overlap_qk_matches_xla(shape, kw, config):
 
 if __name__ == "__main__":
   _case_main(sys.argv[1])
+
+
+@pytest.mark.parametrize("bias_grad", [False, True])
+def test_xla_bias_gradient_only_when_the_bias_is_differentiated(bias_grad):
+  """The kernels take dq/dk/dv with a bias; XLA's [B,N,T,S] bias gradient is traced only if needed."""
+  impl = mosaic.MosaicAttention()
+  sds = jax.ShapeDtypeStruct
+  q = sds((2, 256, 4, 128), jnp.bfloat16)
+  bias = sds((1, 4, 256, 256), jnp.float32)
+
+  def loss(q, k, v, bias):
+    record = spec.canonicalize(q, k, v, bias=bias)
+    out = op._with_custom_vjp(impl, record, impl._get_heuristics_config(record))
+    return jnp.sum(out.astype(jnp.float32))
+
+  argnums = (0, 1, 2, 3) if bias_grad else (0, 1, 2)
+  lowered = jax.jit(jax.grad(loss, argnums=argnums)).trace(q, q, q, bias)
+  text = lowered.lower(lowering_platforms=("cuda",)).as_text()
+  assert "attention_dq" in text and "attention_dk_dv" in text
+  assert ("stablehlo.exponential" in text) == bias_grad

@@ -367,8 +367,6 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
     return out[:, :t], (lse, lengths)
 
   def _bwd_unsupported_reason(self, args: attention_spec.AttentionArgs) -> str | None:
-    if args.bias is not None or args.mask is not None:
-      return "bias/mask in the backward kernels"
     if self.config is None:
       return None
     return bwd_config_reason(self.config, args.query.shape[-1])
@@ -386,13 +384,23 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
     qp, dop = _pad(q, 1, t_pad), _pad(dout.astype(q.dtype), 1, t_pad)
     kp, vp = _pad(k, 1, s_pad), _pad(v, 1, s_pad)
     operands = (qp, kp, vp, dop, lse, _pad(delta, 2, t_pad), lengths)
+    extras = (_extra(args.bias, t_pad, s_pad), _extra(args.mask, t_pad, s_pad, jnp.int8))
+    extras_t = tuple(None if x is None else jnp.swapaxes(x, 2, 3) for x in extras)
     interpret = self._interpret_params()
-    grads = {"query": mosaic_bwd.dq(p_dq, *operands, interpret=interpret)[:, :t]}
+    grads = {"query": mosaic_bwd.dq(p_dq, *operands, *extras, interpret=interpret)[:, :t]}
     for outputs, p_dkv in passes:
-      res = mosaic_bwd.dkv(p_dkv, *operands, outputs=outputs, interpret=interpret)
+      res = mosaic_bwd.dkv(p_dkv, *operands, *extras_t, outputs=outputs, interpret=interpret)
       for name, x in zip(outputs, res, strict=True):
         grads["key" if name == "dk" else "value"] = x[:, :s]
+    if args.bias is not None:
+      grads["bias"] = self._xla_bias_grad(args, dout)
     return grads
+
+  def _xla_bias_grad(self, args: attention_spec.AttentionArgs, dout: jax.Array) -> jax.Array:
+    """The bias cotangent through XLA (materialises [B,N,T,S]; dropped under jit when unused)."""
+    reference = self.spec.get("xla")
+    _, vjp = jax.vjp(lambda bias: reference.apply(dataclasses.replace(args, bias=bias)), args.bias)
+    return vjp(dout)[0]
 
 
 @functools.cache

@@ -13,7 +13,10 @@ producer warpgroup, and no atomics (so results are bitwise reproducible):
   fit the registers (head dim 256), it runs twice, once per output: the dv
   pass needs neither the value block nor delta.
 
-The masking and block ranges are the forward kernel's (`mosaic_common`).
+The masking and block ranges are the forward kernel's (`mosaic_common`). A bias
+and a mask ([B|1, N|1, T|1, S|1], as the forward takes them) are read tile by
+tile from global memory into registers, as in the forward; the dk/dv kernel,
+whose tiles hold keys in rows, takes them transposed ([B|1, N|1, S|1, T|1]).
 """
 
 import dataclasses
@@ -59,11 +62,16 @@ def dkv_smem_bytes(p: BwdParams, h: int, outputs=("dk", "dv"), itemsize: int = 2
   return held + p.num_stages * p.block_q * (2 * h * itemsize + (8 if dk else 4))
 
 
-def _log2_logits(p: BwdParams, s: jax.Array):
-  """(logits in log2 units, d logits / d s divided by scale, or None)."""
+def _log2_logits(p: BwdParams, s: jax.Array, bias: jax.Array | None):
+  """(logits in log2 units, d logits / d s divided by scale, or None), as the forward's."""
+  if bias is not None:
+    bias = bias.astype(jnp.float32)
   if p.soft_cap is None:
-    return s * (p.scale * common.LOG2E), None
-  t = jnp.tanh(s * (p.scale / p.soft_cap))
+    if bias is None:
+      return s * (p.scale * common.LOG2E), None
+    return s * (p.scale * common.LOG2E) + bias * common.LOG2E, None
+  z = s * (p.scale / p.soft_cap) if bias is None else (s * p.scale + bias) * (1.0 / p.soft_cap)
+  t = jnp.tanh(z)
   return t * (p.soft_cap * common.LOG2E), 1.0 - t * t
 
 
@@ -94,8 +102,8 @@ def _mm_t(a_ref, b_ref, shape):
   return pl.run_scoped(f, plgpu.ACC(shape, jnp.float32))
 
 
-def dq(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
-  """dq [B,T,N,H] (float32 accumulation, input dtype out)."""
+def dq(p: BwdParams, q, k, v, do, lse, delta, lengths, bias=None, mask=None, *, interpret=None):
+  """dq [B,T,N,H] (float32 accumulation, input dtype out); `bias`, `mask` as the forward's."""
   b, t, n, h = q.shape
   s_len, kh = k.shape[1], k.shape[2]
   groups = n // kh
@@ -109,8 +117,11 @@ def dq(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
   # early, so the producer refills it while the key block is still in use,
   # and the next key block loads during the next dP.
   v_first = stages == 1
+  extras = tuple(x for x in (bias, mask) if x is not None)
 
-  def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref, dq_ref, smem, bars):
+  def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref, *refs):
+    refs_bm = common.extra_refs(refs, bias, mask)
+    dq_ref, smem, bars = refs[len(extras) :]
     q_smem, do_smem, lse_smem, delta_smem, k_smem, v_smem, ds_smem = smem
     q_bar, k_bar, v_bar, k_free, v_free = bars
     wg = lax.axis_index("wg")
@@ -135,10 +146,17 @@ def dq(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
         plgpu.barrier_wait(q_bar.at[wg, i])
       lse = plgpu.load(lse_smem.at[wg], layout=_ROW)
       delta = plgpu.load(delta_smem.at[wg], layout=_ROW)
+      planes = [None if r is None else common.extra_plane(r, batch, head) for r in refs_bm]
+      plane_rows = [common.extra_rows(x, r0, bq) for x in planes]
 
       def step(kv_step, acc, *, masked: bool):
         masked = masked and any_mask
         slot = lax.rem(kv_step - tile_lo, jnp.int32(stages))
+        # Issued before the matmuls, so that their latency hides behind them.
+        bias_tile, mask_tile = (
+          common.extra_tile(x, rows, r0, kv_step, bq, bkv)
+          for x, rows in zip(planes, plane_rows, strict=True)
+        )
         if v_first:
           plgpu.barrier_wait(v_bar.at[slot])
           dp = _mm_t(do_smem.at[wg], v_smem.at[slot], (bq, bkv))
@@ -151,11 +169,13 @@ def dq(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
           s = _mm_t(q_smem.at[wg], k_smem.at[slot], (bq, bkv))
           dp = _mm_t(do_smem.at[wg], v_smem.at[slot], (bq, bkv))
           plgpu.barrier_arrive(v_free.at[slot])
-        logits, dcap = _log2_logits(p, s)
+        logits, dcap = _log2_logits(p, s, bias_tile)
+        ok = None
         if masked:
           q_ids = common.iota((bq, bkv), 0) + r0
           k_ids = common.iota((bq, bkv), 1) + kv_step * bkv
-          logits = jnp.where(common.visible(m, q_ids, k_ids, q_len, kv_len), logits, -jnp.inf)
+          ok = common.visible(m, q_ids, k_ids, q_len, kv_len)
+        logits = common.hide(logits, ok, mask_tile)
         probs = jnp.exp2(logits - lax.broadcast_in_dim(lse, (bq, bkv), [0]))
         ds = probs * (dp - lax.broadcast_in_dim(delta, (bq, bkv), [0]))
         if dcap is not None:
@@ -228,7 +248,7 @@ def dq(p: BwdParams, q, k, v, do, lse, delta, lengths, *, interpret=None):
     kernel_name="attention_dq",
     compiler_params=plgpu.CompilerParams(approx_math=True),
     interpret=interpret,
-  )(q, k, v, do, lse, delta, lengths)
+  )(q, k, v, do, lse, delta, lengths, *extras)
 
 
 def _stream(lo, hi, stages, streams, *, repeat: int = 1):
@@ -260,8 +280,25 @@ def _stream(lo, hi, stages, streams, *, repeat: int = 1):
       plgpu.barrier_wait(free.at[slot])
 
 
-def dkv(p: BwdParams, q, k, v, do, lse, delta, lengths, *, outputs=("dk", "dv"), interpret=None):
-  """The `outputs` ("dk", "dv" or both, in that order), each [B,S,K,H]."""
+def dkv(
+  p: BwdParams,
+  q,
+  k,
+  v,
+  do,
+  lse,
+  delta,
+  lengths,
+  bias_t=None,
+  mask_t=None,
+  *,
+  outputs=("dk", "dv"),
+  interpret=None,
+):
+  """The `outputs` ("dk", "dv" or both, in that order), each [B,S,K,H].
+
+  `bias_t` and `mask_t` are the forward's bias and mask with T and S swapped.
+  """
   b, t, n, h = q.shape
   s_len, kh = k.shape[1], k.shape[2]
   groups = n // kh
@@ -278,8 +315,11 @@ def dkv(p: BwdParams, q, k, v, do, lse, delta, lengths, *, outputs=("dk", "dv"),
   # As in `dq`: with one slot per operand the dk pass uses dO first (dP) and
   # releases it early, and the query block last.
   do_first = want_dk and not want_dv and stages == 1
+  extras = tuple(x for x in (bias_t, mask_t) if x is not None)
 
   def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref, *refs):
+    refs_bm = common.extra_refs(refs, bias_t, mask_t)
+    refs = refs[len(extras) :]
     out_refs = dict(zip(names, refs[: len(names)], strict=True))
     smem, bars = refs[len(names) :]
     k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem = smem
@@ -318,10 +358,13 @@ def dkv(p: BwdParams, q, k, v, do, lse, delta, lengths, *, outputs=("dk", "dv"),
       if want_dk:
         plgpu.barrier_wait(kv_bar.at[wg, 1])
 
-      def step(q_step, acc, *, g, masked: bool):
+      def step(q_step, acc, *, g, planes, masked: bool):
         masked = masked and any_mask
         acc = dict(acc)
         slot = lax.rem(g * span + q_step - tile_lo, jnp.int32(stages))
+        bias_tile, mask_tile = (
+          common.extra_tile(x, rows, c0, q_step, bkv, bq) for x, rows in planes
+        )
         if do_first:
           plgpu.barrier_wait(do_bar.at[slot])
           dp_t = _mm_t(v_smem.at[wg], do_smem.at[slot], (bkv, bq))
@@ -333,11 +376,13 @@ def dkv(p: BwdParams, q, k, v, do, lse, delta, lengths, *, outputs=("dk", "dv"),
           plgpu.barrier_arrive(q_free.at[slot])
         lse = plgpu.load(lse_smem.at[slot], layout=_COL)
         plgpu.barrier_arrive(lse_free.at[slot])
-        logits, dcap = _log2_logits(p, s_t)
+        logits, dcap = _log2_logits(p, s_t, bias_tile)
+        ok = None
         if masked:
           k_ids = common.iota((bkv, bq), 0) + c0
           q_ids = common.iota((bkv, bq), 1) + q_step * bq
-          logits = jnp.where(common.visible(m, q_ids, k_ids, q_len, kv_len), logits, -jnp.inf)
+          ok = common.visible(m, q_ids, k_ids, q_len, kv_len)
+        logits = common.hide(logits, ok, mask_tile)
         p_t = jnp.exp2(logits - lax.broadcast_in_dim(lse, (bkv, bq), [1]))
         if not do_first:
           plgpu.barrier_wait(do_bar.at[slot])
@@ -369,8 +414,13 @@ def dkv(p: BwdParams, q, k, v, do, lse, delta, lengths, *, outputs=("dk", "dv"),
         return carry
 
       def group(g, carry):
-        masked_step = functools.partial(step, g=g, masked=True)
-        plain_step = functools.partial(step, g=g, masked=False)
+        head = kv_head * groups + g
+        planes = []
+        for ref in refs_bm:
+          plane = None if ref is None else common.extra_plane(ref, batch, head)
+          planes.append((plane, common.extra_rows(plane, c0, bkv)))
+        masked_step = functools.partial(step, g=g, planes=planes, masked=True)
+        plain_step = functools.partial(step, g=g, planes=planes, masked=False)
         skip_g = functools.partial(skip, g=g)
         carry = lax.fori_loop(tile_lo, lo, skip_g, carry)
         carry = lax.fori_loop(lo, full_lo, masked_step, carry)
@@ -443,4 +493,4 @@ def dkv(p: BwdParams, q, k, v, do, lse, delta, lengths, *, outputs=("dk", "dv"),
     kernel_name="attention_" + "_".join(names),  # attention_dk_dv, or one output's pass
     compiler_params=plgpu.CompilerParams(approx_math=True),
     interpret=interpret,
-  )(q, k, v, do, lse, delta, lengths)
+  )(q, k, v, do, lse, delta, lengths, *extras)

@@ -11,6 +11,7 @@ import functools
 import math
 
 import jax
+import jax.experimental.pallas as pl
 import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 from jax import lax
@@ -175,6 +176,54 @@ def visible(m: Masking, q_ids: jax.Array, k_ids: jax.Array, q_len, kv_len) -> ja
   if m.q_len:
     ok = both(ok, q_ids < q_len)
   return ok
+
+
+def hide(logits: jax.Array, ok: jax.Array | None, mask_tile: jax.Array | None) -> jax.Array:
+  """`logits` with -inf where `ok` (see `visible`) or a mask tile (nonzero: visible) hides them."""
+  if mask_tile is not None:
+    keep = mask_tile != 0
+    ok = keep if ok is None else ok & keep
+  return logits if ok is None else jnp.where(ok, logits, -jnp.inf)
+
+
+def extra_refs(refs, bias, mask) -> tuple:
+  """(bias ref, mask ref), each None when absent, from a kernel's refs that start with them."""
+  bias_ref = refs[0] if bias is not None else None
+  mask_ref = refs[int(bias is not None)] if mask is not None else None
+  return bias_ref, mask_ref
+
+
+def extra_plane(ref, batch, head):
+  """The [R|1, C|1] plane of a bias or mask ref [B|1, N|1, R|1, C|1] at (batch, head)."""
+  b, n = ref.shape[:2]
+  return ref.at[batch if b > 1 else 0, head if n > 1 else 0]
+
+
+def extra_rows(plane, r0, rows: int) -> jax.Array | None:
+  """An [R, 1] plane's values at rows [r0, r0 + rows), or None if it is not [R, 1]."""
+  if plane is None or plane.shape[1] > 1:
+    return None
+  layout = plgpu.Layout.WGMMA.reduce(1)
+  return plgpu.load(plane.at[pl.ds(r0, rows), 0], layout=layout, optimized=False)
+
+
+def extra_tile(plane, row_values, r0, step, rows: int, cols: int) -> jax.Array | None:
+  """The [rows, cols] tile of a bias or mask plane at row r0 and column block `step`.
+
+  Loaded from global memory into registers in the WGMMA layout; a broadcast dim
+  is broadcast in registers. `row_values` is what `extra_rows` returned, so an
+  [R, 1] plane is read once per held block.
+  """
+  if plane is None:
+    return None
+  shape, wgmma = (rows, cols), plgpu.Layout.WGMMA
+  if row_values is not None:
+    return lax.broadcast_in_dim(row_values, shape, [0])
+  c0 = step * cols
+  if plane.shape[0] == 1:
+    col_values = plgpu.load(plane.at[0, pl.ds(c0, cols)], layout=wgmma.reduce(0), optimized=False)
+    return lax.broadcast_in_dim(col_values, shape, [1])
+  return plgpu.load(plane.at[pl.ds(r0, rows), pl.ds(c0, cols)], layout=wgmma, optimized=False)
 
 
 def iota(shape: tuple[int, int], dim: int) -> jax.Array:

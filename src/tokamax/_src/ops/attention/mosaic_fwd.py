@@ -69,37 +69,6 @@ def _scaled_logits(p: FwdParams, s: jax.Array, bias: jax.Array | None) -> jax.Ar
   return jnp.tanh((s * p.scale + bias) * (1.0 / cap)) * (cap * common.LOG2E)
 
 
-def _extra_ref(ref, batch, head):
-  """The [T|1, S|1] plane of a bias or mask ref for this batch and query head."""
-  b, n = ref.shape[:2]
-  return ref.at[batch if b > 1 else 0, head if n > 1 else 0]
-
-
-def _load_rows(ref, r0, bq: int) -> jax.Array | None:
-  """A [T, 1] plane's values of query rows [r0, r0 + bq), or None if it is not [T, 1]."""
-  if ref is None or ref.shape[1] > 1:
-    return None
-  layout = plgpu.Layout.WGMMA.reduce(1)
-  return plgpu.load(ref.at[pl.ds(r0, bq), 0], layout=layout, optimized=False)
-
-
-def _load_tile(ref, rows, r0, kv_step, bq: int, bkv: int) -> jax.Array | None:
-  """The [bq, bkv] tile of a bias or mask plane at rows r0 and key block kv_step (WGMMA layout).
-
-  `rows` is what `_load_rows` returned: a [T, 1] plane is loaded once per tile.
-  """
-  if ref is None:
-    return None
-  shape, wgmma = (bq, bkv), plgpu.Layout.WGMMA
-  if rows is not None:
-    return lax.broadcast_in_dim(rows, shape, [0])
-  k0 = kv_step * bkv
-  if ref.shape[0] == 1:
-    cols = plgpu.load(ref.at[0, pl.ds(k0, bkv)], layout=wgmma.reduce(0), optimized=False)
-    return lax.broadcast_in_dim(cols, shape, [1])
-  return plgpu.load(ref.at[pl.ds(r0, bq), pl.ds(k0, bkv)], layout=wgmma, optimized=False)
-
-
 def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=None):
   """Runs the kernel; `lengths` is int32 [2, B] (query, key lengths).
 
@@ -120,8 +89,7 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
   extras = tuple(x for x in (bias, mask) if x is not None)
 
   def body(q_ref, k_ref, v_ref, len_ref, *refs):
-    bias_ref = refs[0] if bias is not None else None
-    mask_ref = refs[len(extras) - 1] if mask is not None else None
+    bias_ref, mask_ref = common.extra_refs(refs, bias, mask)
     o_ref, lse_ref, smem, bars = refs[len(extras) :]
     qo_smem, k_smem, v_smem, lse_smem, p_smem = smem
     q_bar, k_bar, v_bar, k_free, v_free, sched, *turn = bars
@@ -145,10 +113,10 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
       lo, full_lo, full_hi, hi = (jnp.where(wg == 0, a, b_) for a, b_ in zip(*ranges, strict=True))
       q_smem = qo_smem.at[wg]
       plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(r0, bq), head], q_smem, q_bar.at[wg])
-      bias_plane = None if bias_ref is None else _extra_ref(bias_ref, batch, head)
-      mask_plane = None if mask_ref is None else _extra_ref(mask_ref, batch, head)
-      bias_rows = _load_rows(bias_plane, r0, bq)
-      mask_rows = _load_rows(mask_plane, r0, bq)
+      bias_plane = None if bias_ref is None else common.extra_plane(bias_ref, batch, head)
+      mask_plane = None if mask_ref is None else common.extra_plane(mask_ref, batch, head)
+      bias_rows = common.extra_rows(bias_plane, r0, bq)
+      mask_rows = common.extra_rows(mask_plane, r0, bq)
       plgpu.barrier_wait(q_bar.at[wg])
 
       def slot_of(kv_step):
@@ -157,8 +125,8 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
       def tiles(kv_step):
         # Issued before the matmul, so that their latency hides behind it.
         return (
-          _load_tile(bias_plane, bias_rows, r0, kv_step, bq, bkv),
-          _load_tile(mask_plane, mask_rows, r0, kv_step, bq, bkv),
+          common.extra_tile(bias_plane, bias_rows, r0, kv_step, bq, bkv),
+          common.extra_tile(mask_plane, mask_rows, r0, kv_step, bq, bkv),
         )
 
       def softmax(kv_step, s, m_i, l_i, bias_tile, mask_tile, *, masked: bool):
