@@ -64,15 +64,10 @@ def dkv_smem_bytes(p: BwdParams, h: int, outputs=("dk", "dv"), itemsize: int = 2
 
 def _log2_logits(p: BwdParams, s: jax.Array, bias: jax.Array | None):
   """(logits in log2 units, d logits / d s divided by scale, or None), as the forward's."""
-  if bias is not None:
-    bias = bias.astype(jnp.float32)
-  if p.soft_cap is None:
-    if bias is None:
-      return s * (p.scale * common.LOG2E), None
-    return s * (p.scale * common.LOG2E) + bias * common.LOG2E, None
-  z = s * (p.scale / p.soft_cap) if bias is None else (s * p.scale + bias) * (1.0 / p.soft_cap)
-  t = jnp.tanh(z)
-  return t * (p.soft_cap * common.LOG2E), 1.0 - t * t
+  logits, t = common.log2_logits(s, bias, p.scale, p.soft_cap)
+  if logits is None:
+    logits = s * (p.scale * common.LOG2E)
+  return logits, None if t is None else 1.0 - t * t
 
 
 def _mm(acc, a, b_ref, interpret, stage_ref):
@@ -146,17 +141,13 @@ def dq(p: BwdParams, q, k, v, do, lse, delta, lengths, bias=None, mask=None, *, 
         plgpu.barrier_wait(q_bar.at[wg, i])
       lse = plgpu.load(lse_smem.at[wg], layout=_ROW)
       delta = plgpu.load(delta_smem.at[wg], layout=_ROW)
-      planes = [None if r is None else common.extra_plane(r, batch, head) for r in refs_bm]
-      plane_rows = [common.extra_rows(x, r0, bq) for x in planes]
+      planes = common.extra_planes(refs_bm, batch, head, r0, bq)
 
       def step(kv_step, acc, *, masked: bool):
         masked = masked and any_mask
         slot = lax.rem(kv_step - tile_lo, jnp.int32(stages))
         # Issued before the matmuls, so that their latency hides behind them.
-        bias_tile, mask_tile = (
-          common.extra_tile(x, rows, r0, kv_step, bq, bkv)
-          for x, rows in zip(planes, plane_rows, strict=True)
-        )
+        bias_tile, mask_tile = common.extra_tiles(planes, r0, kv_step, bq, bkv)
         if v_first:
           plgpu.barrier_wait(v_bar.at[slot])
           dp = _mm_t(do_smem.at[wg], v_smem.at[slot], (bq, bkv))
@@ -362,9 +353,7 @@ def dkv(
         masked = masked and any_mask
         acc = dict(acc)
         slot = lax.rem(g * span + q_step - tile_lo, jnp.int32(stages))
-        bias_tile, mask_tile = (
-          common.extra_tile(x, rows, c0, q_step, bkv, bq) for x, rows in planes
-        )
+        bias_tile, mask_tile = common.extra_tiles(planes, c0, q_step, bkv, bq)
         if do_first:
           plgpu.barrier_wait(do_bar.at[slot])
           dp_t = _mm_t(v_smem.at[wg], do_smem.at[slot], (bkv, bq))
@@ -414,11 +403,7 @@ def dkv(
         return carry
 
       def group(g, carry):
-        head = kv_head * groups + g
-        planes = []
-        for ref in refs_bm:
-          plane = None if ref is None else common.extra_plane(ref, batch, head)
-          planes.append((plane, common.extra_rows(plane, c0, bkv)))
+        planes = common.extra_planes(refs_bm, batch, kv_head * groups + g, c0, bkv)
         masked_step = functools.partial(step, g=g, planes=planes, masked=True)
         plain_step = functools.partial(step, g=g, planes=planes, masked=False)
         skip_g = functools.partial(skip, g=g)

@@ -178,6 +178,21 @@ def visible(m: Masking, q_ids: jax.Array, k_ids: jax.Array, q_len, kv_len) -> ja
   return ok
 
 
+def log2_logits(s: jax.Array, bias: jax.Array | None, scale: float, soft_cap: float | None):
+  """(biased, soft-capped logits of `s` in log2 units, tanh of the soft cap or None).
+
+  The logits are None when neither a bias nor a soft cap applies: the scale then
+  folds into the exponent (`s * scale * LOG2E`).
+  """
+  if bias is not None:
+    bias = bias.astype(jnp.float32)
+  if soft_cap is None:
+    return (None if bias is None else s * (scale * LOG2E) + bias * LOG2E), None
+  z = s * (scale / soft_cap) if bias is None else (s * scale + bias) * (1.0 / soft_cap)
+  t = jnp.tanh(z)
+  return t * (soft_cap * LOG2E), t
+
+
 def hide(logits: jax.Array, ok: jax.Array | None, mask_tile: jax.Array | None) -> jax.Array:
   """`logits` with -inf where `ok` (see `visible`) or a mask tile (nonzero: visible) hides them."""
   if mask_tile is not None:
@@ -193,10 +208,26 @@ def extra_refs(refs, bias, mask) -> tuple:
   return bias_ref, mask_ref
 
 
-def extra_plane(ref, batch, head):
-  """The [R|1, C|1] plane of a bias or mask ref [B|1, N|1, R|1, C|1] at (batch, head)."""
-  b, n = ref.shape[:2]
-  return ref.at[batch if b > 1 else 0, head if n > 1 else 0]
+def extra_planes(refs, batch, head, r0, rows: int) -> list:
+  """(plane, row values) of the bias and mask refs (`extra_refs`) for a held block.
+
+  The plane is the [R|1, C|1] slice of a ref [B|1, N|1, R|1, C|1] at (batch,
+  head), or None without the ref; the row values are `extra_rows` at rows
+  [r0, r0 + rows). `extra_tiles` reads the tiles of a step from them.
+  """
+  planes = []
+  for ref in refs:
+    plane = None
+    if ref is not None:
+      b, n = ref.shape[:2]
+      plane = ref.at[batch if b > 1 else 0, head if n > 1 else 0]
+    planes.append((plane, extra_rows(plane, r0, rows)))
+  return planes
+
+
+def extra_tiles(planes, r0, step, rows: int, cols: int) -> tuple:
+  """(bias tile, mask tile) of `extra_planes` at column block `step`, each None when absent."""
+  return tuple(extra_tile(plane, values, r0, step, rows, cols) for plane, values in planes)
 
 
 def extra_rows(plane, r0, rows: int) -> jax.Array | None:

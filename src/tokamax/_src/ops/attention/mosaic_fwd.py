@@ -57,18 +57,6 @@ class FwdParams:
   producer_registers: int = 40
 
 
-def _scaled_logits(p: FwdParams, s: jax.Array, bias: jax.Array | None) -> jax.Array | None:
-  """Biased, soft-capped logits in log2 units, or None when the scale folds into exp2."""
-  if p.soft_cap is None:
-    if bias is None:
-      return None
-    return s * (p.scale * common.LOG2E) + bias * common.LOG2E
-  cap = p.soft_cap
-  if bias is None:
-    return jnp.tanh(s * (p.scale / cap)) * (cap * common.LOG2E)
-  return jnp.tanh((s * p.scale + bias) * (1.0 / cap)) * (cap * common.LOG2E)
-
-
 def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=None):
   """Runs the kernel; `lengths` is int32 [2, B] (query, key lengths).
 
@@ -89,7 +77,7 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
   extras = tuple(x for x in (bias, mask) if x is not None)
 
   def body(q_ref, k_ref, v_ref, len_ref, *refs):
-    bias_ref, mask_ref = common.extra_refs(refs, bias, mask)
+    refs_bm = common.extra_refs(refs, bias, mask)
     o_ref, lse_ref, smem, bars = refs[len(extras) :]
     qo_smem, k_smem, v_smem, lse_smem, p_smem = smem
     q_bar, k_bar, v_bar, k_free, v_free, sched, *turn = bars
@@ -113,10 +101,7 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
       lo, full_lo, full_hi, hi = (jnp.where(wg == 0, a, b_) for a, b_ in zip(*ranges, strict=True))
       q_smem = qo_smem.at[wg]
       plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(r0, bq), head], q_smem, q_bar.at[wg])
-      bias_plane = None if bias_ref is None else common.extra_plane(bias_ref, batch, head)
-      mask_plane = None if mask_ref is None else common.extra_plane(mask_ref, batch, head)
-      bias_rows = common.extra_rows(bias_plane, r0, bq)
-      mask_rows = common.extra_rows(mask_plane, r0, bq)
+      planes = common.extra_planes(refs_bm, batch, head, r0, bq)
       plgpu.barrier_wait(q_bar.at[wg])
 
       def slot_of(kv_step):
@@ -124,33 +109,25 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
 
       def tiles(kv_step):
         # Issued before the matmul, so that their latency hides behind it.
-        return (
-          common.extra_tile(bias_plane, bias_rows, r0, kv_step, bq, bkv),
-          common.extra_tile(mask_plane, mask_rows, r0, kv_step, bq, bkv),
-        )
+        return common.extra_tiles(planes, r0, kv_step, bq, bkv)
 
       def softmax(kv_step, s, m_i, l_i, bias_tile, mask_tile, *, masked: bool):
         """(bf16 probabilities, new max, new sum, factor that rescales the output)."""
         masked = masked and any_mask
-        capped = _scaled_logits(p, s, None if bias_tile is None else bias_tile.astype(jnp.float32))
+        capped, _ = common.log2_logits(s, bias_tile, p.scale, p.soft_cap)
         ok = None
         if masked:
           q_ids = common.iota((bq, bkv), 0) + r0
           k_ids = common.iota((bq, bkv), 1) + kv_step * bkv
           ok = common.visible(m, q_ids, k_ids, q_len, kv_len)
-        if mask_tile is not None:
-          keep = mask_tile != 0
-          ok = keep if ok is None else ok & keep
-        if ok is not None:
-          if capped is None:
-            s = jnp.where(ok, s, -jnp.inf)
-          else:
-            capped = jnp.where(ok, capped, -jnp.inf)
         if capped is None:
+          s = common.hide(s, ok, mask_tile)
           m_new = jnp.maximum(m_i, s.max(axis=1) * c)
         else:
+          capped = common.hide(capped, ok, mask_tile)
           m_new = jnp.maximum(m_i, capped.max(axis=1))
-        if ok is not None or bias_tile is not None:  # A row may still have seen nothing.
+        # A row may still have seen nothing.
+        if ok is not None or mask_tile is not None or bias_tile is not None:
           m_new = jnp.where(m_new == -jnp.inf, 0.0, m_new)
         m_b = lax.broadcast_in_dim(m_new, (bq, bkv), [0])
         probs = jnp.exp2(s * c - m_b) if capped is None else jnp.exp2(capped - m_b)
