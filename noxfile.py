@@ -87,9 +87,7 @@ def bench(session):
     env={"PYTHONPATH": "src:."},
   )
   # One history record per measurement; arguments after `--` go here (`--check`, `--threshold`).
-  session.run(
-    "python", "-m", "harness.history", "run", *session.posargs, env={"PYTHONPATH": "src:."}
-  )
+  session.run("python", "-m", "bench.history", "run", *session.posargs, env={"PYTHONPATH": "src:."})
 
 
 @nox.session(venv_backend="none")

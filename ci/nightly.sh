@@ -21,10 +21,10 @@ step() {  # step NAME COMMAND...: runs it, logs it, remembers a failure.
 }
 step suites "$PY" -m pytest -q --run-long --summary-md "$LOG_DIR/$STAMP-summary.md" ${SUITES:-suites}
 step golden "$PY" -m golden
-step bench "$PY" -m harness.history run --check --threshold "${BENCH_THRESHOLD:-0.05}"
-step dashboard "$PY" ci/dashboard.py
+step bench "$PY" -m bench.history run --check --threshold "${BENCH_THRESHOLD:-0.05}"
+step dashboard "$PY" -m bench.dashboard
 if [ ${#failed[@]} -gt 0 ]; then
   echo "nightly: FAILED steps: ${failed[*]} (logs in $LOG_DIR)"
   exit 1
 fi
-echo "nightly: all steps passed (logs in $LOG_DIR; dashboard ci/site/index.html)"
+echo "nightly: all steps passed (logs in $LOG_DIR; dashboard bench/out/site/index.html)"

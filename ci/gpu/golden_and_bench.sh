@@ -44,9 +44,9 @@ if [ -n "${DRY:-}" ]; then ITER=3; BUDGET_S=60; fi
   echo "== benchmarks ($FAMILY matrix, budget ${BUDGET_S} s), checked against bench/history.jsonl"
   t0=$SECONDS
   # Attention forward and forward+backward; the other ops forward only (the anchors).
-  $PY -m harness.history run --family "$FAMILY" --no-append --out "$OUT/bench_records.jsonl" \
+  $PY -m bench.history run --family "$FAMILY" --no-append --out "$OUT/bench_records.jsonl" \
     --ops dot_product_attention --features plain --iterations "$ITER" --budget-s "$BUDGET_S"
-  $PY -m harness.history run --family "$FAMILY" --no-append --out "$OUT/bench_records.jsonl" \
+  $PY -m bench.history run --family "$FAMILY" --no-append --out "$OUT/bench_records.jsonl" \
     --ops layer_norm,gated_linear_unit,ragged_dot,linear_softmax_cross_entropy_loss \
     --features plain,swiglu,default,sum --modes fwd --iterations "$ITER" --budget-s "$BUDGET_S"
   echo "== benchmarks took $((SECONDS - t0)) s"

@@ -24,6 +24,6 @@ PYEOF
   echo "goldens of $fam -> golden/data/$fam/"
 done
 if [ -f "$DIR/bench_records.jsonl" ]; then
-  $PY -m harness.history ingest --commit "$COMMIT" "$DIR/bench_records.jsonl"
+  $PY -m bench.history ingest --commit "$COMMIT" "$DIR/bench_records.jsonl"
 fi
-$PY ci/dashboard.py
+$PY -m bench.dashboard

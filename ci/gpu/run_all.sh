@@ -60,7 +60,7 @@ for s in ${STEPS:-suite golden_bench tooling}; do
     suite) step suite 240 env OUT="$WORK/suite" SKIP_BENCH=1 SUITE_TIMEOUT=$((${SUITE_S:-240} - 40)) \
       bash ci/gpu_suite.sh ${SUITE_ARGS:-} ${SUITE_K:+-k "$SUITE_K"} ;;
     golden_bench) step golden_bench 150 env OUT="$WORK/golden_bench" bash ci/gpu/golden_and_bench.sh ;;
-    history_ops) step history_ops 100 python3 -m harness.history run --family h100 --no-append \
+    history_ops) step history_ops 100 python3 -m bench.history run --family h100 --no-append \
       --out "$WORK/history_ops/bench_records.jsonl" --iterations 20 --budget-s "${HISTORY_BUDGET_S:-70}" \
       --ops layer_norm,gated_linear_unit,ragged_dot,linear_softmax_cross_entropy_loss \
       --features plain,swiglu,default,sum --modes fwd ;;

@@ -3,15 +3,12 @@
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
-from harness import history
+from bench import dashboard, history
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "ci"))
-import dashboard  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = (

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from harness import history, timing
+from bench import history
+from harness import timing
 
 FIELDS = (
   "commit",

@@ -1,7 +1,7 @@
 """Benchmark history: one JSON record per measurement, appended to a versioned file, and its check.
 
 `run` times the benchmark cases of a hardware family's matrix
-(`suites.matrices.bench_cases`) through every implementation that compiles
+(`bench.cases.bench_cases`) through every implementation that compiles
 here, with the harness timer (`harness.timing`), the ops' cost model
 (`SPEC.cost`, via `harness.bench.measurement`), the compiled program's memory
 and the numerics drift against the high-precision reference (on the small
@@ -10,9 +10,9 @@ both modes). `check` compares a
 run with earlier runs on the same device kind and flags slowdowns past a
 threshold and drift past tolerance.
 
-  python -m harness.history run [--check] [--threshold 0.05] [--history FILE]
-  python -m harness.history check --records FILE
-  python -m harness.history ingest FILE...
+  python -m bench.history run [--check] [--threshold 0.05] [--history FILE]
+  python -m bench.history check --records FILE
+  python -m bench.history ingest FILE...
 """
 
 import argparse
@@ -28,11 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from golden import golden
+from bench import cases as cases_lib
 from harness import bench, compare, grads, hardware, timing, tolerance
-from suites import matrices
-from suites.matrices import cases as cases_lib
-from suites.matrices import checks
 from tokamax._src import benchmarking
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -141,8 +138,8 @@ def drift(
     bound; above 1 is past tolerance somewhere), drift_ok (the harness
     comparator's verdict) and drift_shape.
   """
-  small = golden.at_golden_shape(case)
-  args, kwargs = small.make_args(checks.case_key(small))
+  small = cases_lib.small(case)
+  args, kwargs = small.make_args(cases_lib.case_key(small))
   out = np.asarray(jax.tree.leaves(small.call(impl, args, kwargs, jit=not eager))[0])
   ref = np.asarray(jax.tree.leaves(small.reference(args, kwargs))[0])
   tol = tolerance.for_dtype(
@@ -218,11 +215,11 @@ def run(
   inputs: dict = {}
   drifts: dict = {}
   ops = list(ops) if ops else None
-  for op in matrices.OPS:
+  for op in cases_lib.OPS:
     if ops is not None and op not in ops:
       continue
-    impls = golden.implementations(op, profile)
-    for bcase in matrices.bench_cases(family, op=op):
+    impls = cases_lib.implementations(op, profile)
+    for bcase in cases_lib.bench_cases(family, op=op):
       case, mode = bcase.case, bcase.mode
       if (features and case.feature not in features) or (modes and mode not in modes):
         continue
@@ -238,7 +235,7 @@ def run(
           continue
         if case.id not in inputs:
           inputs.clear()  # Large inputs: keep one case's at a time.
-          key = checks.case_key(case)
+          key = cases_lib.case_key(case)
           inputs[case.id] = [case.make_args(jax.random.fold_in(key, i)) for i in range(rotations)]
         args_list = inputs[case.id]
         try:
@@ -293,7 +290,7 @@ def _measure(case, mode, impl_name, fn, args_list, timer) -> dict:
   cotangent = None
   if mode == "fwd_bwd":
     out = jax.eval_shape(lambda v: benchmark_fn(case, fn, splits[0], "fwd")(v), values[0])
-    keys = jax.random.split(checks.case_key(case), len(values))
+    keys = jax.random.split(cases_lib.case_key(case), len(values))
     cotangents = [jax.random.normal(k, out.shape, out.dtype) for k in keys]
   else:
     cotangents = [cotangent] * len(values)
@@ -465,7 +462,7 @@ def _csv(s: str | None):
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m harness.history", description=__doc__)
+  parser = argparse.ArgumentParser(prog="python -m bench.history", description=__doc__)
   parser.add_argument("command", nargs="?", default="run", choices=("run", "check", "ingest"))
   parser.add_argument("files", nargs="*", help="ingest: record files (JSON lines)")
   parser.add_argument("--history", default=HISTORY, help="the history file (JSON lines)")

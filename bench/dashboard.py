@@ -1,6 +1,6 @@
 """Builds the benchmark dashboard: one static HTML page from the history, viewable offline.
 
-  python ci/dashboard.py [--history bench/history.jsonl] [--out ci/site/index.html]
+  python -m bench.dashboard [--history bench/history.jsonl] [--out bench/out/site/index.html]
 
 The page carries its data and its plotting code inline (no network, no CDN):
 per op and benchmark, SVG plots of the median device time per implementation
@@ -17,12 +17,11 @@ import json
 import os
 import sys
 
+from bench import history
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from harness import history  # noqa: E402
-
-OUT = os.path.join(ROOT, "ci", "site", "index.html")
+# Built, not committed (the folder is ignored).
+OUT = os.path.join(ROOT, "bench", "out", "site", "index.html")
 
 # Fields the page needs from each record.
 FIELDS = (
