@@ -32,11 +32,23 @@ def _as_f64(x) -> np.ndarray:
   return np.asarray(x).astype(np.float64)
 
 
+def _nonfinite_mismatch(a: np.ndarray, e: np.ndarray) -> np.ndarray:
+  """Where `a` and `e` are not the same non-finite value although one is non-finite."""
+  same = (a == e) | (np.isnan(a) & np.isnan(e))
+  return (~np.isfinite(a) | ~np.isfinite(e)) & ~same
+
+
 def relative_error(actual, expected) -> float:
-  """||actual - expected|| / ||expected|| in float64 (inf where `actual` is not finite)."""
+  """||actual - expected|| / ||expected|| in float64.
+
+  Inf where either side is non-finite and the other is not the same value;
+  elements where both hold the same NaN or Inf count as equal.
+  """
   a, e = _as_f64(actual), _as_f64(expected)
-  if not np.isfinite(a).all():
+  if a.shape != e.shape or _nonfinite_mismatch(a, e).any():
     return float("inf")
+  finite = np.isfinite(e)
+  a, e = np.where(finite, a, 0.0), np.where(finite, e, 0.0)
   return float(np.linalg.norm(a - e) / max(np.linalg.norm(e), 1e-30))
 
 
@@ -85,7 +97,8 @@ def compare(
   finite_e = np.isfinite(e)
   # Non-finite values pass only where the reference has the same value.
   same_nonfinite = ~finite_e & ((a == e) | (np.isnan(a) & np.isnan(e)))
-  err = np.where(finite_e & np.isfinite(a), np.abs(a - e), np.inf)
+  with np.errstate(invalid="ignore"):
+    err = np.where(finite_e & np.isfinite(a), np.abs(a - e), np.inf)
   err = np.where(same_nonfinite, 0.0, err)
   bound = tol.bound(np.where(finite_e, e, 0.0), reduction_length)
   off = err > bound
@@ -95,6 +108,13 @@ def compare(
   max_err = float(err.max())
   mean_err = float(finite_err.mean()) if finite_err.size else np.inf
   problems = []
+  # NaN or Inf against anything else fails by itself, whatever the tolerance.
+  mismatch = _nonfinite_mismatch(a, e)
+  if mismatch.any():
+    problems.append(
+      f"{int(mismatch.sum())} elements are NaN or Inf on one side only (or Infs of opposite "
+      f"sign), first at {_indices(mismatch)}"
+    )
   if num_off > (1.0 - tol.fraction) * size:
     problems.append(
       f"{num_off} of {size} elements ({100.0 * num_off / size:.3g}%) exceed the bound; "

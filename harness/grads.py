@@ -72,18 +72,31 @@ def assert_vjp_close(
   _, grads = vjp(fn, primals, cotangent)
   _, ref_grads = references.high_precision_vjp(reference, widen(primals), widen(cotangent))
   plain_grads = vjp(plain, primals, cotangent)[1] if plain is not None else None
-  names = names or tuple(f"arg{i}" for i in range(len(primals)))
+  names = tuple(names or ())
+  if len(names) > len(primals):
+    raise ValueError(f"{len(names)} names {names} for {len(primals)} primals")
+  # Every primal is compared, named or not: a wrong last cotangent must not slip through.
+  names = names + tuple(f"arg{i}" for i in range(len(names), len(primals)))
+  for what, got in (("the VJP", grads), ("the reference VJP", ref_grads)):
+    if len(got) != len(primals):
+      raise AssertionError(f"{what} gave {len(got)} cotangents for {len(primals)} primals")
+  failures = []
   for i, name in enumerate(names):
-    compare.assert_close(
-      grads[i],
-      ref_grads[i],
-      dtype=jax.tree.leaves(primals[i])[0].dtype,
-      plain=None if plain_grads is None else plain_grads[i],
-      reduction_length=reduction_length,
-      has_matmul=has_matmul,
-      gradient=True,
-      name=f"d{name}",
-    )
+    try:
+      compare.assert_close(
+        grads[i],
+        ref_grads[i],
+        dtype=jax.tree.leaves(primals[i])[0].dtype,
+        plain=None if plain_grads is None else plain_grads[i],
+        reduction_length=reduction_length,
+        has_matmul=has_matmul,
+        gradient=True,
+        name=f"d{name}",
+      )
+    except AssertionError as e:
+      failures.append(str(e))
+  if failures:
+    raise AssertionError("\n".join(failures))
 
 
 def check_grads(fn: Callable, primals: tuple, *, order: int = 1, eps: float | None = None) -> None:
