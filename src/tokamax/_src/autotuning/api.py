@@ -9,187 +9,22 @@ a context manager, a result overrides the shipped default cache; jitted
 functions called inside it retrace and use its configs.
 """
 
-import dataclasses
-import functools
-import hashlib
-import io
 import itertools
-import json
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Self
+from typing import Any
 
 import jax
 import numpy as np
 
-from tokamax._src import arguments, version
-from tokamax._src.autotuning import autotuner, cache, configs
+from tokamax._src import arguments
+from tokamax._src.autotuning import autotuner, cache
 from tokamax._src.autotuning.autotuner import AutotuningData as AutotuningData
+from tokamax._src.autotuning.result import FORMAT as FORMAT
+from tokamax._src.autotuning.result import FORMAT_VERSION as FORMAT_VERSION
+from tokamax._src.autotuning.result import AutotuningResult as AutotuningResult
 from tokamax._src.ops import op as op_lib
-
-FORMAT = "tokamax.AutotuningResult"
-FORMAT_VERSION = 1
-
-
-def _entry_key(data: AutotuningData) -> tuple[str, str, str]:
-  return (data.op, data.implementation, data.key)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class AutotuningResult:
-  """Tuned configs by op, implementation and argument signature.
-
-  Use as a context manager (nestable, innermost first) to make jitted
-  functions use these configs; outside every result the shipped default cache
-  and `tokamax.config.OPTIONS.cache_miss` decide. Two results with the same
-  content are equal and hash alike.
-
-  Attributes:
-    device_kind: `jax.Device.device_kind` of the device tuned on.
-    data: One `AutotuningData` per (op, implementation, key), sorted.
-    library_version: The tokamax version that tuned.
-  """
-
-  device_kind: str
-  data: tuple[AutotuningData, ...] = ()
-  library_version: str = version.__version__
-
-  def __post_init__(self):
-    unique = {_entry_key(d): d for d in self.data}  # The last entry of a key wins.
-    object.__setattr__(self, "data", tuple(unique[k] for k in sorted(unique)))
-
-  # -- Lookup -------------------------------------------------------------------
-
-  @functools.cached_property
-  def _index(self) -> dict[tuple[str, str, str], AutotuningData]:
-    return {_entry_key(d): d for d in self.data}
-
-  def data_for(self, op: op_lib.Op, key: str) -> AutotuningData | None:
-    """The entry of `op` (an implementation) for a signature key, or None."""
-    data = self._index.get((op.spec.name, op.name, key))
-    return None if data is None else dataclasses.replace(data, config_cls=op.config_cls)
-
-  def config_for(self, bound: op_lib.BoundArguments) -> Any:
-    """The tuned config of a bound op call, or None."""
-    data = self.data_for(bound.op, arguments.signature_key(bound.args))
-    return None if data is None else data.fastest_config
-
-  def __len__(self) -> int:
-    return len(self.data)
-
-  # -- Identity -----------------------------------------------------------------
-
-  @functools.cached_property
-  def fingerprint(self) -> str:
-    return hashlib.sha256(self.dumps().encode()).hexdigest()
-
-  def __eq__(self, other: object) -> bool:
-    return isinstance(other, AutotuningResult) and self.fingerprint == other.fingerprint
-
-  def __hash__(self) -> int:
-    return hash(self.fingerprint)
-
-  # -- Serialization ------------------------------------------------------------
-
-  def to_json(self) -> dict[str, Any]:
-    def load(text):
-      return None if text is None else json.loads(text)
-
-    return {
-      "format": FORMAT,
-      "format_version": FORMAT_VERSION,
-      "device_kind": self.device_kind,
-      "library_version": self.library_version,
-      "data": [
-        {
-          "op": d.op,
-          "implementation": d.implementation,
-          "key": d.key,
-          "mode": d.mode,
-          "config": load(d.config),
-          "timings_ms": [[load(c), t] for c, t in d.timings_ms],
-          "errors": [[load(c), e] for c, e in d.errors],
-        }
-        for d in self.data
-      ],
-    }
-
-  @classmethod
-  def from_json(cls, obj: Mapping[str, Any]) -> Self:
-    if obj.get("format") != FORMAT:
-      raise ValueError(
-        f"not an autotuning result: format {obj.get('format')!r}, expected {FORMAT!r}."
-      )
-    if obj.get("format_version") != FORMAT_VERSION:
-      raise ValueError(
-        f"unsupported autotuning result format_version {obj.get('format_version')!r}."
-      )
-
-    def dump(value):
-      return None if value is None else configs.canonical(value)
-
-    data = tuple(
-      AutotuningData(
-        op=d["op"],
-        implementation=d["implementation"],
-        key=d["key"],
-        mode=d.get("mode", "forward"),
-        config=dump(d.get("config")),
-        timings_ms=tuple((dump(c), float(t)) for c, t in d.get("timings_ms", ())),
-        errors=tuple((dump(c), str(e)) for c, e in d.get("errors", ())),
-      )
-      for d in obj["data"]
-    )
-    return cls(device_kind=obj["device_kind"], data=data, library_version=obj["library_version"])
-
-  def dumps(self) -> str:
-    """The result as stable JSON text (sorted keys and entries)."""
-    return json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n"
-
-  @classmethod
-  def loads(cls, text: str) -> Self:
-    return cls.from_json(json.loads(text))
-
-  def dump(self, fp: io.TextIOBase | str | os.PathLike) -> None:
-    """Writes `dumps()` to a text file object or a path."""
-    if isinstance(fp, str | os.PathLike):
-      with open(fp, "w") as f:
-        f.write(self.dumps())
-    else:
-      fp.write(self.dumps())
-
-  @classmethod
-  def load(cls, fp: io.TextIOBase | str | os.PathLike) -> Self:
-    """Reads a result from a text file object or a path."""
-    if isinstance(fp, str | os.PathLike):
-      with open(fp) as f:
-        return cls.loads(f.read())
-    return cls.loads(fp.read())
-
-  # -- Combination and use --------------------------------------------------------
-
-  def merge(self, *others: "AutotuningResult") -> "AutotuningResult":
-    """One result with the entries of all; a later result wins on a shared key."""
-    for other in others:
-      if other.device_kind != self.device_kind:
-        raise ValueError(
-          f"cannot merge results of device kinds {self.device_kind!r} and {other.device_kind!r}."
-        )
-    data = itertools.chain(self.data, *(o.data for o in others))
-    return AutotuningResult(self.device_kind, tuple(data), version.__version__)
-
-  def __or__(self, other: "AutotuningResult") -> "AutotuningResult":
-    return self.merge(other)
-
-  def __enter__(self) -> Self:
-    cache.push(self)
-    return self
-
-  def __exit__(self, *exc_info) -> None:
-    cache.pop()
-
 
 # -- Finding ops ------------------------------------------------------------------
 
@@ -346,8 +181,9 @@ def autotune(
       continue
     _note(progress, f"{label}: {key[2]}")
     try:
-      data = autotuner.autotune_bound(
-        bound,
+      data = autotuner.autotune_call(
+        bound.op,
+        bound.args,
         mode=mode,
         timeout_s=timeout_s,
         max_workers=max_workers,

@@ -137,15 +137,16 @@ def _compile_all(
   return compiled, errors
 
 
-def concrete_record(record: Any, seed: int = 0) -> Any:
-  """A record of random concrete arrays shaped like `record`."""
-  record = inputs.fill_integer_fields(arguments.abstract(record), seed)
+def concrete_record(record: Any, spec: Any, seed: int = 0) -> Any:
+  """A record of random concrete arrays shaped like `record`, a record of `spec`."""
+  record = inputs.fill_integer_fields(arguments.abstract(record), spec, seed)
   leaves, tree = jax.tree.flatten(record)
   return tree.unflatten(benchmarking.initialize(leaves, seed))
 
 
-def autotune_bound(
-  bound: Any,
+def autotune_call(
+  op: Any,
+  args: Any,
   *,
   mode: str = "forward",
   candidates: Iterable[Any] | None = None,
@@ -156,11 +157,11 @@ def autotune_bound(
   seed: int = 0,
   progress: bool = False,
 ) -> AutotuningData:
-  """Times every candidate config of `bound.op` on `bound.args`.
+  """Times every candidate config of `op` on `args`.
 
   Args:
-    bound: `BoundArguments` (the op and its canonical record, concrete or
-      abstract).
+    op: The implementation (an `Op`).
+    args: Its canonical record, concrete or abstract.
     mode: "forward" times the op alone, "forward_and_vjp" with its gradient.
     candidates: The configs to try; default the op's `_get_autotuning_configs`.
     timeout_s: Compile time allowed to one candidate.
@@ -178,18 +179,20 @@ def autotune_bound(
   # Tuning may start while a function is traced (a cache miss): run eagerly.
   with jax.ensure_compile_time_eval():
     return _autotune(
-      bound, mode, candidates, timeout_s, max_workers, iterations, method, seed, progress
+      op, args, mode, candidates, timeout_s, max_workers, iterations, method, seed, progress
     )
 
 
-def _autotune(bound, mode, candidates, timeout_s, max_workers, iterations, method, seed, progress):
-  op = bound.op.with_config(None)
-  abstract = arguments.abstract(bound.args)
+def _autotune(
+  op, args, mode, candidates, timeout_s, max_workers, iterations, method, seed, progress
+):
+  op = op.with_config(None)
+  abstract = arguments.abstract(args)
   if candidates is None:
     candidates = op._get_autotuning_configs(abstract)
   by_text = {configs.encode(c): c for c in candidates}
   texts = sorted(by_text)
-  record = concrete_record(abstract, seed)
+  record = concrete_record(abstract, op.spec, seed)
   label = f"{op.spec.name}[{op.name}]"
   bar = Progress(progress, 2 * len(texts), label=f"autotune {label}")
   fns = [

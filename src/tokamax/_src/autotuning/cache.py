@@ -12,7 +12,6 @@
    always falls back to its heuristics.
 """
 
-import contextvars
 import dataclasses
 import functools
 import importlib.resources
@@ -22,39 +21,14 @@ import re
 import threading
 from typing import Any
 
-import jax
-
 from tokamax._src import arguments, config, device
-
-# The active AutotuningResults, innermost last; part of JAX's trace cache key.
-_ACTIVE = jax.make_user_context(())
-# The JAX contexts entered by `push`, innermost last (per thread, like _ACTIVE).
-_ENTERED: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar("entered", default=())
+from tokamax._src.autotuning import autotuner, result
 
 # Configs tuned on a cache miss: (device kind, op, implementation, key) -> AutotuningData.
 _TUNED_ON_MISS: dict[tuple[str, str, str, str], Any] = {}
 _TUNED_ON_MISS_LOCK = threading.Lock()
 
 DATA_DIR = pathlib.Path(str(importlib.resources.files("tokamax") / "data"))
-
-
-def active_results() -> tuple[Any, ...]:
-  """The entered results, innermost last."""
-  return _ACTIVE.value
-
-
-def push(result: Any) -> None:
-  """Makes `result` the innermost active result (until `pop`)."""
-  context = _ACTIVE((*_ACTIVE.value, result))
-  context.__enter__()
-  _ENTERED.set((*_ENTERED.get(), context))
-
-
-def pop() -> None:
-  """Undoes the last `push` of this thread."""
-  *rest, context = _ENTERED.get()
-  _ENTERED.set(tuple(rest))
-  context.__exit__(None, None, None)
 
 
 def device_kind() -> str:
@@ -69,20 +43,18 @@ def file_name(kind: str) -> str:
 @functools.cache
 def default_result(kind: str) -> Any | None:
   """The shipped `AutotuningResult` of a device kind, or None."""
-  from tokamax._src.autotuning import api
-
   path = DATA_DIR / file_name(kind)
   if not path.is_file():
     return None
   with path.open() as f:
-    return api.AutotuningResult.load(f)
+    return result.AutotuningResult.load(f)
 
 
 def lookup_data(op: Any, key: str, kind: str | None = None) -> Any | None:
   """The cached `AutotuningData` of `op` for a signature key, or None."""
   kind = kind or device_kind()
-  for result in reversed(active_results()):
-    data = result.data_for(op, key)
+  for active in reversed(result.active_results()):
+    data = active.data_for(op, key)
     if data is not None:
       return data
   data = _TUNED_ON_MISS.get((kind, op.spec.name, op.name, key))
@@ -125,10 +97,7 @@ def lookup(op: Any, args: Any) -> Any | None:
       f"{op.spec.name}[{op.name}]: no tuned config for {key} on {device_kind()} "
       "(tokamax.config.OPTIONS.cache_miss='error'); run tokamax.autotune and enter its result."
     )
-  from tokamax._src.autotuning import autotuner
-  from tokamax._src.ops import op as op_lib
-
-  data = autotuner.autotune_bound(op_lib.BoundArguments(op, arguments.abstract(args)))
+  data = autotuner.autotune_call(op, arguments.abstract(args))
   with _TUNED_ON_MISS_LOCK:
     _TUNED_ON_MISS[(device_kind(), op.spec.name, op.name, key)] = data
   return data.fastest_config

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from tokamax._src import arguments as arguments_lib
+from tokamax._src.autotuning import autotuner, cache
 
 # While `tokamax.autotune` traces a function, every op call appends
 # (op, abstract args, mode) here, mode "forward" or "vjp" (its custom backward ran).
@@ -139,8 +140,6 @@ class Op(abc.ABC):
     """The config for `args`: fixed, else tuned, else heuristic."""
     if self.config is not None:
       return self.config
-    from tokamax._src.autotuning import cache
-
     tuned = cache.lookup(self, args)
     if tuned is not None:
       return tuned
@@ -234,9 +233,7 @@ class BoundArguments:
 
   def autotune(self, **kwargs) -> Any:
     """Times every candidate config and returns the autotuning data."""
-    from tokamax._src.autotuning import autotuner
-
-    return autotuner.autotune_bound(self, **kwargs)
+    return autotuner.autotune_call(self.op, self.args, **kwargs)
 
 
 ImplementationLike = str | Op | Callable[..., jax.Array]
@@ -255,6 +252,9 @@ class OpSpec:
       order; "xla" is always tried last.
     cost: Floating-point operations and bytes of one forward call.
     finalize: Maps the implementations' output back to the public layout.
+    integer_inputs: Integer field name to a function of (record, shape, numpy
+      Generator) giving valid values of that shape, for timing candidates on
+      representative inputs; other integer fields are zeros.
   """
 
   name: str
@@ -263,6 +263,9 @@ class OpSpec:
   preference: Mapping[str, tuple[str, ...]]
   cost: Callable[[Any], Cost]
   finalize: Callable[[Any, Any], Any] = lambda args, out: out
+  integer_inputs: Mapping[
+    str, Callable[[Any, tuple[int, ...], np.random.Generator], np.ndarray]
+  ] = dataclasses.field(default_factory=dict)
   _cache: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   def __hash__(self) -> int:

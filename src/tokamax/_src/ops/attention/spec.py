@@ -198,6 +198,16 @@ def cost(args: AttentionArgs) -> op.Cost:
   return op.Cost(flops=flops, bytes=float(nbytes))
 
 
+def _full_lengths(field: str):
+  """Integer inputs for timing: every sequence at its full length."""
+
+  def make(args: AttentionArgs, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    del rng
+    return np.full(shape, getattr(args, field).shape[1], np.int32)
+
+  return make
+
+
 SPEC = op.OpSpec(
   name="dot_product_attention",
   canonicalize=canonicalize,
@@ -211,6 +221,7 @@ SPEC = op.OpSpec(
   preference={"gpu": ("mosaic", "cudnn", "triton")},
   cost=cost,
   finalize=finalize,
+  integer_inputs={"q_seq_lengths": _full_lengths("query"), "kv_seq_lengths": _full_lengths("key")},
 )
 
 

@@ -66,6 +66,11 @@ def cost(args: LossArgs) -> op.Cost:
   return op.Cost(flops=2.0 * b * h * v, bytes=float(itemsize * (b * h + h * v)))
 
 
+def _random_labels(args: LossArgs, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+  """Integer inputs for timing: uniform labels over the vocabulary."""
+  return rng.integers(0, args.weights.shape[1], shape, np.int32)
+
+
 SPEC = op.OpSpec(
   name="linear_softmax_cross_entropy_loss",
   canonicalize=canonicalize,
@@ -75,4 +80,5 @@ SPEC = op.OpSpec(
   },
   preference={},
   cost=cost,
+  integer_inputs={"labels": _random_labels},
 )

@@ -219,6 +219,21 @@ def cost(args: RaggedDotArgs) -> op.Cost:
   )
 
 
+def _timing_group_sizes(
+  args: RaggedDotArgs, shape: tuple[int, ...], rng: np.random.Generator
+) -> np.ndarray:
+  """Integer inputs for timing: the representative sizes, else random uneven ones."""
+  if args.representative_sizes is not None:
+    return np.asarray(args.representative_sizes, np.int32)
+  seed = int(rng.integers(1 << 31))
+  return generate_ragged_dot_group_sizes(args.lhs.shape[0], shape[0], seed=seed)
+
+
+def _zero_offset(args: RaggedDotArgs, shape: tuple[int, ...], rng: np.random.Generator):
+  del args, rng
+  return np.zeros(shape, np.int32)
+
+
 SPEC = op.OpSpec(
   name="ragged_dot",
   canonicalize=canonicalize,
@@ -229,6 +244,7 @@ SPEC = op.OpSpec(
   },
   preference={"gpu": ("mosaic", "triton")},
   cost=cost,
+  integer_inputs={"group_sizes": _timing_group_sizes, "group_offset": _zero_offset},
 )
 
 
