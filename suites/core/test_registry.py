@@ -1,0 +1,55 @@
+"""The op registry: one table of specs, consistent with the public API and the classes."""
+
+import importlib
+import typing
+
+import pytest
+
+from tokamax._src.ops import registry
+
+# (op name, implementation name) for every registered implementation.
+_IMPLEMENTATIONS = [(s.name, i) for s in registry.SPECS.values() for i in s.implementations]
+
+
+def _api_module(spec):
+  """The public api module next to the spec's module (`.../<op>/spec.py` -> `.../<op>/api.py`)."""
+  package = spec.canonicalize.__module__.rpartition(".")[0]
+  return importlib.import_module(f"{package}.api")
+
+
+def test_registry_is_keyed_by_spec_name():
+  assert set(registry.SPECS) == {
+    "dot_product_attention",
+    "layer_norm",
+    "gated_linear_unit",
+    "ragged_dot",
+    "linear_softmax_cross_entropy_loss",
+  }
+  for name, spec in registry.SPECS.items():
+    assert spec.name == name
+    assert registry.spec(name) is spec
+
+
+def test_unknown_op_names_the_known_ones():
+  with pytest.raises(KeyError, match=r"unknown op 'nope'.*layer_norm"):
+    registry.spec("nope")
+
+
+@pytest.mark.parametrize("name", list(registry.SPECS))
+def test_public_implementation_literal_matches_registry(name):
+  spec = registry.SPECS[name]
+  literal = typing.get_args(_api_module(spec).Implementation)
+  assert literal == tuple(spec.implementations), (
+    f"{name}: api.Implementation {literal} != registered {tuple(spec.implementations)}"
+  )
+
+
+@pytest.mark.parametrize(("name", "implementation"), _IMPLEMENTATIONS)
+def test_registered_class_names_its_spec_and_key(name, implementation):
+  spec = registry.SPECS[name]
+  try:
+    cls = spec.implementation_class(implementation)
+  except ImportError as e:
+    pytest.skip(f"{spec.implementations[implementation]} does not import here: {e}")
+  assert cls.spec is spec, f"{cls.__qualname__}.spec is {cls.spec.name}, not {name}"
+  assert cls.name == implementation, f"{cls.__qualname__}.name {cls.name!r} != {implementation!r}"
