@@ -14,7 +14,8 @@ nox.options.default_venv_backend = "venv"
 
 PYTHON = "3.12"
 TEST_EXTRAS = ".[test,triton]"
-RESULTS = os.environ.get("TOKAMAX_RESULTS_DIR", "suites/results")
+# Run artefacts (summaries, benchmark JSON) go here; the default is ignored by git.
+RESULTS = os.environ.get("TOKAMAX_RESULTS_DIR", "bench/out")
 
 
 def _pytest(session, *args):

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The GPU suite without nox (the device image has none): the same pytest command as
 # `nox -s gpu_tests`, then the benchmarks, writing a summary (JSON + Markdown), the
-# benchmark JSON and the log to $OUT (default suites/results/gpu_run).
+# benchmark JSON and the log to $OUT (default $TOKAMAX_RESULTS_DIR/gpu_run, else bench/out/gpu_run: ignored by git).
 #
 #   bash ci/gpu_suite.sh [extra pytest args, e.g. -k attention]
 # Environment: OUT, SKIP_BENCH=1, SUITE_TIMEOUT (seconds for the test part, default 420),
 # SUITE_WORKERS (pytest-xdist workers where it is installed, default 6), TEST_TIMEOUT (per test).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-suites/results/gpu_run}"
+OUT="${OUT:-${TOKAMAX_RESULTS_DIR:-bench/out}/gpu_run}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then  # jax-triton etc. carried as wheels (offline host).

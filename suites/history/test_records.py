@@ -1,0 +1,90 @@
+"""The cited benchmark records: every file under bench/results/ follows the one schema, and every
+record path cited in src/, docs/, README.md, ci/ and bench/ exists."""
+
+import os
+import re
+
+import pytest
+
+from bench import records
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CITING = ("src", "docs", "bench", "ci", "README.md")
+# A full path, or (in docs/perf.md) one relative to bench/results/: "<device>/<file>.json".
+FULL = re.compile(r"bench/results/[\w./-]+?\.json(?!\w)")
+RELATIVE = re.compile(r"(?<![\w/.-])([a-z][a-z0-9]*/[\w.-]+?\.json)(?!\w)")
+
+
+def _citing_files():
+  for top in CITING:
+    path = os.path.join(ROOT, top)
+    if os.path.isfile(path):
+      yield path
+      continue
+    for dirpath, dirnames, names in os.walk(path):
+      dirnames[:] = [d for d in dirnames if d not in ("results", "out", "__pycache__")]
+      for n in names:
+        if n.endswith((".py", ".md", ".sh", ".toml", ".txt")):
+          yield os.path.join(dirpath, n)
+
+
+def _citations() -> list[tuple[str, str]]:
+  out = []
+  for path in _citing_files():
+    with open(path, errors="replace") as f:
+      text = f.read()
+    rel = os.path.relpath(path, ROOT)
+    out += [(rel, m) for m in FULL.findall(text)]
+    if rel == os.path.join("docs", "perf.md"):
+      out += [(rel, "bench/results/" + m) for m in RELATIVE.findall(text)]
+  return out
+
+
+def test_there_are_records():
+  assert records.files(), "bench/results/ holds no record files"
+
+
+@pytest.mark.parametrize("path", [os.path.relpath(p, ROOT) for p in records.files()] or ["none"])
+def test_record_file_follows_the_schema(path):
+  full = os.path.join(ROOT, path)
+  assert os.path.basename(os.path.dirname(full)) != "results", (
+    "records live in bench/results/<device>/"
+  )
+  assert records.load(full), f"{path} holds no records"
+
+
+def test_cited_records_exist():
+  cited = _citations()
+  assert any(src == os.path.join("docs", "perf.md") for src, _ in cited), (
+    "docs/perf.md cites no records"
+  )
+  missing = sorted({(src, p) for src, p in cited if not os.path.exists(os.path.join(ROOT, p))})
+  assert not missing, missing
+
+
+def test_write_load_round_trip_and_validation(tmp_path):
+  rec = records.Record(
+    device="cpu",
+    commit="abc",
+    date=None,
+    op="layer_norm",
+    implementation="xla",
+    case="plain",
+    shape={"M": 8, "D": 64},
+    dtype="float32",
+    mode="fwd",
+    median_ms=0.5,
+    anchor="xla",
+    anchor_ms=0.25,
+  )
+  path = tmp_path / "r.json"
+  assert records.write(str(path), [rec], note="test") == 1
+  assert records.load(str(path)) == [rec]
+  assert rec.ratio == 2.0
+  bad = rec.as_dict() | {"mode": "bwd", "median_ms": -1.0, "anchor": None}
+  errors = records.validate({"schema": 1, "records": [bad]})
+  assert any("mode" in e for e in errors)
+  assert any("median_ms" in e for e in errors)
+  assert any("anchor and anchor_ms" in e for e in errors)
+  with pytest.raises(ValueError):
+    records.write(str(path), [bad])
