@@ -33,9 +33,9 @@ SHAPES = [
 ]
 
 
-def variants(h: int) -> list[mosaic.Config]:
+def variants(h: int) -> list[mosaic.MosaicAttentionConfig]:
   """The forward configs timed at head dim `h`; the first is the current default."""
-  c = mosaic.Config
+  c = mosaic.MosaicAttentionConfig
   if h > 128:  # 128-key slots do not fit shared memory at H256.
     on = [c(block_kv=64, overlap_qk=True, schedule_barrier=s) for s in (True, False)]
     return [c(block_kv=64), *on]
@@ -45,7 +45,7 @@ def variants(h: int) -> list[mosaic.Config]:
   return off + on + [c(block_kv=128, overlap_qk=True, schedule_barrier=False)]
 
 
-def label(config: mosaic.Config) -> str:
+def label(config: mosaic.MosaicAttentionConfig) -> str:
   stages = "" if config.num_stages == 2 else f" s{config.num_stages}"
   sched = "" if config.schedule_barrier else " nosched"
   return f"{'overlap' if config.overlap_qk else 'serial'} kv{config.block_kv}{stages}{sched}"
@@ -73,7 +73,7 @@ def checks() -> list[tuple]:
         query_seq_lengths=jnp.array([320, 150]),
         key_value_seq_lengths=jnp.array([64, 290]),
       ),
-      mosaic.Config(block_kv=64, overlap_qk=True),
+      mosaic.MosaicAttentionConfig(block_kv=64, overlap_qk=True),
     ),
     (
       "bias_mask_causal_gqa_h128_fp16",
@@ -84,7 +84,7 @@ def checks() -> list[tuple]:
         mask=jax.random.bernoulli(jax.random.key(6), 0.7, (2, 1, 256, 384)),
         is_causal=True,
       ),
-      mosaic.Config(overlap_qk=True),
+      mosaic.MosaicAttentionConfig(overlap_qk=True),
     ),
     (
       "lengths_causal_h256_nosched",
@@ -95,7 +95,7 @@ def checks() -> list[tuple]:
         query_seq_lengths=jnp.array([384, 200]),
         key_value_seq_lengths=jnp.array([300, 384]),
       ),
-      mosaic.Config(block_kv=64, overlap_qk=True, schedule_barrier=False),
+      mosaic.MosaicAttentionConfig(block_kv=64, overlap_qk=True, schedule_barrier=False),
     ),
   ]
 

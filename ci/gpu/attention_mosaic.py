@@ -414,12 +414,12 @@ def sweep_bwd(name, b, t, n, kh, h, causal, fwd, candidates):
 
   def kernels_of(values):
     """The backward kernels' parameters (configs that differ only in unfitted slots agree)."""
-    config = mosaic.bwd_config(mosaic.Config(**fwd), values)
+    config = mosaic.bwd_config(mosaic.MosaicAttentionConfig(**fwd), values)
     p_dq, passes = mosaic._bwd_kernel_params(config, h)
     return p_dq, tuple(passes)
 
   def run(values):
-    config = mosaic.bwd_config(mosaic.Config(**fwd), values)
+    config = mosaic.bwd_config(mosaic.MosaicAttentionConfig(**fwd), values)
     c = {"values": list(values)}
     reason = mosaic.bwd_config_reason(config, h)
     if reason is not None:

@@ -44,7 +44,7 @@ CANDIDATES = {
 }
 # --shipped: the config the shipped H200 cache held for 8192x4096x14336 (autotuned at
 # 626a49f, before `cluster` existed), beside the heuristic's.
-SHIPPED_8192 = glu_mosaic.Config(block_n=128, num_stages=3, epi_n=128, grid_tile_m=16)
+SHIPPED_8192 = glu_mosaic.MosaicGluConfig(block_n=128, num_stages=3, epi_n=128, grid_tile_m=16)
 
 
 def main():

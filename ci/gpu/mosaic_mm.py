@@ -494,7 +494,7 @@ def bench_glu(m, k, n, configs=(None,), backwards=(None,), residual_configs=(), 
 def run_glu_benchmarks():
   """The issue's four GLU shapes: both backwards where rows are many; at M <= 512
   alternative forward configs (wide column tiles, two-CTA clusters that multicast x)."""
-  G = glu_mosaic.Config
+  G = glu_mosaic.MosaicGluConfig
   narrow = G(block_n=64, num_stages=6, epi_n=64, grid_tile_m=8)
   wide = G(block_n=128, num_stages=4, epi_n=128, grid_tile_m=8)
   pair = lambda c: dataclasses.replace(c, cluster=2)

@@ -490,7 +490,10 @@ def benchmarks(skip_sweeps: bool, only: set[str]):
             lhs, rhs, sizes, implementation=rd_triton.TritonRaggedDot(config=cfg)
           )
         ),
-        [rd_triton.Config(128, 128, 64, 8, 4), rd_triton.Config(128, 256, 64, 8, 4)],
+        [
+          rd_triton.TritonRaggedDotConfig(128, 128, 64, 8, 4),
+          rd_triton.TritonRaggedDotConfig(128, 256, 64, 8, 4),
+        ],
         argsets,
       )
 
@@ -529,9 +532,9 @@ def benchmarks(skip_sweeps: bool, only: set[str]):
           )
         ),
         [
-          glu_triton.Config(128, 128, 64, 8, 8, 4),
-          glu_triton.Config(128, 64, 64, 8, 8, 4),
-          glu_triton.Config(128, 128, 64, 4, 8, 3),
+          glu_triton.TritonGluConfig(128, 128, 64, 8, 8, 4),
+          glu_triton.TritonGluConfig(128, 64, 64, 8, 8, 4),
+          glu_triton.TritonGluConfig(128, 128, 64, 4, 8, 3),
         ],
         make(),
       )

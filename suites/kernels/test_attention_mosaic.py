@@ -105,7 +105,7 @@ def _bias(seed, shape, dtype=jnp.float32):
   return (2.0 * jax.random.normal(jax.random.key(seed), shape)).astype(dtype)
 
 
-# name -> (shape (B, T, S, N, K, H), dtype, grads, kwargs as a Python expression[, Config
+# name -> (shape (B, T, S, N, K, H), dtype, grads, kwargs as a Python expression[, MosaicAttentionConfig
 # kwargs as a Python expression; default the heuristic's config])
 CASES = {
   "gqa_plain_h64": ((1, 128, 128, 2, 1, 64), "bfloat16", True, "{}"),
@@ -266,7 +266,9 @@ def _case_main(name: str) -> None:
   shape, dtype, grads, kw, *config = CASES[name]
   impl = mosaic.interpret_op()
   if config:
-    impl = mosaic.MosaicAttention(interpret=True, config=mosaic.Config(**eval(config[0])))
+    impl = mosaic.MosaicAttention(
+      interpret=True, config=mosaic.MosaicAttentionConfig(**eval(config[0]))
+    )
   res = _compare(impl, shape, jnp.dtype(dtype), grads, **eval(kw))
   res["races_found_last_kernel"] = bool(interpret_pallas_call.get_races().races_found)
   print("RESULT " + json.dumps(res), flush=True)
@@ -357,7 +359,7 @@ def test_lowers_with_every_feature_for_cuda():
   lengths = dict(query_seq_lengths=jnp.array([3, 5]), key_value_seq_lengths=jnp.array([7, 0]))
   _lower(
     impl,
-    mosaic.Config(),
+    mosaic.MosaicAttentionConfig(),
     (2, 200, 300, 4, 1, 64),
     jnp.float16,
     grads=True,
@@ -373,7 +375,9 @@ def test_overlap_qk_lowers_for_cuda(h, block_kv):
   impl = mosaic.MosaicAttention()
   lengths = dict(query_seq_lengths=jnp.array([3, 50]), key_value_seq_lengths=jnp.array([70, 0]))
   for sched in (True, False):
-    config = mosaic.Config(block_kv=block_kv, overlap_qk=True, schedule_barrier=sched)
+    config = mosaic.MosaicAttentionConfig(
+      block_kv=block_kv, overlap_qk=True, schedule_barrier=sched
+    )
     assert mosaic.smem_bytes(config, h) <= mosaic._SMEM_BYTES
     kw = dict(is_causal=True, local_window_size=(50, 10), logits_soft_cap=3.0, **lengths)
     _lower(impl, config, (2, 200, 300, 4, 2, h), jnp.float16, **kw)
@@ -473,7 +477,7 @@ def test_backward_lowers_for_cuda_at_head_dim_256_with_every_feature():
     dict(blocks_32, dq_num_stages=1, bwd_num_stages=1),
     dict(blocks_32, bwd_num_stages=3),
   ):
-    config = mosaic.Config(**fields)
+    config = mosaic.MosaicAttentionConfig(**fields)
     _lower(
       impl,
       config,
@@ -497,21 +501,21 @@ def test_platform_reason():
 
 def test_config_validation():
   with pytest.raises(ValueError, match="block_kv"):
-    mosaic.Config(block_kv=96)
+    mosaic.MosaicAttentionConfig(block_kv=96)
   with pytest.raises(ValueError, match="num_stages"):
-    mosaic.Config(num_stages=1)
+    mosaic.MosaicAttentionConfig(num_stages=1)
   with pytest.raises(ValueError, match="bwd_block_q"):
-    mosaic.Config(bwd_block_q=16)
+    mosaic.MosaicAttentionConfig(bwd_block_q=16)
   with pytest.raises(ValueError, match="dq_block_q"):
-    mosaic.Config(dq_block_q=32)  # Held rows: whole wgmma M tiles.
+    mosaic.MosaicAttentionConfig(dq_block_q=32)  # Held rows: whole wgmma M tiles.
   with pytest.raises(ValueError, match="bwd_block_kv"):
-    mosaic.Config(bwd_block_kv=32)
+    mosaic.MosaicAttentionConfig(bwd_block_kv=32)
   with pytest.raises(ValueError, match="bwd_num_stages"):
-    mosaic.Config(bwd_num_stages=0)
+    mosaic.MosaicAttentionConfig(bwd_num_stages=0)
   with pytest.raises(ValueError, match="dq_block_kv"):
-    mosaic.Config(dq_block_kv=256)
+    mosaic.MosaicAttentionConfig(dq_block_kv=256)
   with pytest.raises(ValueError, match="dq_num_stages"):
-    mosaic.Config(dq_num_stages=0)
+    mosaic.MosaicAttentionConfig(dq_num_stages=0)
 
 
 @pytest.mark.parametrize(
@@ -533,13 +537,15 @@ def test_config_validation():
 def test_backward_config_reason(h, fields, words):
   q = jnp.ones((1, 8, 2, h), jnp.bfloat16)
   record = spec.canonicalize(q, q, q)
-  reason = mosaic.MosaicAttention(config=mosaic.Config(**fields))._bwd_unsupported_reason(record)
+  reason = mosaic.MosaicAttention(
+    config=mosaic.MosaicAttentionConfig(**fields)
+  )._bwd_unsupported_reason(record)
   assert reason is None if words is None else words in reason
 
 
 def test_backward_padding():
   """T and S pad to whole CTA tiles of one kernel and whole streamed blocks of the other."""
-  C = mosaic.Config
+  C = mosaic.MosaicAttentionConfig
   assert mosaic.bwd_padding(C()) == (128, 128)
   assert mosaic.bwd_padding(C(dq_block_q=128, bwd_block_q=128)) == (256, 128)
   assert mosaic.bwd_padding(C(dq_block_kv=128)) == (128, 128)
@@ -599,7 +605,7 @@ def test_gpu_matches_xla_and_is_deterministic(shape, dtype, kw):
   ],
 )
 def test_gpu_overlap_qk_matches_xla(shape, kw, config):
-  impl = mosaic.MosaicAttention(config=mosaic.Config(**config))
+  impl = mosaic.MosaicAttention(config=mosaic.MosaicAttentionConfig(**config))
   res = _compare(impl, shape, jnp.bfloat16, grads=False, seed=5, **kw)
   assert res["finite"] and res["out"] < 1e-2, res
 

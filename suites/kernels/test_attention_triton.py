@@ -156,14 +156,14 @@ def test_supported(kw):
 
 def test_config_validation():
   with pytest.raises(ValueError, match="block_q"):
-    attention_triton.Config(block_q=48)
+    attention_triton.TritonAttentionConfig(block_q=48)
   with pytest.raises(ValueError, match="num_warps"):
-    attention_triton.Config(num_warps=0)
+    attention_triton.TritonAttentionConfig(num_warps=0)
 
 
 def test_heuristic_config():
   big = _args(t=4096, s=4096, h=128, b=1, n=1, k=1)
-  assert attention_triton.heuristic_config(big, 9) == attention_triton.Config(
+  assert attention_triton.heuristic_config(big, 9) == attention_triton.TritonAttentionConfig(
     128, 128, 8, 3, 128, 32, 8, 3
   )
   ampere = attention_triton.heuristic_config(big, 8)
@@ -203,7 +203,7 @@ def _capture(args, config):
 
 def test_grids_and_constants():
   args = _args(b=3, t=100, s=70, n=6, k=2, h=40, hv=24, bias=(1, 6, 1, 70), mask=(3, 1, 100, 70))
-  config = attention_triton.Config(64, 32, 4, 2, 32, 16, 4, 2)
+  config = attention_triton.TritonAttentionConfig(64, 32, 4, 2, 32, 16, 4, 2)
   launches, grads = _capture(args, config)
   fwd, dkdv, dq = launches
   assert fwd.grid == (2 * 6 * 3,)  # cdiv(T, block_q) * N * B
@@ -300,7 +300,7 @@ INTERPRET_CASES = {
   "mqa-hv-t-lt-s": dict(k=1, hv=16, t=20, s=70),
   "f16-odd-heads-causal": dict(dtype=jnp.float16, h=24, hv=40, is_causal=True),
 }
-_SMALL = attention_triton.Config(16, 16, 4, 2, 32, 16, 4, 2)
+_SMALL = attention_triton.TritonAttentionConfig(16, 16, 4, 2, 32, 16, 4, 2)
 
 
 @pytest.mark.parametrize("case", INTERPRET_CASES)

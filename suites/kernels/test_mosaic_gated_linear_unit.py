@@ -16,7 +16,7 @@ from harness import compare, references
 from tokamax._src.ops import kernel_ops
 from tokamax._src.ops.gated_linear_unit import api, mosaic, spec
 
-SMALL = mosaic.Config(block_n=64, num_stages=2, epi_n=64, grid_tile_m=2)
+SMALL = mosaic.MosaicGluConfig(block_n=64, num_stages=2, epi_n=64, grid_tile_m=2)
 
 
 @pytest.mark.parametrize(
@@ -112,7 +112,7 @@ def test_heuristic_and_residual_configs_lower_for_target_shapes(m, k, n):
 
 def test_benchmarked_residual_alternatives_lower_for_cuda():
   """The residual-writing configs that ci/gpu/mosaic_mm.py times besides the default."""
-  wide = mosaic.Config(block_n=128, num_stages=3, epi_n=128, grid_tile_m=8)
+  wide = mosaic.MosaicGluConfig(block_n=128, num_stages=3, epi_n=128, grid_tile_m=8)
   _lower(8192, 4096, 14336, lambda r: [wide, dataclasses.replace(wide, cluster=2)], True)
 
 

@@ -18,7 +18,7 @@ from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 from harness import compare, references
 from tokamax._src.ops.ragged_dot import api, mosaic, mosaic_drhs, mosaic_fwd, spec
 
-SMALL = mosaic.Config(block_n=64, num_stages=2, epi_n=64)
+SMALL = mosaic.MosaicRaggedDotConfig(block_n=64, num_stages=2, epi_n=64)
 
 
 def _rhs_shape(layout, m, k, n, g):
@@ -77,7 +77,7 @@ def test_interpret_two_cta_clusters(transpose, capfd):
   lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
   rhs = jnp.asarray(rng.standard_normal((g, n, k) if transpose else (g, k, n)), jnp.bfloat16)
   layout = spec.RHS_TRANSPOSED if transpose else spec.DEFAULT
-  config = mosaic.Config(block_n=64, num_stages=2, epi_n=64, cluster=2)
+  config = mosaic.MosaicRaggedDotConfig(block_n=64, num_stages=2, epi_n=64, cluster=2)
   impl = mosaic.MosaicRaggedDot(interpret=True, config=config)
   out = api.ragged_dot_general(
     lhs,
@@ -210,7 +210,7 @@ def test_interpret_drhs_chunks_at_group_starts(chunk_align, capfd):
   sizes = jnp.array([3, 3, 0, 4, 71, 1, 6, 0, 128, 105, 5], jnp.int32)
   lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
   rhs = jnp.asarray(rng.standard_normal((m, n)), jnp.bfloat16)
-  config = mosaic_drhs.Config(
+  config = mosaic_drhs.MosaicRaggedDotDrhsConfig(
     block_n=64, block_m=64, num_stages=2, epi_n=64, chunk_align=chunk_align
   )
   assert mosaic_drhs.config_reason(config, m, k, n, 2, 4) is None

@@ -128,7 +128,7 @@ def _interpreted_errors(case) -> dict:
   x_shape, n, dtype, activation, fused = case
   x, weights, dout = _inputs(x_shape, n, dtype, fused)
   args = spec.canonicalize(x, weights, activation=activation, precision=jax.lax.Precision.HIGHEST)
-  config = glu_triton.Config(32, 32, 16, 2, 4, 2)
+  config = glu_triton.TritonGluConfig(32, 32, 16, 2, 4, 2)
   with triton_call.interpret():
     out, residuals = OP._fwd(args, config)
     primal = OP._fwd_primal(args, config)

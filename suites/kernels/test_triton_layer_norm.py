@@ -159,7 +159,7 @@ def _interpreted_errors(case) -> dict:
   args = spec.canonicalize(x, scale, offset, **kw)
   # One program per block, persistent programs that prefetch the next rows into
   # registers, and loops pipelined through shared memory.
-  config = norm_triton.Config(
+  config = norm_triton.TritonNormConfig(
     block_m=2, num_warps=4, bwd_block_m=2, bwd_num_warps=4, bwd_programs=3
   )
   prefetch = dataclasses.replace(config, block_m=1, fwd_programs=3, bwd_prefetch=True)

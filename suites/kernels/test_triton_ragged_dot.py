@@ -20,7 +20,9 @@ from tokamax._src.ops.ragged_dot import triton as rd_triton
 
 SMEM_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
 OP = rd_triton.TritonRaggedDot()
-SMALL = rd_triton.Config(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
+SMALL = rd_triton.TritonRaggedDotConfig(
+  block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2
+)
 
 # (layout, m, k, n, groups, dtype, group_offset)
 CASES = [

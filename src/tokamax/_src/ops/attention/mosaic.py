@@ -25,7 +25,7 @@ _BWD_STREAMED_BLOCKS = (32, 64, 128)
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class MosaicAttentionConfig:
   """Tuning parameters of the Mosaic attention kernels.
 
   The backward runs two kernels: the dq kernel (`dq_*` fields), which holds
@@ -81,7 +81,7 @@ class Config:
         raise ValueError(f"`{name}` must be at least 1, got {getattr(self, name)}.")
 
 
-def smem_bytes(config: Config, head_dim: int, itemsize: int = 2) -> int:
+def smem_bytes(config: MosaicAttentionConfig, head_dim: int, itemsize: int = 2) -> int:
   """Shared memory of the forward kernel for `config`."""
   q = mosaic_fwd.NUM_CONSUMERS * config.block_q * head_dim * itemsize
   kv = 2 * config.num_stages * config.block_kv * head_dim * itemsize
@@ -98,7 +98,9 @@ def _bwd_passes(head_dim: int) -> tuple[tuple[str, ...], ...]:
   return (("dk", "dv"),) if head_dim <= 128 else (("dv",), ("dk",))
 
 
-def _bwd_kernel_params(config: Config, head_dim: int, scale=1.0, soft_cap=None, masking=None):
+def _bwd_kernel_params(
+  config: MosaicAttentionConfig, head_dim: int, scale=1.0, soft_cap=None, masking=None
+):
   """(dq params, [(outputs, dk/dv params) per pass]), each with the stages that fit."""
   common_kw = dict(scale=scale, soft_cap=soft_cap, masking=masking or common.Masking())
   p_dq = mosaic_bwd.BwdParams(
@@ -128,7 +130,7 @@ def _bwd_kernel_params(config: Config, head_dim: int, scale=1.0, soft_cap=None, 
   return p_dq, passes
 
 
-def bwd_smem_bytes(config: Config, head_dim: int) -> int:
+def bwd_smem_bytes(config: MosaicAttentionConfig, head_dim: int) -> int:
   """Shared memory of the largest backward kernel for `config` (after fitting its stages)."""
   p_dq, passes = _bwd_kernel_params(config, head_dim)
   return max(
@@ -144,7 +146,7 @@ def bwd_smem_bytes(config: Config, head_dim: int) -> int:
 _BWD_REGISTERS = 192
 
 
-def bwd_registers(config: Config, head_dim: int) -> tuple[int, int]:
+def bwd_registers(config: MosaicAttentionConfig, head_dim: int) -> tuple[int, int]:
   """Float32 registers per consumer thread of the (dq, dk/dv) kernels' live tiles.
 
   A warpgroup's 128 threads share its float32 tiles: the accumulators (dq
@@ -159,7 +161,7 @@ def bwd_registers(config: Config, head_dim: int) -> tuple[int, int]:
   return dq // 128, dkv // 128
 
 
-def bwd_config_reason(config: Config, head_dim: int) -> str | None:
+def bwd_config_reason(config: MosaicAttentionConfig, head_dim: int) -> str | None:
   """Why the backward kernels cannot take `config` at `head_dim` (None if they can)."""
   regs = bwd_registers(config, head_dim)
   if max(regs) > _BWD_REGISTERS:
@@ -173,7 +175,7 @@ def bwd_config_reason(config: Config, head_dim: int) -> str | None:
   return None
 
 
-def bwd_padding(config: Config) -> tuple[int, int]:
+def bwd_padding(config: MosaicAttentionConfig) -> tuple[int, int]:
   """(T, S) multiples the backward kernels need: whole CTA tiles and streamed blocks."""
   nc = mosaic_bwd.NUM_CONSUMERS
   return (
@@ -206,12 +208,12 @@ _BWD_HEURISTICS: dict[int, tuple[int, ...]] = {
 }
 
 
-def bwd_config(config: Config, values: tuple[int, ...]) -> Config:
+def bwd_config(config: MosaicAttentionConfig, values: tuple[int, ...]) -> MosaicAttentionConfig:
   """`config` with the backward fields set to `values` (`_BWD_FIELDS` order)."""
   return dataclasses.replace(config, **dict(zip(_BWD_FIELDS, values, strict=True)))
 
 
-def bwd_variants(base: Config, head_dim: int) -> list[Config]:
+def bwd_variants(base: MosaicAttentionConfig, head_dim: int) -> list[MosaicAttentionConfig]:
   """`base` with the valid backward configs (`bwd_config_reason`) of both kernels.
 
   Every valid pair of blocks of the dq and the dk/dv kernel (held and streamed
@@ -278,7 +280,7 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
 
   name = "mosaic"
   spec = attention_spec.SPEC
-  config_cls = Config
+  config_cls = MosaicAttentionConfig
 
   def _unsupported_reason(self, args: attention_spec.AttentionArgs) -> str | None:
     h, hv = args.query.shape[-1], args.value.shape[-1]
@@ -293,7 +295,7 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
       return f"config {config} needs {smem_bytes(config, h)} bytes of shared memory"
     return None
 
-  def _get_heuristics_config(self, args: attention_spec.AttentionArgs) -> Config:
+  def _get_heuristics_config(self, args: attention_spec.AttentionArgs) -> MosaicAttentionConfig:
     # Forward choices measured on the H200 at 2a1cff7 against cuDNN's 1.146 / 1.607 ms
     # (suites/results/h200_attention_fwd_variants_2a1cff7.json): H64 B32 T2048 N16 takes
     # 256-key blocks (1.229 against 1.278 ms with 128); unmasked H128 B4 T4096 N32 takes the
@@ -310,12 +312,14 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
       block_kv = 128
     unmasked = not args.is_causal and args.local_window is None
     overlap = h == 128 and block_kv == 128 and unmasked and args.bias is None and args.mask is None
-    config = Config(
+    config = MosaicAttentionConfig(
       block_kv=block_kv, num_stages=2, schedule_barrier=not overlap, overlap_qk=overlap
     )
     return bwd_config(config, _BWD_HEURISTICS[h])
 
-  def _get_autotuning_configs(self, args: attention_spec.AttentionArgs) -> set[Config]:
+  def _get_autotuning_configs(
+    self, args: attention_spec.AttentionArgs
+  ) -> set[MosaicAttentionConfig]:
     """Forward variants around the heuristic's backward, and backward variants around its forward."""
     h = args.query.shape[-1]
     base = self._get_heuristics_config(args)
@@ -332,7 +336,7 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
   def _interpret_params(self):
     return plgpu.InterpretGPUParams(detect_races=True) if self.interpret else None
 
-  def _fwd(self, args: attention_spec.AttentionArgs, config: Config):
+  def _fwd(self, args: attention_spec.AttentionArgs, config: MosaicAttentionConfig):
     q, k, v = args.query, args.key, args.value
     b, t, _, _ = q.shape
     s = k.shape[1]
@@ -371,7 +375,9 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
       return None
     return bwd_config_reason(self.config, args.query.shape[-1])
 
-  def _bwd(self, args: attention_spec.AttentionArgs, config: Config, out, residuals, dout):
+  def _bwd(
+    self, args: attention_spec.AttentionArgs, config: MosaicAttentionConfig, out, residuals, dout
+  ):
     lse, lengths = residuals
     q, k, v = args.query, args.key, args.value
     t, s, h = q.shape[1], k.shape[1], q.shape[-1]

@@ -29,7 +29,7 @@ SHARED_MEMORY = {8: 166912, 9: 232448}
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class TritonAttentionConfig:
   """Block sizes and compile options of the kernels.
 
   The forward kernel holds `block_q` query rows and streams `block_k` keys at a
@@ -120,7 +120,7 @@ def _inputs_and_constants(args: spec.AttentionArgs) -> tuple[tuple[jax.Array, ..
   return inputs, constants
 
 
-def forward(args: spec.AttentionArgs, config: Config) -> tuple[jax.Array, jax.Array]:
+def forward(args: spec.AttentionArgs, config: TritonAttentionConfig) -> tuple[jax.Array, jax.Array]:
   """The attention output and the base-2 log-sum-exp [B,N,T] (+inf where a row sees nothing)."""
   inputs, constants = _inputs_and_constants(args)
   b, t, n, _ = args.query.shape
@@ -143,7 +143,11 @@ def forward(args: spec.AttentionArgs, config: Config) -> tuple[jax.Array, jax.Ar
 
 
 def backward(
-  args: spec.AttentionArgs, config: Config, out: jax.Array, lse: jax.Array, dout: jax.Array
+  args: spec.AttentionArgs,
+  config: TritonAttentionConfig,
+  out: jax.Array,
+  lse: jax.Array,
+  dout: jax.Array,
 ) -> dict[str, jax.Array | None]:
   """Cotangents of query, key, value and bias: a dK/dV kernel, then a dQ kernel."""
   inputs, constants = _inputs_and_constants(args)
@@ -217,14 +221,14 @@ class Footprint:
     )
 
 
-def fwd_shared_memory(config: Config, fp: Footprint) -> int:
+def fwd_shared_memory(config: TritonAttentionConfig, fp: Footprint) -> int:
   """Bytes the forward kernel stages: q, then k, v (and bias/mask tiles) per stage."""
   per_stage = fp.itemsize * config.block_k * (fp.h + fp.hv)
   per_stage += fp.logit_bytes * config.block_q * config.block_k
   return fp.itemsize * config.block_q * fp.h + config.num_stages * per_stage
 
 
-def bwd_shared_memory(config: Config, fp: Footprint) -> int:
+def bwd_shared_memory(config: TritonAttentionConfig, fp: Footprint) -> int:
   """Bytes of the larger backward kernel: outer tiles held, inner tiles per stage."""
   outer, inner = config.bwd_block_outer, config.bwd_block_inner
   per_stage = (fp.itemsize * (fp.h + fp.hv) + 8) * inner + fp.logit_bytes * outer * inner
@@ -235,12 +239,12 @@ def _limit(cc_major: int) -> int:
   return SHARED_MEMORY[min(max(cc_major, 8), 9)]
 
 
-def _fits(config: Config, fp: Footprint, cc_major: int) -> bool:
+def _fits(config: TritonAttentionConfig, fp: Footprint, cc_major: int) -> bool:
   limit = _limit(cc_major)
   return fwd_shared_memory(config, fp) <= limit and bwd_shared_memory(config, fp) <= limit
 
 
-def _clamp(config: Config, t: int, s: int) -> Config:
+def _clamp(config: TritonAttentionConfig, t: int, s: int) -> TritonAttentionConfig:
   """Shrinks blocks larger than the (power-of-two padded) sequences."""
   longest = max(t, s)
   return dataclasses.replace(
@@ -270,7 +274,7 @@ _SHRINK_STEPS = (
 )
 
 
-def _shrink(config: Config, fp: Footprint, cc_major: int) -> Config:
+def _shrink(config: TritonAttentionConfig, fp: Footprint, cc_major: int) -> TritonAttentionConfig:
   """Fewer stages, then smaller blocks, until each kernel fits in shared memory."""
   for shared_memory, steps in _SHRINK_STEPS:
     for name, floor in steps:
@@ -281,7 +285,7 @@ def _shrink(config: Config, fp: Footprint, cc_major: int) -> Config:
   return config
 
 
-def heuristic_config(args: spec.AttentionArgs, cc_major: int = 9) -> Config:
+def heuristic_config(args: spec.AttentionArgs, cc_major: int = 9) -> TritonAttentionConfig:
   """Block sizes by head dim, dtype and GPU generation.
 
   Chosen from the compiler's register and shared-memory reports for sm_90 (the
@@ -291,11 +295,11 @@ def heuristic_config(args: spec.AttentionArgs, cc_major: int = 9) -> Config:
   fp = Footprint.of(args)
   width = max(fp.h, fp.hv)
   if width <= 64:
-    config = Config(128, 64, 4, 3, 128, 64, 8, 2)
+    config = TritonAttentionConfig(128, 64, 4, 3, 128, 64, 8, 2)
   elif width <= 128:
-    config = Config(128, 128, 8, 3, 128, 32, 8, 3)
+    config = TritonAttentionConfig(128, 128, 8, 3, 128, 32, 8, 3)
   else:
-    config = Config(128, 64, 8, 2, 64, 32, 8, 2)
+    config = TritonAttentionConfig(128, 64, 8, 2, 64, 32, 8, 2)
   if cc_major < 9:
     config = dataclasses.replace(config, num_stages=2, block_k=min(config.block_k, 64))
   if fp.itemsize > 2:
@@ -304,7 +308,7 @@ def heuristic_config(args: spec.AttentionArgs, cc_major: int = 9) -> Config:
   return _shrink(config, fp, cc_major)
 
 
-def autotuning_configs(args: spec.AttentionArgs, cc_major: int = 9) -> set[Config]:
+def autotuning_configs(args: spec.AttentionArgs, cc_major: int = 9) -> set[TritonAttentionConfig]:
   """Forward variants around the heuristic's backward, and backward variants around its forward."""
   base = heuristic_config(args, cc_major)
   t, s = args.query.shape[1], args.key.shape[1]
@@ -355,7 +359,7 @@ class TritonAttention(kernel_ops.TritonOp):
 
   name = "triton"
   spec = spec.SPEC
-  config_cls = Config
+  config_cls = TritonAttentionConfig
 
   def _unsupported_reason(self, args):
     return unsupported_reason(args)

@@ -33,7 +33,7 @@ BACKWARDS = ("xla", "mosaic")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
+class MosaicGluConfig:
   """Tiling of the fused kernel.
 
   Attributes:
@@ -52,8 +52,8 @@ class Config:
   cluster: int = 1
 
 
-def _kernel_config(x_dtype, config: Config) -> mosaic_kernel.Config:
-  return mosaic_kernel.Config(
+def _kernel_config(x_dtype, config: MosaicGluConfig) -> mosaic_kernel.MosaicGluKernelConfig:
+  return mosaic_kernel.MosaicGluKernelConfig(
     block_n=config.block_n,
     block_k=128 // np.dtype(x_dtype).itemsize,
     num_stages=config.num_stages,
@@ -68,7 +68,7 @@ def _dims(args: spec.GluArgs) -> tuple[int, int, int]:
   return args.x.size // max(k, 1), k, args.n
 
 
-def _config_reason(args: spec.GluArgs, config: Config, save_residuals: bool) -> str | None:
+def _config_reason(args: spec.GluArgs, config: MosaicGluConfig, save_residuals: bool) -> str | None:
   m, k, n = _dims(args)
   return mosaic_kernel.config_reason(
     _kernel_config(args.x.dtype, config), m, k, n, np.dtype(args.x.dtype).itemsize, save_residuals
@@ -133,7 +133,7 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
 
   name = "mosaic"
   spec = spec.SPEC
-  config_cls = Config
+  config_cls = MosaicGluConfig
   backward: str | tuple[str, str] | None = None
 
   def __post_init__(self):
@@ -168,7 +168,7 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
       or _config_reason(args, self._residual_config(args, config), True)
     )
 
-  def _get_heuristics_config(self, args: spec.GluArgs) -> Config:
+  def _get_heuristics_config(self, args: spec.GluArgs) -> MosaicGluConfig:
     m, _, n = _dims(args)
     block_n = next((b for b in (128, 64) if n % b == 0), 64)
     tile_m = 8  # Measured on the H200 at 8192x4096x14336: 2.68 ms, against 3.07 ms with 16.
@@ -176,20 +176,20 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
       # Few row tiles: more, narrower items and a deeper pipeline. Measured on the
       # H200 (411fda5) at 128x4096x14336: 0.064 ms, and at 512x4096x14336: 0.166 ms
       # against 0.175 ms with (128, 4, 128).
-      config = Config(block_n=64, num_stages=6, epi_n=64, grid_tile_m=tile_m)
+      config = MosaicGluConfig(block_n=64, num_stages=6, epi_n=64, grid_tile_m=tile_m)
       if _config_reason(args, config, False) is None:
         return config
     for stages in (4, 3, 2):
-      config = Config(
+      config = MosaicGluConfig(
         block_n=block_n, num_stages=stages, epi_n=min(128, block_n), grid_tile_m=tile_m
       )
       if _config_reason(args, config, False) is None:
         return config
-    return Config(block_n=block_n, num_stages=2, epi_n=64, grid_tile_m=tile_m)
+    return MosaicGluConfig(block_n=block_n, num_stages=2, epi_n=64, grid_tile_m=tile_m)
 
-  def _get_autotuning_configs(self, args: spec.GluArgs) -> set[Config]:
+  def _get_autotuning_configs(self, args: spec.GluArgs) -> set[MosaicGluConfig]:
     configs = {
-      Config(block_n=b, num_stages=s, epi_n=e, grid_tile_m=t, cluster=c)
+      MosaicGluConfig(block_n=b, num_stages=s, epi_n=e, grid_tile_m=t, cluster=c)
       for b, s, e, t, c in itertools.product((64, 128), (2, 3, 4, 6), (64, 128), (4, 8, 16), (1, 2))
       if e <= b
     }
@@ -197,7 +197,7 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
       self._get_heuristics_config(args)
     }
 
-  def _residual_config(self, args: spec.GluArgs, config: Config) -> Config:
+  def _residual_config(self, args: spec.GluArgs, config: MosaicGluConfig) -> MosaicGluConfig:
     """The config of the kernel that also writes the residuals.
 
     Its epilogue rings two 64-column buffers per warpgroup (the output and two
@@ -220,7 +220,7 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
     # 2048x2048x8192 forward+backward 0.575 against 0.633 ms.
     return ("xla", "xla")
 
-  def _run(self, args: spec.GluArgs, config: Config, save_residuals: bool):
+  def _run(self, args: spec.GluArgs, config: MosaicGluConfig, save_residuals: bool):
     """The output [*B, N], and with `save_residuals` also the residuals [M, 2N]."""
     x = args.x
     batch, k = x.shape[:-1], x.shape[-1]
@@ -247,10 +247,10 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
     out = out[:m].reshape(*batch, args.n)
     return (out, residuals[:m]) if save_residuals else out
 
-  def _fwd_primal(self, args: spec.GluArgs, config: Config) -> jax.Array:
+  def _fwd_primal(self, args: spec.GluArgs, config: MosaicGluConfig) -> jax.Array:
     return self._run(args, config, save_residuals=False)
 
-  def _fwd(self, args: spec.GluArgs, config: Config):
+  def _fwd(self, args: spec.GluArgs, config: MosaicGluConfig):
     return self._run(args, self._residual_config(args, config), save_residuals=True)
 
   def _bwd(self, args, config, out, residuals, dout):

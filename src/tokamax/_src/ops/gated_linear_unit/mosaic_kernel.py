@@ -27,7 +27,7 @@ NUM_COMPUTE_WGS = mosaic_fwd.NUM_COMPUTE_WGS
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
+class MosaicGluKernelConfig:
   """Tiling of the fused GLU kernel.
 
   Attributes:
@@ -88,7 +88,7 @@ def epilogue_slots(save_residuals: bool) -> int:
   return 2 if save_residuals else 1
 
 
-def smem_bytes(config: Config, in_itemsize: int, save_residuals: bool) -> int:
+def smem_bytes(config: MosaicGluKernelConfig, in_itemsize: int, save_residuals: bool) -> int:
   stage = (config.block_m + 2 * config.block_n) * config.block_k * in_itemsize
   slots = epilogue_slots(save_residuals)
   epilogue = slots * NUM_COMPUTE_WGS * WG_ROWS * config.epi_n * in_itemsize
@@ -96,7 +96,12 @@ def smem_bytes(config: Config, in_itemsize: int, save_residuals: bool) -> int:
 
 
 def config_reason(
-  config: Config, m: int, k: int, n: int, in_itemsize: int, save_residuals: bool = False
+  config: MosaicGluKernelConfig,
+  m: int,
+  k: int,
+  n: int,
+  in_itemsize: int,
+  save_residuals: bool = False,
 ):
   del m
   if n % config.block_n or config.block_n % config.epi_n:
@@ -126,7 +131,7 @@ def gated_linear_unit(
   up_block_offset: int,
   n: int,
   activation: Callable[[jax.Array], jax.Array] | None,
-  config: Config,
+  config: MosaicGluKernelConfig,
   num_sms: int,
   save_residuals: bool = False,
   interpret=None,

@@ -40,7 +40,7 @@ def _activation_name(activation) -> str | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class TritonGluConfig:
   """Tile shape of the fused forward kernel (each projection is block_m x block_n;
   the dot is block_m x 2*block_n)."""
 
@@ -61,7 +61,7 @@ def _weights(args: spec.GluArgs) -> tuple[jax.Array, jax.Array, int, int]:
   return fused, fused, 2 * n, n
 
 
-def forward(args: spec.GluArgs, config: Config, save: bool) -> tuple[jax.Array, ...]:
+def forward(args: spec.GluArgs, config: TritonGluConfig, save: bool) -> tuple[jax.Array, ...]:
   """Returns out [M, N] and, with `save`, gate and up [M, N] (before activation)."""
   x = args.x.reshape(-1, args.x.shape[-1])
   (m, k), n = x.shape, args.n
@@ -125,7 +125,7 @@ class TritonGatedLinearUnit(kernel_ops.TritonOp):
 
   name = "triton"
   spec = spec.SPEC
-  config_cls = Config
+  config_cls = TritonGluConfig
 
   def _unsupported_reason(self, args: spec.GluArgs) -> str | None:
     dtypes = {np.dtype(a.dtype).name for a in (args.x, *jax.tree.leaves(args.weights))}
@@ -144,13 +144,13 @@ class TritonGatedLinearUnit(kernel_ops.TritonOp):
       return "weights of 2**31 elements or more (32-bit weight offsets)"
     return None
 
-  def _get_heuristics_config(self, args: spec.GluArgs) -> Config:
+  def _get_heuristics_config(self, args: spec.GluArgs) -> TritonGluConfig:
     m = args.x.size // args.x.shape[-1]
     wide = np.dtype(args.x.dtype).itemsize == 4
     block_m = 128 if m >= 128 else 64
     # One 128 x (2 x 128) dot per K step: wgmma m64n256 on Hopper, no spills;
     # three stages fit the shared memory of sm_80 and sm_90.
-    return Config(
+    return TritonGluConfig(
       block_m=block_m,
       block_n=128 if args.n >= 128 else 64,
       block_k=32 if wide else 64,
@@ -159,7 +159,7 @@ class TritonGatedLinearUnit(kernel_ops.TritonOp):
       num_stages=3,
     )
 
-  def _get_autotuning_configs(self, args: spec.GluArgs) -> set[Config]:
+  def _get_autotuning_configs(self, args: spec.GluArgs) -> set[TritonGluConfig]:
     configs = {self._get_heuristics_config(args)}
     itemsize = np.dtype(args.x.dtype).itemsize
     for bm, bn in ((64, 64), (64, 128), (128, 64), (128, 128)):
@@ -168,14 +168,14 @@ class TritonGatedLinearUnit(kernel_ops.TritonOp):
           if (bm * bk + 2 * bk * bn) * itemsize * stages > 220 * 1024:
             continue
           warps = 8 if bm * bn >= 128 * 128 else 4
-          configs.add(Config(bm, bn, bk, group_m=8, num_warps=warps, num_stages=stages))
+          configs.add(TritonGluConfig(bm, bn, bk, group_m=8, num_warps=warps, num_stages=stages))
     return configs
 
-  def _fwd(self, args: spec.GluArgs, config: Config):
+  def _fwd(self, args: spec.GluArgs, config: TritonGluConfig):
     out, gate, up = forward(args, config, save=True)
     return out.reshape(*args.x.shape[:-1], args.n), (gate, up)
 
-  def _fwd_primal(self, args: spec.GluArgs, config: Config) -> jax.Array:
+  def _fwd_primal(self, args: spec.GluArgs, config: TritonGluConfig) -> jax.Array:
     (out,) = forward(args, config, save=False)
     return out.reshape(*args.x.shape[:-1], args.n)
 

@@ -22,7 +22,7 @@ _SUM_BLOCK_C = 32
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class TritonNormConfig:
   """Launch parameters.
 
   Attributes:
@@ -93,7 +93,9 @@ def _vector(value: jax.Array | None, unused: jax.Array) -> jax.Array:
   return value if value is not None else unused
 
 
-def forward(args: spec.NormArgs, config: Config) -> tuple[jax.Array, jax.Array, jax.Array]:
+def forward(
+  args: spec.NormArgs, config: TritonNormConfig
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Returns y (rows layout), mean and rstd (float32, [M])."""
   x = _to_rows(args)
   m, d = x.shape
@@ -124,7 +126,7 @@ def forward(args: spec.NormArgs, config: Config) -> tuple[jax.Array, jax.Array, 
 
 
 def backward(
-  args: spec.NormArgs, config: Config, mean: jax.Array, rstd: jax.Array, dy: jax.Array
+  args: spec.NormArgs, config: TritonNormConfig, mean: jax.Array, rstd: jax.Array, dy: jax.Array
 ) -> dict:
   """Returns the cotangents of x, scale and offset."""
   x = _to_rows(args)
@@ -202,7 +204,7 @@ class TritonLayerNorm(kernel_ops.TritonOp):
 
   name = "triton"
   spec = spec.SPEC
-  config_cls = Config
+  config_cls = TritonNormConfig
 
   def _unsupported_reason(self, args: spec.NormArgs) -> str | None:
     m, d = _rows(args)
@@ -216,7 +218,7 @@ class TritonLayerNorm(kernel_ops.TritonOp):
       return f"normalised axis of size {d} > {_MAX_D}"
     return None
 
-  def _get_heuristics_config(self, args: spec.NormArgs) -> Config:
+  def _get_heuristics_config(self, args: spec.NormArgs) -> TritonNormConfig:
     _, d = _rows(args)
     block_d = _block_d(d)
     # Forward: one program per block of >= 2048 elements. At most 8 warps: the
@@ -237,7 +239,7 @@ class TritonLayerNorm(kernel_ops.TritonOp):
     wide = block_d >= 8192
     in_flight = 3 * 2 * block_d * np.dtype(args.x.dtype).itemsize  # Bytes of 3 rows of x, dy.
     bwd_stages = 4 if wide and in_flight <= _SMEM else 0
-    return Config(
+    return TritonNormConfig(
       block_m=block_m,
       num_warps=num_warps,
       bwd_block_m=bwd_block_m,
@@ -247,7 +249,7 @@ class TritonLayerNorm(kernel_ops.TritonOp):
       bwd_stages=bwd_stages,
     )
 
-  def _get_autotuning_configs(self, args: spec.NormArgs) -> set[Config]:
+  def _get_autotuning_configs(self, args: spec.NormArgs) -> set[TritonNormConfig]:
     _, d = _rows(args)
     block_d = _block_d(d)
     row_bytes = block_d * np.dtype(args.x.dtype).itemsize
@@ -281,7 +283,7 @@ class TritonLayerNorm(kernel_ops.TritonOp):
               )
     return configs
 
-  def _fwd(self, args: spec.NormArgs, config: Config):
+  def _fwd(self, args: spec.NormArgs, config: TritonNormConfig):
     y, mean, rstd = forward(args, config)
     return _from_rows(args, y), (mean, rstd)
 

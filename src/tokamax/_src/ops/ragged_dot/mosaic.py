@@ -31,7 +31,7 @@ _ROW_ALIGN = mosaic_fwd.ROW_ALIGN  # TMA tiling of the row dimension.
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
+class MosaicRaggedDotConfig:
   """Tiling shared by the kernels of the three layouts.
 
   Attributes:
@@ -48,13 +48,13 @@ class Config:
   cluster: int = 1
 
 
-def _kernel_config(args: spec.RaggedDotArgs, config: Config):
+def _kernel_config(args: spec.RaggedDotArgs, config: MosaicRaggedDotConfig):
   block = 128 // np.dtype(args.lhs.dtype).itemsize
   if args.layout == spec.RAGGED_CONTRACTING:
-    return mosaic_drhs.Config(
+    return mosaic_drhs.MosaicRaggedDotDrhsConfig(
       block_n=config.block_n, block_m=block, num_stages=config.num_stages, epi_n=config.epi_n
     )
-  return mosaic_fwd.Config(
+  return mosaic_fwd.MosaicRaggedDotFwdConfig(
     block_n=config.block_n,
     block_k=block,
     num_stages=config.num_stages,
@@ -63,7 +63,7 @@ def _kernel_config(args: spec.RaggedDotArgs, config: Config):
   )
 
 
-def _config_reason(args: spec.RaggedDotArgs, config: Config) -> str | None:
+def _config_reason(args: spec.RaggedDotArgs, config: MosaicRaggedDotConfig) -> str | None:
   m, k, n = spec.dims(args)
   module = mosaic_drhs if args.layout == spec.RAGGED_CONTRACTING else mosaic_fwd
   return module.config_reason(
@@ -120,7 +120,7 @@ class MosaicRaggedDot(kernel_ops.MosaicGpuOp):
 
   name = "mosaic"
   spec = spec.SPEC
-  config_cls = Config
+  config_cls = MosaicRaggedDotConfig
 
   def _unsupported_reason(self, args: spec.RaggedDotArgs) -> str | None:
     reason = spec.kernel_unsupported_reason(args, _DTYPES, _OUT_DTYPES)
@@ -136,21 +136,23 @@ class MosaicRaggedDot(kernel_ops.MosaicGpuOp):
         return f"gradient of {name}: {reason}"
     return None
 
-  def _get_heuristics_config(self, args: spec.RaggedDotArgs) -> Config:
+  def _get_heuristics_config(self, args: spec.RaggedDotArgs) -> MosaicRaggedDotConfig:
     _, _, n = spec.dims(args)
     block_n = next((b for b in (256, 128, 64) if n % b == 0), 64)
     epi_n = min(128, block_n)
     cluster = 1 if args.layout == spec.RAGGED_CONTRACTING else HEURISTIC_CLUSTER
     for stages in (4, 3, 2):
-      config = Config(block_n=block_n, num_stages=stages, epi_n=epi_n, cluster=cluster)
+      config = MosaicRaggedDotConfig(
+        block_n=block_n, num_stages=stages, epi_n=epi_n, cluster=cluster
+      )
       if _config_reason(args, config) is None:
         return config
-    return Config(block_n=block_n, num_stages=2, epi_n=min(64, block_n))
+    return MosaicRaggedDotConfig(block_n=block_n, num_stages=2, epi_n=min(64, block_n))
 
-  def _get_autotuning_configs(self, args: spec.RaggedDotArgs) -> set[Config]:
+  def _get_autotuning_configs(self, args: spec.RaggedDotArgs) -> set[MosaicRaggedDotConfig]:
     clusters = (1,) if args.layout == spec.RAGGED_CONTRACTING else (1, 2)
     configs = {
-      Config(block_n=b, num_stages=s, epi_n=e, cluster=c)
+      MosaicRaggedDotConfig(block_n=b, num_stages=s, epi_n=e, cluster=c)
       for b, s, e, c in itertools.product((64, 128, 256), (2, 3, 4, 5), (64, 128), clusters)
       if e <= b
     }
@@ -161,10 +163,10 @@ class MosaicRaggedDot(kernel_ops.MosaicGpuOp):
   def _interpret_params(self):
     return plgpu.InterpretGPUParams(detect_races=True) if self.interpret else None
 
-  def _fwd(self, args: spec.RaggedDotArgs, config: Config):
+  def _fwd(self, args: spec.RaggedDotArgs, config: MosaicRaggedDotConfig):
     return self._compute(args, config), None
 
-  def _compute(self, args: spec.RaggedDotArgs, config: Config) -> jax.Array:
+  def _compute(self, args: spec.RaggedDotArgs, config: MosaicRaggedDotConfig) -> jax.Array:
     sizes, before = spec.local_group_sizes(args)
     lhs, rhs = args.lhs, args.rhs
     m = lhs.shape[0]

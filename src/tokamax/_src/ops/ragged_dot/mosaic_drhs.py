@@ -29,13 +29,13 @@ from tokamax._src.ops.ragged_dot import mosaic_fwd, spec
 WG_ROWS = mosaic_fwd.WG_ROWS
 NUM_COMPUTE_WGS = mosaic_fwd.NUM_COMPUTE_WGS
 ROW_ALIGN = mosaic_fwd.ROW_ALIGN
-# Row alignment of each group's first chunk when `Config.chunk_align` is None
+# Row alignment of each group's first chunk when `MosaicRaggedDotDrhsConfig.chunk_align` is None
 # (read at trace time, so that a benchmark can compare ROW_ALIGN with block_m).
 CHUNK_ALIGN = ROW_ALIGN
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
+class MosaicRaggedDotDrhsConfig:
   """Tiling of the drhs kernel.
 
   Attributes:
@@ -59,13 +59,15 @@ class Config:
     return WG_ROWS * NUM_COMPUTE_WGS
 
 
-def smem_bytes(config: Config, in_itemsize: int, out_itemsize: int) -> int:
+def smem_bytes(config: MosaicRaggedDotDrhsConfig, in_itemsize: int, out_itemsize: int) -> int:
   stage = (config.block_k + config.block_n) * config.block_m * in_itemsize
   epilogue = NUM_COMPUTE_WGS * WG_ROWS * config.epi_n * out_itemsize
   return config.num_stages * stage + epilogue
 
 
-def config_reason(config: Config, m: int, k: int, n: int, in_itemsize: int, out_itemsize: int):
+def config_reason(
+  config: MosaicRaggedDotDrhsConfig, m: int, k: int, n: int, in_itemsize: int, out_itemsize: int
+):
   del m
   if (reason := mosaic_fwd.columns_reason(config, n)) is not None:
     return reason
@@ -83,7 +85,7 @@ def config_reason(config: Config, m: int, k: int, n: int, in_itemsize: int, out_
   return None
 
 
-def chunk_align(config: Config) -> int:
+def chunk_align(config: MosaicRaggedDotDrhsConfig) -> int:
   """Row alignment of each group's first chunk."""
   return CHUNK_ALIGN if config.chunk_align is None else config.chunk_align
 
@@ -100,7 +102,7 @@ def ragged_contracting_dot(
   before: jax.Array | None,
   *,
   out_dtype,
-  config: Config,
+  config: MosaicRaggedDotDrhsConfig,
   num_sms: int,
   interpret=None,
 ) -> jax.Array:

@@ -37,7 +37,7 @@ ROW_ALIGN = 8  # Row tiling of the TMA copies.
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
+class MosaicRaggedDotFwdConfig:
   """Tiling of the grouped matmul kernel.
 
   Attributes:
@@ -61,7 +61,7 @@ class Config:
     return WG_ROWS * NUM_COMPUTE_WGS
 
 
-def smem_bytes(config: Config, in_itemsize: int, out_itemsize: int) -> int:
+def smem_bytes(config: MosaicRaggedDotFwdConfig, in_itemsize: int, out_itemsize: int) -> int:
   """Shared memory the kernel allocates for `config`."""
   stage = (config.block_m + config.block_n) * config.block_k * in_itemsize
   epilogue = NUM_COMPUTE_WGS * WG_ROWS * config.epi_n * out_itemsize
@@ -75,7 +75,9 @@ def columns_reason(config, n: int) -> str | None:
   return None
 
 
-def config_reason(config: Config, m: int, k: int, n: int, in_itemsize: int, out_itemsize: int):
+def config_reason(
+  config: MosaicRaggedDotFwdConfig, m: int, k: int, n: int, in_itemsize: int, out_itemsize: int
+):
   """Why `config` cannot run this shape, or None."""
   del m
   if (reason := columns_reason(config, n)) is not None:
@@ -190,7 +192,7 @@ def ragged_dot_fwd(
   *,
   transpose_rhs: bool,
   out_dtype,
-  config: Config,
+  config: MosaicRaggedDotFwdConfig,
   num_sms: int,
   interpret=None,
 ) -> jax.Array:

@@ -22,7 +22,7 @@ _OUT_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class TritonRaggedDotConfig:
   """Tile shape of the kernel of one layout.
 
   For "default"/"rhs_transposed", `block_m` x `block_n` output tiles step over
@@ -71,7 +71,7 @@ def row_schedule(args: spec.RaggedDotArgs, block_m: int) -> jax.Array:
   return jnp.stack([group, row0, seg_end[seg]]).astype(jnp.int32)
 
 
-def ragged_dot(args: spec.RaggedDotArgs, config: Config) -> jax.Array:
+def ragged_dot(args: spec.RaggedDotArgs, config: TritonRaggedDotConfig) -> jax.Array:
   """The output of `args` (any layout) computed by the Triton kernels."""
   _, k, n = spec.dims(args)
   out_shape = jax.ShapeDtypeStruct(args.out_shape, args.out_dtype)
@@ -153,7 +153,7 @@ class TritonRaggedDot(kernel_ops.TritonOp):
 
   name = "triton"
   spec = spec.SPEC
-  config_cls = Config
+  config_cls = TritonRaggedDotConfig
 
   def _unsupported_reason(self, args: spec.RaggedDotArgs) -> str | None:
     reason = spec.kernel_unsupported_reason(args, _DTYPES, _OUT_DTYPES)
@@ -164,12 +164,12 @@ class TritonRaggedDot(kernel_ops.TritonOp):
       return f"K*N = {k * n} >= 2**31 per group (32-bit offsets within a group)"
     return None
 
-  def _get_heuristics_config(self, args: spec.RaggedDotArgs) -> Config:
+  def _get_heuristics_config(self, args: spec.RaggedDotArgs) -> TritonRaggedDotConfig:
     m, k, n = spec.dims(args)
     wide = np.dtype(args.lhs.dtype).itemsize == 4
     block_k = 32 if wide else 64
     if args.layout == spec.RAGGED_CONTRACTING:
-      return Config(
+      return TritonRaggedDotConfig(
         block_m=block_k,
         block_k=128 if k >= 128 else 64,
         block_n=128 if n >= 128 else 64,
@@ -179,7 +179,7 @@ class TritonRaggedDot(kernel_ops.TritonOp):
     block_m = 128 if m >= 128 * args.num_groups else 64
     # 128x256 tiles measured 9% faster than 128x128 on the H200 (bf16, M16384 K4096 N2048 G8).
     block_n = 256 if n >= 256 and block_m == 128 and not wide else (128 if n >= 128 else 64)
-    return Config(
+    return TritonRaggedDotConfig(
       block_m=block_m,
       block_n=block_n,
       block_k=block_k,
@@ -187,7 +187,7 @@ class TritonRaggedDot(kernel_ops.TritonOp):
       num_stages=3 if wide or block_n == 256 else 4,
     )
 
-  def _get_autotuning_configs(self, args: spec.RaggedDotArgs) -> set[Config]:
+  def _get_autotuning_configs(self, args: spec.RaggedDotArgs) -> set[TritonRaggedDotConfig]:
     configs = {self._get_heuristics_config(args)}
     wide = np.dtype(args.lhs.dtype).itemsize == 4
     for bm in (64, 128):
@@ -198,11 +198,13 @@ class TritonRaggedDot(kernel_ops.TritonOp):
             if smem > 200 * 1024 or (bm == 64 and bn == 256):
               continue
             configs.add(
-              Config(bm, bn, bk, num_warps=8 if bm * bn >= 128 * 128 else 4, num_stages=stages)
+              TritonRaggedDotConfig(
+                bm, bn, bk, num_warps=8 if bm * bn >= 128 * 128 else 4, num_stages=stages
+              )
             )
     return configs
 
-  def _fwd(self, args: spec.RaggedDotArgs, config: Config):
+  def _fwd(self, args: spec.RaggedDotArgs, config: TritonRaggedDotConfig):
     return ragged_dot(args, config), None
 
   def _bwd(self, args, config, out, residuals, dout) -> dict:
