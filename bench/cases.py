@@ -1,17 +1,19 @@
-"""Where the benchmarks read their cases and implementations: the one adapter to the op database.
+"""Where the benchmarks read their cases, implementations and anchors: the one adapter to the
+op database.
 
 Every benchmark module (`bench.history`, `bench.run`) reads cases through these
-functions only, so that moving the case source (today `suites.matrices` and
-`golden`) changes this file alone.
+functions only, so that a change of the case source (the op database
+`suites.opdb`, expanded by `suites.matrices`) changes this file alone.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 
 from golden import golden
 from harness import hardware
-from suites import matrices
+from suites import matrices, opdb
 from suites.matrices import checks
 
 BenchCase = matrices.BenchCase
@@ -19,7 +21,10 @@ Case = matrices.Case
 Implementation = matrices.Implementation
 
 # The ops, in the order the benchmarks run them.
-OPS: Sequence[str] = matrices.OPS
+OPS: Sequence[str] = tuple(opdb.OPS)
+
+# Anchor: (args, kwargs) -> output, a function outside the library timed beside it.
+Anchor = Callable[[tuple, dict], Any]
 
 
 def bench_cases(family: str, *, op: str | None = None) -> list[BenchCase]:
@@ -30,6 +35,11 @@ def bench_cases(family: str, *, op: str | None = None) -> list[BenchCase]:
 def implementations(op: str, profile: hardware.Profile) -> list[Implementation]:
   """The op's native implementations here, in `SPEC.implementations` order (or why not)."""
   return golden.implementations(op, profile)
+
+
+def anchors(op: str) -> dict[str, Anchor]:
+  """Functions outside the library that the runner times beside the op (e.g. jax.lax)."""
+  return dict(opdb.get(op).anchors)
 
 
 def case_key(case: Case) -> jax.Array:

@@ -1,0 +1,381 @@
+"""The timed benchmark runner: our implementations against their anchors, in one process.
+
+For each benchmark case of a hardware family (the op database's `bench` calls,
+read through `bench.cases`) and each mode (forward, or a training step:
+forward and VJP), it times every implementation of the op that runs here and
+the anchors in the same process: the library's cuDNN implementation for
+attention, `jax.lax` for ragged_dot (the op database's anchors) and XLA for
+every op. Time is `harness.timing.device_time` (CUPTI kernel time on NVIDIA
+GPUs, wallclock elsewhere), the median over rotated inputs.
+
+  python -m bench.run [--family h100] [--ops OPS] [--impls IMPLS] [--only SUBSTRINGS]
+                      [--modes fwd,fwd_bwd] [--rounds N] [--sweep] [--out FILE]
+
+`--rounds N` times all contenders of a case in turn N times (interleaved, for
+noisy pairs); a record's time is the median of its round medians, and
+`extra.ratio_median_of_rounds` the median of the per-round ratios to the
+anchor. `--sweep` also times each implementation's autotuning candidates
+(`_get_autotuning_configs` on the bound arguments, through `with_config`).
+`--out` writes the records in the schema of `bench.records`.
+"""
+
+import argparse
+import dataclasses
+import enum
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import jax
+
+from bench import cases as cases_lib
+from bench import history, records
+from harness import bench as bench_lib
+from harness import hardware, timing
+
+# The anchor a record is compared with, per op: the first of these timed in the run.
+ANCHORS = {
+  "dot_product_attention": ("cudnn", "xla"),
+  "ragged_dot": ("jax.lax", "xla"),
+}
+DEFAULT_ANCHORS = ("xla",)
+
+
+@dataclasses.dataclass
+class Contender:
+  """One timed function of a case: an implementation, a config of one, or an anchor."""
+
+  name: str
+  fn: Callable
+  config: dict | None = None
+  rounds_ms: list[float] = dataclasses.field(default_factory=list)
+  method: str | None = None
+  compiled: Any = None
+  error: str | None = None
+
+  @property
+  def key(self) -> str:
+    return self.name if self.config is None else f"{self.name} {self.config}"
+
+
+def _jsonable(x: Any) -> Any:
+  if isinstance(x, enum.Enum):
+    return x.name
+  if isinstance(x, bool | int | float | str) or x is None:
+    return x
+  if isinstance(x, dict):
+    return {str(k): _jsonable(v) for k, v in x.items()}
+  if isinstance(x, list | tuple):
+    return [_jsonable(v) for v in x]
+  return repr(x)
+
+
+def config_dict(config: Any) -> dict:
+  """A kernel config as a JSON object."""
+  if dataclasses.is_dataclass(config):
+    return _jsonable({f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
+  return {"value": _jsonable(config)}
+
+
+def sweep_configs(impl: cases_lib.Implementation, args: tuple, kwargs: dict) -> list[Any]:
+  """The implementation's autotuning candidates for this call (none if it has no configs)."""
+  instance = impl.instance
+  if instance is None:
+    return []
+  bound = instance.bind(*args, **kwargs)
+  configs = list(instance._get_autotuning_configs(bound.args))
+  return sorted(configs, key=repr)
+
+
+def _with_config(impl: cases_lib.Implementation, config: Any) -> Callable:
+  instance = impl.instance.with_config(config)
+  return lambda *a, **k: instance(*a, **k)
+
+
+def _anchor_fn(anchor: cases_lib.Anchor) -> Callable:
+  return lambda *a, **k: anchor(a, k)
+
+
+def contenders(
+  bcase: cases_lib.BenchCase,
+  impls: Sequence[cases_lib.Implementation],
+  args: tuple,
+  kwargs: dict,
+  *,
+  implementations: Iterable[str] | None,
+  sweep: bool,
+  log: Callable[[str], None],
+) -> list[Contender]:
+  """What to time for one case: implementations (and their configs), then the anchors."""
+  op = bcase.op
+  anchor_names = ANCHORS.get(op, DEFAULT_ANCHORS)
+  wanted = set(implementations) if implementations else None
+  out = []
+  for impl in impls:
+    keep = wanted is None or impl.name in wanted or impl.name in anchor_names
+    if not keep:
+      continue
+    if impl.reason is not None:
+      log(f"SKIP {op}[{impl.name}] {bcase.id}: {impl.reason}")
+      continue
+    try:
+      reason = impl.unsupported_reason(args, kwargs)
+    except Exception as e:
+      reason = f"unsupported_reason raised {type(e).__name__}: {e}"
+    if reason is not None:
+      log(f"SKIP {op}[{impl.name}] {bcase.id}: {reason}")
+      continue
+    out.append(Contender(impl.name, impl))
+    if sweep and impl.name not in anchor_names:
+      try:
+        configs = sweep_configs(impl, args, kwargs)
+      except Exception as e:
+        log(f"SKIP sweep of {op}[{impl.name}] {bcase.id}: {type(e).__name__}: {str(e)[:200]}")
+        configs = []
+      out += [Contender(impl.name, _with_config(impl, c), config_dict(c)) for c in configs]
+  for name, anchor in cases_lib.anchors(op).items():
+    if wanted is None or name in wanted or name in anchor_names:
+      out.append(Contender(name, _anchor_fn(anchor)))
+  return out
+
+
+def _compile(bcase: cases_lib.BenchCase, c: Contender, args_list: Sequence[tuple]):
+  """The compiled timed program of a contender and its call arguments."""
+  case, mode = bcase.case, bcase.mode
+  splits = [history._split(case, a, k) for a, k in args_list]
+  f = history.benchmark_fn(case, c.fn, splits[0], mode)
+  values = [s.values() for s in splits]
+  if mode == "fwd_bwd":
+    fwd = history.benchmark_fn(case, c.fn, splits[0], "fwd")
+    out = jax.eval_shape(lambda v: fwd(v), values[0])
+    keys = jax.random.split(cases_lib.case_key(case), len(values))
+    cotangents = [jax.random.normal(k, out.shape, out.dtype) for k in keys]
+  else:
+    cotangents = [None] * len(values)
+  # One argument (a tuple): tokamax's CUPTI timer calls the compiled program with one.
+  call_args = [((v, ct),) for v, ct in zip(values, cotangents, strict=True)]
+  compiled = jax.jit(lambda a: f(*a)).lower(*call_args[0]).compile()
+  return compiled, call_args
+
+
+def time_case(
+  bcase: cases_lib.BenchCase,
+  contenders_: list[Contender],
+  args_list: Sequence[tuple],
+  *,
+  rounds: int,
+  iterations: int,
+  warmup: int,
+  log: Callable[[str], None],
+) -> list[Contender]:
+  """Times the contenders in `rounds` interleaved rounds; returns those that ran."""
+  calls = {}
+  for c in contenders_:
+    try:
+      c.compiled, calls[c.key] = _compile(bcase, c, args_list)
+    except Exception as e:
+      c.error = f"{type(e).__name__}: {str(e)[:300]}"
+      log(f"ERROR {bcase.op}[{c.key}] {bcase.id}: {c.error}")
+  live = [c for c in contenders_ if c.error is None]
+  for r in range(rounds):
+    for c in live:
+      if c.error is not None:
+        continue
+      try:
+        t = timing.device_time(
+          c.compiled, calls[c.key], warmup=warmup if r == 0 else 1, iterations=iterations
+        )
+      except Exception as e:
+        c.error = f"{type(e).__name__}: {str(e)[:300]}"
+        log(f"ERROR {bcase.op}[{c.key}] {bcase.id}: {c.error}")
+        continue
+      c.rounds_ms.append(t.median_ms)
+      c.method = t.method
+  return [c for c in live if c.error is None and c.rounds_ms]
+
+
+def case_records(
+  bcase: cases_lib.BenchCase, timed: list[Contender], env: dict, device: str, cost: Any
+) -> list[records.Record]:
+  """One record per timed contender but the anchor, each against the anchor of the run."""
+  anchor_names = ANCHORS.get(bcase.op, DEFAULT_ANCHORS)
+  plain = {c.name: c for c in timed if c.config is None}
+  anchor = next((plain[n] for n in anchor_names if n in plain), None)
+  others = [c for c in timed if c is not anchor] or ([anchor] if anchor else [])
+  anchors_ms = {n: statistics.median(plain[n].rounds_ms) for n in anchor_names if n in plain}
+  for name in cases_lib.anchors(bcase.op):
+    if name in plain:
+      anchors_ms[name] = statistics.median(plain[name].rounds_ms)
+  case = bcase.case
+  out = []
+  for c in others:
+    median = statistics.median(c.rounds_ms)
+    extra: dict[str, Any] = {
+      "rounds_ms": c.rounds_ms,
+      "anchors_ms": anchors_ms,
+      "feature": case.feature,
+    }
+    against = anchor if anchor is not None and c is not anchor else None
+    if against is not None:
+      extra["anchor_rounds_ms"] = against.rounds_ms
+      extra["ratio_median_of_rounds"] = statistics.median(
+        ours / theirs for ours, theirs in zip(c.rounds_ms, against.rounds_ms, strict=True)
+      )
+    if cost is not None and getattr(cost, "flops", None):
+      flops = cost.flops * (3.5 if bcase.mode == "fwd_bwd" else 1.0)
+      extra["tflops_per_s"] = flops / (median * 1e-3) / 1e12
+    out.append(
+      records.Record(
+        device=device,
+        commit=env["commit"],
+        date=env["date"],
+        op=bcase.op,
+        implementation=c.name,
+        case=case.id,
+        shape={k: int(v) for k, v in case.shape_dict.items()},
+        dtype=case.dtype,
+        mode=bcase.mode,
+        median_ms=median,
+        anchor=against.name if against else None,
+        anchor_ms=statistics.median(against.rounds_ms) if against else None,
+        method=c.method,
+        config=c.config,
+        extra=extra,
+      )
+    )
+  return out
+
+
+def _matches(only: Sequence[str] | None, *labels: str) -> bool:
+  return not only or any(s in label for s in only for label in labels)
+
+
+def run(
+  family: str | None = None,
+  *,
+  ops: Iterable[str] | None = None,
+  implementations: Iterable[str] | None = None,
+  only: Sequence[str] | None = None,
+  modes: Iterable[str] | None = None,
+  rounds: int = 1,
+  sweep: bool = False,
+  iterations: int = 30,
+  warmup: int = 3,
+  rotations: int = 2,
+  budget_s: float | None = None,
+  log: Callable[[str], None] = print,
+) -> list[records.Record]:
+  """Times the family's benchmark cases; returns the records (see `bench.records`).
+
+  Args:
+    family: The hardware family whose cases to run (default: the hardware's).
+    ops, implementations, modes: Restrict to these (anchors are always timed).
+    only: Substrings; a case runs if one is in its op, its id or its id with the mode.
+    rounds: Interleaved rounds of every contender of a case.
+    sweep: Also time each implementation's autotuning candidates.
+    iterations, warmup: Of `harness.timing.device_time`.
+    rotations: Distinct input sets, used in turn.
+    budget_s: Starts no new case after this many seconds.
+    log: Where progress and skips go.
+
+  Returns:
+    The records.
+  """
+  profile = hardware.detect()
+  family = family or profile.family
+  env = bench_lib.environment()
+  device = jax.devices()[0].device_kind
+  ops = set(ops) if ops else None
+  modes = set(modes) if modes else None
+  impls_of: dict[str, list] = {}
+  start = time.monotonic()
+  out: list[records.Record] = []
+  inputs: dict = {}
+  for bcase in cases_lib.bench_cases(family):
+    case = bcase.case
+    if (ops and bcase.op not in ops) or (modes and bcase.mode not in modes):
+      continue
+    if not _matches(only, bcase.op, case.id, bcase.id):
+      continue
+    if budget_s is not None and time.monotonic() - start > budget_s:
+      log(f"SKIP {bcase.op} {bcase.id}: past the {budget_s:g} s budget")
+      continue
+    if bcase.op not in impls_of:
+      impls_of[bcase.op] = cases_lib.implementations(bcase.op, profile)
+    if case.id not in inputs:
+      inputs.clear()  # Large inputs: keep one case's at a time.
+      key = cases_lib.case_key(case)
+      inputs[case.id] = [case.make_args(jax.random.fold_in(key, i)) for i in range(rotations)]
+    args_list = inputs[case.id]
+    args, kwargs = args_list[0]
+    todo = contenders(
+      bcase,
+      impls_of[bcase.op],
+      args,
+      kwargs,
+      implementations=implementations,
+      sweep=sweep,
+      log=log,
+    )
+    timed = time_case(
+      bcase, todo, args_list, rounds=rounds, iterations=iterations, warmup=warmup, log=log
+    )
+    try:
+      cost = case.cost(args, kwargs)
+    except Exception:
+      cost = None
+    recs = case_records(bcase, timed, env, device, cost)
+    for r in recs:
+      ratio = f", {r.ratio:.3f}x {r.anchor}" if r.ratio is not None else ""
+      cfg = f" {r.config}" if r.config else ""
+      log(f"{r.op}[{r.implementation}]{cfg} {r.case} {r.mode}: {r.median_ms:.4g} ms{ratio}")
+    out += recs
+  return out
+
+
+def _csv(s: str | None) -> list[str] | None:
+  return [x for x in s.split(",") if x] if s else None
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+  parser.add_argument("--family", default=None, help="hardware family (default: this one's)")
+  parser.add_argument("--ops", default=None, help="comma-separated op names")
+  parser.add_argument("--impls", default=None, help="comma-separated implementation names")
+  parser.add_argument("--only", default=None, help="comma-separated substrings of case ids")
+  parser.add_argument("--modes", default=None, help="comma-separated: fwd,fwd_bwd")
+  parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per case")
+  parser.add_argument("--sweep", action="store_true", help="also time autotuning candidates")
+  parser.add_argument("--iterations", type=int, default=30)
+  parser.add_argument("--warmup", type=int, default=3)
+  parser.add_argument("--rotations", type=int, default=2, help="distinct input sets")
+  parser.add_argument("--budget-s", type=float, default=None, help="no new case after it")
+  parser.add_argument("--out", default=None, help="write the records here (bench.records)")
+  parser.add_argument("--note", default=None, help="the record file's note")
+  args = parser.parse_args(argv)
+  recs = run(
+    args.family,
+    ops=_csv(args.ops),
+    implementations=_csv(args.impls),
+    only=_csv(args.only),
+    modes=_csv(args.modes),
+    rounds=args.rounds,
+    sweep=args.sweep,
+    iterations=args.iterations,
+    warmup=args.warmup,
+    rotations=args.rotations,
+    budget_s=args.budget_s,
+  )
+  if args.out:
+    n = records.write(args.out, recs, note=args.note)
+    print(f"wrote {n} records to {args.out}")
+  if not recs:
+    print("no records: nothing ran (see the SKIP and ERROR lines above)")
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,39 @@
+"""The benchmark runner (`python -m bench.run`) on CPU: one small case, one iteration, its JSON."""
+
+import dataclasses
+import enum
+import json
+
+from bench import records
+from bench import run as run_lib
+
+
+def test_runner_writes_valid_records_on_cpu(tmp_path):
+  out = tmp_path / "records.json"
+  argv = ["--family", "cpu", "--ops", "dot_product_attention", "--only", "causal"]
+  argv += ["--modes", "fwd", "--iterations", "1", "--warmup", "1", "--rotations", "1"]
+  argv += ["--rounds", "2", "--sweep", "--out", str(out)]
+  assert run_lib.main(argv) == 0
+  assert not records.validate(json.loads(out.read_text()))
+  recs = records.load(str(out))
+  assert recs and all(r.op == "dot_product_attention" and r.mode == "fwd" for r in recs)
+  assert all(r.method == "wallclock" and len(r.extra["rounds_ms"]) == 2 for r in recs)
+  # XLA is the anchor here (no cuDNN on CPU), timed in the same run, never its own record.
+  assert all(r.anchor == "xla" and r.anchor_ms > 0 for r in recs)
+  assert "xla" not in {r.implementation for r in recs}
+  assert any(r.config for r in recs), "--sweep timed no autotuning candidate"
+  assert any(r.implementation == "jax.nn" for r in recs), "the op database's anchor is missing"
+
+
+def test_config_dict_is_json():
+  class Kind(enum.Enum):
+    A = 1
+
+  @dataclasses.dataclass(frozen=True)
+  class Config:
+    block: int = 64
+    kind: Kind = Kind.A
+    pair: tuple = (1, 2)
+
+  assert run_lib.config_dict(Config()) == {"block": 64, "kind": "A", "pair": [1, 2]}
+  json.dumps(run_lib.config_dict(Config()))
