@@ -49,4 +49,4 @@ def case_key(case: Case) -> jax.Array:
 
 def small(case: Case) -> Case:
   """`case` at its op's small golden shape (where numerics drift is measured)."""
-  return golden.at_golden_shape(case)
+  return case.at_golden_shape()

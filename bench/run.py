@@ -16,12 +16,16 @@ noisy pairs); a record's time is the median of its round medians, and
 `extra.ratio_median_of_rounds` the median of the per-round ratios to the
 anchor. `--sweep` also times each implementation's autotuning candidates
 (`_get_autotuning_configs` on the bound arguments, through `with_config`).
+`--kernels` adds each contender's per-kernel CUPTI times (`extra.kernels_ms`; GPU
+only) and `--hlo DIR` saves each compiled program's optimised HLO.
 `--out` writes the records in the schema of `bench.records`.
 """
 
 import argparse
 import dataclasses
 import enum
+import os
+import re
 import statistics
 import sys
 import time
@@ -54,6 +58,7 @@ class Contender:
   method: str | None = None
   compiled: Any = None
   error: str | None = None
+  kernels_ms: list | None = None
 
   @property
   def key(self) -> str:
@@ -160,6 +165,24 @@ def _compile(bcase: cases_lib.BenchCase, c: Contender, args_list: Sequence[tuple
   return compiled, call_args
 
 
+def per_kernel_ms(compiled: Callable, args: tuple, iterations: int = 5) -> list[list]:
+  """[kernel name, median ms over iterations] for each kernel one call runs (CUPTI, GPU only)."""
+  from jax.experimental.mosaic.gpu import profiler
+
+  measure = profiler.Cupti(finalize=False).measure(compiled, aggregate=False, iterations=iterations)
+  _, timings = measure(*args)
+  if timings is None:
+    return []
+  names = [name for name, _ in timings[0]]
+  return [
+    [name, float(statistics.median(run[i][1] for run in timings))] for i, name in enumerate(names)
+  ]
+
+
+def _file_name(*parts: str) -> str:
+  return re.sub(r"[^A-Za-z0-9_.=-]+", "_", "-".join(parts))[:200]
+
+
 def time_case(
   bcase: cases_lib.BenchCase,
   contenders_: list[Contender],
@@ -169,6 +192,8 @@ def time_case(
   iterations: int,
   warmup: int,
   log: Callable[[str], None],
+  kernels: bool = False,
+  hlo_dir: str | None = None,
 ) -> list[Contender]:
   """Times the contenders in `rounds` interleaved rounds; returns those that ran."""
   calls = {}
@@ -178,6 +203,12 @@ def time_case(
     except Exception as e:
       c.error = f"{type(e).__name__}: {str(e)[:300]}"
       log(f"ERROR {bcase.op}[{c.key}] {bcase.id}: {c.error}")
+      continue
+    if hlo_dir:
+      os.makedirs(hlo_dir, exist_ok=True)
+      name = _file_name(bcase.op, c.key, bcase.id) + ".hlo.txt"
+      with open(os.path.join(hlo_dir, name), "w") as f:
+        f.write(c.compiled.as_text())
   live = [c for c in contenders_ if c.error is None]
   for r in range(rounds):
     for c in live:
@@ -193,6 +224,13 @@ def time_case(
         continue
       c.rounds_ms.append(t.median_ms)
       c.method = t.method
+  if kernels and jax.default_backend() == "gpu":
+    for c in live:
+      if c.error is None:
+        try:
+          c.kernels_ms = per_kernel_ms(c.compiled, calls[c.key][0])
+        except Exception as e:  # The timing stands without the breakdown.
+          log(f"no kernel breakdown of {bcase.op}[{c.key}]: {type(e).__name__}: {str(e)[:200]}")
   return [c for c in live if c.error is None and c.rounds_ms]
 
 
@@ -218,8 +256,12 @@ def case_records(
       "feature": case.feature,
     }
     against = anchor if anchor is not None and c is not anchor else None
+    if c.kernels_ms is not None:
+      extra["kernels_ms"] = c.kernels_ms
     if against is not None:
       extra["anchor_rounds_ms"] = against.rounds_ms
+      if against.kernels_ms is not None:
+        extra["anchor_kernels_ms"] = against.kernels_ms
       extra["ratio_median_of_rounds"] = statistics.median(
         ours / theirs for ours, theirs in zip(c.rounds_ms, against.rounds_ms, strict=True)
       )
@@ -234,7 +276,7 @@ def case_records(
         op=bcase.op,
         implementation=c.name,
         case=case.id,
-        shape={k: int(v) for k, v in case.shape_dict.items()},
+        shape=flat_shape(case.shape_dict),
         dtype=case.dtype,
         mode=bcase.mode,
         median_ms=median,
@@ -245,6 +287,17 @@ def case_records(
         extra=extra,
       )
     )
+  return out
+
+
+def flat_shape(shape: dict) -> dict[str, int]:
+  """A case's dimensions as names to integers (a tuple `rows=(4, 8)` becomes rows0, rows1)."""
+  out = {}
+  for k, v in shape.items():
+    if isinstance(v, tuple | list):
+      out.update({f"{k}{i}": int(x) for i, x in enumerate(v)})
+    else:
+      out[k] = int(v)
   return out
 
 
@@ -265,7 +318,10 @@ def run(
   warmup: int = 3,
   rotations: int = 2,
   budget_s: float | None = None,
+  kernels: bool = False,
+  hlo_dir: str | None = None,
   log: Callable[[str], None] = print,
+  sink: Callable[[list[records.Record]], None] | None = None,
 ) -> list[records.Record]:
   """Times the family's benchmark cases; returns the records (see `bench.records`).
 
@@ -278,7 +334,10 @@ def run(
     iterations, warmup: Of `harness.timing.device_time`.
     rotations: Distinct input sets, used in turn.
     budget_s: Starts no new case after this many seconds.
+    kernels: Also record per-kernel CUPTI times (GPU only).
+    hlo_dir: Where to save each compiled program's optimised HLO, if anywhere.
     log: Where progress and skips go.
+    sink: Called with all records so far after each case (a run cut short keeps them).
 
   Returns:
     The records.
@@ -320,7 +379,15 @@ def run(
       log=log,
     )
     timed = time_case(
-      bcase, todo, args_list, rounds=rounds, iterations=iterations, warmup=warmup, log=log
+      bcase,
+      todo,
+      args_list,
+      rounds=rounds,
+      iterations=iterations,
+      warmup=warmup,
+      log=log,
+      kernels=kernels,
+      hlo_dir=hlo_dir,
     )
     try:
       cost = case.cost(args, kwargs)
@@ -332,6 +399,8 @@ def run(
       cfg = f" {r.config}" if r.config else ""
       log(f"{r.op}[{r.implementation}]{cfg} {r.case} {r.mode}: {r.median_ms:.4g} ms{ratio}")
     out += recs
+    if sink is not None and recs:
+      sink(out)
   return out
 
 
@@ -352,6 +421,8 @@ def main(argv=None) -> int:
   parser.add_argument("--warmup", type=int, default=3)
   parser.add_argument("--rotations", type=int, default=2, help="distinct input sets")
   parser.add_argument("--budget-s", type=float, default=None, help="no new case after it")
+  parser.add_argument("--kernels", action="store_true", help="per-kernel CUPTI times (GPU)")
+  parser.add_argument("--hlo", default=None, metavar="DIR", help="save optimised HLO here")
   parser.add_argument("--out", default=None, help="write the records here (bench.records)")
   parser.add_argument("--note", default=None, help="the record file's note")
   args = parser.parse_args(argv)
@@ -367,10 +438,12 @@ def main(argv=None) -> int:
     warmup=args.warmup,
     rotations=args.rotations,
     budget_s=args.budget_s,
+    kernels=args.kernels,
+    hlo_dir=args.hlo,
+    sink=(lambda rs: records.write(args.out, rs, note=args.note)) if args.out else None,
   )
-  if args.out:
-    n = records.write(args.out, recs, note=args.note)
-    print(f"wrote {n} records to {args.out}")
+  if args.out and recs:
+    print(f"wrote {len(recs)} records to {args.out}")
   if not recs:
     print("no records: nothing ran (see the SKIP and ERROR lines above)")
     return 1

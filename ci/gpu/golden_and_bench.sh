@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The h100 goldens and one benchmark-history run, in one GPU call (issue 8).
 #
-# On the H200, at the repo root (see /work/notes/golden_ready.txt for the exact command):
+# On the H200, at the repo root (or as the `golden` step of ci/gpu/run_all.sh):
 #   OUT=/some/dir bash ci/gpu/golden_and_bench.sh
 # Dry run on a CPU (the cpu family, its small benchmark shapes):
 #   OUT=/tmp/gb DRY=1 bash ci/gpu/golden_and_bench.sh

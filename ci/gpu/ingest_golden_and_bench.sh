@@ -7,7 +7,7 @@ set -euo pipefail
 DIR=$(cd "${1:?usage: ingest_golden_and_bench.sh DIR [COMMIT]}" && pwd)
 cd "$(dirname "$0")/../.."
 COMMIT=${2:-$(git rev-parse HEAD)}
-PY=${PYTHON:-/work/venv/bin/python}
+PY=${PYTHON:-python3}
 for fam in "$DIR"/golden/*/; do
   fam=$(basename "$fam")
   mkdir -p "golden/data/$fam"
