@@ -329,7 +329,7 @@ def test_every_autotuning_config_lowers_for_cuda(h):
   )
   configs = impl._get_autotuning_configs(record)
   assert impl._get_heuristics_config(record) in configs
-  fwd_fields = ("block_q", "block_kv", "num_stages", "schedule_barrier")
+  fwd_fields = ("block_kv", "num_stages", "schedule_barrier")
   forwards, dq_blocks, dkv_blocks = set(), set(), set()
   for config in sorted(configs, key=str):
     assert mosaic.smem_bytes(config, h) <= mosaic._SMEM_BYTES

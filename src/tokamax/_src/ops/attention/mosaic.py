@@ -23,6 +23,9 @@ _BWD_STREAMED = ("dq_block_kv", "bwd_block_q")
 _BWD_HELD_BLOCKS = (64, 128)
 _BWD_STREAMED_BLOCKS = (32, 64, 128)
 
+# Query rows per consumer warpgroup of the forward kernel: one wgmma M tile.
+BLOCK_Q = 64
+
 
 @dataclasses.dataclass(frozen=True)
 class MosaicAttentionConfig:
@@ -32,8 +35,9 @@ class MosaicAttentionConfig:
   query rows and streams key/value blocks, and the dk/dv kernel (`bwd_*`
   fields), which holds keys and streams query blocks.
 
+  The forward kernel holds `BLOCK_Q` query rows per consumer warpgroup.
+
   Attributes:
-    block_q: query rows per consumer warpgroup (a CTA holds two).
     block_kv: keys per pipeline step.
     num_stages: shared-memory slots of the key/value pipeline.
     schedule_barrier: whether the two consumers take turns on the tensor cores.
@@ -49,7 +53,6 @@ class MosaicAttentionConfig:
     dq_num_stages: pipeline slots of the dq kernel (fewer where they do not fit).
   """
 
-  block_q: int = 64
   block_kv: int = 128
   num_stages: int = 2
   schedule_barrier: bool = True
@@ -62,8 +65,6 @@ class MosaicAttentionConfig:
   dq_num_stages: int = 2
 
   def __post_init__(self):
-    if self.block_q != 64:
-      raise ValueError(f"`block_q` must be 64 (one wgmma M tile), got {self.block_q}.")
     if self.block_kv % 64 or not 64 <= self.block_kv <= 256:
       raise ValueError(f"`block_kv` must be 64, 128 or 256, got {self.block_kv}.")
     if self.num_stages < 2:
@@ -83,9 +84,9 @@ class MosaicAttentionConfig:
 
 def smem_bytes(config: MosaicAttentionConfig, head_dim: int, itemsize: int = 2) -> int:
   """Shared memory of the forward kernel for `config`."""
-  q = mosaic_fwd.NUM_CONSUMERS * config.block_q * head_dim * itemsize
+  q = mosaic_fwd.NUM_CONSUMERS * BLOCK_Q * head_dim * itemsize
   kv = 2 * config.num_stages * config.block_kv * head_dim * itemsize
-  return q + kv + mosaic_fwd.NUM_CONSUMERS * config.block_q * 4
+  return q + kv + mosaic_fwd.NUM_CONSUMERS * BLOCK_Q * 4
 
 
 def _bwd_passes(head_dim: int) -> tuple[tuple[str, ...], ...]:
@@ -340,7 +341,7 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
     q, k, v = args.query, args.key, args.value
     b, t, _, _ = q.shape
     s = k.shape[1]
-    t_pad = _round_up(t, mosaic_fwd.NUM_CONSUMERS * config.block_q)
+    t_pad = _round_up(t, mosaic_fwd.NUM_CONSUMERS * BLOCK_Q)
     s_pad = _round_up(s, config.block_kv)
     masking = _masking(args, s_pad != s)
     q_len = args.q_seq_lengths if args.q_seq_lengths is not None else jnp.full((b,), t, jnp.int32)
@@ -349,7 +350,7 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
     )
     lengths = jnp.stack([jnp.minimum(q_len, t), jnp.minimum(kv_len, s)]).astype(jnp.int32)
     params = mosaic_fwd.FwdParams(
-      block_q=config.block_q,
+      block_q=BLOCK_Q,
       block_kv=config.block_kv,
       num_stages=min(config.num_stages, max(2, s_pad // config.block_kv)),
       scale=args.scale,

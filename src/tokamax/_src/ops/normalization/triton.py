@@ -41,8 +41,6 @@ class TritonNormConfig:
       register prefetch).
     bwd_stages: > 1 pipelines the backward's loads of x and dy through shared
       memory this many stages deep (cp.async; overrides `bwd_prefetch`).
-    bwd_stream_dx: Whether the backward stores dx with the streaming cache
-      hint (`st.global.cs`: evict first).
   """
 
   block_m: int = 1
@@ -54,7 +52,6 @@ class TritonNormConfig:
   bwd_prefetch: bool = False
   fwd_stages: int = 0
   bwd_stages: int = 0
-  bwd_stream_dx: bool = False
 
 
 def _rows(args: spec.NormArgs) -> tuple[int, int]:
@@ -151,9 +148,8 @@ def backward(
     grid=(programs,),
     BLOCK_M=config.bwd_block_m,
     HAS_OFFSET=has_offset,
-    PREFETCH=config.bwd_prefetch,
+    PREFETCH=config.bwd_prefetch and config.bwd_stages <= 1,
     STAGES=config.bwd_stages,
-    STREAM_DX=config.bwd_stream_dx,
     num_warps=config.bwd_num_warps,
     num_stages=2,
     **_common_meta(args, d),

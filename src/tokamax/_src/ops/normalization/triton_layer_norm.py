@@ -86,7 +86,6 @@ def _bwd_rows(
   D: tl.constexpr,
   BLOCK_M: tl.constexpr,
   SUBTRACT_MEAN: tl.constexpr,
-  STREAM_DX: tl.constexpr,
 ):
   """dx of BLOCK_M rows from `start`; returns their dscale and doffset sums."""
   rows = start + tl.arange(0, BLOCK_M)
@@ -108,10 +107,7 @@ def _bwd_rows(
     dx = (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
   else:
     dx = (wdy - xhat * c1[:, None]) * rstd[:, None]
-  if STREAM_DX:
-    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask, cache_modifier=".cs")
-  else:
-    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+  tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
   return tl.sum(dy * xhat, axis=0), tl.sum(dy, axis=0)
 
 
@@ -135,7 +131,6 @@ def layer_norm_bwd(
   HAS_OFFSET: tl.constexpr = True,
   PREFETCH: tl.constexpr = False,
   STAGES: tl.constexpr = 0,
-  STREAM_DX: tl.constexpr = False,
 ):
   pid = tl.program_id(0)
   cols = tl.arange(0, BLOCK_D)
@@ -152,31 +147,7 @@ def layer_norm_bwd(
   extra = blocks % tl.num_programs(0)
   first = (pid * per_program + tl.minimum(pid, extra)) * BLOCK_M
   last = tl.minimum(first + (per_program + (pid < extra)) * BLOCK_M, m)
-  if STAGES > 1:
-    # Software-pipelined through shared memory: no register prefetch.
-    for start in tl.range(first, last, BLOCK_M, num_stages=STAGES):
-      x_raw = _load_rows(x_ptr, start, last, cols, col_ok, D, BLOCK_M)
-      dy_raw = _load_rows(dy_ptr, start, last, cols, col_ok, D, BLOCK_M)
-      ds, do = _bwd_rows(
-        x_raw,
-        dy_raw,
-        w,
-        start,
-        last,
-        cols,
-        col_ok,
-        mean_ptr,
-        rstd_ptr,
-        dx_ptr,
-        D,
-        BLOCK_M,
-        SUBTRACT_MEAN,
-        STREAM_DX,
-      )
-      dscale += ds
-      if HAS_OFFSET:
-        doffset += do
-  elif PREFETCH:
+  if PREFETCH:
     # The next rows' loads are issued before this step's reductions and stores.
     x_next = _load_rows(x_ptr, first, last, cols, col_ok, D, BLOCK_M)
     dy_next = _load_rows(dy_ptr, first, last, cols, col_ok, D, BLOCK_M)
@@ -198,13 +169,14 @@ def layer_norm_bwd(
         D,
         BLOCK_M,
         SUBTRACT_MEAN,
-        STREAM_DX,
       )
       dscale += ds
       if HAS_OFFSET:
         doffset += do
   else:
-    for start in range(first, last, BLOCK_M):
+    # STAGES > 1: software-pipelined through shared memory (no register
+    # prefetch); else a plain loop (`num_stages=None` adds no pipelining hint).
+    for start in tl.range(first, last, BLOCK_M, num_stages=STAGES if STAGES > 1 else None):
       x_raw = _load_rows(x_ptr, start, last, cols, col_ok, D, BLOCK_M)
       dy_raw = _load_rows(dy_ptr, start, last, cols, col_ok, D, BLOCK_M)
       ds, do = _bwd_rows(
@@ -221,7 +193,6 @@ def layer_norm_bwd(
         D,
         BLOCK_M,
         SUBTRACT_MEAN,
-        STREAM_DX,
       )
       dscale += ds
       if HAS_OFFSET:
