@@ -402,3 +402,58 @@ def test_ignore_cache_and_all_implementations(tuned, capsys):
       jax.jit(attention_only), q, ignore_cache=True, iterations=2, progress=False
     )
   assert fresh.data[0].timings_ms  # Timed again although the shape is covered by `result`.
+
+
+def _fields(data):
+  return [(d.op, d.implementation, d.key, d.mode, d.config, d.timings_ms, d.errors) for d in data]
+
+
+def test_round_trip_keeps_failed_candidates():
+  """Errors of failed candidates (and of a whole op) survive dumps/loads exactly."""
+  x = jax.random.normal(jax.random.key(5), (8, 64), jnp.float32)
+  tuned = (
+    _FlakyRowRms().bind(x).autotune(candidates=[ex.BlockConfig(b) for b in (16, 24)], iterations=2)
+  )
+  assert [json.loads(c)["block_cols"] for c, _ in tuned.errors] == [24]
+  config = json.dumps({"block_cols": 8}, sort_keys=True, separators=(",", ":"))
+  whole_op = api.AutotuningData(
+    op="layer_norm",
+    implementation="triton",
+    key="whole-op-failure",
+    mode="forward_and_vjp",
+    config=None,
+    errors=((None, 'RuntimeError: "quoted", multi\nline, ünïcode'),),
+  )
+  mixed = api.AutotuningData(
+    op="layer_norm",
+    implementation="triton",
+    key="mixed",
+    mode="forward",
+    config=config,
+    timings_ms=((config, 0.125),),
+    errors=(
+      ('{"block_cols":16}', "TimeoutError: compilation took longer than 1 s"),
+      ('{"block_cols":32}', "ValueError: block 32 is broken"),
+    ),
+  )
+  result = tokamax.AutotuningResult("cpu", (tuned, whole_op, mixed))
+  text = result.dumps()
+  again = tokamax.AutotuningResult.loads(text)
+  assert _fields(again.data) == _fields(result.data)
+  assert again.dumps() == text and again == result
+  by_key = {d.key: d for d in again.data}
+  assert by_key["whole-op-failure"].errors == whole_op.errors
+  assert by_key["whole-op-failure"].fastest_config is None
+  assert by_key["mixed"].errors == mixed.errors
+  assert by_key[tuned.key].errors == tuned.errors
+  entries = {d["key"]: d for d in json.loads(text)["data"]}
+  assert entries["mixed"]["errors"] == [
+    [{"block_cols": 16}, "TimeoutError: compilation took longer than 1 s"],
+    [{"block_cols": 32}, "ValueError: block 32 is broken"],
+  ]
+  assert entries["whole-op-failure"]["errors"] == [[None, whole_op.errors[0][1]]]
+  # Errors are part of the identity: a result without them is another result.
+  stripped = tokamax.AutotuningResult(
+    "cpu", tuple(dataclasses.replace(d, errors=()) for d in result.data)
+  )
+  assert stripped != result and stripped.dumps() != text
