@@ -195,13 +195,10 @@ _BWD_FIELDS = (
 )
 # The backward config the heuristic picks per head dim, in `_BWD_FIELDS` order:
 # (dq kernel: block_q, block_kv, slots; dk/dv kernel: block_q, block_kv, slots).
-# Measured on the H200 at fb83b37 by ci/gpu/attention_mosaic.py --sweep-bwd
-# (suites/results/h200_attention_bwd_sweep_fb83b37.json).
-# H64: dq 64x128 and dk/dv 128-query blocks, 5.309 -> 4.846 ms forward+backward at
-# B32 T2048 N16; H128: dq streaming 128 keys, dq 2.42 -> 2.26 ms at B4 T4096 N32.
-# H256: 32-row streamed blocks in both kernels (no register spills), 5.598 -> 4.607 ms
-# at B2 T8192 N8 causal, cuDNN 4.125 (7c07e8b, h200_attention_bwd_sweep_7c07e8b.json);
-# 32-query blocks were 11-20% slower at H64 and H128 there.
+# H64 and H128 stream 128 keys per dq step (and H64 128-query blocks in dk/dv):
+# fewer, larger steps. H256 streams 32-row blocks in both kernels, the largest
+# whose score tiles fit the registers without spills; at H64 and H128 32-row
+# blocks are slower. Timings: docs/perf.md (Attention).
 _BWD_HEURISTICS: dict[int, tuple[int, ...]] = {
   64: (64, 128, 2, 128, 64, 2),
   128: (64, 128, 2, 64, 64, 2),
@@ -297,12 +294,10 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
     return None
 
   def _get_heuristics_config(self, args: attention_spec.AttentionArgs) -> MosaicAttentionConfig:
-    # Forward choices measured on the H200 at 2a1cff7 against cuDNN's 1.146 / 1.607 ms
-    # (suites/results/h200_attention_fwd_variants_2a1cff7.json): H64 B32 T2048 N16 takes
-    # 256-key blocks (1.229 against 1.278 ms with 128); unmasked H128 B4 T4096 N32 takes the
-    # overlapped consumers without the schedule barrier (1.554 against 1.703 ms; through the
-    # op 1.566 against 1.680 at c66492e); causal shapes and H256 stay serial (the overlap
-    # was 11-12% slower there).
+    # H64 with long keys takes 256-key blocks (fewer softmax rescales per row);
+    # unmasked H128 overlaps each consumer's next Q.K^T with its softmax, without
+    # the schedule barrier; causal shapes and H256 stay serial, where the overlap
+    # was slower (docs/perf.md, Attention).
     h = args.query.shape[-1]
     s = args.key.shape[1]
     if h > 128 or s <= 64:

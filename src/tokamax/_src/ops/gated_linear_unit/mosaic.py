@@ -171,11 +171,9 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
   def _get_heuristics_config(self, args: spec.GluArgs) -> MosaicGluConfig:
     m, _, n = _dims(args)
     block_n = next((b for b in (128, 64) if n % b == 0), 64)
-    tile_m = 8  # Measured on the H200 at 8192x4096x14336: 2.68 ms, against 3.07 ms with 16.
+    tile_m = 8  # Faster than 16 at large shapes (docs/perf.md, Gated linear unit).
     if m <= 4 * mosaic_kernel.WG_ROWS * mosaic_kernel.NUM_COMPUTE_WGS:
-      # Few row tiles: more, narrower items and a deeper pipeline. Measured on the
-      # H200 (411fda5) at 128x4096x14336: 0.064 ms, and at 512x4096x14336: 0.166 ms
-      # against 0.175 ms with (128, 4, 128).
+      # Few row tiles: more, narrower items and a deeper pipeline keep the SMs busy.
       config = MosaicGluConfig(block_n=64, num_stages=6, epi_n=64, grid_tile_m=tile_m)
       if _config_reason(args, config, False) is None:
         return config
@@ -215,9 +213,8 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
     """Where dx and dW run (fused weights)."""
     if self.backward is not None:
       return self.backward if isinstance(self.backward, tuple) else (self.backward,) * 2
-    # XLA's matmuls were faster on the H200 at 411fda5: at 8192x4096x14336 dx 2.35 ms and
-    # dW 2.34 ms, against 2.53 and 3.24 ms in the one-group ragged_dot kernels; at
-    # 2048x2048x8192 forward+backward 0.575 against 0.633 ms.
+    # XLA's matmuls beat the one-group ragged_dot kernels for dx and dW on the
+    # H200 (docs/perf.md, Gated linear unit).
     return ("xla", "xla")
 
   def _run(self, args: spec.GluArgs, config: MosaicGluConfig, save_residuals: bool):
