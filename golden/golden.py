@@ -10,8 +10,8 @@ says what changed. An implementation that can run here but has no golden is
 MISSING (a failure), never a silent pass; a family with no goldens at all is
 reported as such.
 
-The inputs come from the suites' case tables (`suites.matrices`): the same
-builders and per-case seeds as the matrix tests, at the small shapes below.
+The inputs come from the op database (`suites.opdb`): the same builders and
+per-case seeds as the matrix tests, at each op's small golden shape.
 """
 
 import dataclasses
@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from harness import bench, compare, hardware, tolerance
-from suites import matrices
+from suites import matrices, opdb
 from suites.matrices import cases as cases_lib
 from suites.matrices import checks
 
@@ -34,14 +34,6 @@ DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 NPZ = "goldens.npz"
 MANIFEST = "manifest.json"
 
-# Small shapes (block-friendly so the GPU kernels take them) shared by every family.
-SHAPES = {
-  "dot_product_attention": dict(b=1, t=128, s=128, n=2, k=1, h=64),
-  "layer_norm": dict(rows=(64,), d=256),
-  "gated_linear_unit": dict(m=128, k=128, n=128),
-  "ragged_dot": dict(m=128, k=128, n=128, g=4),
-  "linear_softmax_cross_entropy_loss": dict(b=128, h=128, v=512),
-}
 # The first features of each op's builder that get goldens.
 NUM_FEATURES = 2
 
@@ -56,28 +48,23 @@ REMOVED = "REMOVED"
 FAILING = (FAIL, MISSING, ERROR)
 
 
-def at_golden_shape(case: cases_lib.Case) -> cases_lib.Case:
-  """`case` at its op's small golden shape."""
-  return dataclasses.replace(case, shape=cases_lib._shape_key(SHAPES[case.op]))
-
-
 def cases(family: str, ops: Iterable[str] | None = None) -> list[cases_lib.Case]:
-  """The golden cases of `family`: small shapes x the family matrix's dtypes x first features."""
-  matrix = cases_lib.matrix_module(family).MATRIX
+  """The golden cases of `family`: golden shapes x the family matrix's dtypes x first features."""
   out = []
-  for op in ops or matrices.OPS:
-    if op not in matrix:
+  for op in ops or opdb.OPS:
+    info = opdb.get(op)
+    if family not in info.matrices:
       continue
-    features = list(matrices.ops.BUILDERS[op].features)[:NUM_FEATURES]
-    shape = cases_lib._shape_key(SHAPES[op])
-    for dtype in matrix[op]["dtypes"]:
+    features = list(info.features)[:NUM_FEATURES]
+    shape = cases_lib.shape_key(info.golden_shape)
+    for dtype in info.matrices[family].dtypes:
       out += [cases_lib.Case(op, shape, dtype, f, family, "golden") for f in features]
   return out
 
 
 def implementations(op: str, profile: hardware.Profile) -> list[matrices.Implementation]:
   """The op's native implementations here (interpret-mode kernels have no goldens)."""
-  spec = matrices.spec_of(op)
+  spec = opdb.get(op).spec
   out = []
   for name in spec.implementations:
     try:
@@ -318,7 +305,7 @@ def regenerate(
     "jax_version": env["jax_version"],
     "commit": env["commit"],
     "date": env["date"],
-    "shapes": {k: v for k, v in SHAPES.items()},
+    "shapes": {op: info.golden_shape for op, info in opdb.ALL.items()},
     "entries": dict(sorted(entries.items())),
   }
   write(family, manifest, arrays, out_dir or data_dir)

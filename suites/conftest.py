@@ -6,7 +6,8 @@ A test marked `matrix(kind)` gets `case` and `impl` parameters:
   (on CPU); with `--run-long`, the nightly shapes too.
 - "gradient": the first shape of each op, every dtype and feature.
 - "determinism": the first two features of each op at its first shape.
-- "bench": the family's `BENCH` entries x every implementation (`bench_case`).
+- "bench": the op database's benchmark calls x every implementation (`bench_case`).
+Each op's config variants (`OpInfo.config_variants`) join its implementations.
 Implementations that cannot run here appear as skips with their reason.
 """
 
@@ -15,7 +16,7 @@ import os
 import pytest
 
 from harness import hardware
-from suites import matrices
+from suites import matrices, opdb
 
 
 def pytest_configure(config):
@@ -29,16 +30,16 @@ def _long_enabled(config) -> bool:
 def _param(case, impl, case_id):
   marks = [pytest.mark.op(case.op, impl.name)]
   if impl.reason is not None:
-    marks.append(pytest.mark.skip(reason=f"{impl.name}: {impl.reason}"))
-  return pytest.param(case, impl, marks=marks, id=f"{case.op}[{impl.name}]-{case_id}")
+    marks.append(pytest.mark.skip(reason=f"{impl.label}: {impl.reason}"))
+  return pytest.param(case, impl, marks=marks, id=f"{case.op}[{impl.label}]-{case_id}")
 
 
 def _pairs(kind: str, family: str, config):
   """(case, implementation) pairs for a test of `kind`."""
   profile = hardware.detect()
   params = []
-  for op in matrices.OPS:
-    impls = matrices.all_for(matrices.spec_of(op), profile)
+  for op, info in opdb.ALL.items():
+    impls = matrices.all_for(info.spec, profile, info.config_variants)
     native = [i for i in impls if not i.interpret]
     interpreted = [i for i in impls if i.interpret]
     if kind == "forward":
@@ -55,13 +56,18 @@ def _pairs(kind: str, family: str, config):
       cases = matrices.gradient_cases(family, op=op)
       icases = matrices.gradient_cases(family, op=op, kind=matrices.INTERPRET)
       if kind == "determinism":
-        keep = set(list(matrices.ops.BUILDERS[op].features)[:2])
+        keep = set(list(info.features)[:2])
         cases = [c for c in cases if c.feature in keep]
         icases = [c for c in icases if c.feature in keep]
       params += [_param(c, i, c.id) for i in native for c in cases]
       params += [_param(c, i, c.id) for i in interpreted for c in icases]
     elif kind == "bench":
-      params += [_param(b, i, b.id) for i in native for b in matrices.bench_cases(family, op=op)]
+      params += [
+        _param(b, i, b.id)
+        for i in native
+        if i.variant is None
+        for b in matrices.bench_cases(family, op=op)
+      ]
     else:
       raise ValueError(f"unknown matrix kind {kind!r}")
   return params

@@ -9,24 +9,14 @@ import pytest
 
 import tokamax
 from suites.core.conftest import assert_matches, references
+from tokamax._src.ops import registry
 from tokamax._src.ops.attention import spec as attention_spec
 from tokamax._src.ops.normalization import spec as norm_spec
 from tokamax._src.ops.normalization import xla as norm_xla
 
-OPS = {
-  "dot_product_attention": "tokamax._src.ops.attention.spec",
-  "layer_norm": "tokamax._src.ops.normalization.spec",
-  "gated_linear_unit": "tokamax._src.ops.gated_linear_unit.spec",
-  "ragged_dot": "tokamax._src.ops.ragged_dot.spec",
-  "linear_softmax_cross_entropy_loss": "tokamax._src.ops.linear_softmax_cross_entropy_loss.spec",
-}
 
-
-@pytest.mark.parametrize("module", OPS.values(), ids=OPS.keys())
-def test_xla_is_always_last_candidate(module):
-  import importlib
-
-  spec = importlib.import_module(module).SPEC
+@pytest.mark.parametrize("spec", registry.SPECS.values(), ids=registry.SPECS.keys())
+def test_xla_is_always_last_candidate(spec):
   for platform in ("cpu", "gpu", "tpu"):
     assert spec.default_order(platform)[-1] == "xla"
   assert spec.get("xla").supported_on(jax.devices("cpu")[0])

@@ -134,7 +134,7 @@ def test_committed_goldens_are_whole_and_agree_with_the_reference(family):
     assert list(out.shape) == entry["out_shape"] and golden._digest(out) == entry["sha256"], key
     case = cases_lib.Case(
       entry["op"],
-      cases_lib._shape_key(
+      cases_lib.shape_key(
         {k: tuple(v) if isinstance(v, list) else v for k, v in entry["shape"].items()}
       ),
       entry["dtype"],

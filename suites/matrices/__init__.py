@@ -1,10 +1,10 @@
-"""Per-hardware declarative matrices: op x implementation x shapes x dtypes x features.
+"""The hardware matrices: op x implementation x shapes x dtypes x features.
 
-`cpu`, `h100`, `a100` and `tpu_v5` each declare `MATRIX` (per op: shapes,
-dtypes, feature names, interpret-mode and nightly shapes) and `BENCH`
-(benchmark calls). `ops` knows how to build each op's inputs and reference;
-`cases` expands a matrix into `Case`s; `implementations` resolves each
-registered implementation for the hardware at hand.
+Each op's entry in the op database (`suites.opdb`) declares, per hardware family
+(`cpu`, `h100`, `a100`, `tpu_v5`), its shapes, dtypes and features, its
+benchmark calls and extra configs to check; `cases` expands them into `Case`s;
+`implementations` resolves each registered implementation for the hardware at
+hand; `checks` holds the checks every suite runs on a (case, implementation).
 
 Typical use:
 
@@ -13,38 +13,14 @@ Typical use:
     expected = case.reference(args, kwargs)
 """
 
-from suites.matrices.cases import (
-  INTERPRET as INTERPRET,
-)
-from suites.matrices.cases import (
-  LONG as LONG,
-)
-from suites.matrices.cases import (
-  NATIVE as NATIVE,
-)
-from suites.matrices.cases import (
-  BenchCase as BenchCase,
-)
-from suites.matrices.cases import (
-  Case as Case,
-)
-from suites.matrices.cases import (
-  bench_cases as bench_cases,
-)
-from suites.matrices.cases import (
-  for_family as for_family,
-)
-from suites.matrices.cases import (
-  gradient_cases as gradient_cases,
-)
-from suites.matrices.implementations import (
-  Implementation as Implementation,
-)
-from suites.matrices.implementations import (
-  all_for as all_for,
-)
-from suites.matrices.implementations import (
-  resolve as resolve,
-)
-from suites.matrices.ops import OPS as OPS
-from suites.matrices.ops import spec_of as spec_of
+from suites.matrices.cases import INTERPRET as INTERPRET
+from suites.matrices.cases import LONG as LONG
+from suites.matrices.cases import NATIVE as NATIVE
+from suites.matrices.cases import BenchCase as BenchCase
+from suites.matrices.cases import Case as Case
+from suites.matrices.cases import bench_cases as bench_cases
+from suites.matrices.cases import for_family as for_family
+from suites.matrices.cases import gradient_cases as gradient_cases
+from suites.matrices.implementations import Implementation as Implementation
+from suites.matrices.implementations import all_for as all_for
+from suites.matrices.implementations import resolve as resolve

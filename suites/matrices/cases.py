@@ -1,14 +1,12 @@
 """Cases: one (op, shape, dtype, feature) each, expanded from a hardware matrix."""
 
 import dataclasses
-import functools
-import importlib
 from typing import Any
 
 import jax
 
 from harness import grads, references
-from suites.matrices import ops
+from suites import opdb
 
 NATIVE = "native"  # Implementations compiled for the hardware at hand.
 INTERPRET = "interpret"  # Kernels in interpret mode on CPU: small shapes.
@@ -23,7 +21,7 @@ class Case:
     op: The op's name (`SPEC.name`).
     shape: The shape parameters, e.g. (("b", 2), ("t", 64), ...).
     dtype: The input dtype's name.
-    feature: The name of a feature variant of the op's builder.
+    feature: The name of a feature variant of the op's entry.
     family: The hardware family whose matrix holds it.
     kind: NATIVE, INTERPRET or LONG.
   """
@@ -47,28 +45,29 @@ class Case:
     return dict(self.shape)
 
   @property
-  def builder(self) -> ops.Builder:
-    return ops.BUILDERS[self.op]
+  def info(self) -> opdb.OpInfo:
+    """The op's entry in the op database."""
+    return opdb.get(self.op)
 
   @property
   def features(self) -> dict:
-    return self.builder.features[self.feature]
+    return self.info.features[self.feature]
 
   @property
   def spec(self):
-    return ops.spec_of(self.op)
+    return self.info.spec
 
   @property
   def reduction_length(self) -> int:
-    return self.builder.reduction_length(self.shape_dict, self.features)
+    return self.info.reduction_length(self.shape_dict, self.features)
 
   @property
   def has_matmul(self) -> bool:
-    return self.builder.has_matmul
+    return self.info.has_matmul
 
-  def build(self, key: jax.Array) -> ops.Built:
+  def build(self, key: jax.Array) -> opdb.Built:
     """Random inputs for this case from `key`."""
-    return self.builder.build(ops._Draw(key), self.shape_dict, self.dtype, self.features)
+    return self.info.build(opdb.Draw(key), self.shape_dict, self.dtype, self.features)
 
   def make_args(self, key: jax.Array) -> tuple[tuple, dict]:
     """(args, kwargs) of the op's public signature, drawn from `key`."""
@@ -77,11 +76,11 @@ class Case:
 
   def reference(self, args: tuple, kwargs: dict):
     """The independent reference at high precision (numpy)."""
-    return references.high_precision(self.builder.reference)(grads.widen(args), grads.widen(kwargs))
+    return references.high_precision(self.info.reference)(grads.widen(args), grads.widen(kwargs))
 
   def plain(self, args: tuple, kwargs: dict):
     """The reference computed plainly in the input dtype (for the relative rule)."""
-    return jax.jit(lambda a: self.builder.reference(a, kwargs))(args)
+    return jax.jit(lambda a: self.info.reference(a, kwargs))(args)
 
   def differentiable(self, fn, args: tuple, kwargs: dict) -> tuple:
     """(f, primals): `f(*primals)` is `fn(*args, **kwargs)` with the differentiable args as inputs."""
@@ -129,24 +128,22 @@ class Case:
     spec = self.spec
     return spec.cost(spec.canonicalize(*args, **kwargs))
 
+  def at_golden_shape(self) -> "Case":
+    """This case at its op's small golden shape."""
+    return dataclasses.replace(self, shape=shape_key(self.info.golden_shape))
 
-def _shape_key(shape: dict) -> tuple:
+
+def shape_key(shape: dict) -> tuple:
   return tuple(sorted(shape.items(), key=lambda kv: kv[0]))
 
 
-def _expand(op: str, shapes, dtypes, features, family: str, kind: str) -> list[Case]:
-  builder = ops.BUILDERS[op]
-  names = list(builder.features) if features in (None, "all") else list(features)
-  unknown = set(names) - set(builder.features)
-  if unknown:
-    raise ValueError(
-      f"{family}: unknown features {sorted(unknown)} for {op}; known {list(builder.features)}"
-    )
+def _expand(op: str, shapes, dtypes, family: str, kind: str) -> list[Case]:
+  names = list(opdb.get(op).features)
   # A shape may narrow the dtypes it runs with ("dtypes" inside the shape dict).
   return [
     Case(
       op,
-      _shape_key({k: v for k, v in shape.items() if k != "dtypes"}),
+      shape_key({k: v for k, v in shape.items() if k != "dtypes"}),
       dtype,
       feature,
       family,
@@ -156,12 +153,6 @@ def _expand(op: str, shapes, dtypes, features, family: str, kind: str) -> list[C
     for dtype in shape.get("dtypes", dtypes)
     for feature in names
   ]
-
-
-@functools.cache
-def matrix_module(family: str):
-  """The declarative matrix of a hardware family (`suites.matrices.<family>`)."""
-  return importlib.import_module(f"suites.matrices.{family}")
 
 
 def for_family(family: str, *, op: str | None = None, kind: str = NATIVE) -> list[Case]:
@@ -174,20 +165,20 @@ def for_family(family: str, *, op: str | None = None, kind: str = NATIVE) -> lis
       interpret mode, small shapes), or LONG (nightly shapes).
 
   Returns:
-    The cases, in matrix order.
+    The cases, in op-database order.
   """
-  matrix = matrix_module(family).MATRIX
   cases = []
-  for name, entry in matrix.items():
-    if op is not None and name != op:
+  for name in [op] if op is not None else opdb.OPS:
+    matrix = opdb.get(name).matrices.get(family)
+    if matrix is None:
       continue
     shapes = {
-      NATIVE: entry["shapes"],
-      INTERPRET: entry.get("interpret_shapes", ()),
-      LONG: entry.get("long_shapes", ()),
+      NATIVE: matrix.shapes,
+      INTERPRET: matrix.interpret_shapes,
+      LONG: matrix.long_shapes,
     }[kind]
-    dtypes = entry.get("interpret_dtypes", ("float32",)) if kind == INTERPRET else entry["dtypes"]
-    cases += _expand(name, shapes, dtypes, entry.get("features", "all"), family, kind)
+    dtypes = matrix.interpret_dtypes if kind == INTERPRET else matrix.dtypes
+    cases += _expand(name, shapes, dtypes, family, kind)
   return cases
 
 
@@ -217,14 +208,10 @@ class BenchCase:
 
 
 def bench_cases(family: str, *, op: str | None = None) -> list[BenchCase]:
-  """The benchmark cases of `family`'s matrix (`BENCH`)."""
+  """The benchmark cases of `family` (each op's `bench` calls)."""
   out = []
-  for entry in matrix_module(family).BENCH:
-    if op is not None and entry["op"] != op:
-      continue
-    case = Case(
-      entry["op"], _shape_key(entry["shape"]), entry["dtype"], entry["feature"], family, "bench"
-    )
-    for mode in entry.get("modes", ("fwd", "fwd_bwd")):
-      out.append(BenchCase(case, mode))
+  for name in [op] if op is not None else opdb.OPS:
+    for call in opdb.get(name).bench.get(family, ()):
+      case = Case(name, shape_key(call.shape), call.dtype, call.feature, family, "bench")
+      out += [BenchCase(case, mode) for mode in call.modes]
   return out

@@ -10,6 +10,7 @@ Triton's host interpreter (`triton_call.interpret()`), called eagerly.
 import contextlib
 import dataclasses
 import importlib
+from collections.abc import Mapping
 from typing import Any
 
 from harness import hardware
@@ -30,6 +31,8 @@ class Implementation:
     eager: Whether it must be called outside `jax.jit` (Triton's interpreter).
     error: The error its module raised on import other than `ImportError`
       (a broken module: its tests fail with it rather than skip).
+    variant: The label of a fixed config from the op database's
+      `config_variants`, or None for the default config.
   """
 
   op: str
@@ -40,6 +43,12 @@ class Implementation:
   interpret: bool = False
   eager: bool = False
   error: str | None = None
+  variant: str | None = None
+
+  @property
+  def label(self) -> str:
+    """The name in test ids: `name`, or `name@variant` for a fixed config."""
+    return self.name if self.variant is None else f"{self.name}@{self.variant}"
 
   @property
   def spec(self) -> op_lib.OpSpec:
@@ -109,6 +118,34 @@ def resolve(
   return Implementation(spec.name, name, family, instance, None)
 
 
-def all_for(spec: op_lib.OpSpec, profile: hardware.Profile | None = None) -> list[Implementation]:
-  """Every registered implementation of `spec`, resolved for `profile`."""
-  return [resolve(spec, name, profile) for name in spec.implementations]
+def with_variant(impl: Implementation, label: str, fields: dict) -> Implementation:
+  """`impl` with the fixed config `fields` (of its config class), labelled `label`."""
+  if impl.instance is None:
+    return dataclasses.replace(impl, variant=label)
+  config = impl.instance.config_cls(**fields)
+  return dataclasses.replace(impl, instance=impl.instance.with_config(config), variant=label)
+
+
+def all_for(
+  spec: op_lib.OpSpec,
+  profile: hardware.Profile | None = None,
+  variants: Mapping[str, Mapping[str, dict]] | None = None,
+) -> list[Implementation]:
+  """Every registered implementation of `spec` resolved for `profile`, then each variant.
+
+  Args:
+    spec: The op's declaration.
+    profile: The hardware (default: here).
+    variants: Implementation name -> {label: config fields}: fixed configs
+      listed after the default ones (the op database's `config_variants`).
+
+  Returns:
+    The implementations.
+  """
+  impls = [resolve(spec, name, profile) for name in spec.implementations]
+  by_name = {i.name: i for i in impls}
+  for name, labelled in (variants or {}).items():
+    if name not in by_name:
+      raise ValueError(f"{spec.name}: config variants for unknown implementation {name!r}")
+    impls += [with_variant(by_name[name], label, fields) for label, fields in labelled.items()]
+  return impls

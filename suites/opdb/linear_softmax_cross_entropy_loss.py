@@ -1,0 +1,68 @@
+"""linear_softmax_cross_entropy_loss in the op database."""
+
+from hypothesis import strategies as st
+
+from harness import references
+from suites.opdb import base
+
+
+def build(d: base.Draw, shape: dict, dtype: str, f: dict) -> base.Built:
+  b, h, v = shape["b"], shape["h"], shape["v"]
+  # `magnitude` scales the logits (unit variance at magnitude 1).
+  x = d.normal((b, h), dtype, f.get("magnitude", 1.0))
+  w = d.normal((h, v), dtype, h**-0.5)
+  labels = d.ints((b,), 0, v)
+  kwargs = {"reduction": f.get("reduction", "sum")}
+  return base.Built((x, labels, w), kwargs, (0, 2), ("x", "labels", "weights"))
+
+
+def reference(args: tuple, kwargs: dict):
+  return references.linear_softmax_cross_entropy_loss(*args, **kwargs)
+
+
+def _sizes():
+  return st.fixed_dictionaries(
+    dict(b=st.integers(1, 24), h=st.integers(1, 48), v=st.integers(2, 700))
+  )
+
+
+_GPU = base.Matrix(
+  shapes=(dict(b=512, h=256, v=50257),),
+  dtypes=("bfloat16", "float32"),
+  long_shapes=(dict(b=4096, h=2048, v=65536),),
+)
+_GPU_BENCH = (base.BenchCall(dict(b=4096, h=2048, v=65536), "bfloat16", "sum"),)
+
+INFO = base.OpInfo(
+  name="linear_softmax_cross_entropy_loss",
+  build=build,
+  reference=reference,
+  reduction_length=lambda s, f: s["h"],
+  has_matmul=True,
+  features={
+    "sum": {"reduction": "sum"},
+    "mean": {"reduction": "mean"},
+    "none": {"reduction": "none"},
+    "large_logits": {"reduction": "none", "magnitude": 1000.0},
+  },
+  matrices={
+    base.CPU: base.Matrix(
+      shapes=(dict(b=24, h=32, v=1003), dict(b=7, h=48, v=130, dtypes=("float32",))),
+      dtypes=("float32", "bfloat16"),
+      interpret_shapes=(dict(b=24, h=32, v=300),),
+    ),
+    base.H100: _GPU,
+    base.A100: _GPU,
+    base.TPU_V5: _GPU,
+  },
+  golden_shape=dict(b=128, h=128, v=512),
+  bench={
+    base.CPU: (base.BenchCall(dict(b=256, h=256, v=8192), "float32", "sum"),),
+    base.H100: _GPU_BENCH,
+    base.A100: _GPU_BENCH,
+    base.TPU_V5: _GPU_BENCH,
+  },
+  sizes=_sizes,
+  # Vocabulary chunks of 128: V=1003 and V=130 end in a partial chunk (107 and 2 columns).
+  config_variants={"chunked_xla": {"v128": {"vocab_chunk_size": 128}}},
+)

@@ -1,0 +1,104 @@
+"""ragged_dot (and ragged_dot_general's layouts) in the op database."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import strategies as st
+
+from harness import references
+from suites.opdb import base
+from tokamax._src.ops.ragged_dot import spec
+
+
+def _group_sizes(d: base.Draw, m: int, g: int, f: dict) -> np.ndarray:
+  used = m - max(1, m // 8) if f.get("unused_rows") else m
+  empty = 0.25 if f.get("empty_groups") else 0.0
+  return spec.generate_ragged_dot_group_sizes(used, g, seed=d.seed(), empty_fraction=empty)
+
+
+def build(d: base.Draw, shape: dict, dtype: str, f: dict) -> base.Built:
+  m, k, n, g = shape["m"], shape["k"], shape["n"], shape["g"]
+  layout = f.get("layout", spec.DEFAULT)
+  sizes = jnp.asarray(_group_sizes(d, m, g, f))
+  local = g - 2 if f.get("group_offset") else g
+  lhs = d.normal((m, k), dtype)
+  if layout == spec.RAGGED_CONTRACTING:
+    rows = max(1, m // g)
+    lhs = d.normal((m, k), dtype, rows**-0.25)
+    rhs = d.normal((m, n), dtype, rows**-0.25)
+  elif layout == spec.RHS_TRANSPOSED:
+    rhs = d.normal((local, n, k), dtype, k**-0.5)
+  else:
+    rhs = d.normal((local, k, n), dtype, k**-0.5)
+  kwargs = {"ragged_dot_dimension_numbers": spec.dimension_numbers(layout)}
+  if f.get("group_offset"):
+    kwargs["group_offset"] = jnp.asarray([1], jnp.int32)
+    if layout == spec.RAGGED_CONTRACTING:
+      kwargs["num_local_groups"] = local
+  return base.Built((lhs, rhs, sizes), kwargs, (0, 1), ("lhs", "rhs", "group_sizes"))
+
+
+def reference(args: tuple, kwargs: dict):
+  lhs, rhs, sizes = args
+  layout = spec.layout_of(kwargs["ragged_dot_dimension_numbers"])
+  return references.ragged_dot_general(
+    lhs, rhs, sizes, layout, kwargs.get("group_offset"), kwargs.get("num_local_groups")
+  )
+
+
+def _jax_lax(args: tuple, kwargs: dict):
+  lhs, rhs, sizes = args
+  return jax.lax.ragged_dot_general(lhs, rhs, sizes, kwargs["ragged_dot_dimension_numbers"])
+
+
+def _sizes():
+  return st.fixed_dictionaries(
+    dict(m=st.integers(8, 80), k=st.integers(1, 48), n=st.integers(1, 48), g=st.integers(3, 6))
+  )
+
+
+_GPU = base.Matrix(
+  shapes=(dict(m=1024, k=512, n=384, g=8), dict(m=333, k=256, n=128, g=5)),
+  dtypes=("bfloat16", "float32"),
+  long_shapes=(dict(m=8192, k=2048, n=1024, g=16),),
+)
+_GPU_BENCH = (base.BenchCall(dict(m=16384, k=4096, n=2048, g=8), "bfloat16", "default"),)
+
+INFO = base.OpInfo(
+  name="ragged_dot",
+  build=build,
+  reference=reference,
+  reduction_length=lambda s, f: s["m"] if f.get("layout") == "ragged_contracting" else s["k"],
+  has_matmul=True,
+  features={
+    "default": {"layout": "default"},
+    "empty_groups": {"layout": "default", "empty_groups": True},
+    "unused_rows": {"layout": "default", "unused_rows": True},
+    "group_offset": {"layout": "default", "group_offset": True},
+    "rhs_transposed": {"layout": "rhs_transposed", "empty_groups": True},
+    "ragged_contracting": {
+      "layout": "ragged_contracting",
+      "empty_groups": True,
+      "unused_rows": True,
+    },
+  },
+  matrices={
+    base.CPU: base.Matrix(
+      shapes=(dict(m=96, k=48, n=40, g=5), dict(m=61, k=32, n=24, g=3, dtypes=("float32",))),
+      dtypes=("float32", "bfloat16"),
+      interpret_shapes=(dict(m=80, k=48, n=40, g=5),),
+    ),
+    base.H100: _GPU,
+    base.A100: _GPU,
+    base.TPU_V5: _GPU,
+  },
+  golden_shape=dict(m=128, k=128, n=128, g=4),
+  bench={
+    base.CPU: (base.BenchCall(dict(m=512, k=256, n=256, g=8), "float32", "default"),),
+    base.H100: _GPU_BENCH,
+    base.A100: _GPU_BENCH,
+    base.TPU_V5: _GPU_BENCH,
+  },
+  sizes=_sizes,
+  anchors={"jax.lax": _jax_lax},
+)
