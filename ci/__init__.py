@@ -1,0 +1,1 @@
+"""Continuous-integration scripts and the mutation session (`ci.mutants`)."""

@@ -1,0 +1,1 @@
+"""Mutation testing of the suites: planted bugs (`catalogue`) run by `runner`."""

@@ -1,0 +1,412 @@
+"""The mutations: small, realistic bugs, each with the tests that should catch it.
+
+Every mutation replaces `old` (which must occur exactly once in `file`) by
+`new` in a throwaway copy of the repository; `selection` is the smallest set
+of existing tests that should fail for it (pytest arguments, run from the
+copy's root).
+"""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+  """One planted bug.
+
+  Attributes:
+    id: A short unique name.
+    file: The mutated file, relative to the repository root.
+    old: The text replaced; must occur exactly once in `file`.
+    new: Its replacement.
+    selection: pytest arguments selecting the tests that should catch it.
+    description: What the bug is.
+  """
+
+  id: str
+  file: str
+  old: str
+  new: str
+  selection: tuple[str, ...]
+  description: str
+
+  @property
+  def target(self) -> str:
+    return self.id.split(".", 1)[0]
+
+
+def _matrix(expr: str) -> tuple[str, ...]:
+  return ("suites/test_matrix.py", "-k", expr)
+
+
+_COMPARE = "harness/compare.py"
+_TOLERANCE = "harness/tolerance.py"
+_GRADS = "harness/grads.py"
+_OP = "src/tokamax/_src/ops/op.py"
+_RESULT = "src/tokamax/_src/autotuning/result.py"
+_ATTENTION = "src/tokamax/_src/ops/attention/"
+_PINS = "harness/tests/test_tolerance_pins.py"
+_COTANGENTS = "harness/tests/test_nonfinite_and_cotangents.py"
+_FALLBACK = "suites/core/test_fallback.py"
+
+MUTATIONS: tuple[Mutation, ...] = (
+  # --- The harness itself ------------------------------------------------------
+  Mutation(
+    "harness.tolerance_row_10x",
+    _TOLERANCE,
+    '"float32": Tolerance(atol=2e-6, rtol=1e-5)',
+    '"float32": Tolerance(atol=2e-5, rtol=1e-4)',
+    (_PINS, "-k", "float32"),
+    "The float32 row loosened 10x.",
+  ),
+  Mutation(
+    "harness.bfloat16_row_10x",
+    _TOLERANCE,
+    '"bfloat16": Tolerance(atol=2e-3, rtol=1.6e-2, relative_rule=True)',
+    '"bfloat16": Tolerance(atol=2e-2, rtol=1.6e-1, relative_rule=True)',
+    (_PINS, "-k", "bfloat16 and bound"),
+    "The bfloat16 row loosened 10x.",
+  ),
+  Mutation(
+    "harness.gradient_factor_10x",
+    _TOLERANCE,
+    "GRADIENT_FACTOR = 2.0",
+    "GRADIENT_FACTOR = 20.0",
+    (_PINS, "-k", "gradient and absolute"),
+    "Gradients compared 10x more loosely.",
+  ),
+  Mutation(
+    "harness.nan_passes",
+    _COMPARE,
+    "  same = (a == e) | (np.isnan(a) & np.isnan(e))",
+    "  same = (a == e) | np.isnan(a) | np.isnan(e)",
+    (_COTANGENTS, "-k", "nonfinite or nan"),
+    "A NaN on either side counts as agreeing with anything.",
+  ),
+  Mutation(
+    "harness.nonfinite_err_zero",
+    _COMPARE,
+    "    err = np.where(finite_e & np.isfinite(a), np.abs(a - e), np.inf)",
+    "    err = np.where(finite_e & np.isfinite(a), np.abs(a - e), 0.0)",
+    ("harness/tests/test_teeth.py", "-k", "running_max"),
+    "A non-finite element counts as error 0 (caught by the finiteness rule alone).",
+  ),
+  Mutation(
+    "harness.first_cotangent_only",
+    _GRADS,
+    "  for i, name in enumerate(names):",
+    "  for i, name in enumerate(names[:1]):",
+    (_COTANGENTS, "-k", "cotangent"),
+    "The VJP check compares only the first cotangent.",
+  ),
+  Mutation(
+    "harness.fraction_off_by_one",
+    _COMPARE,
+    "  if num_off > (1.0 - tol.fraction) * size:",
+    "  if num_off > (1.0 - tol.fraction) * size + 1:",
+    (_PINS, "-k", "fraction and float32"),
+    "One more element than the fraction allows may exceed the bound.",
+  ),
+  Mutation(
+    "harness.outlier_factor_doubled",
+    _COMPARE,
+    "  outliers = err > tol.outlier_factor * bound",
+    "  outliers = err > 2 * tol.outlier_factor * bound",
+    (_PINS, "-k", "fraction and float32"),
+    "Outliers may reach 8x the bound.",
+  ),
+  Mutation(
+    "harness.relative_rule_disabled",
+    _COMPARE,
+    "  if plain is not None and tol.relative_rule:",
+    "  if plain is not None and tol.relative_rule and False:",
+    (_PINS, "-k", "relative_rule"),
+    "The 16-bit relative rule never applies.",
+  ),
+  Mutation(
+    "harness.sqrt_length_dropped",
+    _TOLERANCE,
+    "    return self.atol * math.sqrt(max(reduction_length, 1)) + self.rtol * np.abs(expected)",
+    "    return self.atol * max(reduction_length, 1) + self.rtol * np.abs(expected)",
+    (_PINS, "-k", "absolute and float32"),
+    "atol scales with L instead of sqrt(L).",
+  ),
+  # --- Dispatch ------------------------------------------------------------------
+  Mutation(
+    "dispatch.fallback_zeros",
+    _OP,
+    "      (grads,) = vjp(dout)",
+    "      (grads,) = vjp(jax.tree.map(jax.numpy.zeros_like, dout))",
+    (_FALLBACK, "-k", "layer_norm-plain"),
+    "The XLA gradient fallback returns zeros.",
+  ),
+  Mutation(
+    "dispatch.differentiable_ignored",
+    _OP,
+    "    if self.differentiable and self._bwd_unsupported_reason(args) is not None:",
+    "    if self._bwd_unsupported_reason(args) is not None:",
+    (_FALLBACK, "-k", "layer_norm-plain"),
+    "A forward JAX cannot differentiate is differentiated by JAX (no fallback).",
+  ),
+  Mutation(
+    "dispatch.preference_order",
+    _OP,
+    '    return (*names, "xla")',
+    '    return ("xla", *names)',
+    ("suites/core/test_dispatch.py", "-k", "xla_is_always_last"),
+    "`implementation=None` tries XLA first.",
+  ),
+  Mutation(
+    "dispatch.unknown_name_unchecked",
+    _OP,
+    "      if isinstance(c, str):\n        self.implementation_class_or_reason(c)",
+    "      if isinstance(c, str):\n        pass",
+    ("suites/core/test_dispatch.py", "-k", "unknown_name"),
+    "Unknown names in a sequence are not rejected before running.",
+  ),
+  # --- Tooling -------------------------------------------------------------------
+  Mutation(
+    "tooling.dumps_drops_errors",
+    _RESULT,
+    '          "errors": [[load(c), e] for c, e in d.errors],',
+    '          "errors": [],',
+    ("suites/tooling/test_autotuning.py", "-k", "keeps_failed"),
+    "Serialised autotuning results lose their failed candidates.",
+  ),
+  Mutation(
+    "tooling.loads_drops_errors",
+    _RESULT,
+    '        errors=tuple((dump(c), str(e)) for c, e in d.get("errors", ())),',
+    "        errors=(),",
+    ("suites/tooling/test_autotuning.py", "-k", "keeps_failed"),
+    "Loading an autotuning result drops its failed candidates.",
+  ),
+  Mutation(
+    "tooling.cache_key_ignores_dtype",
+    "src/tokamax/_src/arguments.py",
+    '      desc = ",".join(f"{np.dtype(x.dtype).name}{list(np.shape(x))}" for x in leaves)',
+    '      desc = ",".join(f"{list(np.shape(x))}" for x in leaves)',
+    ("suites/tooling/test_autotuning.py", "-k", "signature_key"),
+    "The autotuning cache key ignores dtypes (a float32 config serves bfloat16).",
+  ),
+  Mutation(
+    "tooling.median_of_wrong_samples",
+    "src/tokamax/_src/benchmarking.py",
+    "    return float(np.median(self.evaluation_times_ms))",
+    "    return float(np.mean(self.evaluation_times_ms[1:]))",
+    ("suites/tooling/test_benchmarking.py", "-k", "times_the_compiled"),
+    "The reported time is the mean of all samples but the first.",
+  ),
+  Mutation(
+    "tooling.warmup_timed",
+    "src/tokamax/_src/benchmarking.py",
+    "  for _ in range(iterations):\n    start = time.perf_counter()",
+    "  for _ in range(iterations - 1):\n    start = time.perf_counter()",
+    ("suites/tooling/test_benchmarking.py", "-k", "times_the_compiled"),
+    "One timed sample fewer than asked.",
+  ),
+  # --- XLA paths of the ops ----------------------------------------------------------
+  Mutation(
+    "attention.causal_off_by_one",
+    _ATTENTION + "spec.py",
+    "    ok = both(ok, kj <= qi)",
+    "    ok = both(ok, kj <= qi + 1)",
+    _matrix("test_forward and attention and xla] and causal- and float32"),
+    "Causal mask lets each query see one future key.",
+  ),
+  Mutation(
+    "attention.softmax_without_max",
+    _ATTENTION + "xla.py",
+    "  unnormalized = jnp.exp(logits - jax.lax.stop_gradient(safe_max))",
+    "  unnormalized = jnp.exp(logits)",
+    _matrix("test_forward and attention and xla] and float32"),
+    "Softmax without subtracting the row max (overflows for large logits).",
+  ),
+  Mutation(
+    "attention.window_off_by_one",
+    _ATTENTION + "spec.py",
+    "    ok = both(ok, (kj >= qi - left) & (kj <= qi + right))",
+    "    ok = both(ok, (kj > qi - left) & (kj <= qi + right))",
+    _matrix("test_forward and attention and xla] and window and float32"),
+    "The local window's left edge excludes its last key.",
+  ),
+  Mutation(
+    "attention.soft_cap_wrong",
+    _ATTENTION + "spec.py",
+    "    logits = args.soft_cap * jnp.tanh(logits / args.soft_cap)",
+    "    logits = args.soft_cap * jnp.tanh(logits)",
+    _matrix("test_forward and attention and xla] and soft_cap and float32"),
+    "Soft cap without dividing by the cap inside tanh.",
+  ),
+  Mutation(
+    "attention.chunked_last_partial_chunk",
+    _ATTENTION + "xla_chunked.py",
+    "    self.count = math.ceil(s / self.size)",
+    "    self.count = max(s // self.size, 1)",
+    ("suites/core/test_attention.py", "-k", "chunked_any_chunk_size"),
+    "Chunked attention drops the last partial key chunk.",
+  ),
+  Mutation(
+    "layer_norm.epsilon_dropped",
+    "src/tokamax/_src/ops/normalization/spec.py",
+    "  y = xf * jax.lax.rsqrt(var + args.epsilon)",
+    "  y = xf * jax.lax.rsqrt(var)",
+    ("suites/core/test_layer_norm.py", "-k", "epsilon and xla"),
+    "Epsilon dropped from inside the square root.",
+  ),
+  Mutation(
+    "layer_norm.rms_subtracts_mean",
+    "src/tokamax/_src/ops/normalization/spec.py",
+    "  if args.subtract_mean:\n    xf = xf - xf.mean(axis=args.axis, keepdims=True)",
+    "  if True:\n    xf = xf - xf.mean(axis=args.axis, keepdims=True)",
+    _matrix("test_forward and layer_norm and xla] and rms- and float32"),
+    "RMSNorm subtracts the mean.",
+  ),
+  Mutation(
+    "layer_norm.offset_gradient",
+    "src/tokamax/_src/ops/normalization/spec.py",
+    "    y = y + args.offset.astype(stat_dtype).reshape(shape)",
+    "    y = y + jax.lax.stop_gradient(args.offset.astype(stat_dtype)).reshape(shape)",
+    _matrix("test_vjp and layer_norm and xla] and plain and float32"),
+    "The offset gets no gradient (forward unchanged).",
+  ),
+  Mutation(
+    "glu.activation_on_up",
+    "src/tokamax/_src/ops/gated_linear_unit/spec.py",
+    "  gate, up = dot(w_gate), dot(w_up)",
+    "  up, gate = dot(w_gate), dot(w_up)",
+    _matrix("test_forward and gated_linear_unit and xla] and swiglu and float32"),
+    "The activation is applied to the up projection instead of the gate.",
+  ),
+  Mutation(
+    "ragged_dot.group_offset_ignored",
+    "src/tokamax/_src/ops/ragged_dot/spec.py",
+    "  if args.group_offset is None:\n    return args.group_sizes, None",
+    "  if True:\n    return args.group_sizes, None",
+    _matrix("test_forward and ragged_dot and xla] and group_offset and float32"),
+    "The group offset is ignored.",
+  ),
+  Mutation(
+    "ragged_dot.last_group_dropped",
+    "src/tokamax/_src/ops/ragged_dot/spec.py",
+    "  if args.group_offset is None:\n    return args.group_sizes, None",
+    "  if args.group_offset is None:\n    return args.group_sizes.at[-1].set(0), None",
+    _matrix("test_forward and ragged_dot and xla] and default and float32"),
+    "The last group's rows are not computed.",
+  ),
+  Mutation(
+    "loss.mean_wrong_count",
+    "src/tokamax/_src/ops/linear_softmax_cross_entropy_loss/spec.py",
+    "    return per_row.mean()",
+    "    return per_row.sum() / (per_row.shape[0] + 1)",
+    _matrix("test_forward and cross_entropy and xla] and mean- and float32"),
+    "The mean divides by one row too many.",
+  ),
+  Mutation(
+    "loss.label_off_by_one",
+    "src/tokamax/_src/ops/linear_softmax_cross_entropy_loss/xla.py",
+    "    picked = jnp.take_along_axis(logits, args.labels[:, None], axis=-1)[:, 0]",
+    "    picked = jnp.take_along_axis(logits, args.labels[:, None] - 1, axis=-1)[:, 0]",
+    _matrix("test_forward and cross_entropy and xla] and sum- and float32"),
+    "The label's logit is gathered one column to the left.",
+  ),
+  Mutation(
+    "loss.chunked_last_partial_chunk",
+    "src/tokamax/_src/ops/linear_softmax_cross_entropy_loss/chunked_xla.py",
+    "    self.count = math.ceil(v / self.size)",
+    "    self.count = max(v // self.size, 1)",
+    _matrix("test_forward and chunked_xla and sum- and float32"),
+    "The chunked loss drops the last partial vocabulary chunk.",
+  ),
+  # --- Interpreted kernels ---------------------------------------------------------
+  Mutation(
+    "kernels.triton_layer_norm_mask",
+    "src/tokamax/_src/ops/normalization/triton_layer_norm.py",
+    "    mean = tl.sum(x, axis=1) / D\n    xc = tl.where(mask, x - mean[:, None], 0.0)\n"
+    "  else:\n    mean = tl.zeros((BLOCK_M,), tl.float32)\n    xc = x\n  var",
+    "    mean = tl.sum(x, axis=1) / D\n    xc = x - mean[:, None]\n"
+    "  else:\n    mean = tl.zeros((BLOCK_M,), tl.float32)\n    xc = x\n  var",
+    _matrix("test_forward and layer_norm and triton] and plain and float32"),
+    "Triton LayerNorm forward: padded columns count in the variance.",
+  ),
+  Mutation(
+    "kernels.triton_layer_norm_doffset_init",
+    "src/tokamax/_src/ops/normalization/triton_layer_norm.py",
+    "  doffset = tl.zeros((BLOCK_D,), tl.float32)",
+    "  doffset = tl.full((BLOCK_D,), 1.0, tl.float32)",
+    ("suites/kernels/test_triton_layer_norm.py", "-k", "interpreted"),
+    "Triton LayerNorm backward: the doffset accumulator starts at 1.",
+  ),
+  Mutation(
+    "kernels.triton_glu_k_mask",
+    "src/tokamax/_src/ops/gated_linear_unit/triton_glu.py",
+    "      k_ok = ks + k < K",
+    "      k_ok = ks + k <= K",
+    ("suites/kernels/test_triton_gated_linear_unit.py", "-k", "interpreted"),
+    "Triton GLU: the K mask reads one column past K.",
+  ),
+  Mutation(
+    "kernels.triton_glu_halves",
+    "src/tokamax/_src/ops/gated_linear_unit/triton_glu.py",
+    "  gate, up = tl.split(",
+    "  up, gate = tl.split(",
+    _matrix("test_forward and gated_linear_unit and triton] and swiglu and float32"),
+    "Triton GLU: the activation is applied to the up half.",
+  ),
+  Mutation(
+    "kernels.triton_ragged_row_mask",
+    "src/tokamax/_src/ops/ragged_dot/triton_ragged_dot.py",
+    "  row_ok = rows < row1",
+    "  row_ok = rows <= row1",
+    ("suites/kernels/test_triton_ragged_dot.py", "-k", "interpreted"),
+    "Triton ragged dot: a group's block also writes the next group's first row.",
+  ),
+  Mutation(
+    "kernels.triton_attention_causal",
+    _ATTENTION + "triton_flash.py",
+    "    ok = ok & (cols <= rows)",
+    "    ok = ok & (cols < rows)",
+    _matrix("test_forward and attention and triton] and causal- and float32"),
+    "Triton attention: causal mask hides the diagonal.",
+  ),
+  Mutation(
+    "kernels.triton_attention_scale",
+    _ATTENTION + "triton_flash.py",
+    "    s2 = qk * (SCALE * LOG2E)",
+    "    s2 = qk * SCALE",
+    _matrix("test_forward and attention and triton] and plain and float32"),
+    "Triton attention: logits not converted to log2 units (exp2 of natural logits).",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_causal",
+    _ATTENTION + "mosaic_common.py",
+    "    ok = both(ok, k_ids <= q_ids)",
+    "    ok = both(ok, k_ids < q_ids)",
+    _matrix("test_forward and attention and mosaic] and causal- and float32"),
+    "Mosaic attention: causal mask hides the diagonal.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_soft_cap",
+    _ATTENTION + "mosaic_common.py",
+    "  return t * (soft_cap * LOG2E), t",
+    "  return t * soft_cap, t",
+    _matrix("test_forward and attention and mosaic] and soft_cap and float32"),
+    "Mosaic attention: soft-capped logits not in log2 units.",
+  ),
+  Mutation(
+    "kernels.mosaic_glu_activation_on_up",
+    "src/tokamax/_src/ops/gated_linear_unit/mosaic_kernel.py",
+    "      act = gate if activation is None else activation(gate)",
+    "      act = gate if activation is None else activation(up)",
+    _matrix("test_forward and gated_linear_unit and mosaic] and swiglu and float32"),
+    "Mosaic GLU: the activation is applied to the up projection.",
+  ),
+)
+
+
+def by_id() -> dict[str, Mutation]:
+  out = {}
+  for m in MUTATIONS:
+    if m.id in out:
+      raise ValueError(f"duplicate mutation id {m.id!r}")
+    out[m.id] = m
+  return out
