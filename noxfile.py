@@ -103,3 +103,16 @@ def lint(session):
   session.install("ruff==0.17.6")
   session.run("ruff", "check", ".")
   session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(venv_backend="none")
+def mutants(session):
+  """Mutation testing: each planted bug of ci/mutants/catalogue.py must fail its tests (`-- --only ID`)."""
+  session.run(
+    "python",
+    "-m",
+    "ci.mutants",
+    f"--out={RESULTS}/mutants.json",
+    *session.posargs,
+    env={"PYTHONPATH": "src:."},
+  )
