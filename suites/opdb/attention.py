@@ -5,6 +5,7 @@ from hypothesis import strategies as st
 
 from harness import references
 from suites.opdb import base
+from suites.opdb import kernel_cases as kc
 
 _BIAS_SHAPES = {"full": "bnts", "heads": "1n1s", "batch": "b1ts"}
 _MASK_SHAPES = {"full": "bnts", "keys": "b11s", "rows": "11ts", "empty_rows": "b1ts"}
@@ -77,10 +78,367 @@ _GPU = base.Matrix(
   ),
 )
 _ANCHOR_SHAPE = dict(b=4, t=4096, s=4096, n=32, k=32, h=128)
+# The cases of docs/perf.md.
 _GPU_BENCH = (
   base.BenchCall(_ANCHOR_SHAPE, "bfloat16", "plain"),
   base.BenchCall(_ANCHOR_SHAPE, "bfloat16", "causal"),
+  base.BenchCall(dict(b=32, t=2048, s=2048, n=16, k=16, h=64), "bfloat16", "plain"),
+  base.BenchCall(dict(b=2, t=8192, s=8192, n=8, k=8, h=256), "bfloat16", "causal"),
+  base.BenchCall(dict(b=1, t=16384, s=16384, n=16, k=16, h=128), "bfloat16", "causal"),
+  base.BenchCall(dict(_ANCHOR_SHAPE, k=8), "bfloat16", "causal"),
 )
+
+# Kernel cases (`kernel_cases`): Mosaic GPU cases run in the interpreter with race
+# detection; shapes are (b, t, s, n, k, h); the bias and mask planes are random
+# draws named by seed; an empty config is the heuristic's.
+_MOSAIC_LENGTHS_WINDOW_SOFTCAP_H256 = dict(
+  local_window_size=(40, 10),
+  logits_soft_cap=4.0,
+  query_seq_lengths=(100, 61),
+  key_value_seq_lengths=(90, 130),
+)
+_MOSAIC_CASES = {
+  "gqa_plain_h64": kc.AttentionKernelCase(
+    dict(b=1, t=128, s=128, n=2, k=1, h=64), "bfloat16", grads=True
+  ),
+  "causal_window_softcap_cross": kc.AttentionKernelCase(
+    dict(b=1, t=128, s=256, n=4, k=2, h=64),
+    "bfloat16",
+    grads=True,
+    features=dict(is_causal=True, local_window_size=(90, 20), logits_soft_cap=4.0),
+  ),
+  "lengths_causal_padded": kc.AttentionKernelCase(
+    dict(b=2, t=200, s=150, n=2, k=1, h=64),
+    "bfloat16",
+    grads=True,
+    features=dict(is_causal=True, query_seq_lengths=(150, 37), key_value_seq_lengths=(100, 0)),
+  ),
+  "fp16_h128_causal_fwd": kc.AttentionKernelCase(
+    dict(b=1, t=256, s=256, n=2, k=2, h=128),
+    "float16",
+    grads=False,
+    features=dict(is_causal=True),
+  ),
+  # 128-row backward blocks (the dq kernel's CTA tile and the dk/dv kernel's streamed
+  # block), three dk/dv slots; T and S padded to 256.
+  "bwd_blocks_128q_lengths_causal_padded": kc.AttentionKernelCase(
+    dict(b=2, t=200, s=150, n=2, k=1, h=64),
+    "bfloat16",
+    grads=True,
+    features=dict(is_causal=True, query_seq_lengths=(150, 37), key_value_seq_lengths=(100, 150)),
+    config=dict(dq_block_q=128, bwd_block_q=128, bwd_num_stages=3),
+  ),
+  # 128-key blocks streamed by the dq kernel, with one slot (value block first).
+  "bwd_blocks_128kv_window_softcap_cross": kc.AttentionKernelCase(
+    dict(b=1, t=128, s=256, n=2, k=1, h=128),
+    "bfloat16",
+    grads=True,
+    features=dict(local_window_size=(90, 20), logits_soft_cap=4.0),
+    config=dict(dq_block_kv=128, dq_num_stages=1),
+  ),
+  # Head dim 256: dq and the dk pass with one pipeline slot, the dv pass with two.
+  "h256_gqa_causal": kc.AttentionKernelCase(
+    dict(b=1, t=128, s=128, n=2, k=1, h=256),
+    "bfloat16",
+    grads=True,
+    features=dict(is_causal=True),
+  ),
+  "h256_lengths_window_softcap_padded": kc.AttentionKernelCase(
+    dict(b=2, t=100, s=130, n=1, k=1, h=256),
+    "bfloat16",
+    grads=True,
+    features=_MOSAIC_LENGTHS_WINDOW_SOFTCAP_H256,
+  ),
+  # Streamed 32-row blocks (dq_block_kv, bwd_block_q; 64-byte swizzles): at H256 with
+  # one slot each (value / dO first), and with the slots that fit (dq and dk 2, dv 3).
+  "h256_bwd_blocks_32_one_slot_lengths_window_softcap_padded": kc.AttentionKernelCase(
+    dict(b=2, t=100, s=130, n=1, k=1, h=256),
+    "bfloat16",
+    grads=True,
+    features=_MOSAIC_LENGTHS_WINDOW_SOFTCAP_H256,
+    config=dict(block_kv=64, dq_block_kv=32, dq_num_stages=1, bwd_block_q=32, bwd_num_stages=1),
+  ),
+  "h256_bwd_blocks_32_gqa_causal": kc.AttentionKernelCase(
+    dict(b=1, t=128, s=128, n=2, k=1, h=256),
+    "bfloat16",
+    grads=True,
+    features=dict(is_causal=True),
+    config=dict(block_kv=64, dq_block_kv=32, bwd_block_q=32, dq_num_stages=3, bwd_num_stages=3),
+  ),
+  "h128_bwd_blocks_32_window_cross": kc.AttentionKernelCase(
+    dict(b=1, t=128, s=256, n=2, k=1, h=128),
+    "bfloat16",
+    grads=True,
+    features=dict(local_window_size=(90, 20)),
+    config=dict(dq_block_kv=32, bwd_block_q=32),
+  ),
+  # Bias and mask: in every kernel; the bias gradient through XLA.
+  "bias_mask_full_softcap": kc.AttentionKernelCase(
+    dict(b=1, t=128, s=128, n=2, k=1, h=64),
+    "bfloat16",
+    grads=True,
+    features=dict(
+      bias=kc.RandomBias(7, (1, 2, 128, 128)),
+      mask=kc.RandomMask(8, (1, 2, 128, 128)),
+      logits_soft_cap=5.0,
+    ),
+  ),
+  "bias_bcast_t_mask_bcast_s_causal_padded": kc.AttentionKernelCase(
+    dict(b=2, t=120, s=150, n=2, k=1, h=64),
+    "bfloat16",
+    grads=True,
+    features=dict(
+      bias=kc.RandomBias(9, (1, 2, 1, 150), "bfloat16"),
+      mask=kc.RandomMask(10, (2, 1, 120, 1)),
+      is_causal=True,
+      key_value_seq_lengths=(150, 90),
+    ),
+  ),
+  "bias_bcast_s_mask_bcast_t_window_gqa_fwd": kc.AttentionKernelCase(
+    dict(b=1, t=128, s=256, n=4, k=2, h=128),
+    "float16",
+    grads=False,
+    features=dict(
+      bias=kc.RandomBias(11, (1, 1, 128, 1), "float16"),
+      mask=kc.RandomMask(12, (1, 4, 1, 256), p=0.5, dead_rows=0.0),
+      local_window_size=(100, 60),
+    ),
+  ),
+  "bias_scalar_mask_bcast_n_fwd": kc.AttentionKernelCase(
+    dict(b=2, t=128, s=128, n=2, k=1, h=64),
+    "bfloat16",
+    grads=False,
+    features=dict(
+      bias=kc.RandomBias(13, (1, 1, 1, 1)),
+      mask=kc.RandomMask(14, (2, 1, 128, 128)),
+      is_causal=True,
+    ),
+  ),
+  # Backward with broadcast planes: the dk/dv kernel reads them transposed, so a
+  # bias over keys only is a row plane there, and GQA walks the query heads.
+  "bias_bcast_t_mask_bcast_s_window_gqa_h128": kc.AttentionKernelCase(
+    dict(b=1, t=128, s=256, n=4, k=2, h=128),
+    "float16",
+    grads=True,
+    features=dict(
+      bias=kc.RandomBias(17, (1, 4, 1, 256), "float16"),
+      mask=kc.RandomMask(18, (1, 1, 128, 1), p=0.8),
+      local_window_size=(100, 60),
+    ),
+  ),
+  "bias_scalar_mask_bcast_n_causal_lengths": kc.AttentionKernelCase(
+    dict(b=2, t=128, s=128, n=2, k=1, h=64),
+    "bfloat16",
+    grads=True,
+    features=dict(
+      bias=kc.RandomBias(19, (1, 1, 1, 1)),
+      mask=kc.RandomMask(20, (2, 1, 128, 128)),
+      is_causal=True,
+      query_seq_lengths=(128, 70),
+    ),
+  ),
+  "bias_mask_h256_gqa_softcap_padded": kc.AttentionKernelCase(
+    dict(b=1, t=100, s=130, n=2, k=1, h=256),
+    "bfloat16",
+    grads=True,
+    features=dict(
+      bias=kc.RandomBias(21, (1, 2, 100, 130)),
+      mask=kc.RandomMask(22, (1, 2, 100, 130)),
+      logits_soft_cap=4.0,
+    ),
+  ),
+  "bias_mask_bwd_blocks_32_gqa": kc.AttentionKernelCase(
+    dict(b=1, t=128, s=256, n=4, k=2, h=64),
+    "bfloat16",
+    grads=True,
+    features=dict(
+      bias=kc.RandomBias(23, (1, 4, 128, 1)),
+      mask=kc.RandomMask(24, (1, 4, 128, 256)),
+      is_causal=True,
+    ),
+    config=dict(dq_block_kv=32, bwd_block_q=32, bwd_block_kv=128),
+  ),
+  # overlap_qk (forward only: no race at all). Batch 0 leaves the second consumer
+  # of the tile no key block (rows >= 64 see none), so only one runs the pipeline.
+  "overlap_qk_window_lengths_softcap_padded_fwd": kc.AttentionKernelCase(
+    dict(b=2, t=128, s=150, n=2, k=1, h=64),
+    "bfloat16",
+    grads=False,
+    features=dict(
+      local_window_size=(0, 70), logits_soft_cap=4.0, key_value_seq_lengths=(64, 150)
+    ),
+    config=dict(block_kv=64, overlap_qk=True),
+  ),
+  "overlap_qk_bias_mask_window_gqa_h128_fwd": kc.AttentionKernelCase(
+    dict(b=1, t=128, s=384, n=4, k=2, h=128),
+    "float16",
+    grads=False,
+    features=dict(
+      bias=kc.RandomBias(15, (1, 4, 128, 384)),
+      mask=kc.RandomMask(16, (1, 1, 1, 384), p=0.6, dead_rows=0.0),
+      local_window_size=(100, 160),
+    ),
+    config=dict(overlap_qk=True),
+  ),
+  "overlap_qk_no_schedule_barrier_h256_causal_gqa_fwd": kc.AttentionKernelCase(
+    dict(b=1, t=256, s=256, n=2, k=1, h=256),
+    "bfloat16",
+    grads=False,
+    features=dict(is_causal=True),
+    config=dict(block_kv=64, overlap_qk=True, schedule_barrier=False),
+  ),
+}
+# Compiled on a Hopper GPU: outputs and gradients against XLA, and determinism.
+_MOSAIC_GPU_CASES = {
+  "h64": kc.AttentionKernelCase(dict(b=2, t=512, s=512, n=4, k=4, h=64), "bfloat16"),
+  "h128_causal": kc.AttentionKernelCase(
+    dict(b=1, t=640, s=640, n=4, k=2, h=128), "bfloat16", features=dict(is_causal=True)
+  ),
+  "h128_window_softcap_cross_fp16": kc.AttentionKernelCase(
+    dict(b=2, t=384, s=500, n=4, k=1, h=128),
+    "float16",
+    features=dict(local_window_size=(100, 30), logits_soft_cap=5.0),
+  ),
+  "h256_causal": kc.AttentionKernelCase(
+    dict(b=1, t=512, s=512, n=2, k=2, h=256), "bfloat16", features=dict(is_causal=True)
+  ),
+}
+# Compiled on a Hopper GPU with overlap_qk: outputs against XLA.
+_MOSAIC_GPU_OVERLAP_CASES = {
+  "h128_causal_softcap_lengths": kc.AttentionKernelCase(
+    dict(b=2, t=512, s=500, n=4, k=2, h=128),
+    "bfloat16",
+    grads=False,
+    features=dict(is_causal=True, logits_soft_cap=5.0, key_value_seq_lengths=(500, 77)),
+    config=dict(overlap_qk=True),
+  ),
+  "h64_window": kc.AttentionKernelCase(
+    dict(b=1, t=384, s=384, n=4, k=1, h=64),
+    "bfloat16",
+    grads=False,
+    features=dict(local_window_size=(100, 30)),
+    config=dict(block_kv=64, overlap_qk=True),
+  ),
+  "h256_causal_no_schedule_barrier": kc.AttentionKernelCase(
+    dict(b=1, t=512, s=512, n=2, k=2, h=256),
+    "bfloat16",
+    grads=False,
+    features=dict(is_causal=True),
+    config=dict(block_kv=64, overlap_qk=True, schedule_barrier=False),
+  ),
+}
+
+# Triton: bias and mask are plane shapes (random draws of the test's seed);
+# q_lengths/kv_lengths draw random lengths. Compiled for sm_80 and sm_90 with the
+# heuristic's config, forward and backward.
+_TRITON_COMPILE = dict(b=1, t=512, s=512, n=4, k=2)
+_TRITON_COMPILE_CASES = {
+  "bf16-h128": kc.AttentionKernelCase(dict(_TRITON_COMPILE, h=128), "bfloat16"),
+  "bf16-h64-causal": kc.AttentionKernelCase(
+    dict(_TRITON_COMPILE, h=64), "bfloat16", features=dict(is_causal=True)
+  ),
+  "bf16-h256": kc.AttentionKernelCase(dict(_TRITON_COMPILE, h=256), "bfloat16"),
+  "f16-h128-gqa-window-lengths": kc.AttentionKernelCase(
+    dict(_TRITON_COMPILE, k=1, h=128),
+    "float16",
+    features=dict(local_window_size=(64, 0), q_lengths=True, kv_lengths=True),
+  ),
+  "f32-h128-causal": kc.AttentionKernelCase(
+    dict(_TRITON_COMPILE, h=128), "float32", features=dict(is_causal=True)
+  ),
+  "f32-h256-highest": kc.AttentionKernelCase(
+    dict(_TRITON_COMPILE, h=256), "float32", features=dict(precision=jax.lax.Precision.HIGHEST)
+  ),
+  "bf16-h128-bias-softcap-mask": kc.AttentionKernelCase(
+    dict(_TRITON_COMPILE, h=128),
+    "bfloat16",
+    features=dict(bias=(1, 4, 512, 512), mask=(1, 1, 512, 512), logits_soft_cap=30.0),
+  ),
+  "bf16-h96-hv64-causal": kc.AttentionKernelCase(
+    dict(_TRITON_COMPILE, h=96, hv=64), "bfloat16", features=dict(is_causal=True)
+  ),
+}
+# In Triton's interpreter with small blocks (partial blocks everywhere).
+_TRITON_SMALL_BLOCKS = dict(
+  block_q=16,
+  block_k=16,
+  num_warps=4,
+  num_stages=2,
+  bwd_block_outer=32,
+  bwd_block_inner=16,
+  bwd_num_warps=4,
+  bwd_num_stages=2,
+)
+_TRITON_INTERPRET = dict(b=2, t=37, s=45, n=4, k=2, h=32)
+
+
+def _triton_interpret(shape=_TRITON_INTERPRET, dtype="float32", **features):
+  return kc.AttentionKernelCase(shape, dtype, features=features, config=_TRITON_SMALL_BLOCKS)
+
+
+_TRITON_INTERPRET_CASES = {
+  "plain": _triton_interpret(),
+  "causal-gqa": _triton_interpret(is_causal=True),
+  "window": _triton_interpret(local_window_size=(5, 3)),
+  "causal-window": _triton_interpret(is_causal=True, local_window_size=(7, 0)),
+  "soft-cap": _triton_interpret(logits_soft_cap=2.0),
+  "bias": _triton_interpret(bias=(2, 4, 37, 45)),
+  "bias-bcast-softcap": _triton_interpret(bias=(1, 4, 1, 45), logits_soft_cap=3.0),
+  "mask": _triton_interpret(mask=(2, 1, 37, 45)),
+  "lengths-causal": _triton_interpret(q_lengths=True, kv_lengths=True, is_causal=True),
+  "mqa-hv-t-lt-s": _triton_interpret(dict(_TRITON_INTERPRET, k=1, hv=16, t=20, s=70)),
+  "f16-odd-heads-causal": _triton_interpret(
+    dict(_TRITON_INTERPRET, h=24, hv=40), "float16", is_causal=True
+  ),
+}
+# Compiled on an NVIDIA GPU through the public API: outputs and gradients against XLA.
+_TRITON_GPU_CASES = {
+  "bf16-h128": kc.AttentionKernelCase(dict(b=2, t=384, s=512, n=8, k=2, h=128), "bfloat16"),
+  "bf16-h128-causal": kc.AttentionKernelCase(
+    dict(b=2, t=512, s=512, n=8, k=8, h=128), "bfloat16", features=dict(is_causal=True)
+  ),
+  "bf16-h64-causal-t-gt-s": kc.AttentionKernelCase(
+    dict(b=2, t=700, s=300, n=4, k=1, h=64), "bfloat16", features=dict(is_causal=True)
+  ),
+  "bf16-h256-window": kc.AttentionKernelCase(
+    dict(b=2, t=333, s=400, n=4, k=2, h=256),
+    "bfloat16",
+    features=dict(local_window_size=(100, 20)),
+  ),
+  "bf16-h128-bias-softcap": kc.AttentionKernelCase(
+    dict(b=2, t=256, s=320, n=4, k=2, h=128),
+    "bfloat16",
+    features=dict(bias=(2, 4, 256, 320), logits_soft_cap=20.0),
+  ),
+  "bf16-h128-bias-bcast-mask": kc.AttentionKernelCase(
+    dict(b=2, t=200, s=300, n=4, k=2, h=128),
+    "bfloat16",
+    features=dict(bias=(1, 4, 1, 300), mask=(2, 1, 200, 300)),
+  ),
+  "bf16-h128-lengths": kc.AttentionKernelCase(
+    dict(b=2, t=300, s=500, n=4, k=2, h=128),
+    "bfloat16",
+    features=dict(q_lengths=True, kv_lengths=True, is_causal=True),
+  ),
+  "bf16-h96-hv64": kc.AttentionKernelCase(
+    dict(b=2, t=260, s=260, n=4, k=2, h=96, hv=64), "bfloat16"
+  ),
+  "f16-h128-causal": kc.AttentionKernelCase(
+    dict(b=2, t=512, s=512, n=4, k=2, h=128), "float16", features=dict(is_causal=True)
+  ),
+  "f32-h64": kc.AttentionKernelCase(dict(b=2, t=256, s=384, n=4, k=2, h=64), "float32"),
+  "f32-h256-causal": kc.AttentionKernelCase(
+    dict(b=2, t=256, s=256, n=4, k=2, h=256), "float32", features=dict(is_causal=True)
+  ),
+}
+_KERNEL_CASES = {
+  "mosaic": _MOSAIC_CASES,
+  "mosaic:gpu": _MOSAIC_GPU_CASES,
+  "mosaic:gpu_overlap_qk": _MOSAIC_GPU_OVERLAP_CASES,
+  "triton:compile": _TRITON_COMPILE_CASES,
+  "triton:interpret": _TRITON_INTERPRET_CASES,
+  "triton:gpu": _TRITON_GPU_CASES,
+}
 
 INFO = base.OpInfo(
   name="dot_product_attention",
@@ -129,4 +487,5 @@ INFO = base.OpInfo(
   # Key chunks of 16: the matrix's S=56 and S=33 end in a partial chunk (8 and 1 keys).
   config_variants={"xla_chunked": {"kv16": {"kv_chunk_size": 16}}},
   anchors={"jax.nn": _jax_nn},
+  kernel_cases=_KERNEL_CASES,
 )

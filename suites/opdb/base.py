@@ -99,6 +99,8 @@ class OpInfo:
       matrix checks beside the default one (partial chunks, small blocks).
     anchors: Functions outside the library timed beside it by the benchmark
       runner: name -> (args, kwargs) -> output.
+    kernel_cases: Implementation (optionally ":purpose") -> {case name -> case}:
+      the kernel tests' own cases as data (`suites.opdb.kernel_cases` types).
   """
 
   name: str
@@ -113,6 +115,7 @@ class OpInfo:
   sizes: Callable[[], Any]
   config_variants: Mapping[str, Mapping[str, dict]] = dataclasses.field(default_factory=dict)
   anchors: Mapping[str, Callable[[tuple, dict], Any]] = dataclasses.field(default_factory=dict)
+  kernel_cases: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
   @property
   def spec(self):

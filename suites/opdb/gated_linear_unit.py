@@ -45,7 +45,12 @@ _GPU = base.Matrix(
   dtypes=("bfloat16", "float32"),
   long_shapes=(dict(m=4096, k=4096, n=4096),),
 )
-_GPU_BENCH = (base.BenchCall(dict(m=8192, k=4096, n=14336), "bfloat16", "swiglu"),)
+# The cases of docs/perf.md.
+_GPU_BENCH = (
+  base.BenchCall(dict(m=8192, k=4096, n=14336), "bfloat16", "swiglu"),
+  base.BenchCall(dict(m=2048, k=2048, n=8192), "bfloat16", "swiglu"),
+  base.BenchCall(dict(m=128, k=4096, n=14336), "bfloat16", "swiglu"),
+)
 
 INFO = base.OpInfo(
   name="gated_linear_unit",

@@ -34,7 +34,13 @@ _GPU = base.Matrix(
   dtypes=("bfloat16", "float32"),
   long_shapes=(dict(rows=(8192,), d=8192),),
 )
-_GPU_BENCH = (base.BenchCall(dict(rows=(16384,), d=4096), "bfloat16", "plain"),)
+# The cases of docs/perf.md.
+_GPU_BENCH = (
+  base.BenchCall(dict(rows=(16384,), d=4096), "bfloat16", "plain"),
+  base.BenchCall(dict(rows=(16384,), d=4096), "bfloat16", "rms"),
+  base.BenchCall(dict(rows=(4096,), d=8192), "bfloat16", "plain"),
+  base.BenchCall(dict(rows=(4096,), d=8192), "bfloat16", "rms"),
+)
 
 INFO = base.OpInfo(
   name="layer_norm",

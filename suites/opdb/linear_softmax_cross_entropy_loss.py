@@ -31,7 +31,11 @@ _GPU = base.Matrix(
   dtypes=("bfloat16", "float32"),
   long_shapes=(dict(b=4096, h=2048, v=65536),),
 )
-_GPU_BENCH = (base.BenchCall(dict(b=4096, h=2048, v=65536), "bfloat16", "sum"),)
+# The second is the fused-kernel target shape (large vocabulary).
+_GPU_BENCH = (
+  base.BenchCall(dict(b=4096, h=2048, v=65536), "bfloat16", "sum"),
+  base.BenchCall(dict(b=8192, h=4096, v=131072), "bfloat16", "sum"),
+)
 
 INFO = base.OpInfo(
   name="linear_softmax_cross_entropy_loss",

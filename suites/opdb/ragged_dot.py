@@ -12,8 +12,15 @@ from tokamax._src.ops.ragged_dot import spec
 
 def _group_sizes(d: base.Draw, m: int, g: int, f: dict) -> np.ndarray:
   used = m - max(1, m // 8) if f.get("unused_rows") else m
+  if f.get("equal_groups"):  # The remainder goes to the last group.
+    sizes = np.full(g, used // g, np.int32)
+    sizes[-1] += used - sizes.sum()
+    return sizes
   empty = 0.25 if f.get("empty_groups") else 0.0
-  return spec.generate_ragged_dot_group_sizes(used, g, seed=d.seed(), empty_fraction=empty)
+  alpha = f.get("alpha", 1.0)
+  return spec.generate_ragged_dot_group_sizes(
+    used, g, seed=d.seed(), alpha=alpha, empty_fraction=empty
+  )
 
 
 def build(d: base.Draw, shape: dict, dtype: str, f: dict) -> base.Built:
@@ -62,7 +69,12 @@ _GPU = base.Matrix(
   dtypes=("bfloat16", "float32"),
   long_shapes=(dict(m=8192, k=2048, n=1024, g=16),),
 )
-_GPU_BENCH = (base.BenchCall(dict(m=16384, k=4096, n=2048, g=8), "bfloat16", "default"),)
+# The cases of docs/perf.md.
+_GPU_BENCH = (
+  base.BenchCall(dict(m=16384, k=4096, n=2048, g=8), "bfloat16", "equal_groups"),
+  base.BenchCall(dict(m=32768, k=7168, n=2048, g=64), "bfloat16", "equal_groups"),
+  base.BenchCall(dict(m=32768, k=7168, n=2048, g=64), "bfloat16", "skewed"),
+)
 
 INFO = base.OpInfo(
   name="ragged_dot",
@@ -81,6 +93,9 @@ INFO = base.OpInfo(
       "empty_groups": True,
       "unused_rows": True,
     },
+    "equal_groups": {"layout": "default", "equal_groups": True},
+    # Router-like skew (Dirichlet concentration 0.5): a few large groups, many small ones.
+    "skewed": {"layout": "default", "alpha": 0.5},
   },
   matrices={
     base.CPU: base.Matrix(
