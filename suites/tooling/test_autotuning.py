@@ -457,3 +457,19 @@ def test_round_trip_keeps_failed_candidates():
     "cpu", tuple(dataclasses.replace(d, errors=()) for d in result.data)
   )
   assert stripped != result and stripped.dumps() != text
+
+
+def test_signature_keys_tell_dtypes_and_shapes_apart():
+  """A config tuned for one dtype or shape is not looked up for another."""
+  w = jax.ShapeDtypeStruct((64, 2, 128), jnp.float32)
+
+  def key(shape, dtype, weights=w):
+    x = jax.ShapeDtypeStruct(shape, dtype)
+    return arguments.signature_key(glu_spec.SPEC.canonicalize(x, weights, activation=jax.nn.silu))
+
+  base = key((8, 64), jnp.float32)
+  assert base == key((8, 64), jnp.float32)
+  assert base != key((8, 64), jnp.bfloat16)
+  assert base != key((8, 64), jnp.float32, jax.ShapeDtypeStruct((64, 2, 128), jnp.bfloat16))
+  assert base != key((16, 64), jnp.float32)
+  assert "float32" in base and "bfloat16" in key((8, 64), jnp.bfloat16)
