@@ -30,6 +30,7 @@ def _activation_name(activation) -> str | None:
     jax.nn.silu: "silu",
     jax.nn.sigmoid: "sigmoid",
     jax.nn.relu: "relu",
+    jax.nn.leaky_relu: "leaky_relu",
     jax.nn.gelu: "gelu_tanh",  # jax.nn.gelu defaults to the tanh approximation.
     jnp.tanh: "tanh",
   }
@@ -136,7 +137,8 @@ class TritonGatedLinearUnit(kernel_ops.TritonOp):
       return f"dtype {dtype} (supported: {', '.join(_DTYPES)})"
     if _activation_name(args.activation) is None:
       return (
-        f"activation {args.activation!r} (supported: None, silu/swish, sigmoid, relu, gelu, tanh)"
+        f"activation {args.activation!r} "
+        "(supported: None, silu/swish, sigmoid, relu, leaky_relu, gelu, tanh)"
       )
     if args.x.size == 0 or args.n == 0:
       return "empty input"

@@ -19,6 +19,8 @@ def _activate(g, ACTIVATION: tl.constexpr):
     return tl.sigmoid(g)
   elif ACTIVATION == "relu":
     return tl.maximum(g, 0.0)
+  elif ACTIVATION == "leaky_relu":  # jax.nn.leaky_relu's default slope.
+    return tl.where(g >= 0.0, g, 0.01 * g)
   elif ACTIVATION == "tanh":
     return 2.0 * tl.sigmoid(2.0 * g) - 1.0
   elif ACTIVATION == "gelu_tanh":
