@@ -183,12 +183,12 @@ def for_family(family: str, *, op: str | None = None, kind: str = NATIVE) -> lis
 
 
 def gradient_cases(family: str, *, op: str | None = None, kind: str = NATIVE) -> list[Case]:
-  """The cases whose gradients are checked: the first shape of each op, every dtype and feature."""
+  """The cases whose gradients are checked: per op and dtype its first shape, every feature."""
   cases = for_family(family, op=op, kind=kind)
   first = {}
   for case in cases:
-    first.setdefault(case.op, case.shape)
-  return [c for c in cases if c.shape == first[c.op]]
+    first.setdefault((case.op, case.dtype), case.shape)
+  return [c for c in cases if c.shape == first[c.op, c.dtype]]
 
 
 @dataclasses.dataclass(frozen=True)
