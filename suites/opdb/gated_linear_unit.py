@@ -15,6 +15,7 @@ ACTIVATIONS = {
   "gelu": jax.nn.gelu,
   "relu": jax.nn.relu,
   "sigmoid": jax.nn.sigmoid,
+  "leaky_relu": jax.nn.leaky_relu,
   "tanh": jnp.tanh,
 }
 
@@ -71,7 +72,9 @@ INFO = base.OpInfo(
     base.CPU: base.Matrix(
       shapes=(dict(m=24, k=64, n=48), dict(batch=(2,), m=9, k=40, n=72, dtypes=("float32",))),
       dtypes=("float32", "bfloat16"),
-      interpret_shapes=(dict(m=40, k=64, n=48),),
+      # The second is the Mosaic kernel's (bfloat16/float16, N a multiple of 64).
+      interpret_shapes=(dict(m=40, k=64, n=48), dict(m=40, k=128, n=64, dtypes=("bfloat16",))),
+      interpret_dtypes=("float32",),
     ),
     base.H100: _GPU,
     base.A100: _GPU,
@@ -86,3 +89,4 @@ INFO = base.OpInfo(
   },
   sizes=_sizes,
 )
+    "leaky_reglu": {"activation": "leaky_relu"},
