@@ -83,12 +83,12 @@ MUTATIONS: tuple[Mutation, ...] = (
     "A NaN on either side counts as agreeing with anything.",
   ),
   Mutation(
-    "harness.nonfinite_err_zero",
+    "harness.finiteness_rule_dropped",
     _COMPARE,
-    "    err = np.where(finite_e & np.isfinite(a), np.abs(a - e), np.inf)",
-    "    err = np.where(finite_e & np.isfinite(a), np.abs(a - e), 0.0)",
-    ("harness/tests/test_teeth.py", "-k", "running_max"),
-    "A non-finite element counts as error 0 (caught by the finiteness rule alone).",
+    "  if mismatch.any():",
+    "  if False:",
+    (_COTANGENTS, "-k", "nonfinite_on_one_side"),
+    "No finiteness rule: a NaN fails only through a tolerance that may be loose.",
   ),
   Mutation(
     "harness.first_cotangent_only",
@@ -185,7 +185,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     "src/tokamax/_src/arguments.py",
     '      desc = ",".join(f"{np.dtype(x.dtype).name}{list(np.shape(x))}" for x in leaves)',
     '      desc = ",".join(f"{list(np.shape(x))}" for x in leaves)',
-    ("suites/tooling/test_autotuning.py", "-k", "signature_key"),
+    ("suites/tooling/test_autotuning.py", "-k", "signature_keys_tell"),
     "The autotuning cache key ignores dtypes (a float32 config serves bfloat16).",
   ),
   Mutation(
@@ -381,7 +381,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     _ATTENTION + "mosaic_common.py",
     "    ok = both(ok, k_ids <= q_ids)",
     "    ok = both(ok, k_ids < q_ids)",
-    _matrix("test_forward and attention and mosaic] and causal- and float32"),
+    _matrix("test_forward and attention and mosaic] and causal- and bfloat16"),
     "Mosaic attention: causal mask hides the diagonal.",
   ),
   Mutation(
@@ -389,7 +389,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     _ATTENTION + "mosaic_common.py",
     "  return t * (soft_cap * LOG2E), t",
     "  return t * soft_cap, t",
-    _matrix("test_forward and attention and mosaic] and soft_cap and float32"),
+    _matrix("test_forward and attention and mosaic] and soft_cap and bfloat16"),
     "Mosaic attention: soft-capped logits not in log2 units.",
   ),
   Mutation(
@@ -397,7 +397,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     "src/tokamax/_src/ops/gated_linear_unit/mosaic_kernel.py",
     "      act = gate if activation is None else activation(gate)",
     "      act = gate if activation is None else activation(up)",
-    _matrix("test_forward and gated_linear_unit and mosaic] and swiglu and float32"),
+    _matrix("test_forward and gated_linear_unit and mosaic] and swiglu and bfloat16"),
     "Mosaic GLU: the activation is applied to the up projection.",
   ),
 )

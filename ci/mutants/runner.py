@@ -5,7 +5,7 @@ HEAD with `--source head`) under a temporary directory. For each mutation it
 replaces the mutation's `old` text by `new`, runs the mutation's pytest
 selection there and restores the file. A mutant is
 
-  KILLED    when the selection fails (a test failed),
+  KILLED    when the selection fails (a test failed, or crashed the interpreter),
   SURVIVED  when it passes,
   ERROR     when pytest could not run it (collection or import error of the
             test module, usage error, nothing selected): not a kill,
@@ -154,6 +154,10 @@ def run_selection(
     status = SURVIVED
   elif proc.returncode == 1 and not _collection_failed(output):
     status = KILLED
+  elif proc.returncode < 0 and not _collection_failed(output):
+    # The tests crashed the interpreter (e.g. a kernel's out-of-bounds access in Triton's
+    # interpreter): the selection failed.
+    status, summary = KILLED, f"crashed by signal {-proc.returncode}; {summary}"
   else:  # 2: interrupted (collection errors), 3: internal, 4: usage, 5: nothing selected.
     status = ERROR
   return status, proc.returncode, summary, output[-2000:]
