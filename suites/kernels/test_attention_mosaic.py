@@ -30,6 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from suites import opdb
+from suites.opdb import kernel_cases
 from tokamax._src import device
 from tokamax._src.ops import op
 from tokamax._src.ops.attention import mosaic, spec, xla
@@ -105,156 +107,28 @@ def _bias(seed, shape, dtype=jnp.float32):
   return (2.0 * jax.random.normal(jax.random.key(seed), shape)).astype(dtype)
 
 
-# name -> (shape (B, T, S, N, K, H), dtype, grads, kwargs as a Python expression[, MosaicAttentionConfig
-# kwargs as a Python expression; default the heuristic's config])
-CASES = {
-  "gqa_plain_h64": ((1, 128, 128, 2, 1, 64), "bfloat16", True, "{}"),
-  "causal_window_softcap_cross": (
-    (1, 128, 256, 4, 2, 64),
-    "bfloat16",
-    True,
-    "dict(is_causal=True, local_window_size=(90, 20), logits_soft_cap=4.0)",
-  ),
-  "lengths_causal_padded": (
-    (2, 200, 150, 2, 1, 64),
-    "bfloat16",
-    True,
-    "dict(is_causal=True, query_seq_lengths=jnp.array([150, 37]),"
-    " key_value_seq_lengths=jnp.array([100, 0]))",
-  ),
-  "fp16_h128_causal_fwd": ((1, 256, 256, 2, 2, 128), "float16", False, "dict(is_causal=True)"),
-  # 128-row backward blocks (the dq kernel's CTA tile and the dk/dv kernel's streamed
-  # block), three dk/dv slots; T and S padded to 256.
-  "bwd_blocks_128q_lengths_causal_padded": (
-    (2, 200, 150, 2, 1, 64),
-    "bfloat16",
-    True,
-    "dict(is_causal=True, query_seq_lengths=jnp.array([150, 37]),"
-    " key_value_seq_lengths=jnp.array([100, 150]))",
-    "dict(dq_block_q=128, bwd_block_q=128, bwd_num_stages=3)",
-  ),
-  # 128-key blocks streamed by the dq kernel, with one slot (value block first).
-  "bwd_blocks_128kv_window_softcap_cross": (
-    (1, 128, 256, 2, 1, 128),
-    "bfloat16",
-    True,
-    "dict(local_window_size=(90, 20), logits_soft_cap=4.0)",
-    "dict(dq_block_kv=128, dq_num_stages=1)",
-  ),
-  # Head dim 256: dq and the dk pass with one pipeline slot, the dv pass with two.
-  "h256_gqa_causal": ((1, 128, 128, 2, 1, 256), "bfloat16", True, "dict(is_causal=True)"),
-  "h256_lengths_window_softcap_padded": (
-    (2, 100, 130, 1, 1, 256),
-    "bfloat16",
-    True,
-    "dict(local_window_size=(40, 10), logits_soft_cap=4.0, query_seq_lengths=jnp.array([100, 61]),"
-    " key_value_seq_lengths=jnp.array([90, 130]))",
-  ),
-  # Streamed 32-row blocks (dq_block_kv, bwd_block_q; 64-byte swizzles): at H256 with
-  # one slot each (value / dO first), and with the slots that fit (dq and dk 2, dv 3).
-  "h256_bwd_blocks_32_one_slot_lengths_window_softcap_padded": (
-    (2, 100, 130, 1, 1, 256),
-    "bfloat16",
-    True,
-    "dict(local_window_size=(40, 10), logits_soft_cap=4.0, query_seq_lengths=jnp.array([100, 61]),"
-    " key_value_seq_lengths=jnp.array([90, 130]))",
-    "dict(block_kv=64, dq_block_kv=32, dq_num_stages=1, bwd_block_q=32, bwd_num_stages=1)",
-  ),
-  "h256_bwd_blocks_32_gqa_causal": (
-    (1, 128, 128, 2, 1, 256),
-    "bfloat16",
-    True,
-    "dict(is_causal=True)",
-    "dict(block_kv=64, dq_block_kv=32, bwd_block_q=32, dq_num_stages=3, bwd_num_stages=3)",
-  ),
-  "h128_bwd_blocks_32_window_cross": (
-    (1, 128, 256, 2, 1, 128),
-    "bfloat16",
-    True,
-    "dict(local_window_size=(90, 20))",
-    "dict(dq_block_kv=32, bwd_block_q=32)",
-  ),
-  # Bias and mask: in every kernel; the bias gradient through XLA.
-  "bias_mask_full_softcap": (
-    (1, 128, 128, 2, 1, 64),
-    "bfloat16",
-    True,
-    "dict(bias=_bias(7, (1, 2, 128, 128)), mask=_mask(8, (1, 2, 128, 128)), logits_soft_cap=5.0)",
-  ),
-  "bias_bcast_t_mask_bcast_s_causal_padded": (
-    (2, 120, 150, 2, 1, 64),
-    "bfloat16",
-    True,
-    "dict(bias=_bias(9, (1, 2, 1, 150), jnp.bfloat16), mask=_mask(10, (2, 1, 120, 1)),"
-    " is_causal=True, key_value_seq_lengths=jnp.array([150, 90]))",
-  ),
-  "bias_bcast_s_mask_bcast_t_window_gqa_fwd": (
-    (1, 128, 256, 4, 2, 128),
-    "float16",
-    False,
-    "dict(bias=_bias(11, (1, 1, 128, 1), jnp.float16), mask=_mask(12, (1, 4, 1, 256), 0.5, 0.0),"
-    " local_window_size=(100, 60))",
-  ),
-  "bias_scalar_mask_bcast_n_fwd": (
-    (2, 128, 128, 2, 1, 64),
-    "bfloat16",
-    False,
-    "dict(bias=_bias(13, (1, 1, 1, 1)), mask=_mask(14, (2, 1, 128, 128)), is_causal=True)",
-  ),
-  # Backward with broadcast planes: the dk/dv kernel reads them transposed, so a
-  # bias over keys only is a row plane there, and GQA walks the query heads.
-  "bias_bcast_t_mask_bcast_s_window_gqa_h128": (
-    (1, 128, 256, 4, 2, 128),
-    "float16",
-    True,
-    "dict(bias=_bias(17, (1, 4, 1, 256), jnp.float16), mask=_mask(18, (1, 1, 128, 1), 0.8),"
-    " local_window_size=(100, 60))",
-  ),
-  "bias_scalar_mask_bcast_n_causal_lengths": (
-    (2, 128, 128, 2, 1, 64),
-    "bfloat16",
-    True,
-    "dict(bias=_bias(19, (1, 1, 1, 1)), mask=_mask(20, (2, 1, 128, 128)), is_causal=True,"
-    " query_seq_lengths=jnp.array([128, 70]))",
-  ),
-  "bias_mask_h256_gqa_softcap_padded": (
-    (1, 100, 130, 2, 1, 256),
-    "bfloat16",
-    True,
-    "dict(bias=_bias(21, (1, 2, 100, 130)), mask=_mask(22, (1, 2, 100, 130)), logits_soft_cap=4.0)",
-  ),
-  "bias_mask_bwd_blocks_32_gqa": (
-    (1, 128, 256, 4, 2, 64),
-    "bfloat16",
-    True,
-    "dict(bias=_bias(23, (1, 4, 128, 1)), mask=_mask(24, (1, 4, 128, 256)), is_causal=True)",
-    "dict(dq_block_kv=32, bwd_block_q=32, bwd_block_kv=128)",
-  ),
-  # overlap_qk (forward only: no race at all). Batch 0 leaves the second consumer
-  # of the tile no key block (rows >= 64 see none), so only one runs the pipeline.
-  "overlap_qk_window_lengths_softcap_padded_fwd": (
-    (2, 128, 150, 2, 1, 64),
-    "bfloat16",
-    False,
-    "dict(local_window_size=(0, 70), logits_soft_cap=4.0, key_value_seq_lengths=jnp.array([64, 150]))",
-    "dict(block_kv=64, overlap_qk=True)",
-  ),
-  "overlap_qk_bias_mask_window_gqa_h128_fwd": (
-    (1, 128, 384, 4, 2, 128),
-    "float16",
-    False,
-    "dict(bias=_bias(15, (1, 4, 128, 384)), mask=_mask(16, (1, 1, 1, 384), 0.6, 0.0),"
-    " local_window_size=(100, 160))",
-    "dict(overlap_qk=True)",
-  ),
-  "overlap_qk_no_schedule_barrier_h256_causal_gqa_fwd": (
-    (1, 256, 256, 2, 1, 256),
-    "bfloat16",
-    False,
-    "dict(is_causal=True)",
-    "dict(block_kv=64, overlap_qk=True, schedule_barrier=False)",
-  ),
-}
+# name -> `kernel_cases.AttentionKernelCase` (in the op database).
+CASES = opdb.get("dot_product_attention").kernel_cases["mosaic"]
+
+
+def _shape(case) -> tuple[int, ...]:
+  """(B, T, S, N, K, H) of a case."""
+  return tuple(case.shape[x] for x in "btsnkh")
+
+
+def _kwargs(features: dict) -> dict:
+  """A case's keyword arguments, with its bias and mask planes drawn and lengths as arrays."""
+  kw = {}
+  for name, value in features.items():
+    if isinstance(value, kernel_cases.RandomBias):
+      value = _bias(value.seed, value.shape, jnp.dtype(value.dtype))
+    elif isinstance(value, kernel_cases.RandomMask):
+      value = _mask(value.seed, value.shape, value.p, value.dead_rows)
+    elif name.endswith("seq_lengths"):
+      value = jnp.array(value)
+    kw[name] = value
+  return kw
+
 
 _EXTRA_CASES = [name for name in CASES if name.startswith("bias")]
 
@@ -263,13 +137,13 @@ def _case_main(name: str) -> None:
   """Runs one interpret case and prints its result as JSON (subprocess entry)."""
   from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 
-  shape, dtype, grads, kw, *config = CASES[name]
+  case = CASES[name]
   impl = mosaic.interpret_op()
-  if config:
+  if case.config:
     impl = mosaic.MosaicAttention(
-      interpret=True, config=mosaic.MosaicAttentionConfig(**eval(config[0]))
+      interpret=True, config=mosaic.MosaicAttentionConfig(**case.config)
     )
-  res = _compare(impl, shape, jnp.dtype(dtype), grads, **eval(kw))
+  res = _compare(impl, _shape(case), jnp.dtype(case.dtype), case.grads, **_kwargs(case.features))
   res["races_found_last_kernel"] = bool(interpret_pallas_call.get_races().races_found)
   print("RESULT " + json.dumps(res), flush=True)
 
@@ -300,7 +174,7 @@ def test_interpret_matches_xla(name):
   races = stdout.split("RACE DETECTED")[1:]
   for race in races:
     assert _KNOWN_RACE.search(race), race
-  if not CASES[name][2]:  # Forward only: no race at all.
+  if not CASES[name].grads:  # Forward only: no race at all.
     assert not races and not res["races_found_last_kernel"]
 
 
@@ -386,8 +260,8 @@ def test_overlap_qk_lowers_for_cuda(h, block_kv):
 @pytest.mark.parametrize("name", _EXTRA_CASES)
 def test_bias_mask_cases_mask_whole_rows(name):
   """The random masks of the interpret cases leave some query rows with no key."""
-  mask = eval(CASES[name][3])["mask"]
-  t = CASES[name][0][1]
+  mask = _kwargs(CASES[name].features)["mask"]
+  t = CASES[name].shape["t"]
   if mask.shape[2] == t:
     assert not mask.any(axis=-1).all() and mask.any()
 
@@ -562,14 +436,13 @@ _GPU = pytest.mark.skipif(
 @pytest.mark.parametrize(
   ("shape", "dtype", "kw"),
   [
-    ((2, 512, 512, 4, 4, 64), jnp.bfloat16, {}),
-    ((1, 640, 640, 4, 2, 128), jnp.bfloat16, dict(is_causal=True)),
-    ((2, 384, 500, 4, 1, 128), jnp.float16, dict(local_window_size=(100, 30), logits_soft_cap=5.0)),
-    ((1, 512, 512, 2, 2, 256), jnp.bfloat16, dict(is_causal=True)),
+    (_shape(case), getattr(jnp, case.dtype), case.features)
+    for case in opdb.get("dot_product_attention").kernel_cases["mosaic:gpu"].values()
   ],
 )
 def test_gpu_matches_xla_and_is_deterministic(shape, dtype, kw):
   impl = mosaic.MosaicAttention()
+  kw = _kwargs(kw)
   res = _compare(impl, shape, dtype, grads=True, seed=3, **kw)
   assert res["finite"] and res["out"] < 1e-2 and max(res["grads"]) < 1e-2, res
   q, k, v, do = _inputs(4, *shape, dtype)
@@ -587,26 +460,13 @@ def test_gpu_matches_xla_and_is_deterministic(shape, dtype, kw):
 @pytest.mark.parametrize(
   ("shape", "kw", "config"),
   [
-    (
-      (2, 512, 500, 4, 2, 128),
-      dict(is_causal=True, logits_soft_cap=5.0, key_value_seq_lengths=jnp.array([500, 77])),
-      dict(overlap_qk=True),
-    ),
-    (
-      (1, 384, 384, 4, 1, 64),
-      dict(local_window_size=(100, 30)),
-      dict(block_kv=64, overlap_qk=True),
-    ),
-    (
-      (1, 512, 512, 2, 2, 256),
-      dict(is_causal=True),
-      dict(block_kv=64, overlap_qk=True, schedule_barrier=False),
-    ),
+    (_shape(case), case.features, case.config)
+    for case in opdb.get("dot_product_attention").kernel_cases["mosaic:gpu_overlap_qk"].values()
   ],
 )
 def test_gpu_overlap_qk_matches_xla(shape, kw, config):
   impl = mosaic.MosaicAttention(config=mosaic.MosaicAttentionConfig(**config))
-  res = _compare(impl, shape, jnp.bfloat16, grads=False, seed=5, **kw)
+  res = _compare(impl, shape, jnp.bfloat16, grads=False, seed=5, **_kwargs(kw))
   assert res["finite"] and res["out"] < 1e-2, res
 
 

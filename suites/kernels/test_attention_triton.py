@@ -22,6 +22,7 @@ import triton
 
 import tokamax
 from harness import compare
+from suites import opdb
 from tokamax._src import device, triton_call
 from tokamax._src.ops.attention import spec
 from tokamax._src.ops.attention import triton as attention_triton
@@ -80,6 +81,11 @@ def _split(kw: dict) -> tuple[dict, dict]:
 
 def _seed(name: str) -> int:
   return sum(map(ord, name))
+
+
+def _case_kw(case) -> dict:
+  """A case's shape, dtype and features as keywords of `_inputs` and the op."""
+  return {**case.shape, "dtype": getattr(jnp, case.dtype), **case.features}
 
 
 def _upcast(x):
@@ -224,20 +230,7 @@ def test_grids_and_constants():
 
 # Spilling is checked on the cases that carry the speed targets.
 NO_SPILL = ("bf16-h128", "bf16-h64-causal", "bf16-h256")
-COMPILE_CASES = {
-  "bf16-h128": dict(h=128),
-  "bf16-h64-causal": dict(h=64, is_causal=True),
-  "bf16-h256": dict(h=256),
-  "f16-h128-gqa-window-lengths": dict(
-    dtype=jnp.float16, h=128, k=1, local_window_size=(64, 0), q_lengths=True, kv_lengths=True
-  ),
-  "f32-h128-causal": dict(dtype=jnp.float32, h=128, is_causal=True),
-  "f32-h256-highest": dict(dtype=jnp.float32, h=256, precision=HIGHEST),
-  "bf16-h128-bias-softcap-mask": dict(
-    h=128, bias=(1, 4, 512, 512), mask=(1, 1, 512, 512), logits_soft_cap=30.0
-  ),
-  "bf16-h96-hv64-causal": dict(h=96, hv=64, is_causal=True),
-}
+COMPILE_CASES = opdb.get("dot_product_attention").kernel_cases["triton:compile"]
 _CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
 
 
@@ -256,7 +249,7 @@ def _resource_usage(compiled) -> dict[str, int]:
 @pytest.mark.parametrize("sm", [80, 90])
 @pytest.mark.parametrize("case", COMPILE_CASES)
 def test_compiles(case, sm):
-  kw = dict(b=1, t=512, s=512, n=4, k=2) | COMPILE_CASES[case]
+  kw = _case_kw(COMPILE_CASES[case])
   args = _args(**kw)
   config = attention_triton.heuristic_config(args, sm // 10)
   launches, _ = _capture(args, config)
@@ -287,25 +280,13 @@ def test_compiles_autotuning_space(request):
 
 # -- Numbers in Triton's interpreter (CPU) -----------------------------------------
 
-INTERPRET_CASES = {
-  "plain": {},
-  "causal-gqa": dict(is_causal=True),
-  "window": dict(local_window_size=(5, 3)),
-  "causal-window": dict(is_causal=True, local_window_size=(7, 0)),
-  "soft-cap": dict(logits_soft_cap=2.0),
-  "bias": dict(bias=(2, 4, 37, 45)),
-  "bias-bcast-softcap": dict(bias=(1, 4, 1, 45), logits_soft_cap=3.0),
-  "mask": dict(mask=(2, 1, 37, 45)),
-  "lengths-causal": dict(q_lengths=True, kv_lengths=True, is_causal=True),
-  "mqa-hv-t-lt-s": dict(k=1, hv=16, t=20, s=70),
-  "f16-odd-heads-causal": dict(dtype=jnp.float16, h=24, hv=40, is_causal=True),
-}
-_SMALL = attention_triton.TritonAttentionConfig(16, 16, 4, 2, 32, 16, 4, 2)
+INTERPRET_CASES = opdb.get("dot_product_attention").kernel_cases["triton:interpret"]
 
 
 @pytest.mark.parametrize("case", INTERPRET_CASES)
 def test_interpreted(case):
-  _check_interpreted(dict(seed=_seed(case), dtype=jnp.float32) | INTERPRET_CASES[case], _SMALL)
+  config = attention_triton.TritonAttentionConfig(**INTERPRET_CASES[case].config)
+  _check_interpreted(dict(seed=_seed(case)) | _case_kw(INTERPRET_CASES[case]), config)
 
 
 def test_interpreted_heuristic_blocks():
@@ -355,28 +336,14 @@ def _check_interpreted(kw, config):
 
 # -- Numbers on the GPU -----------------------------------------------------------
 
-GPU_CASES = {
-  "bf16-h128": dict(t=384, s=512, n=8, k=2, h=128),
-  "bf16-h128-causal": dict(t=512, s=512, n=8, k=8, h=128, is_causal=True),
-  "bf16-h64-causal-t-gt-s": dict(t=700, s=300, n=4, k=1, h=64, is_causal=True),
-  "bf16-h256-window": dict(t=333, s=400, n=4, k=2, h=256, local_window_size=(100, 20)),
-  "bf16-h128-bias-softcap": dict(t=256, s=320, h=128, bias=(2, 4, 256, 320), logits_soft_cap=20.0),
-  "bf16-h128-bias-bcast-mask": dict(
-    t=200, s=300, h=128, bias=(1, 4, 1, 300), mask=(2, 1, 200, 300)
-  ),
-  "bf16-h128-lengths": dict(t=300, s=500, h=128, q_lengths=True, kv_lengths=True, is_causal=True),
-  "bf16-h96-hv64": dict(t=260, s=260, h=96, hv=64),
-  "f16-h128-causal": dict(dtype=jnp.float16, t=512, s=512, h=128, is_causal=True),
-  "f32-h64": dict(dtype=jnp.float32, t=256, s=384, h=64),
-  "f32-h256-causal": dict(dtype=jnp.float32, t=256, s=256, h=256, is_causal=True),
-}
+GPU_CASES = opdb.get("dot_product_attention").kernel_cases["triton:gpu"]
 _TOLERANCE = {jnp.bfloat16: 1e-2, jnp.float16: 3e-3, jnp.float32: 3e-3}
 
 
 @gpu_only
 @pytest.mark.parametrize("case", GPU_CASES)
 def test_gpu_matches_xla(case):
-  kw = dict(dtype=jnp.bfloat16, b=2, n=4, k=2, seed=_seed(case)) | GPU_CASES[case]
+  kw = dict(seed=_seed(case)) | _case_kw(GPU_CASES[case])
   data, options = _split(kw)
   arrays, lengths = _inputs(**data)
   q, k, v, bias, mask = arrays

@@ -19,6 +19,7 @@ import pytest
 
 import tokamax
 from harness import compare, references
+from suites import opdb
 from tokamax._src.ops.ragged_dot import spec as rd_spec
 
 pytestmark = pytest.mark.gpu
@@ -62,67 +63,8 @@ def _check_against(fn, ref_fn, args, argnums, *, out_tol, grad_tol, deterministi
 
 # --- Mosaic attention -----------------------------------------------------------
 
-# name: (b, t, s, n, kh, h, dtype, keywords)
-ATTENTION = {
-  "plain_h64": (2, 256, 256, 2, 2, 64, jnp.bfloat16, {}),
-  "causal_h128": (1, 384, 384, 2, 1, 128, jnp.bfloat16, dict(is_causal=True)),
-  "gqa_causal_h128_fp16": (2, 256, 256, 4, 2, 128, jnp.float16, dict(is_causal=True)),
-  "window_softcap_h64": (
-    1,
-    320,
-    320,
-    2,
-    2,
-    64,
-    jnp.bfloat16,
-    dict(local_window_size=(100, 40), logits_soft_cap=5.0),
-  ),
-  "lengths_causal_h128": (3, 256, 256, 2, 2, 128, jnp.bfloat16, dict(is_causal=True, lengths=True)),
-  "cross_uneven_h64": (1, 200, 300, 2, 1, 64, jnp.bfloat16, {}),
-  "causal_h256": (1, 256, 256, 2, 2, 256, jnp.bfloat16, dict(is_causal=True)),
-  "cross_uneven_fp16_h256": (2, 200, 330, 2, 1, 256, jnp.float16, {}),
-  "gqa_lengths_window_softcap_h256": (
-    2,
-    384,
-    384,
-    4,
-    2,
-    256,
-    jnp.bfloat16,
-    dict(lengths=True, local_window_size=(150, 30), logits_soft_cap=5.0),
-  ),
-  # Bias and mask of broadcast shapes ([B|1, N|1, T|1, S|1]).
-  "bias_full_mask_full_h128": (
-    2,
-    256,
-    256,
-    4,
-    2,
-    128,
-    jnp.bfloat16,
-    dict(bias=(2, 4, 256, 256), mask=(2, 4, 256, 256)),
-  ),
-  "bias_bcast_b_mask_bcast_n_causal_softcap_h64": (
-    2,
-    320,
-    320,
-    2,
-    1,
-    64,
-    jnp.bfloat16,
-    dict(bias=(1, 2, 320, 320), mask=(2, 1, 320, 320), is_causal=True, logits_soft_cap=5.0),
-  ),
-  "bias_bcast_t_mask_bcast_s_window_cross_h128_fp16": (
-    1,
-    200,
-    300,
-    4,
-    4,
-    128,
-    jnp.float16,
-    dict(bias=(1, 4, 1, 300), mask=(1, 4, 200, 1), local_window_size=(100, 40)),
-  ),
-}
+# name -> `kernel_cases.AttentionKernelCase` (in the op database).
+ATTENTION = opdb.get("dot_product_attention").kernel_cases["mosaic:gpu_compiled"]
 
 
 def _attention_inputs(b, t, s, n, kh, h, dtype, kw):
@@ -146,8 +88,9 @@ def _attention_inputs(b, t, s, n, kh, h, dtype, kw):
 
 @pytest.mark.parametrize("name", list(ATTENTION))
 def test_mosaic_attention_against_xla(name):
-  b, t, s, n, kh, h, dtype, kw = ATTENTION[name]
-  args, mask, kw = _attention_inputs(b, t, s, n, kh, h, dtype, kw)
+  case = ATTENTION[name]
+  b, t, s, n, kh, h = (case.shape[x] for x in "btsnkh")
+  args, mask, kw = _attention_inputs(b, t, s, n, kh, h, getattr(jnp, case.dtype), case.features)
 
   def fn(q, k, v, bias, impl="mosaic", precision=None):
     return tokamax.dot_product_attention(
@@ -171,10 +114,8 @@ RHS_SHAPES = {
 @pytest.mark.parametrize(
   "layout, m, k, n, g, offset",
   [
-    (rd_spec.DEFAULT, 1000, 512, 256, 6, True),
-    (rd_spec.RHS_TRANSPOSED, 1000, 512, 256, 9, False),
-    (rd_spec.RHS_TRANSPOSED, 776, 256, 512, 5, False),
-    (rd_spec.RAGGED_CONTRACTING, 1000, 512, 256, 6, False),
+    (case.layout, case.m, case.k, case.n, case.groups, case.group_offset)
+    for case in opdb.get("ragged_dot").kernel_cases["mosaic:gpu_compiled"].values()
   ],
 )
 def test_mosaic_ragged_dot_against_float64(layout, m, k, n, g, offset):
@@ -211,7 +152,10 @@ def test_mosaic_ragged_dot_against_float64(layout, m, k, n, g, offset):
 
 @pytest.mark.parametrize(
   "m, k, n, tuple_weights, backward",
-  [(1000, 256, 384, False, "mosaic"), (264, 512, 512, False, "xla"), (264, 512, 512, True, None)],
+  [
+    (*case.x_shape, case.n, not case.fused, case.backward)
+    for case in opdb.get("gated_linear_unit").kernel_cases["mosaic:gpu_compiled"].values()
+  ],
 )
 def test_mosaic_glu_against_float64(m, k, n, tuple_weights, backward):
   from tokamax._src.ops.gated_linear_unit import mosaic as glu_mosaic
@@ -245,20 +189,16 @@ def _triton_tol(dtype) -> float:
   return 2e-2 if jnp.dtype(dtype).itemsize == 2 else 1e-4
 
 
-NORM_VARIANTS = ((True, True, True, 0.0), (False, True, False, 1.0), (True, False, True, 0.5))
-
-
 @pytest.mark.parametrize(
   "dtype, shape, axis, variant",
   [
-    (dt, shape, axis, v)
-    for dt, shape, axis, variants in (
-      (jnp.bfloat16, (64, 1000), -1, NORM_VARIANTS),
-      (jnp.bfloat16, (8, 300, 24), 1, NORM_VARIANTS[:2]),
-      (jnp.float16, (4, 4096), -1, NORM_VARIANTS[:2]),
-      (jnp.float32, (33, 2000), -1, NORM_VARIANTS[:2]),
+    (
+      getattr(jnp, case.dtype),
+      case.shape,
+      case.axis,
+      (case.subtract_mean, case.has_scale, case.has_offset, case.scale_offset),
     )
-    for v in variants
+    for case in opdb.get("layer_norm").kernel_cases["triton:gpu_compiled"].values()
   ],
 )
 def test_triton_layer_norm_against_xla(dtype, shape, axis, variant):
@@ -289,9 +229,8 @@ def test_triton_layer_norm_against_xla(dtype, shape, axis, variant):
 @pytest.mark.parametrize(
   "dtype, x_shape, k, n, activation, fused",
   [
-    (jnp.bfloat16, (4, 200, 256), 256, 384, jax.nn.swish, True),
-    (jnp.bfloat16, (300, 512), 512, 200, jax.nn.gelu, False),
-    (jnp.float32, (64, 96), 96, 128, None, True),
+    (getattr(jnp, case.dtype), case.x_shape, case.x_shape[-1], case.n, case.activation, case.fused)
+    for case in opdb.get("gated_linear_unit").kernel_cases["triton:gpu_compiled"].values()
   ],
 )
 def test_triton_glu_against_xla(dtype, x_shape, k, n, activation, fused):

@@ -13,25 +13,28 @@ import pytest
 from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 
 from harness import compare, references
+from suites import opdb
 from tokamax._src.ops import kernel_ops
 from tokamax._src.ops.gated_linear_unit import api, mosaic, spec
 
 SMALL = mosaic.MosaicGluConfig(block_n=64, num_stages=2, epi_n=64, grid_tile_m=2)
 
 
+# `kernel_cases.GluKernelCase`s (in the op database); N is 128.
+CASES = opdb.get("gated_linear_unit").kernel_cases["mosaic"]
+
+
 @pytest.mark.parametrize(
   ("shape", "tuple_weights", "activation", "backward", "config"),
   [
-    # Batch dims; 100 rows: padded to 104. Backward matmuls in the ragged_dot kernels.
-    ((2, 50, 128), False, jax.nn.swish, "mosaic", SMALL),
-    ((64, 128), True, None, None, SMALL),
-    ((72, 128), False, jax.nn.gelu, "xla", SMALL),
-    ((136, 128), False, None, ("mosaic", "xla"), SMALL),  # Two row tiles, the second 8 rows.
-    ((64, 128), False, jax.nn.swish, ("xla", "mosaic"), SMALL),
-    # Two-CTA clusters sharing x tiles by multicast.
-    ((136, 256), False, jax.nn.swish, "xla", dataclasses.replace(SMALL, cluster=2)),
-    # The heuristic config of a single row tile; the second warpgroup has no rows.
-    ((40, 384), False, jax.nn.swish, None, None),
+    (
+      case.x_shape,
+      not case.fused,
+      case.activation,
+      case.backward,
+      None if case.config is None else mosaic.MosaicGluConfig(**case.config),
+    )
+    for case in CASES.values()
   ],
 )
 def test_interpret_matches_reference_with_gradients(

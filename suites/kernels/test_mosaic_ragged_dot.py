@@ -16,6 +16,7 @@ import pytest
 from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 
 from harness import compare, references
+from suites import opdb
 from tokamax._src.ops.ragged_dot import api, mosaic, mosaic_drhs, mosaic_fwd, spec
 
 SMALL = mosaic.MosaicRaggedDotConfig(block_n=64, num_stages=2, epi_n=64)
@@ -27,24 +28,24 @@ def _rhs_shape(layout, m, k, n, g):
   ]
 
 
+# `kernel_cases.RaggedDotKernelCase`s (in the op database).
+CASES = opdb.get("ragged_dot").kernel_cases["mosaic"]
+
+
 @pytest.mark.parametrize(
-  ("layout", "m", "offset"),
-  [
-    (spec.DEFAULT, 136, False),
-    (spec.RHS_TRANSPOSED, 100, True),  # M not a multiple of 8: padded.
-    (spec.RAGGED_CONTRACTING, 144, True),
-  ],
+  "case", list(CASES.values()), ids=lambda case: f"{case.layout}-{case.m}-{case.group_offset}"
 )
-def test_interpret_matches_reference_with_gradients(layout, m, offset, capfd):
-  k, n, g = 128, 128, 3
+def test_interpret_matches_reference_with_gradients(case, capfd):
+  layout, m, k, n, g, offset = case.layout, case.m, case.k, case.n, case.groups, case.group_offset
   rng = np.random.default_rng(m)
   # Uneven random sizes with empty groups; rows past their sum stay outside every group.
   sizes = spec.generate_ragged_dot_group_sizes(m - 9, g + 1, seed=m, alpha=0.5, empty_fraction=0.25)
   sizes = jnp.asarray(sizes)
   group_offset = jnp.array([1], jnp.int32) if offset else None
   rhs_groups = g if offset else g + 1
-  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
-  rhs = jnp.asarray(rng.standard_normal(_rhs_shape(layout, m, k, n, rhs_groups)), jnp.bfloat16)
+  dtype = jnp.dtype(case.dtype)
+  lhs = jnp.asarray(rng.standard_normal((m, k)), dtype)
+  rhs = jnp.asarray(rng.standard_normal(_rhs_shape(layout, m, k, n, rhs_groups)), dtype)
   impl = mosaic.MosaicRaggedDot(interpret=True, config=SMALL)
   dims = spec.dimension_numbers(layout)
 
@@ -52,7 +53,7 @@ def test_interpret_matches_reference_with_gradients(layout, m, offset, capfd):
     return api.ragged_dot_general(a, b, sizes, dims, group_offset=group_offset, implementation=impl)
 
   out, vjp = jax.vjp(fn, lhs, rhs)
-  ct = jnp.asarray(rng.standard_normal(out.shape), jnp.bfloat16)
+  ct = jnp.asarray(rng.standard_normal(out.shape), dtype)
   dlhs, drhs = vjp(ct)
   num_groups = (g + 1) if layout == spec.RAGGED_CONTRACTING else rhs_groups
   ref, (ref_dlhs, ref_drhs) = references.high_precision_vjp(

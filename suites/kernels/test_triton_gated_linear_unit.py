@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from harness import compare, references
+from suites import opdb
 from suites.kernels import interpreted
 from tokamax._src import triton_call
 from tokamax._src.ops.gated_linear_unit import api, spec
@@ -23,13 +24,9 @@ from tokamax._src.ops.gated_linear_unit import triton as glu_triton
 SMEM_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
 OP = glu_triton.TritonGatedLinearUnit()
 
-# (x shape, n, dtype, activation, fused weights)
-CASES = [
-  ((2, 37, 40), 72, "float32", jax.nn.swish, True),
-  ((50, 64), 48, "float16", jax.nn.gelu, False),
-  ((20, 30), 20, "float32", None, True),
-  ((33, 48), 40, "float32", jax.nn.sigmoid, False),
-]
+# `kernel_cases.GluKernelCase`s (in the op database).
+CASES = list(opdb.get("gated_linear_unit").kernel_cases["triton"].values())
+GPU_CASES = [*CASES, *opdb.get("gated_linear_unit").kernel_cases["triton:gpu"].values()]
 
 
 def _inputs(x_shape, n, dtype, fused, seed=0):
@@ -44,6 +41,10 @@ def _inputs(x_shape, n, dtype, fused, seed=0):
 def _record(x_shape, n, dtype, activation, fused):
   x, weights, _ = _inputs(x_shape, n, dtype, fused)
   return spec.canonicalize(x, weights, activation=activation)
+
+
+def _case_record(case):
+  return _record(case.x_shape, case.n, case.dtype, case.activation, case.fused)
 
 
 @pytest.mark.parametrize("sm", [80, 90])
@@ -90,8 +91,8 @@ def test_autotuning_configs_compile_for_sm90():
 
 @pytest.mark.parametrize("case", CASES)
 def test_wrapper_shapes_and_gradient_structure(case):
-  x_shape, n = case[:2]
-  args = _record(*case)
+  x_shape, n = case.x_shape, case.n
+  args = _case_record(case)
   config = OP._get_heuristics_config(args)
   with triton_call.capture() as launches:
     out, residuals = OP._fwd(args, config)
@@ -105,7 +106,7 @@ def test_wrapper_shapes_and_gradient_structure(case):
 
 
 def test_unsupported_reasons():
-  args = _record(*CASES[0])
+  args = _case_record(CASES[0])
   assert OP._unsupported_reason(args) is None
   assert "activation" in OP._unsupported_reason(dataclasses.replace(args, activation=jnp.sin))
   mixed = dataclasses.replace(args, x=args.x.astype(jnp.bfloat16))
@@ -125,8 +126,8 @@ def _reference(activation):
 
 def _interpreted_errors(case) -> dict:
   """Runs the kernel in Triton's interpreter."""
-  x_shape, n, dtype, activation, fused = case
-  x, weights, dout = _inputs(x_shape, n, dtype, fused)
+  dtype, activation = case.dtype, case.activation
+  x, weights, dout = _inputs(case.x_shape, case.n, dtype, case.fused)
   args = spec.canonicalize(x, weights, activation=activation, precision=jax.lax.Precision.HIGHEST)
   config = glu_triton.TritonGluConfig(32, 32, 16, 2, 4, 2)
   with triton_call.interpret():
@@ -143,7 +144,7 @@ def _interpreted_errors(case) -> dict:
     zip(jax.tree.leaves(grads["weights"]), jax.tree.leaves(rw), strict=True)
   ):
     errs[f"w{i}"] = compare.relative_error(g, r)
-  return {"case": repr((x_shape, n, dtype, fused)), "dtype": dtype, "errors": errs}
+  return {"case": repr((case.x_shape, case.n, dtype, case.fused)), "dtype": dtype, "errors": errs}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -153,12 +154,12 @@ def test_interpreted_kernels_match_float64_reference(case):
 
 @pytest.mark.requires("triton")
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.parametrize("case", [*CASES, ((4, 200, 256), 384, None, jax.nn.swish, True)])
+@pytest.mark.parametrize("case", GPU_CASES)
 def test_gpu_matches_reference_with_gradients(case, dtype):
   if (reason := triton_call.unavailable_reason()) is not None:
     pytest.skip(reason)  # E.g. jax-triton is not installed.
-  x_shape, n, _, activation, fused = case
-  x, weights, dout = _inputs(x_shape, n, dtype, fused, seed=1)
+  activation = case.activation
+  x, weights, dout = _inputs(case.x_shape, case.n, dtype, case.fused, seed=1)
 
   def fn(x, w):
     return api.gated_linear_unit(

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from harness import compare, references
+from suites import opdb
 from suites.kernels import interpreted
 from tokamax._src import triton_call
 from tokamax._src.ops.normalization import api, spec
@@ -22,13 +23,9 @@ from tokamax._src.ops.normalization import triton as norm_triton
 SMEM_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
 OP = norm_triton.TritonLayerNorm()
 
-# (shape, axis, dtype, subtract_mean, has_scale, has_offset, scale_offset)
-CASES = [
-  ((6, 40), -1, "float32", True, True, True, 0.0),
-  ((3, 24, 5), 1, "float16", False, True, False, 1.0),
-  ((10, 100), -1, "float32", True, False, True, 0.5),
-  ((4, 8, 130), 2, "float32", False, False, False, 0.0),
-]
+# `kernel_cases.LayerNormKernelCase`s (in the op database).
+CASES = list(opdb.get("layer_norm").kernel_cases["triton"].values())
+GPU_CASES = [*CASES, *opdb.get("layer_norm").kernel_cases["triton:gpu"].values()]
 
 
 def _inputs(shape, axis, dtype, has_scale, has_offset, seed=0):
@@ -45,6 +42,18 @@ def _record(shape, axis, dtype, subtract_mean, has_scale, has_offset, scale_offs
   x, scale, offset, _ = _inputs(shape, axis, dtype, has_scale, has_offset)
   return spec.canonicalize(
     x, scale, offset, axis=axis, scale_offset=scale_offset, subtract_mean=subtract_mean
+  )
+
+
+def _case_record(case):
+  return _record(
+    case.shape,
+    case.axis,
+    case.dtype,
+    case.subtract_mean,
+    case.has_scale,
+    case.has_offset,
+    case.scale_offset,
   )
 
 
@@ -118,7 +127,7 @@ def test_autotuning_configs_compile_for_sm90():
 
 @pytest.mark.parametrize("case", CASES)
 def test_wrapper_shapes_and_dtypes(case):
-  args = _record(*case)
+  args = _case_record(case)
   launches, out, grads = _launches(args, OP._get_heuristics_config(args))
   assert out.shape == args.x.shape and out.dtype == args.x.dtype
   assert grads["x"].shape == args.x.shape and grads["x"].dtype == args.x.dtype
@@ -153,9 +162,9 @@ def test_cpu_names_triton_unavailable_and_falls_back():
 
 def _interpreted_errors(case) -> dict:
   """Runs the kernels in Triton's interpreter."""
-  shape, axis, dtype, subtract_mean, has_scale, has_offset, scale_offset = case
-  x, scale, offset, dy = _inputs(shape, axis, dtype, has_scale, has_offset)
-  kw = dict(axis=axis, scale_offset=scale_offset, subtract_mean=subtract_mean)
+  dtype = case.dtype
+  x, scale, offset, dy = _inputs(case.shape, case.axis, dtype, case.has_scale, case.has_offset)
+  kw = dict(axis=case.axis, scale_offset=case.scale_offset, subtract_mean=case.subtract_mean)
   args = spec.canonicalize(x, scale, offset, **kw)
   # One program per block, persistent programs that prefetch the next rows into
   # registers, and loops pipelined through shared memory.
@@ -201,13 +210,14 @@ def test_interpreted_kernels_match_float64_reference(case):
 
 @pytest.mark.requires("triton")
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-@pytest.mark.parametrize("case", [*CASES, ((32, 4096), -1, None, True, True, True, 0.0)])
+@pytest.mark.parametrize("case", GPU_CASES)
 def test_gpu_matches_reference_with_gradients(case, dtype):
   if (reason := triton_call.unavailable_reason()) is not None:
     pytest.skip(reason)  # E.g. jax-triton is not installed.
-  shape, axis, _, subtract_mean, has_scale, has_offset, scale_offset = case
-  x, scale, offset, dy = _inputs(shape, axis, dtype, has_scale, has_offset, seed=1)
-  kw = dict(axis=axis, scale_offset=scale_offset, subtract_mean=subtract_mean)
+  x, scale, offset, dy = _inputs(
+    case.shape, case.axis, dtype, case.has_scale, case.has_offset, seed=1
+  )
+  kw = dict(axis=case.axis, scale_offset=case.scale_offset, subtract_mean=case.subtract_mean)
   present = [v for v in (x, scale, offset) if v is not None]
   names = [n for n, v in (("x", x), ("scale", scale), ("offset", offset)) if v is not None]
 

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from harness import compare, references
+from suites import opdb
 from suites.kernels import interpreted
+from suites.opdb import kernel_cases
 from tokamax._src import triton_call
 from tokamax._src.ops.ragged_dot import api, spec
 from tokamax._src.ops.ragged_dot import triton as rd_triton
@@ -24,13 +26,9 @@ SMALL = rd_triton.TritonRaggedDotConfig(
   block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2
 )
 
-# (layout, m, k, n, groups, dtype, group_offset)
-CASES = [
-  (spec.DEFAULT, 70, 40, 24, 5, "float32", None),
-  (spec.RHS_TRANSPOSED, 64, 32, 48, 4, "float16", 1),
-  (spec.RAGGED_CONTRACTING, 80, 24, 40, 5, "float32", None),
-  (spec.DEFAULT, 50, 48, 32, 3, "float32", 2),
-]
+# `kernel_cases.RaggedDotKernelCase`s (in the op database).
+CASES = list(opdb.get("ragged_dot").kernel_cases["triton"].values())
+GPU_CASES = [*CASES, *opdb.get("ragged_dot").kernel_cases["triton:gpu"].values()]
 
 
 def _rhs_shape(layout, m, k, n, g):
@@ -51,9 +49,15 @@ def _inputs(layout, m, k, n, g, dtype, offset, seed=0):
   return lhs, rhs, jnp.asarray(sizes), group_offset
 
 
+def _case_inputs(case, seed=0):
+  return _inputs(
+    case.layout, case.m, case.k, case.n, case.groups, case.dtype, case.group_offset, seed
+  )
+
+
 def _record(case, **kw):
-  layout, m, k, n, g, dtype, offset = case
-  lhs, rhs, sizes, group_offset = _inputs(layout, m, k, n, g, dtype, offset)
+  lhs, rhs, sizes, group_offset = _case_inputs(case)
+  layout = case.layout
   return spec.canonicalize(
     lhs, rhs, sizes, spec.dimension_numbers(layout), group_offset=group_offset, **kw
   )
@@ -95,7 +99,7 @@ def test_row_schedule_covers_each_row_once_within_its_group(seed, block_m):
 @pytest.mark.parametrize("layout", spec.LAYOUTS)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_heuristic_configs_compile_forward_and_backward(sm, layout, dtype):
-  args = _record((layout, 512, 256, 512, 4, dtype, None))
+  args = _record(kernel_cases.RaggedDotKernelCase(layout, 512, 256, 512, 4, dtype, None))
   config = OP._get_heuristics_config(args)
   with triton_call.capture() as launches:
     OP._fwd(args, config)
@@ -109,7 +113,7 @@ def test_heuristic_configs_compile_forward_and_backward(sm, layout, dtype):
 
 
 def test_autotuning_configs_compile_for_sm90():
-  args = _record((spec.DEFAULT, 512, 256, 512, 4, "bfloat16", None))
+  args = _record(kernel_cases.RaggedDotKernelCase(spec.DEFAULT, 512, 256, 512, 4, "bfloat16", None))
   configs = OP._get_autotuning_configs(args)
   assert OP._get_heuristics_config(args) in configs and len(configs) > 4
   for config in configs:
@@ -157,8 +161,8 @@ def _reference(layout, lhs, rhs, sizes, group_offset, g):
 
 def _interpreted_errors(case) -> dict:
   """Runs the kernels in Triton's interpreter."""
-  layout, m, k, n, g, dtype, offset = case
-  lhs, rhs, sizes, group_offset = _inputs(layout, m, k, n, g, dtype, offset)
+  layout, dtype = case.layout, case.dtype
+  lhs, rhs, sizes, group_offset = _case_inputs(case)
   args = spec.canonicalize(
     lhs,
     rhs,
@@ -193,12 +197,14 @@ def test_interpreted_kernels_match_float64_reference(case):
 
 @pytest.mark.requires("triton")
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.parametrize("case", [*CASES, (spec.DEFAULT, 1000, 256, 384, 8, None, None)])
+@pytest.mark.parametrize("case", GPU_CASES)
 def test_gpu_matches_reference_with_gradients(case, dtype):
   if (reason := triton_call.unavailable_reason()) is not None:
     pytest.skip(reason)  # E.g. jax-triton is not installed.
-  layout, m, k, n, g, _, offset = case
-  lhs, rhs, sizes, group_offset = _inputs(layout, m, k, n, g, dtype, offset, seed=1)
+  layout = case.layout
+  lhs, rhs, sizes, group_offset = _inputs(
+    layout, case.m, case.k, case.n, case.groups, dtype, case.group_offset, seed=1
+  )
   dims = spec.dimension_numbers(layout)
 
   def fn(a, b):

@@ -264,9 +264,7 @@ _MOSAIC_CASES = {
     dict(b=2, t=128, s=150, n=2, k=1, h=64),
     "bfloat16",
     grads=False,
-    features=dict(
-      local_window_size=(0, 70), logits_soft_cap=4.0, key_value_seq_lengths=(64, 150)
-    ),
+    features=dict(local_window_size=(0, 70), logits_soft_cap=4.0, key_value_seq_lengths=(64, 150)),
     config=dict(block_kv=64, overlap_qk=True),
   ),
   "overlap_qk_bias_mask_window_gqa_h128_fwd": kc.AttentionKernelCase(
@@ -431,8 +429,59 @@ _TRITON_GPU_CASES = {
     dict(b=2, t=256, s=256, n=4, k=2, h=256), "float32", features=dict(is_causal=True)
   ),
 }
+# Compiled on a Hopper GPU through the public API (suites/kernels/test_gpu_compiled.py):
+# lengths draws random lengths; bias and mask are plane shapes ([B|1, N|1, T|1, S|1]).
+_MOSAIC_GPU_COMPILED_CASES = {
+  "plain_h64": kc.AttentionKernelCase(dict(b=2, t=256, s=256, n=2, k=2, h=64), "bfloat16"),
+  "causal_h128": kc.AttentionKernelCase(
+    dict(b=1, t=384, s=384, n=2, k=1, h=128), "bfloat16", features=dict(is_causal=True)
+  ),
+  "gqa_causal_h128_fp16": kc.AttentionKernelCase(
+    dict(b=2, t=256, s=256, n=4, k=2, h=128), "float16", features=dict(is_causal=True)
+  ),
+  "window_softcap_h64": kc.AttentionKernelCase(
+    dict(b=1, t=320, s=320, n=2, k=2, h=64),
+    "bfloat16",
+    features=dict(local_window_size=(100, 40), logits_soft_cap=5.0),
+  ),
+  "lengths_causal_h128": kc.AttentionKernelCase(
+    dict(b=3, t=256, s=256, n=2, k=2, h=128),
+    "bfloat16",
+    features=dict(is_causal=True, lengths=True),
+  ),
+  "cross_uneven_h64": kc.AttentionKernelCase(dict(b=1, t=200, s=300, n=2, k=1, h=64), "bfloat16"),
+  "causal_h256": kc.AttentionKernelCase(
+    dict(b=1, t=256, s=256, n=2, k=2, h=256), "bfloat16", features=dict(is_causal=True)
+  ),
+  "cross_uneven_fp16_h256": kc.AttentionKernelCase(
+    dict(b=2, t=200, s=330, n=2, k=1, h=256), "float16"
+  ),
+  "gqa_lengths_window_softcap_h256": kc.AttentionKernelCase(
+    dict(b=2, t=384, s=384, n=4, k=2, h=256),
+    "bfloat16",
+    features=dict(lengths=True, local_window_size=(150, 30), logits_soft_cap=5.0),
+  ),
+  "bias_full_mask_full_h128": kc.AttentionKernelCase(
+    dict(b=2, t=256, s=256, n=4, k=2, h=128),
+    "bfloat16",
+    features=dict(bias=(2, 4, 256, 256), mask=(2, 4, 256, 256)),
+  ),
+  "bias_bcast_b_mask_bcast_n_causal_softcap_h64": kc.AttentionKernelCase(
+    dict(b=2, t=320, s=320, n=2, k=1, h=64),
+    "bfloat16",
+    features=dict(
+      bias=(1, 2, 320, 320), mask=(2, 1, 320, 320), is_causal=True, logits_soft_cap=5.0
+    ),
+  ),
+  "bias_bcast_t_mask_bcast_s_window_cross_h128_fp16": kc.AttentionKernelCase(
+    dict(b=1, t=200, s=300, n=4, k=4, h=128),
+    "float16",
+    features=dict(bias=(1, 4, 1, 300), mask=(1, 4, 200, 1), local_window_size=(100, 40)),
+  ),
+}
 _KERNEL_CASES = {
   "mosaic": _MOSAIC_CASES,
+  "mosaic:gpu_compiled": _MOSAIC_GPU_COMPILED_CASES,
   "mosaic:gpu": _MOSAIC_GPU_CASES,
   "mosaic:gpu_overlap_qk": _MOSAIC_GPU_OVERLAP_CASES,
   "triton:compile": _TRITON_COMPILE_CASES,

@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from harness import references
 from suites.opdb import base
+from suites.opdb import kernel_cases as kc
 
 # Every activation an implementation accepts by name is a feature, so each kernel is checked
 # with each.
@@ -53,6 +54,88 @@ _GPU_BENCH = (
   base.BenchCall(dict(m=128, k=4096, n=14336), "bfloat16", "swiglu"),
 )
 
+_MOSAIC_SMALL = dict(block_n=64, num_stages=2, epi_n=64, grid_tile_m=2)
+
+# Kernel cases (`kernel_cases`). Triton's run in its interpreter on CPU and compiled on a
+# GPU (the "triton:gpu" ones on a GPU only, at each of the test's dtypes).
+_KERNEL_CASES = {
+  "triton": {
+    "f32_batch_swish_fused": kc.GluKernelCase(
+      (2, 37, 40), n=72, dtype="float32", activation=jax.nn.swish, fused=True
+    ),
+    "f16_gelu_pair": kc.GluKernelCase(
+      (50, 64), n=48, dtype="float16", activation=jax.nn.gelu, fused=False
+    ),
+    "f32_linear_fused": kc.GluKernelCase((20, 30), n=20, dtype="float32", fused=True),
+    "f32_sigmoid_pair": kc.GluKernelCase(
+      (33, 48), n=40, dtype="float32", activation=jax.nn.sigmoid, fused=False
+    ),
+  },
+  "triton:gpu": {
+    "batch_swish_fused_n384": kc.GluKernelCase(
+      (4, 200, 256), n=384, activation=jax.nn.swish, fused=True
+    ),
+  },
+  # Compiled on a GPU through the public API against XLA (suites/kernels/test_gpu_compiled.py).
+  "triton:gpu_compiled": {
+    "bf16_batch_swish_fused": kc.GluKernelCase(
+      (4, 200, 256), n=384, dtype="bfloat16", activation=jax.nn.swish, fused=True
+    ),
+    "bf16_gelu_pair": kc.GluKernelCase(
+      (300, 512), n=200, dtype="bfloat16", activation=jax.nn.gelu, fused=False
+    ),
+    "f32_linear_fused": kc.GluKernelCase((64, 96), n=128, dtype="float32", fused=True),
+  },
+  # Mosaic GPU's compiled on a Hopper GPU against float64 (swish, bfloat16;
+  # suites/kernels/test_gpu_compiled.py).
+  "mosaic:gpu_compiled": {
+    "bwd_mosaic": kc.GluKernelCase(
+      (1000, 256), n=384, dtype="bfloat16", activation=jax.nn.swish, backward="mosaic"
+    ),
+    "bwd_xla": kc.GluKernelCase(
+      (264, 512), n=512, dtype="bfloat16", activation=jax.nn.swish, backward="xla"
+    ),
+    "pair_bwd_default": kc.GluKernelCase(
+      (264, 512), n=512, dtype="bfloat16", activation=jax.nn.swish, fused=False
+    ),
+  },
+  # Mosaic GPU's, in the Pallas interpreter (N = 128, bfloat16); "small" is the
+  # test's small-block config fields.
+  "mosaic": {
+    # Batch dims; 100 rows: padded to 104. Backward matmuls in the ragged_dot kernels.
+    "batch_swish_bwd_mosaic": kc.GluKernelCase(
+      (2, 50, 128), activation=jax.nn.swish, fused=True, backward="mosaic", config=_MOSAIC_SMALL
+    ),
+    "linear_pair": kc.GluKernelCase((64, 128), fused=False, config=_MOSAIC_SMALL),
+    "gelu_bwd_xla": kc.GluKernelCase(
+      (72, 128), activation=jax.nn.gelu, fused=True, backward="xla", config=_MOSAIC_SMALL
+    ),
+    # Two row tiles, the second 8 rows.
+    "linear_two_row_tiles_bwd_mosaic_xla": kc.GluKernelCase(
+      (136, 128), fused=True, backward=("mosaic", "xla"), config=_MOSAIC_SMALL
+    ),
+    "swish_bwd_xla_mosaic": kc.GluKernelCase(
+      (64, 128),
+      activation=jax.nn.swish,
+      fused=True,
+      backward=("xla", "mosaic"),
+      config=_MOSAIC_SMALL,
+    ),
+    # Two-CTA clusters sharing x tiles by multicast.
+    "swish_cluster2_bwd_xla": kc.GluKernelCase(
+      (136, 256),
+      activation=jax.nn.swish,
+      fused=True,
+      backward="xla",
+      config=dict(_MOSAIC_SMALL, cluster=2),
+    ),
+    # The heuristic config of a single row tile; the second warpgroup has no rows.
+    "swish_heuristic_one_row_tile": kc.GluKernelCase(
+      (40, 384), activation=jax.nn.swish, fused=True
+    ),
+  },
+}
+
 INFO = base.OpInfo(
   name="gated_linear_unit",
   build=build,
@@ -88,5 +171,6 @@ INFO = base.OpInfo(
     base.TPU_V5: _GPU_BENCH,
   },
   sizes=_sizes,
+  kernel_cases=_KERNEL_CASES,
 )
     "leaky_reglu": {"activation": "leaky_relu"},

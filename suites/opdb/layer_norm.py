@@ -5,6 +5,7 @@ from hypothesis import strategies as st
 
 from harness import references
 from suites.opdb import base
+from suites.opdb import kernel_cases as kc
 
 
 def build(d: base.Draw, shape: dict, dtype: str, f: dict) -> base.Built:
@@ -42,6 +43,48 @@ _GPU_BENCH = (
   base.BenchCall(dict(rows=(4096,), d=8192), "bfloat16", "rms"),
 )
 
+# Kernel cases (`kernel_cases`): Triton's, run in its interpreter on CPU and compiled
+# on a GPU (the "triton:gpu" ones on a GPU only, at each of the test's dtypes).
+_KERNEL_CASES = {
+  "triton": {
+    "f32_rows_40": kc.LayerNormKernelCase((6, 40), -1, "float32", True, True, True, 0.0),
+    "f16_rms_axis1_scale_offset_1": kc.LayerNormKernelCase(
+      (3, 24, 5), 1, "float16", False, True, False, 1.0
+    ),
+    "f32_no_scale_scale_offset_half": kc.LayerNormKernelCase(
+      (10, 100), -1, "float32", True, False, True, 0.5
+    ),
+    "f32_rms_axis2_bare": kc.LayerNormKernelCase(
+      (4, 8, 130), 2, "float32", False, False, False, 0.0
+    ),
+  },
+  "triton:gpu": {
+    "wide_4096": kc.LayerNormKernelCase((32, 4096), -1, None, True, True, True, 0.0),
+  },
+  # Compiled on a GPU through the public API against XLA (suites/kernels/test_gpu_compiled.py).
+  "triton:gpu_compiled": {
+    "bf16_d1000": kc.LayerNormKernelCase((64, 1000), -1, "bfloat16", True, True, True, 0.0),
+    "bf16_d1000_rms_offset_1": kc.LayerNormKernelCase(
+      (64, 1000), -1, "bfloat16", False, True, False, 1.0
+    ),
+    "bf16_d1000_no_scale_offset_half": kc.LayerNormKernelCase(
+      (64, 1000), -1, "bfloat16", True, False, True, 0.5
+    ),
+    "bf16_axis1": kc.LayerNormKernelCase((8, 300, 24), 1, "bfloat16", True, True, True, 0.0),
+    "bf16_axis1_rms_offset_1": kc.LayerNormKernelCase(
+      (8, 300, 24), 1, "bfloat16", False, True, False, 1.0
+    ),
+    "f16_d4096": kc.LayerNormKernelCase((4, 4096), -1, "float16", True, True, True, 0.0),
+    "f16_d4096_rms_offset_1": kc.LayerNormKernelCase(
+      (4, 4096), -1, "float16", False, True, False, 1.0
+    ),
+    "f32_d2000": kc.LayerNormKernelCase((33, 2000), -1, "float32", True, True, True, 0.0),
+    "f32_d2000_rms_offset_1": kc.LayerNormKernelCase(
+      (33, 2000), -1, "float32", False, True, False, 1.0
+    ),
+  },
+}
+
 INFO = base.OpInfo(
   name="layer_norm",
   build=build,
@@ -73,4 +116,5 @@ INFO = base.OpInfo(
     base.TPU_V5: _GPU_BENCH,
   },
   sizes=_sizes,
+  kernel_cases=_KERNEL_CASES,
 )

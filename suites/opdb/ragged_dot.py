@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from harness import references
 from suites.opdb import base
+from suites.opdb import kernel_cases as kc
 from tokamax._src.ops.ragged_dot import spec
 
 
@@ -76,6 +77,50 @@ _GPU_BENCH = (
   base.BenchCall(dict(m=32768, k=7168, n=2048, g=64), "bfloat16", "skewed"),
 )
 
+# Kernel cases (`kernel_cases`). Triton's run in its interpreter on CPU and compiled on a
+# GPU (the "triton:gpu" ones on a GPU only, at each of the test's dtypes); its
+# group_offset is the first group or None.
+_KERNEL_CASES = {
+  "triton": {
+    "default_f32": kc.RaggedDotKernelCase(spec.DEFAULT, 70, 40, 24, 5, "float32", None),
+    "rhs_transposed_f16_offset": kc.RaggedDotKernelCase(
+      spec.RHS_TRANSPOSED, 64, 32, 48, 4, "float16", 1
+    ),
+    "ragged_contracting_f32": kc.RaggedDotKernelCase(
+      spec.RAGGED_CONTRACTING, 80, 24, 40, 5, "float32", None
+    ),
+    "default_f32_offset": kc.RaggedDotKernelCase(spec.DEFAULT, 50, 48, 32, 3, "float32", 2),
+  },
+  "triton:gpu": {
+    "default_m1000": kc.RaggedDotKernelCase(spec.DEFAULT, 1000, 256, 384, 8, None, None),
+  },
+  # Mosaic GPU's, in the Pallas interpreter with race detection; group_offset: whether
+  # the call starts at group 1.
+  "mosaic": {
+    "default": kc.RaggedDotKernelCase(spec.DEFAULT, 136, 128, 128, 3, "bfloat16", False),
+    # M not a multiple of 8: padded.
+    "rhs_transposed_offset": kc.RaggedDotKernelCase(
+      spec.RHS_TRANSPOSED, 100, 128, 128, 3, "bfloat16", True
+    ),
+    "ragged_contracting_offset": kc.RaggedDotKernelCase(
+      spec.RAGGED_CONTRACTING, 144, 128, 128, 3, "bfloat16", True
+    ),
+  },
+  # Mosaic GPU's compiled on a Hopper GPU against float64 (suites/kernels/test_gpu_compiled.py).
+  "mosaic:gpu_compiled": {
+    "default_offset": kc.RaggedDotKernelCase(spec.DEFAULT, 1000, 512, 256, 6, "bfloat16", True),
+    "rhs_transposed": kc.RaggedDotKernelCase(
+      spec.RHS_TRANSPOSED, 1000, 512, 256, 9, "bfloat16", False
+    ),
+    "rhs_transposed_m776": kc.RaggedDotKernelCase(
+      spec.RHS_TRANSPOSED, 776, 256, 512, 5, "bfloat16", False
+    ),
+    "ragged_contracting": kc.RaggedDotKernelCase(
+      spec.RAGGED_CONTRACTING, 1000, 512, 256, 6, "bfloat16", False
+    ),
+  },
+}
+
 INFO = base.OpInfo(
   name="ragged_dot",
   build=build,
@@ -116,4 +161,5 @@ INFO = base.OpInfo(
   },
   sizes=_sizes,
   anchors={"jax.lax": _jax_lax},
+  kernel_cases=_KERNEL_CASES,
 )
