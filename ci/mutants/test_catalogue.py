@@ -1,0 +1,61 @@
+"""The catalogue applies to the tree as it is, and the runner classifies outcomes.
+
+Run with `python -m pytest ci/mutants/test_catalogue.py` (not in the default
+testpaths: it runs no mutant).
+"""
+
+import dataclasses
+import pathlib
+
+import pytest
+
+from ci.mutants import catalogue, runner
+
+
+@pytest.mark.parametrize("mutation", catalogue.MUTATIONS, ids=lambda m: m.id)
+def test_mutation_applies_exactly_once(mutation):
+  assert runner.stale_reason(mutation, runner.ROOT) is None
+  assert mutation.selection and mutation.description
+
+
+def test_ids_are_unique():
+  assert len(catalogue.by_id()) == len(catalogue.MUTATIONS)
+
+
+def test_stale_reasons(tmp_path: pathlib.Path):
+  (tmp_path / "f.py").write_text("a = 1\na = 1\nb = 2\n")
+  m = catalogue.Mutation("t.x", "f.py", "b = 2", "b = 3", ("x",), "")
+  assert runner.stale_reason(m, tmp_path) is None
+  assert "2 times" in runner.stale_reason(dataclasses.replace(m, old="a = 1"), tmp_path)
+  assert "0 times" in runner.stale_reason(dataclasses.replace(m, old="c = 1"), tmp_path)
+  assert "does not exist" in runner.stale_reason(dataclasses.replace(m, file="g.py"), tmp_path)
+
+
+def test_select_by_id_and_target():
+  first = catalogue.MUTATIONS[0]
+  assert runner.select(first.id) == [first]
+  assert all(m.target == "harness" for m in runner.select("harness"))
+  with pytest.raises(SystemExit):
+    runner.select("no.such.mutation")
+
+
+def test_kill_rate_and_table():
+  outcomes = [
+    runner.Outcome("a.x", "a", "f", runner.KILLED, 1.0),
+    runner.Outcome("a.y", "a", "f", runner.SURVIVED, 2.0),
+    runner.Outcome("b.z", "b", "f", runner.STALE, 0.0),
+  ]
+  assert runner.kill_rate(outcomes) == 0.5
+  text = runner.table(outcomes)
+  assert "kill rate 50.0%" in text and "stale 1" in text and "SURVIVED" in text
+
+
+def test_runs_a_selection_and_classifies(tmp_path: pathlib.Path):
+  (tmp_path / "test_it.py").write_text("def test_ok():\n  assert 1 + 1 == 2\n")
+  assert runner.run_selection(tmp_path, ("test_it.py",), 120)[0] == runner.SURVIVED
+  (tmp_path / "test_it.py").write_text("def test_ok():\n  assert 1 + 1 == 3\n")
+  assert runner.run_selection(tmp_path, ("test_it.py",), 120)[0] == runner.KILLED
+  (tmp_path / "test_it.py").write_text("import no_such_module\n")
+  assert runner.run_selection(tmp_path, ("test_it.py",), 120)[0] == runner.ERROR
+  (tmp_path / "test_it.py").write_text("def test_ok():\n  pass\n")
+  assert runner.run_selection(tmp_path, ("test_it.py", "-k", "nothing"), 120)[0] == runner.ERROR
