@@ -21,14 +21,14 @@ import numpy as np
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from tokamax._src.ops import kernel_ops
+from tokamax._src.ops import mosaic_gemm as gemm
 from tokamax._src.ops.gated_linear_unit import mosaic_kernel, spec
 from tokamax._src.ops.ragged_dot import api as ragged_api
 from tokamax._src.ops.ragged_dot import mosaic as ragged_mosaic
-from tokamax._src.ops.ragged_dot import mosaic_fwd
 from tokamax._src.ops.ragged_dot import spec as ragged_spec
 
 _DTYPES = ("bfloat16", "float16")
-_ROW_ALIGN = mosaic_fwd.ROW_ALIGN
+_ROW_ALIGN = gemm.ROW_ALIGN
 BACKWARDS = ("xla", "mosaic")
 
 
@@ -172,7 +172,7 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
     m, _, n = _dims(args)
     block_n = next((b for b in (128, 64) if n % b == 0), 64)
     tile_m = 8  # Faster than 16 at large shapes (docs/perf.md, Gated linear unit).
-    if m <= 4 * mosaic_kernel.WG_ROWS * mosaic_kernel.NUM_COMPUTE_WGS:
+    if m <= 4 * gemm.WG_ROWS * gemm.NUM_COMPUTE_WGS:
       # Few row tiles: more, narrower items and a deeper pipeline keep the SMs busy.
       config = MosaicGluConfig(block_n=64, num_stages=6, epi_n=64, grid_tile_m=tile_m)
       if _config_reason(args, config, False) is None:

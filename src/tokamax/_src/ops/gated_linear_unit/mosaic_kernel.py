@@ -20,10 +20,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.extend import core as jex_core
 
-from tokamax._src.ops.ragged_dot import mosaic_fwd
+from tokamax._src.ops import mosaic_gemm as gemm
 
-WG_ROWS = mosaic_fwd.WG_ROWS
-NUM_COMPUTE_WGS = mosaic_fwd.NUM_COMPUTE_WGS
+WG_ROWS = gemm.WG_ROWS
+NUM_COMPUTE_WGS = gemm.NUM_COMPUTE_WGS
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -104,20 +104,19 @@ def config_reason(
   save_residuals: bool = False,
 ):
   del m
-  if n % config.block_n or config.block_n % config.epi_n:
-    return f"N={n} must be a multiple of block_n={config.block_n} (and of epi_n={config.epi_n})"
+  if (reason := gemm.columns_reason(config, n)) is not None:
+    return reason
   if k % config.block_k:
     return f"K={k} must be a multiple of block_k={config.block_k}"
   if k // config.block_k < config.num_stages:
     return f"K={k} gives fewer than num_stages={config.num_stages} steps"
-  if config.block_k * in_itemsize != 128:
-    return f"block_k={config.block_k} must span 128 bytes"
-  if config.block_n > 256 or config.block_n % 64:
-    return f"block_n={config.block_n} must be a multiple of 64 up to 256"
-  if smem_bytes(config, in_itemsize, save_residuals) > mosaic_fwd.SMEM_BYTES:
-    return f"{config} needs more than {mosaic_fwd.SMEM_BYTES} bytes of shared memory"
-  if config.cluster not in (1, 2):
-    return f"cluster={config.cluster} (supported: 1, 2)"
+  reason = (
+    gemm.tile_reason(config, "block_k", in_itemsize)
+    or gemm.smem_reason(config, smem_bytes(config, in_itemsize, save_residuals))
+    or gemm.cluster_reason(config)
+  )
+  if reason is not None:
+    return reason
   if (n // config.block_n) % config.cluster:
     return f"N={n} must be a multiple of cluster * block_n={config.cluster * config.block_n}"
   return None
@@ -164,29 +163,21 @@ def gated_linear_unit(
   n_units = n_tiles // cluster  # Column tiles per cluster step.
   tile_m = min(config.grid_tile_m, m_tiles)
   collective = ("cluster",) if cluster > 1 else None
-  tf = mosaic_fwd._transforms(x.dtype)
+  tf = gemm.transforms(x.dtype)
   dtype = x.dtype
   slots = epilogue_slots(save_residuals)
 
   def make_pipeline(body, compute_context, mi, ni):
-    return plgpu.emit_pipeline_warp_specialized(
-      body,
-      grid=(k_steps,),
-      memory_registers=mosaic_fwd.MEMORY_REGISTERS,
-      in_specs=[
-        plgpu.BlockSpec(
-          (bm, bk), lambda s: (mi, s), transforms=tf, delay_release=0, collective_axes=collective
-        ),
-        plgpu.BlockSpec((bk, bn), lambda s: (s, ni), transforms=tf, delay_release=0),
-        plgpu.BlockSpec(
-          (bk, bn), lambda s: (s, ni + up_block_offset), transforms=tf, delay_release=0
-        ),
-      ],
-      wg_axis="wg",
-      num_compute_wgs=NUM_COMPUTE_WGS,
-      max_concurrent_steps=config.num_stages,
-      compute_context=compute_context,
-    )
+    in_specs = [
+      plgpu.BlockSpec(
+        (bm, bk), lambda s: (mi, s), transforms=tf, delay_release=0, collective_axes=collective
+      ),
+      plgpu.BlockSpec((bk, bn), lambda s: (s, ni), transforms=tf, delay_release=0),
+      plgpu.BlockSpec(
+        (bk, bn), lambda s: (s, ni + up_block_offset), transforms=tf, delay_release=0
+      ),
+    ]
+    return gemm.pipeline(body, compute_context, k_steps, in_specs, config.num_stages)
 
   def epilogue_values(gate, up, out_ref, res_refs):
     """(float32 value, output ref, its first column) of each store."""
@@ -250,7 +241,7 @@ def gated_linear_unit(
                 slot[...] = v.astype(dtype)
                 plgpu.commit_smem()
                 cols = pl.ds(col + ni * bn + c * epi_n, epi_n)
-                mosaic_fwd.store_rows(slot, ref.at[:, cols], row0, 0, rows, WG_ROWS)
+                gemm.store_rows(slot, ref.at[:, cols], row0, 0, rows, WG_ROWS)
                 u += 1
 
         make_pipeline(mma, compute_context, mi, ni)(x_ref, wg_ref, wu_ref, allocations=allocs)
@@ -260,16 +251,6 @@ def gated_linear_unit(
   out_type = [jax.ShapeDtypeStruct((m, n), dtype)]
   if save_residuals:
     out_type.append(jax.ShapeDtypeStruct((m, 2 * n), dtype))
-  call = plgpu.kernel(
-    kernel,
-    out_type=tuple(out_type),
-    grid=(num_sms // cluster,),
-    grid_names=("sm",),
-    **(dict(cluster=(cluster,), cluster_names=("cluster",)) if cluster > 1 else {}),
-    num_threads=NUM_COMPUTE_WGS + 1,
-    thread_name="wg",
-    compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
-    interpret=interpret,
-  )
+  call = gemm.kernel(kernel, tuple(out_type), num_sms=num_sms, cluster=cluster, interpret=interpret)
   outs = call(x, w_gate, w_up)
   return tuple(outs) if save_residuals else outs[0]

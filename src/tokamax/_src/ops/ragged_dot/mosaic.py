@@ -17,6 +17,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from tokamax._src import device as device_lib
 from tokamax._src.ops import kernel_ops
+from tokamax._src.ops import mosaic_gemm as gemm
 from tokamax._src.ops.ragged_dot import mosaic_drhs, mosaic_fwd, spec
 
 _DTYPES = ("bfloat16", "float16")
@@ -27,7 +28,7 @@ DEFAULT_NUM_SMS = 132
 HEURISTIC_CLUSTER = 1
 # Persistent CTAs simulated in interpret mode (few, so that it stays fast).
 INTERPRET_NUM_SMS = 2
-_ROW_ALIGN = mosaic_fwd.ROW_ALIGN  # TMA tiling of the row dimension.
+_ROW_ALIGN = gemm.ROW_ALIGN  # TMA tiling of the row dimension.
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -172,7 +173,7 @@ class MosaicRaggedDot(kernel_ops.MosaicGpuOp):
     m = lhs.shape[0]
     pad = -m % _ROW_ALIGN
     if args.layout != spec.RAGGED_CONTRACTING:  # A row block must fit in lhs.
-      pad = max(pad, mosaic_fwd.WG_ROWS * mosaic_fwd.NUM_COMPUTE_WGS - m)
+      pad = max(pad, gemm.WG_ROWS * gemm.NUM_COMPUTE_WGS - m)
     if pad:  # Padded rows fall outside every group.
       lhs = jnp.pad(lhs, ((0, pad), (0, 0)))
       if args.layout == spec.RAGGED_CONTRACTING:

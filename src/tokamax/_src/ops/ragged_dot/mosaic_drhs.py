@@ -24,11 +24,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from tokamax._src.ops.ragged_dot import mosaic_fwd, spec
+from tokamax._src.ops import mosaic_gemm as gemm
+from tokamax._src.ops.ragged_dot import spec
 
-WG_ROWS = mosaic_fwd.WG_ROWS
-NUM_COMPUTE_WGS = mosaic_fwd.NUM_COMPUTE_WGS
-ROW_ALIGN = mosaic_fwd.ROW_ALIGN
+WG_ROWS = gemm.WG_ROWS
+NUM_COMPUTE_WGS = gemm.NUM_COMPUTE_WGS
+ROW_ALIGN = gemm.ROW_ALIGN
 # Row alignment of each group's first chunk when `MosaicRaggedDotDrhsConfig.chunk_align` is None
 # (read at trace time, so that a benchmark can compare ROW_ALIGN with block_m).
 CHUNK_ALIGN = ROW_ALIGN
@@ -69,20 +70,16 @@ def config_reason(
   config: MosaicRaggedDotDrhsConfig, m: int, k: int, n: int, in_itemsize: int, out_itemsize: int
 ):
   del m
-  if (reason := mosaic_fwd.columns_reason(config, n)) is not None:
+  if (reason := gemm.columns_reason(config, n)) is not None:
     return reason
   if k % config.block_k:
     return f"K={k} must be a multiple of {config.block_k}"
-  if config.block_m * in_itemsize != 128:
-    return f"block_m={config.block_m} must span 128 bytes"
-  if config.block_n > 256 or config.block_n % 64:
-    return f"block_n={config.block_n} must be a multiple of 64 up to 256"
+  if (reason := gemm.tile_reason(config, "block_m", in_itemsize)) is not None:
+    return reason
   align = chunk_align(config)
   if align % ROW_ALIGN or config.block_m % align:
     return f"chunk_align={align} must be a multiple of {ROW_ALIGN} dividing {config.block_m}"
-  if smem_bytes(config, in_itemsize, out_itemsize) > mosaic_fwd.SMEM_BYTES:
-    return f"{config} needs more than {mosaic_fwd.SMEM_BYTES} bytes of shared memory"
-  return None
+  return gemm.smem_reason(config, smem_bytes(config, in_itemsize, out_itemsize))
 
 
 def chunk_align(config: MosaicRaggedDotDrhsConfig) -> int:
@@ -129,30 +126,22 @@ def ragged_contracting_dot(
   k_tiles, n_tiles = k // bk, n // bn
   align = chunk_align(config)
   bounds = group_bounds(sizes, before, m)
-  tf = mosaic_fwd._transforms(lhs.dtype)
-  out_tf = mosaic_fwd._transforms(out_dtype) if epi_n * jnp.dtype(out_dtype).itemsize >= 128 else ()
+  tf = gemm.transforms(lhs.dtype)
+  out_tf = gemm.transforms(out_dtype) if epi_n * jnp.dtype(out_dtype).itemsize >= 128 else ()
   out_dtype = jnp.dtype(out_dtype)
 
   def make_pipeline(body, compute_context, steps, row0, ki, ni):
     # Row chunks at element offsets row0 + s * bm (row0 a multiple of align).
     rows = lambda s: pl.multiple_of(row0 + s * bm, align)
-    return plgpu.emit_pipeline_warp_specialized(
-      body,
-      grid=(steps,),
-      memory_registers=mosaic_fwd.MEMORY_REGISTERS,
-      in_specs=[
-        plgpu.BlockSpec(
-          (pl.Element(bm), bk), lambda s: (rows(s), ki), transforms=tf, delay_release=0
-        ),
-        plgpu.BlockSpec(
-          (pl.Element(bm), bn), lambda s: (rows(s), ni), transforms=tf, delay_release=0
-        ),
-      ],
-      wg_axis="wg",
-      num_compute_wgs=NUM_COMPUTE_WGS,
-      max_concurrent_steps=config.num_stages,
-      compute_context=compute_context,
-    )
+    in_specs = [
+      plgpu.BlockSpec(
+        (pl.Element(bm), bk), lambda s: (rows(s), ki), transforms=tf, delay_release=0
+      ),
+      plgpu.BlockSpec(
+        (pl.Element(bm), bn), lambda s: (rows(s), ni), transforms=tf, delay_release=0
+      ),
+    ]
+    return gemm.pipeline(body, compute_context, steps, in_specs, config.num_stages)
 
   def kernel(bounds_ref, lhs_ref, rhs_ref, out_ref):
     nothing = lambda *_, **__: None
@@ -201,37 +190,20 @@ def ragged_contracting_dot(
           plgpu.wgmma_wait(0)
           return acc
 
-        def compute_context(run):
-          @functools.partial(pl.run_scoped, acc=plgpu.ACC((WG_ROWS, bn), jnp.float32))
-          def _acc_scope(acc):
-            run(acc)
-            out = acc[...].astype(out_dtype)
-            o_wg = o_smem.at[wg]
-            for c in range(bn // epi_n):
-              plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-              o_wg[...] = out[:, c * epi_n : (c + 1) * epi_n]
-              plgpu.commit_smem()
-              plgpu.copy_smem_to_gmem(
-                o_wg,
-                out_ref.at[
-                  gi, pl.ds(ki * bk + wg * WG_ROWS, WG_ROWS), pl.ds(ni * bn + c * epi_n, epi_n)
-                ],
-              )
+        o_wg = o_smem.at[wg]
 
+        def store(c):
+          rows = pl.ds(ki * bk + wg * WG_ROWS, WG_ROWS)
+          plgpu.copy_smem_to_gmem(o_wg, out_ref.at[gi, rows, pl.ds(ni * bn + c * epi_n, epi_n)])
+
+        compute_context = gemm.stored_accumulator(bn, epi_n, o_wg, out_dtype, store)
         make_pipeline(mma, compute_context, steps, row0, ki, ni)(
           lhs_ref, rhs_ref, allocations=allocs
         )
 
       plgpu.wait_smem_to_gmem(0)
 
-  call = plgpu.kernel(
-    kernel,
-    out_type=jax.ShapeDtypeStruct((g, k, n), out_dtype),
-    grid=(num_sms,),
-    grid_names=("sm",),
-    num_threads=NUM_COMPUTE_WGS + 1,
-    thread_name="wg",
-    compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
-    interpret=interpret,
+  call = gemm.kernel(
+    kernel, jax.ShapeDtypeStruct((g, k, n), out_dtype), num_sms=num_sms, interpret=interpret
   )
   return call(bounds, lhs, rhs)

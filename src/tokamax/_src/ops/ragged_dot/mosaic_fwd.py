@@ -25,15 +25,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from tokamax._src.ops import mosaic_gemm as gemm
 from tokamax._src.ops.ragged_dot import spec
 
-# Rows of the row block handled by one compute warpgroup.
-WG_ROWS = 64
-NUM_COMPUTE_WGS = 2
-# Shared memory a CTA can use on sm_90 (227 KiB), less room for barriers.
-SMEM_BYTES = 227 * 1024 - 1024
-MEMORY_REGISTERS = 40
-ROW_ALIGN = 8  # Row tiling of the TMA copies.
+WG_ROWS = gemm.WG_ROWS
+NUM_COMPUTE_WGS = gemm.NUM_COMPUTE_WGS
+ROW_ALIGN = gemm.ROW_ALIGN
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -68,19 +65,12 @@ def smem_bytes(config: MosaicRaggedDotFwdConfig, in_itemsize: int, out_itemsize:
   return config.num_stages * stage + epilogue
 
 
-def columns_reason(config, n: int) -> str | None:
-  """Why `n` output columns do not tile by the config's `block_n` and `epi_n`, or None."""
-  if n % config.block_n or config.block_n % config.epi_n:
-    return f"N={n} must be a multiple of block_n={config.block_n} (and of epi_n={config.epi_n})"
-  return None
-
-
 def config_reason(
   config: MosaicRaggedDotFwdConfig, m: int, k: int, n: int, in_itemsize: int, out_itemsize: int
 ):
   """Why `config` cannot run this shape, or None."""
   del m
-  if (reason := columns_reason(config, n)) is not None:
+  if (reason := gemm.columns_reason(config, n)) is not None:
     return reason
   if k % config.block_k:
     return f"K={k} must be a multiple of block_k={config.block_k}"
@@ -88,15 +78,11 @@ def config_reason(
     return (
       f"K={k} gives fewer than num_stages={config.num_stages} steps of block_k={config.block_k}"
     )
-  if config.block_k * in_itemsize != 128:
-    return f"block_k={config.block_k} must span 128 bytes"
-  if config.block_n > 256 or config.block_n % 64:
-    return f"block_n={config.block_n} must be a multiple of 64 up to 256"
-  if smem_bytes(config, in_itemsize, out_itemsize) > SMEM_BYTES:
-    return f"{config} needs more than {SMEM_BYTES} bytes of shared memory"
-  if config.cluster not in (1, 2):
-    return f"cluster={config.cluster} (supported: 1, 2)"
-  return None
+  return (
+    gemm.tile_reason(config, "block_k", in_itemsize)
+    or gemm.smem_reason(config, smem_bytes(config, in_itemsize, out_itemsize))
+    or gemm.cluster_reason(config)
+  )
 
 
 def work_items(
@@ -159,31 +145,6 @@ def work_items(
   return jnp.concatenate([header, items]), num_items
 
 
-def _transforms(dtype) -> tuple:
-  swizzle = 128
-  elems = swizzle // jnp.dtype(dtype).itemsize
-  return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle))
-
-
-def store_rows(o_smem, o_gmem, row0, first, size, max_rows: int):
-  """Stores rows [first, first + size) of `o_smem` to rows row0 + first.. of `o_gmem`.
-
-  A ladder of power-of-two TMA stores, so that any row count up to `max_rows`
-  needs static copy shapes only.
-  """
-  start = first
-  p = 1 << (max_rows.bit_length() - 1)
-  while p >= 1:
-    bit = jnp.bitwise_and(size, p)
-
-    @pl.when(bit != 0)
-    def _(start=start, p=p):
-      plgpu.copy_smem_to_gmem(o_smem.at[pl.ds(start, p)], o_gmem.at[pl.ds(row0 + start, p)])
-
-    start = start + bit
-    p //= 2
-
-
 def ragged_dot_fwd(
   lhs: jax.Array,
   rhs: jax.Array,
@@ -221,29 +182,21 @@ def ragged_dot_fwd(
   cluster = config.cluster
   items, _ = work_items(sizes, before, m, bm, cluster)
   collective = ("cluster",) if cluster > 1 else None
-  in_tf = _transforms(lhs.dtype)
+  in_tf = gemm.transforms(lhs.dtype)
   out_dtype = jnp.dtype(out_dtype)
 
   def make_pipeline(body, compute_context, steps, ni):
-    return plgpu.emit_pipeline_warp_specialized(
-      body,
-      grid=(steps,),
-      memory_registers=MEMORY_REGISTERS,
-      in_specs=[
-        plgpu.BlockSpec((bm, bk), lambda s: (0, s), transforms=in_tf, delay_release=0),
-        plgpu.BlockSpec(
-          (bn, bk) if transpose_rhs else (bk, bn),
-          (lambda s: (ni, s)) if transpose_rhs else (lambda s: (s, ni)),
-          transforms=in_tf,
-          delay_release=0,
-          collective_axes=collective,
-        ),
-      ],
-      wg_axis="wg",
-      num_compute_wgs=NUM_COMPUTE_WGS,
-      max_concurrent_steps=config.num_stages,
-      compute_context=compute_context,
-    )
+    in_specs = [
+      plgpu.BlockSpec((bm, bk), lambda s: (0, s), transforms=in_tf, delay_release=0),
+      plgpu.BlockSpec(
+        (bn, bk) if transpose_rhs else (bk, bn),
+        (lambda s: (ni, s)) if transpose_rhs else (lambda s: (s, ni)),
+        transforms=in_tf,
+        delay_release=0,
+        collective_axes=collective,
+      ),
+    ]
+    return gemm.pipeline(body, compute_context, steps, in_specs, config.num_stages)
 
   def kernel(items_ref, lhs_ref, rhs_ref, out_ref):
     nothing = lambda *_, **__: None
@@ -286,19 +239,13 @@ def ragged_dot_fwd(
           plgpu.wgmma_wait(0)
           return acc
 
-        def compute_context(run):
-          @functools.partial(pl.run_scoped, acc=plgpu.ACC((WG_ROWS, bn), jnp.float32))
-          def _acc_scope(acc):
-            run(acc)
-            out = acc[...].astype(out_dtype)
-            o_wg = o_smem.at[wg]
-            for c in range(bn // epi_n):
-              plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-              o_wg[...] = out[:, c * epi_n : (c + 1) * epi_n]
-              plgpu.commit_smem()
-              cols = pl.ds(ni * bn + c * epi_n, epi_n)
-              store_rows(o_wg, out_ref.at[:, cols], row0, first, size, WG_ROWS)
+        o_wg = o_smem.at[wg]
 
+        def store(c):
+          cols = pl.ds(ni * bn + c * epi_n, epi_n)
+          gemm.store_rows(o_wg, out_ref.at[:, cols], row0, first, size, WG_ROWS)
+
+        compute_context = gemm.stored_accumulator(bn, epi_n, o_wg, out_dtype, store)
         pipeline = make_pipeline(mma, compute_context, steps, ni)
         pipeline(
           lhs_ref.at[pl.ds(block_row0, bm)], rhs_ref.at[jnp.maximum(g, 0)], allocations=allocs
@@ -306,15 +253,11 @@ def ragged_dot_fwd(
 
       plgpu.wait_smem_to_gmem(0)
 
-  call = plgpu.kernel(
+  call = gemm.kernel(
     kernel,
-    out_type=jax.ShapeDtypeStruct((m, n), out_dtype),
-    grid=(num_sms // cluster,),
-    grid_names=("sm",),
-    **(dict(cluster=(cluster,), cluster_names=("cluster",)) if cluster > 1 else {}),
-    num_threads=NUM_COMPUTE_WGS + 1,
-    thread_name="wg",
-    compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+    jax.ShapeDtypeStruct((m, n), out_dtype),
+    num_sms=num_sms,
+    cluster=cluster,
     interpret=interpret,
   )
   return call(items, lhs, rhs)
