@@ -13,8 +13,10 @@ selection there and restores the file. A mutant is
   STALE     when `old` does not occur exactly once in its file (checked for
             every mutation before anything runs).
 
-With `--baseline` the unmutated selection runs first and must pass (else
-BASELINE). The exit status is non-zero unless every mutant was killed.
+Before anything runs, the unmutated copy must collect every selected test
+file (else the run stops with exit status 2). With `--baseline` each
+unmutated selection also runs first and must pass (else BASELINE). The exit
+status is non-zero unless every mutant was killed.
 
   python -m ci.mutants [--jobs 2] [--only ID,...] [--list] [--out summary.json]
 """
@@ -46,6 +48,10 @@ KILLED, SURVIVED, ERROR, TIMEOUT, STALE, BASELINE = (
   "BASELINE",
 )
 _SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|error|errors|skipped|deselected).*?)\s*=*$")
+
+
+class PreflightError(RuntimeError):
+  """The unmutated copy cannot collect the selected tests."""
 
 
 @dataclasses.dataclass
@@ -163,6 +169,45 @@ def run_selection(
   return status, proc.returncode, summary, output[-2000:]
 
 
+def _test_paths(selection: tuple[str, ...]) -> list[str]:
+  """The files and node ids of a selection (its options and their values left out)."""
+  paths, skip = [], False
+  for arg in selection:
+    if skip:
+      skip = False
+    elif arg in ("-k", "-m"):
+      skip = True
+    elif not arg.startswith("-"):
+      paths.append(arg)
+  return paths
+
+
+def preflight(
+  copy: pathlib.Path, mutations: list[catalogue.Mutation], timeout: float
+) -> str | None:
+  """Why the unmutated copy cannot collect the catalogue's tests, or None.
+
+  A tree that does not even collect would make every mutant an ERROR.
+  """
+  paths = sorted({p for m in mutations for p in _test_paths(m.selection)})
+  if not paths:
+    return None
+  try:
+    proc = subprocess.run(
+      [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *paths],
+      cwd=copy,
+      env=_environment(copy),
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+    )
+  except subprocess.TimeoutExpired:
+    return f"collecting the selected tests took over {timeout:g} s"
+  if proc.returncode != 0:
+    return (proc.stdout + proc.stderr)[-3000:]
+  return None
+
+
 def _run_one(
   mutation: catalogue.Mutation, copy: pathlib.Path, timeout: float, baseline: bool
 ) -> Outcome:
@@ -228,6 +273,10 @@ def run(
     }
     for o in outcomes.values():
       progress(f"{o.id}: STALE ({o.detail})")
+    todo = [m for m in mutations if m.id not in outcomes]
+    broken = preflight(copies[0], todo, timeout)
+    if broken is not None:
+      raise PreflightError(f"the unmutated tree does not collect the selected tests:\n{broken}")
     free: queue.Queue[pathlib.Path] = queue.Queue()
     for c in copies:
       free.put(c)
@@ -243,7 +292,6 @@ def run(
         progress(f"{o.id}: {o.status} in {o.seconds:g} s ({o.summary})")
       return o
 
-    todo = [m for m in mutations if m.id not in outcomes]
     with concurrent.futures.ThreadPoolExecutor(len(copies)) as pool:
       for o in pool.map(work, todo):
         outcomes[o.id] = o
@@ -270,7 +318,10 @@ def table(outcomes: list[Outcome]) -> str:
   counts = {s: sum(o.status == s for o in outcomes) for s in (KILLED, SURVIVED, ERROR, TIMEOUT)}
   counts |= {s: sum(o.status == s for o in outcomes) for s in (STALE, BASELINE)}
   lines.append(", ".join(f"{k.lower()} {v}" for k, v in counts.items() if v or k == SURVIVED))
-  lines.append(f"kill rate {100.0 * kill_rate(outcomes):.1f}% of {len(outcomes)} mutants")
+  decided = counts[KILLED] + counts[SURVIVED]
+  lines.append(
+    f"kill rate {100.0 * kill_rate(outcomes):.1f}% of {decided} decided ({len(outcomes)} mutants)"
+  )
   return "\n".join(lines)
 
 
@@ -314,15 +365,19 @@ def main(argv: list[str] | None = None) -> int:
       print(f"    pytest {' '.join(m.selection)}")
     return 0
   start = time.perf_counter()
-  outcomes = run(
-    mutations,
-    jobs=args.jobs,
-    timeout=args.timeout,
-    source=args.source,
-    baseline=args.baseline,
-    workdir=args.workdir,
-    keep=args.keep,
-  )
+  try:
+    outcomes = run(
+      mutations,
+      jobs=args.jobs,
+      timeout=args.timeout,
+      source=args.source,
+      baseline=args.baseline,
+      workdir=args.workdir,
+      keep=args.keep,
+    )
+  except PreflightError as e:
+    print(f"ERROR: {e}", file=sys.stderr)
+    return 2
   elapsed = time.perf_counter() - start
   print(table(outcomes))
   print(f"wall time {elapsed:.0f} s on {args.jobs} workers")

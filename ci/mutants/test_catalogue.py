@@ -47,7 +47,7 @@ def test_kill_rate_and_table():
   ]
   assert runner.kill_rate(outcomes) == 0.5
   text = runner.table(outcomes)
-  assert "kill rate 50.0%" in text and "stale 1" in text and "SURVIVED" in text
+  assert "kill rate 50.0% of 2 decided" in text and "stale 1" in text and "SURVIVED" in text
 
 
 def test_runs_a_selection_and_classifies(tmp_path: pathlib.Path):
@@ -59,3 +59,11 @@ def test_runs_a_selection_and_classifies(tmp_path: pathlib.Path):
   assert runner.run_selection(tmp_path, ("test_it.py",), 120)[0] == runner.ERROR
   (tmp_path / "test_it.py").write_text("def test_ok():\n  pass\n")
   assert runner.run_selection(tmp_path, ("test_it.py", "-k", "nothing"), 120)[0] == runner.ERROR
+
+
+def test_preflight_stops_a_tree_that_does_not_collect(tmp_path: pathlib.Path):
+  m = catalogue.Mutation("t.x", "f.py", "a", "b", ("test_it.py", "-k", "ok"), "")
+  (tmp_path / "test_it.py").write_text("def test_ok():\n  pass\n")
+  assert runner.preflight(tmp_path, [m], 120) is None
+  (tmp_path / "test_it.py").write_text("def test_ok(:\n")
+  assert "SyntaxError" in runner.preflight(tmp_path, [m], 120)
