@@ -31,33 +31,30 @@ def tests(session):
 
 @nox.session(venv_backend="none")
 def gpu_tests(session):
-  """The GPU suite for the GPU found (h100 or a100 matrix) with a summary, in the current environment."""
+  """The GPU suite for the GPU found (h100 or a100 matrix), through ci/gpu_suite.sh, in the current environment.
+
+  pytest-xdist workers sized to the host and one set of compile caches (see ci/gpu_suite.sh for
+  SUITE_WORKERS, TOKAMAX_COMPILATION_CACHE, ...); summary, JUnit and log in RESULTS/gpu_run.
+  """
+  probe = "import jax; print(jax.default_backend())"
+  found = session.run("python", "-c", probe, silent=True, success_codes=range(256), external=True)
+  backend = str(found).strip().splitlines()[-1] if str(found).strip() else "nothing"
+  if backend != "gpu":
+    session.error(
+      f"no GPU here (jax.default_backend(): {backend!r}). gpu_tests needs an NVIDIA GPU and "
+      "jax with CUDA; on a CPU host run `nox -s tests`."
+    )
   session.run(
-    "python", "-c", "import jax, sys; sys.exit(jax.default_backend() != 'gpu')", silent=True
+    "bash",
+    "ci/gpu_suite.sh",
+    *session.posargs,
+    env={
+      "OUT": f"{RESULTS}/gpu_run",
+      "SKIP_BENCH": "1",  # `nox -s bench` times them.
+      "SUITE_TIMEOUT": os.environ.get("SUITE_TIMEOUT", "0"),  # 0: no time limit.
+    },
+    external=True,
   )
-  _pytest(
-    session,
-    "-q",
-    "-m",
-    "not bench",
-    *_parallel_args(session),
-    f"--summary-json={RESULTS}/gpu_summary.json",
-    f"--summary-md={RESULTS}/gpu_summary.md",
-  )
-
-
-def _parallel_args(session) -> list[str]:
-  """pytest-xdist workers sharing the accelerator, where xdist is installed (compiles dominate)."""
-  found = session.run(
-    "python",
-    "-c",
-    "import importlib.util as u; print(u.find_spec('xdist') is not None)",
-    silent=True,
-  )
-  if "True" not in str(found):
-    return []
-  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-  return ["-n", os.environ.get("SUITE_WORKERS", "6")]
 
 
 @nox.session(venv_backend="none")

@@ -50,6 +50,26 @@ def _register_hypothesis_profiles() -> None:
 _register_hypothesis_profiles()
 
 
+def _enable_compilation_caches() -> None:
+  """`TOKAMAX_COMPILATION_CACHE=DIR`: compile caches on disk, shared by every pytest(-xdist) process.
+
+  JAX's persistent cache (XLA executables of every size and compile time, and XLA's GPU
+  autotuning results, which jax keeps beside them) in DIR/jax, Triton's in DIR/triton unless
+  TRITON_CACHE_DIR is set. Mosaic GPU kernels are cached in memory only (per process). Done at
+  import, before anything compiles: jax reads the setting once, at its first compile.
+  """
+  path = os.environ.get("TOKAMAX_COMPILATION_CACHE")
+  if not path:
+    return
+  os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(path, "triton"))
+  jax.config.update("jax_compilation_cache_dir", os.path.join(path, "jax"))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # -1: no size floor.
+
+
+_enable_compilation_caches()
+
+
 def pytest_addoption(parser):
   group = parser.getgroup("tokamax harness")
   group.addoption(
@@ -98,7 +118,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_report_header(config):
-  return f"tokamax harness: {hardware.detect().describe()}, runnable {sorted(hardware.detect().runnable)}"
+  cache = os.environ.get("TOKAMAX_COMPILATION_CACHE")
+  return (
+    f"tokamax harness: {hardware.detect().describe()}, runnable {sorted(hardware.detect().runnable)}"
+    + (f", compilation caches in {cache}" if cache else "")
+  )
 
 
 def missing_features(features, profile: hardware.Profile) -> list[str]:
