@@ -241,6 +241,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Softmax without subtracting the row max (overflows for large logits).",
   ),
   Mutation(
+    "attention.empty_rows_nan",
+    _ATTENTION + "xla.py",
+    "  probs = unnormalized / jnp.where(denom == 0, 1.0, denom)",
+    "  probs = unnormalized / denom",
+    _matrix("test_forward and attention and xla] and empty_rows and float32"),
+    "Rows with no visible key divide 0 by 0 (NaN instead of zeros).",
+  ),
+  Mutation(
+    "attention.chunked_empty_rows_nan",
+    _ATTENTION + "xla_chunked.py",
+    "  out = acc / jnp.where(total == 0, 1.0, total)[..., None]",
+    "  out = acc / total[..., None]",
+    _matrix("test_forward and attention and xla_chunked and empty_rows and float32"),
+    "Chunked attention: rows with no visible key give NaN.",
+  ),
+  Mutation(
     "attention.window_off_by_one",
     _ATTENTION + "spec.py",
     "    ok = both(ok, (kj >= qi - left) & (kj <= qi + right))",
@@ -255,6 +271,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "    logits = args.soft_cap * jnp.tanh(logits)",
     _matrix("test_forward and attention and xla] and soft_cap and float32"),
     "Soft cap without dividing by the cap inside tanh.",
+  ),
+  Mutation(
+    "attention.q_lengths_off_by_one",
+    _ATTENTION + "spec.py",
+    "    ok = both(ok, qi[None, None] < args.q_seq_lengths[:, None, None, None])",
+    "    ok = both(ok, qi[None, None] <= args.q_seq_lengths[:, None, None, None])",
+    _matrix("test_forward and attention and xla] and q_lengths and float32"),
+    "Query lengths: the first padding row is computed (not zero).",
   ),
   Mutation(
     "attention.chunked_last_partial_chunk",
@@ -329,6 +353,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The group offset is ignored.",
   ),
   Mutation(
+    "ragged_dot.contracting_offset_slice",
+    "src/tokamax/_src/ops/ragged_dot/xla.py",
+    "    out = out[1:-1]",
+    "    out = out[:-2]",
+    _matrix("ragged_dot and xla] and group_offset and float32"),
+    "Ragged-contracting layout with a group offset keeps the wrong groups (the rhs gradient"
+    " of the default layout).",
+  ),
+  Mutation(
     "ragged_dot.last_group_dropped",
     "src/tokamax/_src/ops/ragged_dot/spec.py",
     "  if args.group_offset is None:\n    return args.group_sizes, None",
@@ -388,6 +421,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton LayerNorm backward: the doffset accumulator starts at 1.",
   ),
   Mutation(
+    "kernels.triton_layer_norm_rms_dx",
+    "src/tokamax/_src/ops/normalization/triton_layer_norm.py",
+    "    dx = (wdy - xhat * c1[:, None]) * rstd[:, None]",
+    "    dx = wdy - xhat * c1[:, None]",
+    ("suites/kernels/test_triton_layer_norm.py", "-k", "interpreted"),
+    "Triton RMSNorm backward: dx not scaled by rstd.",
+  ),
+  Mutation(
+    "kernels.triton_glu_dup",
+    "src/tokamax/_src/ops/gated_linear_unit/triton.py",
+    "  dup = dout * activated",
+    "  dup = dout",
+    ("suites/kernels/test_triton_gated_linear_unit.py", "-k", "interpreted"),
+    "Triton GLU backward: the up projection's gradient misses the activated gate.",
+  ),
+  Mutation(
     "kernels.triton_glu_k_mask",
     "src/tokamax/_src/ops/gated_linear_unit/triton_glu.py",
     "      k_ok = ks + k < K",
@@ -442,6 +491,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "  return t * soft_cap, t",
     _matrix("test_forward and attention and mosaic] and soft_cap and bfloat16"),
     "Mosaic attention: soft-capped logits not in log2 units.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_kv_lengths",
+    _ATTENTION + "mosaic_common.py",
+    "    ok = both(ok, k_ids < kv_len)",
+    "    ok = both(ok, k_ids <= kv_len)",
+    _matrix("test_forward and attention and mosaic] and kv_lengths and bfloat16"),
+    "Mosaic attention: each row sees the first padding key.",
   ),
   Mutation(
     "kernels.mosaic_glu_activation_on_up",
