@@ -88,22 +88,10 @@ def check_vjp(case: cases_lib.Case, impl, key: jax.Array | None = None) -> None:
     primals,
     key=jax.random.fold_in(key, 1),
     plain=jax.jit(ref) if _relative(case) else None,
-    reduction_length=_gradient_reduction_length(case),
+    reduction_length=max(case.reduction_length, _longest_dim(case)),
     has_matmul=case.has_matmul,
     names=names,
   )
-
-
-def _gradient_reduction_length(case: cases_lib.Case) -> int:
-  """The length the gradient bound scales with (sqrt of it multiplies atol).
-
-  Gradients reduce over the other operand's dims too (dk sums over T). Where a feature's
-  `grad_conditioning` c says a gradient cancels terms c times larger than itself (attention
-  with logits in the hundreds: dk sums dS * q), its rounding grows as c * sqrt(L): an
-  effective length of c**2 * L.
-  """
-  conditioning = case.features.get("grad_conditioning", 1.0)
-  return int(max(case.reduction_length, _longest_dim(case)) * conditioning**2)
 
 
 def _longest_dim(case: cases_lib.Case) -> int:

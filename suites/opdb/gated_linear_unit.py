@@ -15,8 +15,8 @@ ACTIVATIONS = {
   "silu": jax.nn.silu,
   "gelu": jax.nn.gelu,
   "relu": jax.nn.relu,
-  "sigmoid": jax.nn.sigmoid,
   "leaky_relu": jax.nn.leaky_relu,
+  "sigmoid": jax.nn.sigmoid,
   "tanh": jnp.tanh,
 }
 
@@ -148,6 +148,7 @@ INFO = base.OpInfo(
     "bilinear": {"activation": "none"},
     "split_weights": {"activation": "silu", "split_weights": True},
     "reglu": {"activation": "relu"},
+    "leaky_reglu": {"activation": "leaky_relu"},
     "sigmoid": {"activation": "sigmoid"},
     "tanh": {"activation": "tanh"},
   },
@@ -173,4 +174,3 @@ INFO = base.OpInfo(
   sizes=_sizes,
   kernel_cases=_KERNEL_CASES,
 )
-    "leaky_reglu": {"activation": "leaky_relu"},
