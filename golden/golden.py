@@ -34,9 +34,6 @@ DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 NPZ = "goldens.npz"
 MANIFEST = "manifest.json"
 
-# The first features of each op's builder that get goldens.
-NUM_FEATURES = 2
-
 PASS = "PASS"
 CHANGED = "CHANGED"  # Within tolerance of the golden, not bitwise equal.
 FAIL = "FAIL"
@@ -49,13 +46,13 @@ FAILING = (FAIL, MISSING, ERROR)
 
 
 def cases(family: str, ops: Iterable[str] | None = None) -> list[cases_lib.Case]:
-  """The golden cases of `family`: golden shapes x the family matrix's dtypes x first features."""
+  """The golden cases of `family`: golden shapes x the family matrix's dtypes x every feature."""
   out = []
   for op in ops or opdb.OPS:
     info = opdb.get(op)
     if family not in info.matrices:
       continue
-    features = list(info.features)[:NUM_FEATURES]
+    features = list(info.features)
     shape = cases_lib.shape_key(info.golden_shape)
     for dtype in info.matrices[family].dtypes:
       out += [cases_lib.Case(op, shape, dtype, f, family, "golden") for f in features]

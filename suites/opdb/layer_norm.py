@@ -97,6 +97,8 @@ INFO = base.OpInfo(
     "axis0": {"axis": 0},
     "no_scale_offset": {"no_scale": True, "no_offset": True},
     "scale_offset": {"scale_offset": 1.0, "rms": True},
+    # Epsilon comparable to the variance, so where it enters the statistics matters.
+    "large_epsilon": {"epsilon": 0.5},
   },
   matrices={
     base.CPU: base.Matrix(
