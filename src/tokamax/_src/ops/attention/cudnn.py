@@ -61,4 +61,16 @@ class CudnnAttention(op.Op):
       is_causal=args.is_causal,
       implementation="cudnn",
     )
+    if args.mask is not None:
+      out = _zero_hidden_rows(out, args.mask)
     return out, None
+
+
+def _zero_hidden_rows(out: jax.Array, mask: jax.Array) -> jax.Array:
+  """Zeroes the rows whose mask hides every key, and with them their cotangent.
+
+  cuDNN's backward returns garbage dq, dk and dv for such rows (seen on the H200); a zero
+  cotangent there makes their softmax gradient vanish.
+  """
+  visible = jnp.moveaxis(mask.any(axis=-1), -1, 1)[..., None]  # [B|1, T, N|1, 1]
+  return jnp.where(visible, out, jnp.zeros((), out.dtype))
