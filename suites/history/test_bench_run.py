@@ -4,10 +4,13 @@ import dataclasses
 import enum
 import json
 
+import pytest
+
 from bench import records
 from bench import run as run_lib
 
 
+@pytest.mark.requires("cpu")
 def test_runner_writes_valid_records_on_cpu(tmp_path):
   out = tmp_path / "records.json"
   argv = ["--family", "cpu", "--ops", "dot_product_attention", "--only", "causal"]

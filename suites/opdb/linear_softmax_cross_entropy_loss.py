@@ -1,5 +1,6 @@
 """linear_softmax_cross_entropy_loss in the op database."""
 
+import jax
 from hypothesis import strategies as st
 
 from harness import references
@@ -13,11 +14,13 @@ def build(d: base.Draw, shape: dict, dtype: str, f: dict) -> base.Built:
   w = d.normal((h, v), dtype, h**-0.5)
   labels = d.ints((b,), 0, v)
   kwargs = {"reduction": f.get("reduction", "sum")}
+  if f.get("full_precision"):
+    kwargs["precision"] = jax.lax.Precision.HIGHEST
   return base.Built((x, labels, w), kwargs, (0, 2), ("x", "labels", "weights"))
 
 
 def reference(args: tuple, kwargs: dict):
-  return references.linear_softmax_cross_entropy_loss(*args, **kwargs)
+  return references.linear_softmax_cross_entropy_loss(*args, reduction=kwargs["reduction"])
 
 
 def _sizes():
@@ -41,13 +44,21 @@ INFO = base.OpInfo(
   name="linear_softmax_cross_entropy_loss",
   build=build,
   reference=reference,
-  reduction_length=lambda s, f: s["h"],
+  reduction_length=lambda s, f: int(s["h"] * f.get("conditioning", 1.0) ** 2),
   has_matmul=True,
   features={
     "sum": {"reduction": "sum"},
     "mean": {"reduction": "mean"},
     "none": {"reduction": "none"},
-    "large_logits": {"reduction": "none", "magnitude": 1000.0},
+    # Logits in the thousands, at full matmul precision (TF32 rounding would move them by
+    # ~1); dweights cancels terms that large, so `conditioning` widens the bound as a
+    # c**2-times longer reduction would.
+    "large_logits": {
+      "reduction": "none",
+      "magnitude": 1000.0,
+      "full_precision": True,
+      "conditioning": 30.0,
+    },
   },
   matrices={
     base.CPU: base.Matrix(
