@@ -88,3 +88,11 @@ def test_write_load_round_trip_and_validation(tmp_path):
   assert any("anchor and anchor_ms" in e for e in errors)
   with pytest.raises(ValueError):
     records.write(str(path), [bad])
+
+
+def test_every_record_file_is_cited():
+  """bench/results/ keeps only what a doc, a heuristic or the dashboard cites."""
+  cited = {os.path.normpath(p) for _, p in _citations()}
+  kept = {os.path.relpath(p, ROOT) for p in records.files()}
+  uncited = sorted(kept - cited)
+  assert not uncited, f"record files nobody cites (remove them or cite them): {uncited}"
