@@ -481,7 +481,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     _ATTENTION + "mosaic_common.py",
     "    ok = both(ok, k_ids <= q_ids)",
     "    ok = both(ok, k_ids < q_ids)",
-    _matrix("test_forward and attention and mosaic] and causal- and bfloat16"),
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[fp16_h128_causal_fwd]",),
     "Mosaic attention: causal mask hides the diagonal.",
   ),
   Mutation(
@@ -489,7 +489,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     _ATTENTION + "mosaic_common.py",
     "  return t * (soft_cap * LOG2E), t",
     "  return t * soft_cap, t",
-    _matrix("test_forward and attention and mosaic] and soft_cap and bfloat16"),
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[causal_window_softcap_cross]",),
     "Mosaic attention: soft-capped logits not in log2 units.",
   ),
   Mutation(
@@ -497,7 +497,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     _ATTENTION + "mosaic_common.py",
     "    ok = both(ok, k_ids < kv_len)",
     "    ok = both(ok, k_ids <= kv_len)",
-    _matrix("test_forward and attention and mosaic] and kv_lengths and bfloat16"),
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[lengths_causal_padded]",),
     "Mosaic attention: each row sees the first padding key.",
   ),
   Mutation(
