@@ -43,11 +43,29 @@ def _register_hypothesis_profiles() -> None:
   hypothesis.settings.register_profile("ci", max_examples=12, derandomize=True, **common)
   hypothesis.settings.register_profile("nightly", max_examples=200, **common)
   hypothesis.settings.register_profile("dev", max_examples=25, **common)
-  # `--hypothesis-profile` (Hypothesis's own option) overrides this at configure time.
-  hypothesis.settings.load_profile(os.environ.get("TOKAMAX_HYPOTHESIS_PROFILE", "ci"))
 
 
+# Registered only: a project that loads `-p harness` keeps its own Hypothesis settings unless it
+# asks for one of these (`pytest_configure` below).
 _register_hypothesis_profiles()
+
+
+def _load_hypothesis_profile(config) -> None:
+  """Loads the profile this project asks for, if any.
+
+  `--hypothesis-profile` (Hypothesis's own option) wins; then TOKAMAX_HYPOTHESIS_PROFILE; then the
+  `harness_hypothesis_profile` ini option (tokamax's pyproject sets `ci`). Neither set: nothing is
+  loaded, and Hypothesis's settings stay what the project made them.
+  """
+  try:
+    import hypothesis
+  except ImportError:
+    return
+  if config.getoption("hypothesis_profile", None):
+    return
+  name = os.environ.get("TOKAMAX_HYPOTHESIS_PROFILE") or config.getini("harness_hypothesis_profile")
+  if name:
+    hypothesis.settings.load_profile(name)
 
 
 def _enable_compilation_caches() -> None:
@@ -71,6 +89,11 @@ _enable_compilation_caches()
 
 
 def pytest_addoption(parser):
+  parser.addini(
+    "harness_hypothesis_profile",
+    "Hypothesis profile the harness loads (ci, nightly, dev); unset: none, the project's own stand",
+    default="",
+  )
   group = parser.getgroup("tokamax harness")
   group.addoption(
     "--run-long", action="store_true", default=False, help="run `long` (nightly) tests"
@@ -104,6 +127,7 @@ def pytest_configure(config):
     "op(name, implementation): the op and implementation a test checks (for the summary)",
   ):
     config.addinivalue_line("markers", line)
+  _load_hypothesis_profile(config)
   config.pluginmanager.register(summary.Collector(config), "tokamax-summary")
 
 
