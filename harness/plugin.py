@@ -94,6 +94,16 @@ def pytest_addoption(parser):
     "Hypothesis profile the harness loads (ci, nightly, dev); unset: none, the project's own stand",
     default="",
   )
+  parser.addini(
+    "harness_summary_title",
+    "title of the per-op summary printed at the end of a run",
+    default="test summary",
+  )
+  parser.addini(
+    "harness_bench_hint",
+    "how this project runs `bench` tests (e.g. a nox session), added to their skip reason",
+    default="",
+  )
   group = parser.getgroup("tokamax harness")
   group.addoption(
     "--run-long", action="store_true", default=False, help="run `long` (nightly) tests"
@@ -171,7 +181,8 @@ def pytest_runtest_setup(item):
   ):
     pytest.skip("long (nightly) test; run with --run-long")
   if item.get_closest_marker("bench") and not item.config.getoption("--bench"):
-    pytest.skip("benchmark; run with --bench (nox -s bench)")
+    hint = item.config.getini("harness_bench_hint")
+    pytest.skip("benchmark; run with --bench" + (f" ({hint})" if hint else ""))
 
 
 @pytest.fixture(scope="session", name="hardware")

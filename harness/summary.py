@@ -86,7 +86,7 @@ class Collector:
   def pytest_terminal_summary(self, terminalreporter):
     if not self.outcomes or hasattr(self.config, "workerinput"):  # xdist: the controller writes.
       return
-    terminalreporter.section("tokamax summary")
+    terminalreporter.section(self.config.getini("harness_summary_title"))
     doc = self.as_dict()
     width = max(len(f"{r['op']} [{r['implementation']}]") for r in doc["rows"])
     if doc["collected"] is not None:

@@ -1,4 +1,4 @@
-"""`-p harness` in another project: that project's Hypothesis settings stay its own."""
+"""`-p harness` in another project: its Hypothesis settings stay its own; no tokamax wording."""
 
 import pytest
 
@@ -40,3 +40,31 @@ def test_hypothesis_profile_option_wins(foreign):
   _run(foreign, "--hypothesis-profile", "nightly").stdout.fnmatch_lines(
     ["*MAX_EXAMPLES 200 DERANDOMIZE False*"]
   )
+
+
+_BENCH = """
+import pytest
+
+@pytest.mark.bench
+def test_timed():
+  pass
+"""
+
+
+def test_foreign_summary_has_no_tokamax_wording(foreign):
+  foreign.makepyfile(test_bench=_BENCH)
+  result = foreign.runpytest_subprocess("-p", "harness", "-p", "no:cacheprovider", "-rs")
+  result.assert_outcomes(passed=1, skipped=1)
+  result.stdout.fnmatch_lines(["*= test summary =*", "*benchmark; run with --bench"])
+  assert "tokamax summary" not in result.stdout.str()
+  assert "nox" not in result.stdout.str()
+
+
+def test_ini_options_set_title_and_bench_hint(foreign):
+  foreign.makepyfile(test_bench=_BENCH)
+  foreign.makeini(
+    "[pytest]\nharness_summary_title = proj summary\nharness_bench_hint = make bench\n"
+  )
+  result = foreign.runpytest_subprocess("-p", "harness", "-p", "no:cacheprovider", "-rs")
+  result.assert_outcomes(passed=1, skipped=1)
+  result.stdout.fnmatch_lines(["*= proj summary =*", "*benchmark; run with --bench (make bench)*"])
