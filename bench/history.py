@@ -6,9 +6,31 @@ here, with the harness timer (`harness.timing`), the ops' cost model
 (`SPEC.cost`, via `harness.bench.measurement`), the compiled program's memory
 and the numerics drift against the high-precision reference (on the small
 golden-size inputs of the same op, feature and dtype; the forward output in
-both modes). `check` compares a
-run with earlier runs on the same device kind and flags slowdowns past a
-threshold and drift past tolerance.
+both modes). `check` compares a run with earlier runs of the same thing and
+flags slowdowns that stand out of the baseline's noise, and drift past
+tolerance.
+
+The regression rule (`verdict`). The baseline of a measurement is the last
+`WINDOW` (10) earlier runs with the same identity (`IDENTITY`: device kind and
+host, timer method, op, implementation, case, shape, dtype, mode; a CUPTI
+time is never compared with a wallclock one). With fewer than `MIN_RUNS` (3)
+such runs there is no timing verdict ("no baseline yet"). Otherwise, with
+  base   = the median of the baseline runs' medians,
+  spread = 1.4826 x median(|run median - base|) / base   (the robust, MAD-based
+           relative spread of the baseline's own runs; 1.4826 makes it a
+           standard deviation for normal noise),
+  limit  = max(threshold, K x spread)   (threshold 5%, K = 3),
+the measurement is SLOWER when
+  (a) its median exceeds base x (1 + limit), and
+  (b) where the record carries its fastest sample (`device_time_min_ms`, the
+      minimum over its iterations and input rotations), that fastest sample is
+      also slower than base: the slowdown holds across its samples, not only
+      in their middle.
+A quiet baseline (spread near 0) thus flags anything past the threshold; a
+noisy one (a loaded CPU host) flags only what stands K spreads out. DRIFT is
+judged against any baseline (one earlier run suffices): the error against the
+reference is past tolerance while the baseline's was not, or grew by more
+than `DRIFT_MARGIN` tolerance bounds.
 
   python -m bench.history run [--check] [--threshold 0.05] [--history FILE]
   python -m bench.history check --records FILE
@@ -33,10 +55,14 @@ from harness import bench, compare, grads, hardware, timing, tolerance
 from tokamax._src import benchmarking
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HISTORY = os.path.join(ROOT, "bench", "history.jsonl")
-THRESHOLD = 0.05  # A slowdown past 5% of the baseline median fails the check.
+HISTORY = os.path.join(ROOT, "bench", "history.jsonl")  # Tracked: the nightly's runs.
+THRESHOLD = 0.05  # The least slowdown (of the baseline median) that fails the check.
+NOISE_K = 3.0  # ... or this many robust spreads of the baseline, if larger.
 DRIFT_MARGIN = 1.0  # Drift growing by more than one tolerance bound fails it.
-WINDOW = 5  # The baseline is the median of this many earlier runs.
+WINDOW = 10  # The baseline: this many earlier runs at most.
+MIN_RUNS = 3  # Fewer baseline runs than this: no timing verdict.
+MAD_TO_SIGMA = 1.4826
+NO_BASELINE = "no baseline yet"
 
 # Fields that identify one benchmarked thing across runs ("host" tells CPU machines apart).
 # TOKAMAX_RUN_ID, where set, names the run (several invocations can make one run).
@@ -344,14 +370,52 @@ def identity(r: dict) -> tuple:
 
 
 @dataclasses.dataclass(frozen=True)
+class Verdict:
+  """A median against its baseline runs' medians (the rule in the module docstring)."""
+
+  slower: bool | None  # None: fewer than MIN_RUNS baseline runs.
+  baseline_ms: float | None
+  spread: float | None  # Relative robust spread of the baseline runs.
+  limit: float | None  # The slowdown allowed: max(threshold, k x spread).
+  runs: int
+
+
+def verdict(
+  record: dict,
+  past: Sequence[dict],
+  *,
+  threshold: float = THRESHOLD,
+  k: float = NOISE_K,
+  min_runs: int = MIN_RUNS,
+) -> Verdict:
+  """Whether `record` is slower than its baseline `past` (same identity, earlier runs)."""
+  meds = [h["device_time_median_ms"] for h in past if h.get("device_time_median_ms")]
+  if not meds:
+    return Verdict(None, None, None, None, 0)
+  base = statistics.median(meds)
+  if len(meds) < min_runs:
+    return Verdict(None, base, None, None, len(meds))
+  mad = statistics.median(abs(m - base) for m in meds)
+  spread = MAD_TO_SIGMA * mad / base if base > 0 else 0.0
+  limit = max(threshold, k * spread)
+  now = record["device_time_median_ms"]
+  slower = now > base * (1.0 + limit)
+  fastest = record.get("device_time_min_ms")
+  if slower and fastest is not None:
+    slower = fastest > base  # The slowdown holds across the record's samples.
+  return Verdict(slower, base, spread, limit, len(meds))
+
+
+@dataclasses.dataclass(frozen=True)
 class Row:
   """One measurement against its baseline."""
 
   record: dict
-  status: str  # "ok", "SLOWER", "DRIFT", "SLOWER+DRIFT" or "new"
+  status: str  # "ok", "SLOWER", "DRIFT", "SLOWER+DRIFT", "new" or NO_BASELINE
   baseline_ms: float | None
   baseline_drift: float | None
   runs: int
+  limit: float | None = None  # The slowdown allowed (see `verdict`).
 
   @property
   def change(self) -> float | None:
@@ -361,7 +425,7 @@ class Row:
 
   @property
   def failed(self) -> bool:
-    return self.status not in ("ok", "new")
+    return self.status not in ("ok", "new", NO_BASELINE)
 
 
 def check(
@@ -371,14 +435,16 @@ def check(
   threshold: float = THRESHOLD,
   drift_margin: float = DRIFT_MARGIN,
   window: int = WINDOW,
+  k: float = NOISE_K,
 ) -> list[Row]:
   """Each record against the earlier runs of the same thing on the same device kind.
 
-  A record is SLOWER when its median exceeds the baseline (the median of the
-  last `window` earlier runs' medians) by more than `threshold`; DRIFT when
-  its error against the reference is past tolerance (the comparator fails or
-  exceeds every bound) while the baseline's was not, or grew by more than
-  `drift_margin` tolerance bounds.
+  A record is SLOWER by the rule of the module docstring (`verdict`: past
+  max(`threshold`, `k` robust spreads) of the last `window` earlier runs, its
+  fastest sample slower than their median too; "no baseline yet" with fewer
+  than 3); DRIFT when its error against the reference is past tolerance (the
+  comparator fails or exceeds every bound) while the baseline's was not, or
+  grew by more than `drift_margin` tolerance bounds. "new": no earlier run.
   """
   run_ids = {r.get("run_id") for r in records}
   earlier: dict[tuple, list[dict]] = {}
@@ -391,18 +457,19 @@ def check(
     if not past:
       rows.append(Row(r, "new", None, None, 0))
       continue
-    base_ms = statistics.median(h["device_time_median_ms"] for h in past)
+    v = verdict(r, past, threshold=threshold, k=k)
     past_drift = [h["drift_ratio"] for h in past if h.get("drift_ratio") is not None]
     base_drift = statistics.median(past_drift) if past_drift else None
     base_ok = all(h.get("drift_ok") is not False for h in past)
-    slower = r["device_time_median_ms"] > base_ms * (1.0 + threshold)
+    slower = bool(v.slower)
     now_drift = r.get("drift_ratio")
     drifted = now_drift is not None and (
       (base_ok and r.get("drift_ok") is False)
       or (base_drift is not None and now_drift > base_drift + drift_margin)
     )
-    status = "+".join(s for s, on in (("SLOWER", slower), ("DRIFT", drifted)) if on) or "ok"
-    rows.append(Row(r, status, base_ms, base_drift, len(past)))
+    status = "+".join(s for s, on in (("SLOWER", slower), ("DRIFT", drifted)) if on)
+    status = status or ("ok" if v.slower is not None else NO_BASELINE)
+    rows.append(Row(r, status, v.baseline_ms, base_drift, len(past), v.limit))
   return rows
 
 
@@ -419,6 +486,7 @@ def table(rows: Sequence[Row], *, threshold: float = THRESHOLD) -> str:
     "base ms",
     "now ms",
     "change",
+    "limit",
     "drift base",
     "drift now",
     "runs",
@@ -438,6 +506,7 @@ def table(rows: Sequence[Row], *, threshold: float = THRESHOLD) -> str:
         "-" if row.baseline_ms is None else f"{row.baseline_ms:.4g}",
         f"{r['device_time_median_ms']:.4g}",
         "-" if row.change is None else f"{100 * row.change:+.1f}%",
+        "-" if row.limit is None else f"{100 * row.limit:.1f}%",
         "-" if row.baseline_drift is None else f"{row.baseline_drift:.3g}",
         "-" if r.get("drift_ratio") is None else f"{r['drift_ratio']:.3g}",
         str(row.runs),
@@ -448,8 +517,11 @@ def table(rows: Sequence[Row], *, threshold: float = THRESHOLD) -> str:
   lines = [fmt(header), fmt(["-" * w for w in widths])] + [fmt(b) for b in body]
   failed = [r for r in rows if r.failed]
   lines.append(
-    f"{len(failed)} of {len(rows)} measurements regressed "
-    f"(slowdown threshold {100 * threshold:g}% on the median; drift in tolerance bounds)"
+    f"{len(failed)} of {len(rows)} measurements regressed (slowdown: the median past "
+    f"max({100 * threshold:g}%, {NOISE_K:g} robust spreads of the baseline runs) = limit, "
+    f"and the fastest sample slower than the baseline median; drift in tolerance bounds; "
+    f"{sum(r.status == NO_BASELINE for r in rows)} with no baseline yet "
+    f"(fewer than {MIN_RUNS} earlier runs))"
   )
   return "\n".join(lines)
 
@@ -470,6 +542,7 @@ def main(argv=None) -> int:
   parser.add_argument("--threshold", type=float, default=THRESHOLD, help="slowdown, e.g. 0.05")
   parser.add_argument("--drift-margin", type=float, default=DRIFT_MARGIN)
   parser.add_argument("--window", type=int, default=WINDOW)
+  parser.add_argument("--k", type=float, default=NOISE_K, help="robust spreads allowed")
   parser.add_argument("--no-append", action="store_true", help="run: leave the history alone")
   parser.add_argument("--out", default=None, help="run: also write the records here")
   parser.add_argument("--records", default=None, help="check: the records to check")
@@ -506,7 +579,12 @@ def main(argv=None) -> int:
       n = append(records, args.history)
       print(f"appended {n} records to {args.history}")
   rows = check(
-    records, history, threshold=args.threshold, drift_margin=args.drift_margin, window=args.window
+    records,
+    history,
+    threshold=args.threshold,
+    drift_margin=args.drift_margin,
+    window=args.window,
+    k=args.k,
   )
   print(table(rows, threshold=args.threshold))
   if (args.check or args.command == "check") and any(r.failed for r in rows):

@@ -91,6 +91,74 @@ def test_noise_below_the_threshold_passes(baseline_history):
   assert rows and not any(r.failed for r in rows), history.table(rows)
 
 
+NOISY = (0.8, 1.2, 0.9, 1.1, 1.0, 0.85, 1.15)  # A loaded host's run medians: +-20%.
+
+
+@pytest.fixture(scope="module")
+def noisy_history(tmp_path_factory):
+  """Seven earlier runs whose medians spread +-20% around 1.0 ms."""
+  path = str(tmp_path_factory.mktemp("noisy") / "history.jsonl")
+  for i, ms in enumerate(NOISY):
+    recs = _run(ms)
+    for r in recs:
+      r.update(run_id=f"n{i}@earlier", commit=f"n{i}", date=f"2000-01-0{i + 1}T00:00:00+00:00")
+    history.append(recs, path)
+  return path
+
+
+def test_noise_within_a_noisy_baseline_passes(noisy_history):
+  """+-20% on a baseline whose own runs spread that much is noise, not a regression."""
+  past = history.load(noisy_history)
+  for ms in (0.8, 1.2):
+    rows = history.check(_run(ms), past)
+    assert rows and all(r.status == "ok" for r in rows), history.table(rows)
+    # The limit came from the baseline's spread, not the 5% threshold.
+    assert all(r.limit > 0.2 for r in rows), history.table(rows)
+
+
+def test_planted_2x_slowdown_on_a_noisy_baseline_is_caught(noisy_history):
+  rows = history.check(_run(2.0), history.load(noisy_history))
+  assert rows and all(r.status == "SLOWER" for r in rows), history.table(rows)
+
+
+def test_fewer_than_three_runs_give_no_verdict(baseline_history, tmp_path):
+  two = [r for r in history.load(baseline_history) if r["run_id"] != "c2@earlier"]
+  rows = history.check(_run(2.0), two)
+  assert rows and all(r.status == history.NO_BASELINE and not r.failed for r in rows)
+  assert all(r.runs == 2 for r in rows)
+  assert "no baseline yet" in history.table(rows)
+  path = tmp_path / "two.jsonl"
+  history.append(two, str(path))
+  records = tmp_path / "run.jsonl"
+  history.append(_run(2.0), str(records))
+  assert history.main(["check", "--records", str(records), "--history", str(path)]) == 0
+
+
+def _rec(ms, fastest=None, **kw):
+  r = {"device_time_median_ms": ms, **kw}
+  if fastest is not None:
+    r["device_time_min_ms"] = fastest
+  return r
+
+
+def test_verdict_rule():
+  quiet = [_rec(1.0), _rec(1.0), _rec(1.01), _rec(0.99)]
+  assert history.verdict(_rec(1.10), quiet).slower
+  assert not history.verdict(_rec(1.04), quiet).slower
+  # The slowdown must hold across the samples: a fastest sample under the baseline median
+  # (one slow stretch pulled the median up) is not a regression.
+  assert history.verdict(_rec(1.10, fastest=1.02), quiet).slower
+  assert not history.verdict(_rec(1.10, fastest=0.97), quiet).slower
+  # The limit is max(threshold, k x the MAD-based relative spread).
+  noisy = [_rec(m) for m in NOISY]
+  v = history.verdict(_rec(1.3), noisy)
+  assert v.baseline_ms == 1.0 and v.runs == len(NOISY)
+  assert v.spread == pytest.approx(1.4826 * 0.15) and v.limit == pytest.approx(3 * v.spread)
+  assert not v.slower and history.verdict(_rec(1.7), noisy).slower
+  assert history.verdict(_rec(5.0), quiet[:2]).slower is None
+  assert history.verdict(_rec(5.0), []).runs == 0
+
+
 def test_planted_numerics_change_is_caught(baseline_history):
   def override(case, impl):
     return lambda *a, **k: impl(*a, **k) * 1.1
