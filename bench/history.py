@@ -32,7 +32,12 @@ judged against any baseline (one earlier run suffices): the error against the
 reference is past tolerance while the baseline's was not, or grew by more
 than `DRIFT_MARGIN` tolerance bounds.
 
-  python -m bench.history run [--check] [--threshold 0.05] [--history FILE]
+Where runs go: `run` appends to bench/out/history.jsonl (ignored by git) and
+checks against the tracked bench/history.jsonl plus that local file;
+`--append-tracked` (the nightly) appends to the tracked file instead, and
+`--history FILE` reads and appends FILE only; `--no-append` appends nowhere.
+
+  python -m bench.history run [--check] [--threshold 0.05] [--append-tracked | --history FILE]
   python -m bench.history check --records FILE
   python -m bench.history ingest FILE...
 """
@@ -56,6 +61,7 @@ from tokamax._src import benchmarking
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HISTORY = os.path.join(ROOT, "bench", "history.jsonl")  # Tracked: the nightly's runs.
+LOCAL_HISTORY = os.path.join(ROOT, "bench", "out", "history.jsonl")  # Ignored: local runs.
 THRESHOLD = 0.05  # The least slowdown (of the baseline median) that fails the check.
 NOISE_K = 3.0  # ... or this many robust spreads of the baseline, if larger.
 DRIFT_MARGIN = 1.0  # Drift growing by more than one tolerance bound fails it.
@@ -537,7 +543,17 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m bench.history", description=__doc__)
   parser.add_argument("command", nargs="?", default="run", choices=("run", "check", "ingest"))
   parser.add_argument("files", nargs="*", help="ingest: record files (JSON lines)")
-  parser.add_argument("--history", default=HISTORY, help="the history file (JSON lines)")
+  parser.add_argument(
+    "--history",
+    default=None,
+    help="the history file (JSON lines); run: read and append only this file "
+    "(default: append to bench/out/history.jsonl, check against it and the tracked file)",
+  )
+  parser.add_argument(
+    "--append-tracked",
+    action="store_true",
+    help="run: append to the tracked bench/history.jsonl (the nightly)",
+  )
   parser.add_argument("--check", action="store_true", help="run: fail on regressions")
   parser.add_argument("--threshold", type=float, default=THRESHOLD, help="slowdown, e.g. 0.05")
   parser.add_argument("--drift-margin", type=float, default=DRIFT_MARGIN)
@@ -556,12 +572,21 @@ def main(argv=None) -> int:
   parser.add_argument("--warmup", type=int, default=3)
   parser.add_argument("--budget-s", type=float, default=None)
   args = parser.parse_intermixed_args(argv)
+  if args.append_tracked and args.history:
+    parser.error("--append-tracked and --history name two files: give one")
   if args.command == "ingest":
+    target = args.history or HISTORY
     for path in args.files:
-      n = append([_with_commit(r, args.commit) for r in load(path)], args.history)
-      print(f"{path}: appended {n} records to {args.history}")
+      n = append([_with_commit(r, args.commit) for r in load(path)], target)
+      print(f"{path}: appended {n} records to {target}")
     return 0
-  history = load(args.history)
+  if args.command == "run":
+    target = args.history or (HISTORY if args.append_tracked else LOCAL_HISTORY)
+    sources = [target] if args.history or args.append_tracked else [HISTORY, LOCAL_HISTORY]
+  else:
+    target = args.history or HISTORY
+    sources = [target]
+  history = [r for path in sources for r in load(path)]
   if args.command == "check":
     records = load(args.records) if args.records else _latest_run(history)
   else:
@@ -576,8 +601,8 @@ def main(argv=None) -> int:
       sink=(lambda rec: append([rec], args.out)) if args.out else None,
     )
     if not args.no_append:
-      n = append(records, args.history)
-      print(f"appended {n} records to {args.history}")
+      n = append(records, target)
+      print(f"appended {n} records to {target}")
   rows = check(
     records,
     history,

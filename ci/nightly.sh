@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Nightly: the suites of the hardware at hand (long cases included), the goldens, the
-# benchmarks appended to bench/history.jsonl with their regression check, then the dashboard.
+# benchmarks appended to the tracked bench/history.jsonl (--append-tracked; a plain local run
+# appends to the ignored bench/out/history.jsonl) with their regression check, then the dashboard.
 #   bash ci/nightly.sh   (PYTHON=interpreter, LOG_DIR=logs, BENCH_THRESHOLD=slowdown, default 0.05,
 #                         SUITES=test paths, default suites)
 # Every step runs even if an earlier one fails; the exit status is 1 if any failed.
@@ -21,7 +22,7 @@ step() {  # step NAME COMMAND...: runs it, logs it, remembers a failure.
 }
 step suites "$PY" -m pytest -q --run-long --summary-md "$LOG_DIR/$STAMP-summary.md" ${SUITES:-suites}
 step golden "$PY" -m golden
-step bench "$PY" -m bench.history run --check --threshold "${BENCH_THRESHOLD:-0.05}"
+step bench "$PY" -m bench.history run --append-tracked --check --threshold "${BENCH_THRESHOLD:-0.05}"
 step dashboard "$PY" -m bench.dashboard
 if [ ${#failed[@]} -gt 0 ]; then
   echo "nightly: FAILED steps: ${failed[*]} (logs in $LOG_DIR)"
