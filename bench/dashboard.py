@@ -3,9 +3,13 @@
   python -m bench.dashboard [--history bench/history.jsonl] [--out bench/out/site/index.html]
 
 The page carries its data and its plotting code inline (no network, no CDN):
-per op and benchmark, SVG plots of the median device time per implementation
-over commits, the time relative to XLA and to cuDNN in the same run, and the
-numerics drift against the reference (in tolerance bounds). A device selector,
+a table of every series' latest value against its baseline (flagged by the
+regression rule of `bench.history.verdict`), and per op and benchmark, SVG
+plots of the median device time per series over commits, the time relative to
+XLA and to cuDNN in the same run, and the numerics drift against the reference
+(in tolerance bounds). A series is one implementation measured by one timer
+method ("xla [cupti]", "xla [wallclock]"): a change of timer starts a new
+series and is never drawn as a speed-up or slowdown. A device selector,
 hover read-outs and legend toggles make it interactive. When the script has
 drawn everything it sets `data-status="ok"` and `data-plots` on <body>; a
 JavaScript error sets `data-errors` (the headless-browser test reads both).
@@ -46,16 +50,67 @@ FIELDS = (
 )
 
 
+def _device(r: dict) -> str:
+  """The device entry of a record (CPU runs: one per kind of host)."""
+  return f"{r.get('device_kind')} ({r['host']})" if r.get("host") else r.get("device_kind")
+
+
+def series_table(
+  records: list[dict],
+  *,
+  threshold: float = history.THRESHOLD,
+  k: float = history.NOISE_K,
+  window: int = history.WINDOW,
+) -> list[dict]:
+  """Per series (`history.IDENTITY`: timer method included), its latest value against its baseline.
+
+  The baseline is the series' last `window` earlier runs; `status` is
+  "SLOWER", "ok" or "no baseline yet" by `history.verdict`.
+  """
+  by_series: dict[tuple, list[dict]] = {}
+  for r in sorted(records, key=lambda r: r.get("date", "")):
+    if r.get("device_time_median_ms") is not None:
+      by_series.setdefault(history.identity(r), []).append(r)
+  rows = []
+  for recs in by_series.values():
+    latest = recs[-1]
+    past = [h for h in recs if h.get("run_id") != latest.get("run_id")][-window:]
+    v = history.verdict(latest, past, threshold=threshold, k=k)
+    now = latest["device_time_median_ms"]
+    rows.append(
+      {
+        "device_kind": _device(latest),
+        "op": latest.get("op"),
+        "implementation": latest.get("implementation"),
+        "method": latest.get("device_time_method"),
+        "bench": _bench(latest),
+        "commit": latest.get("commit"),
+        "latest_ms": now,
+        "baseline_ms": v.baseline_ms,
+        "ratio": now / v.baseline_ms if v.baseline_ms else None,
+        "limit": v.limit,
+        "runs": v.runs,
+        "status": history.NO_BASELINE if v.slower is None else "SLOWER" if v.slower else "ok",
+      }
+    )
+  rows.sort(key=lambda t: (t["status"] != "SLOWER", t["op"], t["bench"], t["implementation"]))
+  return rows
+
+
+def _bench(r: dict) -> str:
+  shape = r.get("shape_key") or history.shape_key(r.get("shapes", {}))
+  return f"{r.get('case')} {shape} {r.get('dtype')} {r.get('mode')}"
+
+
 def page_data(records: list[dict]) -> dict:
-  """The records, trimmed to what the page plots, ordered by date."""
+  """The records, trimmed to what the page plots, ordered by date; the series table."""
   rows = []
   for r in sorted(records, key=lambda r: r.get("date", "")):
     row = {k: r.get(k) for k in FIELDS}
     row["shape_key"] = row["shape_key"] or history.shape_key(r.get("shapes", {}))
-    if r.get("host"):  # CPU runs: one device entry per kind of host.
-      row["device_kind"] = f"{row['device_kind']} ({r['host']})"
+    row["device_kind"] = _device(r)
     rows.append(row)
-  return {"records": rows}
+  return {"records": rows, "table": series_table(records)}
 
 
 SCRIPT = r"""
@@ -136,7 +191,8 @@ SCRIPT = r"""
       const pts = s.points.filter((p) => isFinite(p.y));
       if (!pts.length) continue;
       const d = pts.map((p, j) => `${j ? "L" : "M"}${X(p.x).toFixed(1)},${Y(p.y).toFixed(1)}`);
-      el("svg:path", {d: d.join(""), stroke: s.color, class: "line"}, svg);
+      el("svg:path", {d: d.join(""), stroke: s.color, class: "line" + (s.dashed ? " dashed" : ""),
+                      "data-series": s.name}, svg);
       for (const p of pts) {
         const c = el("svg:circle", {cx: X(p.x), cy: Y(p.y), r: 3.5, stroke: s.color,
                                      fill: p.hollow ? "#fff" : s.color, class: "pt"}, svg);
@@ -162,11 +218,48 @@ SCRIPT = r"""
     }
   }
 
+  // A series: one implementation timed by one method (never joined across methods).
+  const seriesName = (impl, method) => method ? `${impl} [${method}]` : impl;
+  const nameOf = (r) => seriesName(r.implementation, r.device_time_method);
+
+  function table(parent, rows) {
+    const t = el("table", {id: "latest"}, parent);
+    const head = el("tr", {}, el("thead", {}, t));
+    for (const h of ["status", "op", "benchmark", "series (implementation [timer])",
+                     "latest ms", "baseline median ms", "latest / baseline", "limit", "runs",
+                     "commit"]) {
+      el("th", {}, head, h);
+    }
+    const body = el("tbody", {}, t);
+    for (const row of rows) {
+      const tr = el("tr", {class: row.status === "SLOWER" ? "regressed" : "",
+                           "data-status": row.status}, body);
+      el("td", {}, tr, row.status);
+      el("td", {}, tr, row.op);
+      el("td", {}, tr, row.bench);
+      el("td", {}, tr, seriesName(row.implementation, row.method));
+      el("td", {}, tr, fmt(row.latest_ms));
+      el("td", {}, tr, fmt(row.baseline_ms));
+      el("td", {}, tr, row.ratio === null ? "-" : fmt(row.ratio));
+      el("td", {}, tr, row.limit === null ? "-" : `+${(100 * row.limit).toFixed(1)}%`);
+      el("td", {}, tr, String(row.runs));
+      el("td", {}, tr, (row.commit || "").slice(0, 7));
+    }
+  }
+
   function render() {
     const main = document.getElementById("plots");
     main.textContent = "";
     const device = document.getElementById("device").value;
     const recs = DATA.records.filter((r) => r.device_kind === device);
+    const rows = DATA.table.filter((t) => t.device_kind === device);
+    el("h2", {}, main, "Latest value per series against its baseline");
+    el("p", {class: "empty"}, main,
+       "SLOWER: the latest median past max(threshold, 3 robust spreads) of the baseline " +
+       "runs' median and its fastest sample slower than that median (bench.history's rule); " +
+       "no verdict with fewer than 3 baseline runs.");
+    table(main, rows);
+    document.body.dataset.regressed = String(rows.filter((t) => t.status === "SLOWER").length);
     // One x position per commit (oldest first); a commit may hold several runs.
     const runIds = [...new Set(recs.map((r) => r.run_id))];
     const commits = [...new Set(recs.map((r) => r.commit))];
@@ -177,7 +270,7 @@ SCRIPT = r"""
     document.getElementById("summary").textContent =
       `${recs.length} measurements, ${runIds.length} runs at ${commits.length} commits: ` +
       commits.map((c) => c.slice(0, 7)).join(", ") +
-      " (hollow points: wallclock time, not CUPTI kernel time)";
+      " (hollow points and dashed lines: wallclock time, a separate series from CUPTI time)";
     let count = 0;
     for (const [op, opRecs] of groupBy(recs, (r) => r.op)) {
       const section = el("section", {class: "op", id: "op-" + op}, main);
@@ -185,15 +278,17 @@ SCRIPT = r"""
       const keyOf = (r) => `${r.case} ${r.shape_key} ${r.dtype} ${r.mode}`;
       for (const [bench, bRecs] of groupBy(opRecs, keyOf)) {
         el("h3", {}, section, bench);
-        const names = [...new Set(bRecs.map((r) => r.implementation))].sort();
-        legend(section, names, color);
+        const names = [...new Set(bRecs.map(nameOf))].sort();
+        const bySeries = groupBy(bRecs, nameOf);
+        const implOf = (name) => bySeries.get(name)[0].implementation;
+        legend(section, names, (name) => color(implOf(name)));
         const row = el("div", {class: "row"}, section);
-        const byImpl = groupBy(bRecs, (r) => r.implementation);
-        const timeOf = new Map(bRecs.map((r) => [r.run_id + "|" + r.implementation,
+        const timeOf = new Map(bRecs.map((r) => [r.run_id + "|" + nameOf(r),
                                                  r.device_time_median_ms]));
         const series = (value) => names.map((name) => ({
-          name, color: color(name),
-          points: byImpl.get(name).map((r) => {
+          name, color: color(implOf(name)),
+          dashed: bySeries.get(name)[0].device_time_method === "wallclock",
+          points: bySeries.get(name).map((r) => {
             const y = value(r);
             return {x: runIndex.get(r.run_id), y: y === null ? NaN : y,
                     hollow: r.device_time_method === "wallclock",
@@ -204,19 +299,21 @@ SCRIPT = r"""
                            `jax ${r.jax_version})`};
           }),
         }));
+        // Against the base implementation timed by the same method in the same run.
         const ratioTo = (base) => (r) => {
-          const t = timeOf.get(r.run_id + "|" + base);
+          const t = timeOf.get(r.run_id + "|" + seriesName(base, r.device_time_method));
           return t ? r.device_time_median_ms / t : null;
         };
+        const impls = new Set(bRecs.map((r) => r.implementation));
         plot(row, "median device time (ms)", series((r) => r.device_time_median_ms), runs,
              {zero: true});
         count++;
-        if (names.includes("xla") && names.length > 1) {
+        if (impls.has("xla") && impls.size > 1) {
           plot(row, "time / XLA (same run; < 1 is faster)", series(ratioTo("xla")), runs,
                {ref: 1, zero: true});
           count++;
         }
-        if (names.includes("cudnn") && names.length > 1) {
+        if (impls.has("cudnn") && impls.size > 1) {
           plot(row, "time / cuDNN (same run; < 1 is faster)", series(ratioTo("cudnn")), runs,
                {ref: 1, zero: true});
           count++;
@@ -253,6 +350,10 @@ svg.plot .axis { font-size: 10px; fill: #777; }
 svg.plot .grid { stroke: #eee; }
 svg.plot .refline { stroke: #999; stroke-dasharray: 4 3; }
 svg.plot .line { fill: none; stroke-width: 2; }
+svg.plot .line.dashed { stroke-dasharray: 5 3; }
+table#latest { border-collapse: collapse; font-size: 12px; margin-bottom: 8px; }
+table#latest th, table#latest td { border: 1px solid #ddd; padding: 2px 6px; text-align: left; }
+table#latest tr.regressed td { background: #fde2e2; font-weight: 600; }
 svg.plot .pt { cursor: pointer; }
 .tip { display: none; position: absolute; left: 60px; top: 24px; background: #fff;
        border: 1px solid #999; padding: 2px 6px; font-size: 11px; pointer-events: none; }
@@ -274,9 +375,10 @@ def build(records: list[dict]) -> str:
 <body data-status="loading">
 <h1>tokamax benchmark history</h1>
 <p>Device: <select id="device"></select> <span id="summary"></span></p>
-<p class="empty">Median device time per implementation over commits, time relative to XLA and
-cuDNN measured in the same run, and numerics drift against the high-precision reference
-(above 1: past tolerance). Click a legend entry to hide or show an implementation; hover a
+<p class="empty">Median device time per series (an implementation and its timer method,
+CUPTI or wallclock, never joined) over commits, time relative to XLA and cuDNN measured in the
+same run by the same timer, and numerics drift against the high-precision reference
+(above 1: past tolerance). Click a legend entry to hide or show a series; hover a
 point for its values. Built from {html.escape(os.path.relpath(history.HISTORY, ROOT))}.</p>
 <div id="plots"></div>
 <script type="application/json" id="data">{data}</script>

@@ -1,7 +1,9 @@
 """The dashboard: built from a history, it loads in headless Chromium without errors and draws its plots."""
 
+import json
 import os
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -155,3 +157,122 @@ def test_page_of_the_committed_history_loads_in_chromium(tmp_path):
     assert f"at {len(commits)} commits" in summary, summary
   plots = re.findall(r'<svg class="plot".*?</svg>', dom.stdout, re.S)
   assert plots and all("<circle" in p or "no data" in p for p in plots)
+
+
+# --- series by timer method, and the table (the page's script run in Node with a small DOM) ----
+
+NODE = shutil.which("node")
+
+DOM_SHIM = r"""
+class Node {
+  constructor(tag) { this.tag = tag; this.children = []; this.attrs = {}; this.dataset = {};
+                     this.style = {}; this.text = ""; }
+  setAttribute(k, v) { this.attrs[k] = String(v); }
+  appendChild(c) { this.children.push(c); return c; }
+  set textContent(t) { this.text = String(t); this.children = []; }
+  get textContent() { return this.text + this.children.map((c) => c.textContent).join(""); }
+  get value() { return this._value ?? (this.children[0] ? this.children[0].attrs.value : ""); }
+  set value(v) { this._value = v; }
+  addEventListener() {}
+}
+const nodes = {};
+for (const id of ["device", "plots", "summary"]) nodes[id] = new Node("x");
+nodes.data = {textContent: require("fs").readFileSync(process.argv[2], "utf8")};
+global.window = {addEventListener() {}};
+global.document = {
+  body: new Node("body"),
+  getElementById: (id) => nodes[id],
+  createElement: (tag) => new Node(tag),
+  createElementNS: (ns, tag) => new Node(tag),
+};
+"""
+
+DOM_DUMP = r"""
+const all = [];
+(function walk(n) { all.push(n); n.children.forEach(walk); })(nodes.plots);
+const plots = all.filter((n) => n.tag === "svg").map((svg) => ({
+  title: svg.attrs["data-title"],
+  series: svg.children.filter((c) => c.tag === "path").map((c) => c.attrs["data-series"]),
+}));
+const legend = all.filter((n) => n.attrs.class && n.attrs.class.startsWith("item"))
+  .map((n) => n.textContent);
+const rows = all.filter((n) => n.tag === "tr" && n.attrs["data-status"] !== undefined)
+  .map((n) => ({status: n.attrs["data-status"], cls: n.attrs.class,
+                cells: n.children.map((c) => c.textContent)}));
+console.log(JSON.stringify({body: document.body.dataset, plots, legend, rows}));
+"""
+
+
+def _run_page_script(tmp_path, records: list[dict]) -> dict:
+  """The page's script run in Node against a small DOM: its plots, legend and table."""
+  data = tmp_path / "data.json"
+  data.write_text(json.dumps(dashboard.page_data(records)))
+  script = tmp_path / "page.js"
+  script.write_text(DOM_SHIM + dashboard.SCRIPT + DOM_DUMP)
+  out = subprocess.run(
+    [NODE, str(script), str(data)], capture_output=True, text=True, timeout=60, check=True
+  )
+  return json.loads(out.stdout)
+
+
+def _timed(commit: str, day: int, ms: float, method: str, impl: str = "xla") -> dict:
+  return {
+    "run_id": f"{commit}@{day}",
+    "commit": commit,
+    "date": f"2026-01-{day:02d}T00:00:00+00:00",
+    "device_kind": "NVIDIA H200",
+    "jax_version": "0.11.2",
+    "op": "layer_norm",
+    "case": "plain",
+    "shapes": {"n": 4096},
+    "shape_key": "n=4096",
+    "dtype": "bfloat16",
+    "mode": "fwd",
+    "implementation": impl,
+    "device_time_median_ms": ms,
+    "device_time_min_ms": ms * 0.98,
+    "device_time_method": method,
+    "drift_ratio": 0.1,
+    "drift_ok": True,
+  }
+
+
+def test_wallclock_then_cupti_gives_two_series(tmp_path):
+  """A change of timer (wallclock 6 ms, then CUPTI 1 ms) is two series, not a 6x speed-up."""
+  records = [_timed("aaaaaaa1", 1, 6.0, "wallclock"), _timed("bbbbbbb2", 2, 1.0, "cupti")]
+  table = dashboard.series_table(records)
+  assert sorted(t["method"] for t in table) == ["cupti", "wallclock"]
+  assert all(t["runs"] == 0 and t["status"] == "no baseline yet" for t in table), table
+  if NODE is None:
+    pytest.skip("node is absent: the page's script is not run")
+  page = _run_page_script(tmp_path, records)
+  time_plot = next(p for p in page["plots"] if p["title"].startswith("median device time"))
+  assert sorted(time_plot["series"]) == ["xla [cupti]", "xla [wallclock]"], page
+  assert sorted(page["legend"]) == ["xla [cupti]", "xla [wallclock]"], page
+  assert page["body"]["regressed"] == "0" and len(page["rows"]) == 2
+
+
+def test_table_flags_a_planted_regression(tmp_path):
+  """Four quiet CUPTI runs at 1.0 ms, then 1.3 ms: flagged; the unchanged series is not."""
+  records = []
+  for day, ms in enumerate((1.0, 1.01, 0.99, 1.0, 1.3), start=1):
+    records.append(_timed(f"c{day}", day, ms, "cupti"))
+    records.append(_timed(f"c{day}", day, 2.0, "cupti", impl="triton"))
+  table = {t["implementation"]: t for t in dashboard.series_table(records)}
+  assert table["xla"]["status"] == "SLOWER" and table["xla"]["baseline_ms"] == 1.0
+  assert table["xla"]["ratio"] == pytest.approx(1.3) and table["xla"]["runs"] == 4
+  assert table["triton"]["status"] == "ok" and table["triton"]["ratio"] == 1.0
+  # Noise within the baseline's own spread is not flagged (the rule of bench.history).
+  noisy = [_timed(f"n{d}", d, ms, "cupti") for d, ms in enumerate((0.8, 1.2, 1.0, 1.1, 1.25), 1)]
+  assert dashboard.series_table(noisy)[0]["status"] == "ok"
+  if NODE is None:
+    pytest.skip("node is absent: the page's script is not run")
+  page = _run_page_script(tmp_path, records)
+  assert page["body"]["regressed"] == "1" and page["body"]["status"] == "ok", page["body"]
+  flagged = [r for r in page["rows"] if r["cls"] == "regressed"]
+  assert len(flagged) == 1 and flagged[0]["cells"][:4] == [
+    "SLOWER",
+    "layer_norm",
+    "plain n=4096 bfloat16 fwd",
+    "xla [cupti]",
+  ], page["rows"]
