@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 
 from harness import references
@@ -35,3 +36,22 @@ def test_readme_example_runs(implementation):
   _, expected = references.high_precision_vjp(reference, (x, scale, q, k, v), 1.0)
   for got, want in zip(namespace["grads"], expected[:3], strict=True):
     assert_matches(got, want)
+
+
+def test_readme_interpreter_example_runs():
+  """The README's "Running a kernel in its interpreter" block runs on this host and agrees with XLA."""
+  match = re.search(
+    r"### Running a kernel in its interpreter\s+```python\n(.*?)```", README.read_text(), re.S
+  )
+  assert match, "README.md has no 'Running a kernel in its interpreter' python block"
+  namespace: dict = {}
+  exec(compile(match.group(1), str(README), "exec"), namespace)
+  tokamax, x, w = namespace["tokamax"], namespace["x"], namespace["w"]
+  y = tokamax.gated_linear_unit(x, w, activation=jax.nn.swish, implementation="xla")
+  h = tokamax.layer_norm(
+    x.astype(jax.numpy.float32), jax.numpy.ones(128), None, implementation="xla"
+  )
+  f32 = jax.numpy.float32
+  # bfloat16 outputs of two implementations: a few bfloat16 ulps apart.
+  np.testing.assert_allclose(namespace["y"].astype(f32), y.astype(f32), rtol=3e-2, atol=3e-2)
+  np.testing.assert_allclose(namespace["h"], h, rtol=1e-5, atol=1e-5)

@@ -97,9 +97,18 @@ def capture() -> Iterator[list[Launch]]:
     _captured.pop()
 
 
+def interpreting() -> bool:
+  """Whether launches run in Triton's interpreter (inside `interpret()`)."""
+  return bool(_interpreting)
+
+
 @contextlib.contextmanager
 def interpret() -> Iterator[None]:
-  """Runs launches made inside the block in Triton's interpreter, on the host."""
+  """Runs launches made inside the block in Triton's interpreter, on the host.
+
+  Call the op eagerly (outside `jax.jit`): the interpreter reads concrete arrays. Inside the
+  block a Triton implementation asked for by name or instance is accepted on the CPU too.
+  """
   _interpreting.append(True)
   try:
     yield

@@ -17,6 +17,10 @@ class TritonOp(op.Op):
   differentiable = False
 
   def _platform_reason(self, platform: str, device: jax.Device | None) -> str | None:
+    if triton_call.interpreting():  # Triton's host interpreter: any host, called eagerly.
+      return (
+        None if platform in ("cpu", "gpu") else f"interpret mode runs on cpu/gpu, not {platform}"
+      )
     return triton_call.unavailable_reason(platform)
 
 
