@@ -47,6 +47,9 @@ _ATTENTION = "src/tokamax/_src/ops/attention/"
 _PINS = "harness/tests/test_tolerance_pins.py"
 _COTANGENTS = "harness/tests/test_nonfinite_and_cotangents.py"
 _FALLBACK = "suites/core/test_fallback.py"
+_RAGGED = "src/tokamax/_src/ops/ragged_dot/"
+_MOSAIC_RAGGED = "suites/kernels/test_mosaic_ragged_dot.py"
+_MOSAIC_ATTENTION = "suites/kernels/test_attention_mosaic.py"
 
 MUTATIONS: tuple[Mutation, ...] = (
   # --- The harness itself ------------------------------------------------------
@@ -507,6 +510,93 @@ MUTATIONS: tuple[Mutation, ...] = (
     "      act = gate if activation is None else activation(up)",
     _matrix("test_forward and gated_linear_unit and mosaic] and swiglu and bfloat16"),
     "Mosaic GLU: the activation is applied to the up projection.",
+  ),
+  Mutation(
+    "kernels.mosaic_ragged_partial_block",
+    _RAGGED + "mosaic_fwd.py",
+    "(seg_end - aligned_start + block_m - 1) // block_m",
+    "(seg_end - aligned_start) // block_m",
+    (_MOSAIC_RAGGED, "-k", "work_items_cover_every_row_once"),
+    "Mosaic ragged dot: the work list drops each segment's last partial row block.",
+  ),
+  Mutation(
+    "kernels.mosaic_gemm_store_ladder",
+    "src/tokamax/_src/ops/mosaic_gemm.py",
+    "  p = 1 << (max_rows.bit_length() - 1)",
+    "  p = 1 << (max_rows.bit_length() - 2)",
+    (_MOSAIC_RAGGED + "::test_interpret_two_cta_clusters[False]",),
+    "Mosaic GEMM epilogue: the store ladder starts one power of two low (a full warpgroup's"
+    " rows are never stored).",
+  ),
+  Mutation(
+    "kernels.mosaic_ragged_drhs_last_chunk_unmasked",
+    _RAGGED + "mosaic_drhs.py",
+    "          @pl.when((s == 0) | (s == steps - 1))",
+    "          @pl.when(s == 0)",
+    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[64]",),
+    "Mosaic ragged dot drhs: a group's last row chunk is not masked (the next group's rows"
+    " add to its gradient).",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_bwd_dq_scale",
+    _ATTENTION + "mosaic_bwd.py",
+    "      q_smem.at[wg][...] = (acc * p.scale).astype(dtype)",
+    "      q_smem.at[wg][...] = acc.astype(dtype)",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[gqa_plain_h64]",),
+    "Mosaic attention backward: dq not multiplied by the logits scale.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_bwd_scale_on_dv",
+    _ATTENTION + "mosaic_bwd.py",
+    '(acc[x] * p.scale if x == "dk" else acc[x])',
+    '(acc[x] * p.scale if x == "dv" else acc[x])',
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[gqa_plain_h64]",),
+    "Mosaic attention backward: the logits scale applied to dv instead of dk.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_bwd_soft_cap_derivative",
+    _ATTENTION + "mosaic_bwd.py",
+    "  return logits, None if t is None else 1.0 - t * t",
+    "  return logits, None if t is None else 1.0 - t",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[causal_window_softcap_cross]",),
+    "Mosaic attention backward: wrong derivative of the soft cap's tanh.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_bwd_causal_full_blocks",
+    _ATTENTION + "mosaic_common.py",
+    "    full_lo = jnp.maximum(full_lo, _cdiv(c_last, block_q))",
+    "    full_lo = jnp.maximum(full_lo, _floor_div(c_last, block_q))",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[lengths_causal_padded]",),
+    "Mosaic attention backward (dk/dv): the query block on the causal diagonal runs"
+    " unmasked (it sees future keys).",
+  ),
+  Mutation(
+    "ragged_dot.rhs_transposed_drhs_operands",
+    _RAGGED + "spec.py",
+    '"rhs": (RAGGED_CONTRACTING, "dout", "lhs")',
+    '"rhs": (RAGGED_CONTRACTING, "lhs", "dout")',
+    _matrix("test_vjp and ragged_dot and xla] and rhs_transposed and g5_k48 and float32"),
+    "Transposed-rhs layout: the rhs gradient's operands swapped ([G,K,N] for [G,N,K]); the"
+    " matrix's shapes have K != N, so JAX's custom_vjp type check is what fails (a square"
+    " rhs_transposed VJP case would be silent).",
+  ),
+  Mutation(
+    "ragged_dot.offset_padding_not_zero",
+    _RAGGED + "xla.py",
+    "      rhs = jnp.concatenate([zero, rhs, zero])",
+    "      rhs = jnp.concatenate([rhs[:1], rhs, rhs[-1:]])",
+    _matrix("test_forward and ragged_dot and xla] and group_offset and g3_k32 and float32"),
+    "With a group offset, the rows outside the local groups are multiplied by the first and"
+    " last local matrices instead of zeros.",
+  ),
+  Mutation(
+    "layer_norm.triton_epsilon_outside_sqrt",
+    "src/tokamax/_src/ops/normalization/triton_layer_norm.py",
+    "  rstd = 1.0 / tl.sqrt(var + EPS)",
+    "  rstd = 1.0 / (tl.sqrt(var) + EPS)",
+    _matrix("test_forward and layer_norm and triton] and large_epsilon and float32"),
+    "Triton LayerNorm forward: epsilon added outside the square root (visible only for a"
+    " large epsilon).",
   ),
 )
 
