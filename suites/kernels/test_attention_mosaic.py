@@ -36,6 +36,9 @@ from tokamax._src import device
 from tokamax._src.ops import op
 from tokamax._src.ops.attention import mosaic, spec, xla
 
+# The summary counts these under the op and implementation they check.
+pytestmark = pytest.mark.op("dot_product_attention", "mosaic")
+
 _HERE = os.path.abspath(__file__)
 # A producer TMA write against a consumer register load of one [block_q] float32
 # slot (the dk/dv kernel's log-sum-exp and delta slots; under `jax.grad` the

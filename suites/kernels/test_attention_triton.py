@@ -27,6 +27,9 @@ from tokamax._src import device, triton_call
 from tokamax._src.ops.attention import spec
 from tokamax._src.ops.attention import triton as attention_triton
 
+# The summary counts these under the op and implementation they check.
+pytestmark = pytest.mark.op("dot_product_attention", "triton")
+
 HIGHEST = jax.lax.Precision.HIGHEST
 ON_GPU = triton_call.unavailable_reason() is None and device.has_sm(8)
 gpu_only = pytest.mark.skipif(

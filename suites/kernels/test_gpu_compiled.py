@@ -86,6 +86,7 @@ def _attention_inputs(b, t, s, n, kh, h, dtype, kw):
   return (q, k, v, bias), mask, kw
 
 
+@pytest.mark.op("dot_product_attention", "mosaic")
 @pytest.mark.parametrize("name", list(ATTENTION))
 def test_mosaic_attention_against_xla(name):
   case = ATTENTION[name]
@@ -111,6 +112,7 @@ RHS_SHAPES = {
 }
 
 
+@pytest.mark.op("ragged_dot", "mosaic")
 @pytest.mark.parametrize(
   "layout, m, k, n, g, offset",
   [
@@ -150,6 +152,7 @@ def test_mosaic_ragged_dot_against_float64(layout, m, k, n, g, offset):
     assert compare.relative_error(a, r) < 1e-2
 
 
+@pytest.mark.op("gated_linear_unit", "mosaic")
 @pytest.mark.parametrize(
   "m, k, n, tuple_weights, backward",
   [
@@ -189,6 +192,7 @@ def _triton_tol(dtype) -> float:
   return 2e-2 if jnp.dtype(dtype).itemsize == 2 else 1e-4
 
 
+@pytest.mark.op("layer_norm", "triton")
 @pytest.mark.parametrize(
   "dtype, shape, axis, variant",
   [
@@ -226,6 +230,7 @@ def test_triton_layer_norm_against_xla(dtype, shape, axis, variant):
   )
 
 
+@pytest.mark.op("gated_linear_unit", "triton")
 @pytest.mark.parametrize(
   "dtype, x_shape, k, n, activation, fused",
   [
@@ -256,6 +261,7 @@ def test_triton_glu_against_xla(dtype, x_shape, k, n, activation, fused):
   )
 
 
+@pytest.mark.op("ragged_dot", "triton")
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("layout", [rd_spec.DEFAULT, rd_spec.RHS_TRANSPOSED])
 @pytest.mark.parametrize("offset", [None, 2])

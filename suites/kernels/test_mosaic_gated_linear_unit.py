@@ -17,6 +17,9 @@ from suites import opdb
 from tokamax._src.ops import kernel_ops
 from tokamax._src.ops.gated_linear_unit import api, mosaic, spec
 
+# The summary counts these under the op and implementation they check.
+pytestmark = pytest.mark.op("gated_linear_unit", "mosaic")
+
 SMALL = mosaic.MosaicGluConfig(block_n=64, num_stages=2, epi_n=64, grid_tile_m=2)
 
 

@@ -19,6 +19,9 @@ from harness import compare, references
 from suites import opdb
 from tokamax._src.ops.ragged_dot import api, mosaic, mosaic_drhs, mosaic_fwd, spec
 
+# The summary counts these under the op and implementation they check.
+pytestmark = pytest.mark.op("ragged_dot", "mosaic")
+
 SMALL = mosaic.MosaicRaggedDotConfig(block_n=64, num_stages=2, epi_n=64)
 
 

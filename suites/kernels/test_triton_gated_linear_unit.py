@@ -21,6 +21,9 @@ from tokamax._src import triton_call
 from tokamax._src.ops.gated_linear_unit import api, spec
 from tokamax._src.ops.gated_linear_unit import triton as glu_triton
 
+# The summary counts these under the op and implementation they check.
+pytestmark = pytest.mark.op("gated_linear_unit", "triton")
+
 SMEM_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
 OP = glu_triton.TritonGatedLinearUnit()
 

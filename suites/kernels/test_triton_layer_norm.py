@@ -20,6 +20,9 @@ from tokamax._src import triton_call
 from tokamax._src.ops.normalization import api, spec
 from tokamax._src.ops.normalization import triton as norm_triton
 
+# The summary counts these under the op and implementation they check.
+pytestmark = pytest.mark.op("layer_norm", "triton")
+
 SMEM_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
 OP = norm_triton.TritonLayerNorm()
 

@@ -20,6 +20,9 @@ from tokamax._src import triton_call
 from tokamax._src.ops.ragged_dot import api, spec
 from tokamax._src.ops.ragged_dot import triton as rd_triton
 
+# The summary counts these under the op and implementation they check.
+pytestmark = pytest.mark.op("ragged_dot", "triton")
+
 SMEM_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
 OP = rd_triton.TritonRaggedDot()
 SMALL = rd_triton.TritonRaggedDotConfig(
