@@ -73,18 +73,11 @@ def tpu_tests(session):
 
 @nox.session(venv_backend="none")
 def bench(session):
-  """Benchmarks of the BENCH matrix appended to bench/history.jsonl (`-- --check` fails on regressions)."""
-  session.run(
-    "python",
-    "-m",
-    "pytest",
-    "suites/test_bench.py",
-    "--bench",
-    "-q",
-    f"--benchmark-json={RESULTS}/bench.json",
-    env={"PYTHONPATH": "src:."},
-  )
-  # One history record per measurement; arguments after `--` go here (`--check`, `--threshold`).
+  """Times the op database's benchmark cases once and checks them against the history.
+
+  Records go to the ignored bench/out/history.jsonl; arguments after `--` go to
+  `python -m bench.history run` (`--check`, `--append-tracked` for the nightly).
+  """
   session.run("python", "-m", "bench.history", "run", *session.posargs, env={"PYTHONPATH": "src:."})
 
 
