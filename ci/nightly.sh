@@ -9,7 +9,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD/src:$PWD:${PYTHONPATH:-}" TOKAMAX_NIGHTLY=1 PYTHONUNBUFFERED=1
-export TOKAMAX_HYPOTHESIS_PROFILE=${TOKAMAX_HYPOTHESIS_PROFILE:-nightly}
+export TOKAMAX_HYPOTHESIS_PROFILE=${TOKAMAX_HYPOTHESIS_PROFILE:-harness-nightly}
 LOG_DIR=${LOG_DIR:-/tmp/tokamax-nightly}
 mkdir -p "$LOG_DIR"
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)

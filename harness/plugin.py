@@ -40,9 +40,13 @@ def _register_hypothesis_profiles() -> None:
   except ImportError:
     return
   common = dict(deadline=None, print_blob=True, suppress_health_check=list(hypothesis.HealthCheck))
-  hypothesis.settings.register_profile("ci", max_examples=12, derandomize=True, **common)
-  hypothesis.settings.register_profile("nightly", max_examples=200, **common)
-  hypothesis.settings.register_profile("dev", max_examples=25, **common)
+  # Prefixed names: Hypothesis loads its own "ci" profile by itself where CI is set, so a
+  # harness profile named "ci" would reach every project that loads the plugin.
+  hypothesis.settings.register_profile("harness-ci", max_examples=12, derandomize=True, **common)
+  hypothesis.settings.register_profile(
+    "harness-nightly", max_examples=200, derandomize=False, **common
+  )
+  hypothesis.settings.register_profile("harness-dev", max_examples=25, derandomize=False, **common)
 
 
 # Registered only: a project that loads `-p harness` keeps its own Hypothesis settings unless it
@@ -54,7 +58,7 @@ def _load_hypothesis_profile(config) -> None:
   """Loads the profile this project asks for, if any.
 
   `--hypothesis-profile` (Hypothesis's own option) wins; then TOKAMAX_HYPOTHESIS_PROFILE; then the
-  `harness_hypothesis_profile` ini option (tokamax's pyproject sets `ci`). Neither set: nothing is
+  `harness_hypothesis_profile` ini option (tokamax's pyproject sets `harness-ci`). Neither set: nothing is
   loaded, and Hypothesis's settings stay what the project made them.
   """
   try:

@@ -1,8 +1,8 @@
 """Hypothesis property tests: random shapes and feature flags, every implementation that runs here.
 
-Profiles: `ci` (derandomized, 12 examples, no deadline; the default) and
-`nightly` (200 examples): `--hypothesis-profile nightly` or
-`TOKAMAX_HYPOTHESIS_PROFILE=nightly`.
+Profiles: `harness-ci` (derandomized, 12 examples, no deadline; the default) and
+`harness-nightly` (200 examples): `--hypothesis-profile harness-nightly` or
+`TOKAMAX_HYPOTHESIS_PROFILE=harness-nightly`.
 """
 
 import hypothesis
