@@ -7,8 +7,10 @@ import jax
 import numpy as np
 import pytest
 
+import tokamax
 from harness import references
 from suites.core.conftest import assert_matches
+from tokamax._src import triton_call
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -55,3 +57,10 @@ def test_readme_interpreter_example_runs():
   # bfloat16 outputs of two implementations: a few bfloat16 ulps apart.
   np.testing.assert_allclose(namespace["y"].astype(f32), y.astype(f32), rtol=3e-2, atol=3e-2)
   np.testing.assert_allclose(namespace["h"], h, rtol=1e-5, atol=1e-5)
+
+
+def test_triton_interpreter_refuses_bfloat16_by_name():
+  """Triton's host interpreter miscomputes bfloat16: a clear error, never a silent wrong answer."""
+  x = jax.numpy.ones((8, 64), jax.numpy.bfloat16)
+  with triton_call.interpret(), pytest.raises(NotImplementedError, match="bfloat16"):
+    tokamax.layer_norm(x, None, None, implementation="triton")

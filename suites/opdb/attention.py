@@ -493,7 +493,7 @@ INFO = base.OpInfo(
   name="dot_product_attention",
   build=build,
   reference=reference,
-  reduction_length=lambda s, f: int(max(s["h"], s["s"]) * f.get("conditioning", 1.0) ** 2),
+  reduction_length=lambda s, f: base.conditioned(max(s["h"], s["s"]), f),
   has_matmul=True,
   features={
     "plain": {},

@@ -40,6 +40,15 @@ class Draw:
     return int(self.rng.integers(0, 2**31 - 1))
 
 
+def conditioned(length: int, features: dict) -> int:
+  """`length` widened by a feature's `conditioning` c (rounding grows c times): c**2 * length.
+
+  The tolerance's atol scales with sqrt(reduction length), so this widens the bound c times
+  for inputs whose results cancel terms c times their size (logits in the hundreds).
+  """
+  return int(length * features.get("conditioning", 1.0) ** 2)
+
+
 @dataclasses.dataclass(frozen=True)
 class Built:
   """One call: public args and kwargs; `names` name the positional args."""

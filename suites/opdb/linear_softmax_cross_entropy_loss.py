@@ -44,7 +44,7 @@ INFO = base.OpInfo(
   name="linear_softmax_cross_entropy_loss",
   build=build,
   reference=reference,
-  reduction_length=lambda s, f: int(s["h"] * f.get("conditioning", 1.0) ** 2),
+  reduction_length=lambda s, f: base.conditioned(s["h"], f),
   has_matmul=True,
   features={
     "sum": {"reduction": "sum"},

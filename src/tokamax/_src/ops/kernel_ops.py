@@ -3,9 +3,10 @@
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 
+from tokamax._src import arguments, triton_call
 from tokamax._src import device as device_lib
-from tokamax._src import triton_call
 from tokamax._src.ops import op
 
 
@@ -15,6 +16,15 @@ class TritonOp(op.Op):
 
   platforms = ("gpu",)
   differentiable = False
+
+  def unsupported_reason(self, args) -> str | None:
+    if triton_call.interpreting() and any(
+      getattr(x, "dtype", None) == jnp.bfloat16
+      for x in jax.tree.leaves(arguments.array_fields(args))
+    ):
+      # Its host interpreter returns garbage (1e22) for bfloat16 tiles that compile correctly.
+      return "Triton's host interpreter miscomputes bfloat16 (compile for a GPU instead)"
+    return super().unsupported_reason(args)
 
   def _platform_reason(self, platform: str, device: jax.Device | None) -> str | None:
     if triton_call.interpreting():  # Triton's host interpreter: any host, called eagerly.
