@@ -309,6 +309,33 @@ def regenerate(
   return changes
 
 
+def merge(family: str, parts: dict[str, str], *, data_dir: str = DATA_DIR, out_dir: str | None = None):
+  """Writes the goldens of `data_dir` with each op's entries taken from `parts[op]`.
+
+  Args:
+    family: The hardware family.
+    parts: op -> a data dir whose goldens for that op were regenerated (e.g. by
+      one `regenerate(ops=[op])` process each, run side by side).
+    data_dir: The goldens that the other ops keep.
+    out_dir: Where to write (default: `data_dir`).
+  """
+  stored = load(family, data_dir)
+  manifest, arrays = stored if stored else ({"entries": {}}, {})
+  entries = {k: e for k, e in manifest["entries"].items() if e["op"] not in parts}
+  arrays = {k: v for k, v in arrays.items() if k in entries}
+  for op, part_dir in parts.items():
+    part = load(family, part_dir)
+    if part is None:
+      raise ValueError(f"no {family} goldens in {part_dir} (for {op})")
+    part_manifest, part_arrays = part
+    manifest = {k: v for k, v in part_manifest.items() if k != "entries"}
+    for key, entry in part_manifest["entries"].items():
+      if entry["op"] == op:
+        entries[key], arrays[key] = entry, part_arrays[key]
+  manifest["entries"] = dict(sorted(entries.items()))
+  write(family, manifest, arrays, out_dir or data_dir)
+
+
 def write(family: str, manifest: dict, arrays: dict[str, np.ndarray], data_dir: str) -> None:
   """Writes a family's goldens deterministically (fixed zip timestamps)."""
   d = family_dir(family, data_dir)

@@ -39,7 +39,7 @@ if [ -n "${DRY:-}" ]; then ITER=3; BUDGET_S=60; fi
   FAMILY=$($PY -c "from harness import hardware; print(hardware.detect().family)")
   echo "== goldens of family $FAMILY: regenerate, and what changed against the committed ones"
   t0=$SECONDS
-  $PY -m golden --regen --out "$OUT/golden"
+  $PY -m golden --regen --jobs "${GOLDEN_JOBS:-5}" --out "$OUT/golden"
   echo "== goldens took $((SECONDS - t0)) s"
   echo "== benchmarks ($FAMILY matrix, budget ${BUDGET_S} s), checked against bench/history.jsonl"
   t0=$SECONDS

@@ -109,6 +109,22 @@ def test_regen_prints_what_changed(tmp_path, capsys):
   assert golden_cli.main(["--data", data, "--ops", "layer_norm"]) == 0
 
 
+def test_parallel_regen_merges_each_ops_goldens(tmp_path, capsys):
+  data = str(tmp_path)
+  shutil.copytree(golden.family_dir(FAMILY), os.path.join(data, FAMILY))
+  manifest, arrays = golden.load(FAMILY, data)
+  planted = {k: v * 2 for k, v in arrays.items() if k.startswith(("layer_norm.", "ragged_dot."))}
+  golden.write(FAMILY, manifest, {**arrays, **planted}, data)
+  args = ["--regen", "--jobs", "2", "--data", data, "--ops", "layer_norm,gated_linear_unit"]
+  assert golden_cli.main(args) == 0
+  capsys.readouterr()
+  _, merged = golden.load(FAMILY, data)
+  assert sorted(merged) == sorted(arrays)
+  for key, value in merged.items():  # Regenerated ops hold fresh values, the others are kept.
+    expected = planted[key] if key.startswith("ragged_dot.") else arrays[key]
+    np.testing.assert_array_equal(value, expected, err_msg=key)
+
+
 def _committed_families() -> list[str]:
   return sorted(
     f
