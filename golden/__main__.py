@@ -70,16 +70,18 @@ def _regen_in_parallel(family: str, ops: list[str], args) -> int:
       return subprocess.run(cmd, env=env, capture_output=True, text=True)
 
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-      done = dict(zip(ops, pool.map(regen, ops)))
-    for op, proc in done.items():
+      done = dict(zip(ops, pool.map(regen, ops), strict=True))
+    for proc in done.values():
       print(proc.stdout + proc.stderr)
     failed = [op for op, proc in done.items() if proc.returncode]
     if any(not os.path.exists(golden.family_dir(family, os.path.join(tmp, op))) for op in ops):
-      print(f"FAILED: no goldens written for {[op for op in failed]}")
+      print(f"FAILED: no goldens written for {failed}")
       return 1
     parts = {op: os.path.join(tmp, op) for op in ops}
     golden.merge(family, parts, data_dir=args.data, out_dir=args.out)
-  print(f"merged the goldens of {len(ops)} ops into {golden.family_dir(family, args.out or args.data)}")
+  print(
+    f"merged the goldens of {len(ops)} ops into {golden.family_dir(family, args.out or args.data)}"
+  )
   return 1 if failed else 0
 
 

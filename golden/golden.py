@@ -309,7 +309,9 @@ def regenerate(
   return changes
 
 
-def merge(family: str, parts: dict[str, str], *, data_dir: str = DATA_DIR, out_dir: str | None = None):
+def merge(
+  family: str, parts: dict[str, str], *, data_dir: str = DATA_DIR, out_dir: str | None = None
+):
   """Writes the goldens of `data_dir` with each op's entries taken from `parts[op]`.
 
   Args:
