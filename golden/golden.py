@@ -115,6 +115,7 @@ def compute(
   family: str,
   *,
   ops: Iterable[str] | None = None,
+  keys: Iterable[str] | None = None,
   override: Callable[[cases_lib.Case, matrices.Implementation], Callable] | None = None,
 ) -> list[Result]:
   """Runs every golden case through every native implementation here.
@@ -122,6 +123,7 @@ def compute(
   Args:
     family: The hardware family whose cases to run.
     ops: Restrict to these ops.
+    keys: Restrict to these entries (`entry_key`).
     override: (case, impl) -> the callable to run instead of `impl` (tests use
       it to plant numerics changes).
 
@@ -130,14 +132,18 @@ def compute(
     `entry` set, or SKIP/ERROR with the reason.
   """
   profile = hardware.detect()
+  keys = None if keys is None else set(keys)
   results = []
   impls_of = {}
   for case in cases(family, ops):
     if case.op not in impls_of:
       impls_of[case.op] = implementations(case.op, profile)
+    impls = [i for i in impls_of[case.op] if keys is None or entry_key(case, i.name) in keys]
+    if not impls:
+      continue
     args, kwargs = case.make_args(checks.case_key(case))
     reference = None
-    for impl in impls_of[case.op]:
+    for impl in impls:
       key = entry_key(case, impl.name)
       reason = impl.reason
       if reason is None:
@@ -225,7 +231,7 @@ def _compare_to_golden(result: Result, golden: np.ndarray, platform: str) -> Res
 
 
 def check(
-  family: str | None = None, *, data_dir: str = DATA_DIR, ops=None, override=None
+  family: str | None = None, *, data_dir: str = DATA_DIR, ops=None, keys=None, override=None
 ) -> tuple[list[Result], dict | None]:
   """Compares every (case, implementation) that runs here with its golden.
 
@@ -239,7 +245,7 @@ def check(
   stored = load(family, data_dir)
   manifest, arrays = stored if stored else (None, {})
   out = []
-  for r in compute(family, ops=ops, override=override):
+  for r in compute(family, ops=ops, keys=keys, override=override):
     if r.status:
       out.append(r)
     elif r.key not in arrays:

@@ -1,6 +1,5 @@
 """Golden values: the committed goldens of the hardware at hand, and the checker's teeth."""
 
-import functools
 import os
 import shutil
 
@@ -30,21 +29,16 @@ def _keys() -> list:
   return out
 
 
-@functools.cache
-def _checked():
-  results, manifest = golden.check(FAMILY)
-  return {r.key: r for r in results}, manifest
-
-
 @pytest.mark.parametrize("key", _keys())
 def test_golden(key):
-  results, manifest = _checked()
+  # One entry per test: test workers share the goldens out, none computes them all.
+  results, manifest = golden.check(FAMILY, keys=[key])
   if manifest is None:
     pytest.skip(
       f"MISSING goldens: none committed for hardware family {FAMILY!r} "
       f"({golden.family_dir(FAMILY)}); make them with `nox -s golden -- --regen` there"
     )
-  r = results[key]
+  (r,) = results
   if r.status == golden.SKIP:
     pytest.skip(r.detail)
   assert r.status in (golden.PASS, golden.CHANGED), f"{r.status} {key}: {r.detail}"
@@ -120,9 +114,12 @@ def test_parallel_regen_merges_each_ops_goldens(tmp_path, capsys):
   capsys.readouterr()
   _, merged = golden.load(FAMILY, data)
   assert sorted(merged) == sorted(arrays)
-  for key, value in merged.items():  # Regenerated ops hold fresh values, the others are kept.
-    expected = planted[key] if key.startswith("ragged_dot.") else arrays[key]
-    np.testing.assert_array_equal(value, expected, err_msg=key)
+  for key, value in merged.items():
+    if key.startswith("ragged_dot."):  # Not regenerated: kept bit for bit.
+      np.testing.assert_array_equal(value, planted[key], err_msg=key)
+    else:  # Fresh values (on a GPU not always bitwise the stored ones), not the planted ones.
+      fresh, stored = (np.asarray(a, np.float32) for a in (value, arrays[key]))
+      np.testing.assert_allclose(fresh, stored, rtol=1e-2, atol=1e-2, err_msg=key)
 
 
 def _committed_families() -> list[str]:
