@@ -59,6 +59,7 @@ class Contender:
   compiled: Any = None
   error: str | None = None
   kernels_ms: list | None = None
+  temp_bytes: int | None = None  # The compiled program's temporaries (XLA memory analysis).
 
   @property
   def key(self) -> str:
@@ -204,6 +205,8 @@ def time_case(
       c.error = f"{type(e).__name__}: {str(e)[:300]}"
       log(f"ERROR {bcase.op}[{c.key}] {bcase.id}: {c.error}")
       continue
+    analysis = c.compiled.memory_analysis()
+    c.temp_bytes = getattr(analysis, "temp_size_in_bytes", None) if analysis else None
     if hlo_dir:
       os.makedirs(hlo_dir, exist_ok=True)
       name = _file_name(bcase.op, c.key, bcase.id) + ".hlo.txt"
@@ -258,6 +261,10 @@ def case_records(
     against = anchor if anchor is not None and c is not anchor else None
     if c.kernels_ms is not None:
       extra["kernels_ms"] = c.kernels_ms
+    if c.temp_bytes is not None:
+      extra["temp_bytes"] = c.temp_bytes
+      if against is not None and against.temp_bytes:
+        extra["anchor_temp_bytes"] = against.temp_bytes
     if against is not None:
       extra["anchor_rounds_ms"] = against.rounds_ms
       if against.kernels_ms is not None:

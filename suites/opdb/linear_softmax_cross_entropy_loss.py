@@ -34,10 +34,11 @@ _GPU = base.Matrix(
   dtypes=("bfloat16", "float32"),
   long_shapes=(dict(b=4096, h=2048, v=65536),),
 )
-# The second is the fused-kernel target shape (large vocabulary).
+# The last two are the fused kernel's target shapes (large vocabularies).
 _GPU_BENCH = (
   base.BenchCall(dict(b=4096, h=2048, v=65536), "bfloat16", "sum"),
   base.BenchCall(dict(b=8192, h=4096, v=131072), "bfloat16", "sum"),
+  base.BenchCall(dict(b=4096, h=4096, v=256000), "bfloat16", "sum"),
 )
 
 INFO = base.OpInfo(
@@ -64,7 +65,9 @@ INFO = base.OpInfo(
     base.CPU: base.Matrix(
       shapes=(dict(b=24, h=32, v=1003), dict(b=7, h=48, v=130, dtypes=("float32",))),
       dtypes=("float32", "bfloat16"),
-      interpret_shapes=(dict(b=24, h=32, v=300),),
+      # The second suits the Mosaic kernel (H a multiple of 64): V=300 is one vocabulary
+      # tile and a 44-column tail; 40 rows are a partial row tile.
+      interpret_shapes=(dict(b=24, h=32, v=300), dict(b=40, h=128, v=300, dtypes=("bfloat16",))),
     ),
     base.H100: _GPU,
     base.A100: _GPU,

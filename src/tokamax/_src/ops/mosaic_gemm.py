@@ -19,6 +19,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from tokamax._src import device as device_lib
+
 # Rows of the output tile handled by one compute warpgroup (one wgmma M tile).
 WG_ROWS = 64
 NUM_COMPUTE_WGS = 2
@@ -28,6 +30,19 @@ SMEM_BYTES = 227 * 1024 - 1024
 MEMORY_REGISTERS = 40
 ROW_ALIGN = 8  # Row tiling of the TMA copies.
 _SWIZZLE = 128
+# SMs of an H100/H200 SXM, used when lowering without a GPU at hand.
+DEFAULT_NUM_SMS = 132
+# Persistent CTAs simulated in interpret mode (few, so that it stays fast).
+INTERPRET_NUM_SMS = 2
+
+
+def num_sms(interpret: bool = False) -> int:
+  """Persistent CTAs: the SMs of the GPU at hand, else an H100/H200's; few when interpreted."""
+  if interpret:
+    return INTERPRET_NUM_SMS
+  dev = device_lib.default_device()
+  count = getattr(dev, "core_count", None) if dev.platform == "gpu" else None
+  return int(count) if count else DEFAULT_NUM_SMS
 
 
 def transforms(dtype) -> tuple:

@@ -236,7 +236,7 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
       n=args.n,
       activation=args.activation,
       config=kcfg,
-      num_sms=ragged_mosaic.INTERPRET_NUM_SMS if self.interpret else ragged_mosaic.num_sms(),
+      num_sms=gemm.num_sms(self.interpret),
       save_residuals=save_residuals,
       interpret=plgpu.InterpretGPUParams(detect_races=True) if self.interpret else None,
     )

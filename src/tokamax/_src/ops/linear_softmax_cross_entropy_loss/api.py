@@ -8,7 +8,7 @@ from jaxtyping import Array, Float, Int
 
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import spec
 
-Implementation = Literal["xla", "chunked_xla"]
+Implementation = Literal["xla", "chunked_xla", "mosaic"]
 
 
 def linear_softmax_cross_entropy_loss(

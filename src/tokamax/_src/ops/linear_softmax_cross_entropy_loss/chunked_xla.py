@@ -63,7 +63,7 @@ def _forward(args: spec.LossArgs, config: ChunkedLossConfig):
   return spec.reduce(args, lse - picked), lse
 
 
-def _backward(args: spec.LossArgs, config: ChunkedLossConfig, lse, dout):
+def backward(args: spec.LossArgs, config: ChunkedLossConfig, lse, dout):
   chunks = _Chunks(args, config.vocab_chunk_size)
   b = args.x.shape[0]
   if args.reduction == "sum":
@@ -108,7 +108,7 @@ class ChunkedXlaLoss(op.Op):
     return _forward(args, config)
 
   def _bwd(self, args, config, out, residuals, dout):
-    return _backward(args, config, residuals, dout)
+    return backward(args, config, residuals, dout)
 
   def _get_autotuning_configs(self, args):
     v = args.weights.shape[1]

@@ -77,8 +77,9 @@ SPEC = op.OpSpec(
   implementations={
     "xla": "tokamax._src.ops.linear_softmax_cross_entropy_loss.xla:XlaLoss",
     "chunked_xla": "tokamax._src.ops.linear_softmax_cross_entropy_loss.chunked_xla:ChunkedXlaLoss",
+    "mosaic": "tokamax._src.ops.linear_softmax_cross_entropy_loss.mosaic:MosaicLoss",
   },
-  preference={},
+  preference={"gpu": ("mosaic",)},
   cost=cost,
   integer_inputs={"labels": _random_labels},
 )

@@ -15,19 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from tokamax._src import device as device_lib
 from tokamax._src.ops import kernel_ops
 from tokamax._src.ops import mosaic_gemm as gemm
 from tokamax._src.ops.ragged_dot import mosaic_drhs, mosaic_fwd, spec
 
 _DTYPES = ("bfloat16", "float16")
 _OUT_DTYPES = ("float32", "bfloat16", "float16")
-# SMs of an H100/H200 SXM, used when lowering without a GPU at hand.
-DEFAULT_NUM_SMS = 132
 # CTAs per cluster that the heuristics choose for the row-ragged layouts.
 HEURISTIC_CLUSTER = 1
-# Persistent CTAs simulated in interpret mode (few, so that it stays fast).
-INTERPRET_NUM_SMS = 2
 _ROW_ALIGN = gemm.ROW_ALIGN  # TMA tiling of the row dimension.
 
 
@@ -75,13 +70,6 @@ def _config_reason(args: spec.RaggedDotArgs, config: MosaicRaggedDotConfig) -> s
     np.dtype(args.lhs.dtype).itemsize,
     np.dtype(args.out_dtype).itemsize,
   )
-
-
-def num_sms() -> int:
-  """Persistent CTAs: the SMs of the GPU at hand, else an H100/H200's."""
-  dev = device_lib.default_device()
-  count = getattr(dev, "core_count", None) if dev.platform == "gpu" else None
-  return int(count) if count else DEFAULT_NUM_SMS
 
 
 def _with(args: spec.RaggedDotArgs, lhs, rhs, layout: str, out_dtype) -> spec.RaggedDotArgs:
@@ -182,7 +170,7 @@ class MosaicRaggedDot(kernel_ops.MosaicGpuOp):
     common = dict(
       out_dtype=args.out_dtype,
       config=kernel_config,
-      num_sms=INTERPRET_NUM_SMS if self.interpret else num_sms(),
+      num_sms=gemm.num_sms(self.interpret),
       interpret=self._interpret_params(),
     )
     if args.layout == spec.RAGGED_CONTRACTING:

@@ -1,0 +1,132 @@
+"""linear_softmax_cross_entropy_loss with a fused Pallas Mosaic GPU kernel (Hopper, sm_90).
+
+The forward pass never writes the [B, V] logits: `mosaic_kernel.tile_logsumexp`
+reduces each (row tile, vocabulary tile) of x @ weights to its per-row
+log-sum-exp in the GEMM's epilogue, and XLA combines the tiles. Vocabulary
+columns past the last whole tile and the label's logit (a gather of B weight
+columns) are small XLA computations. The backward pass recomputes the logits a
+vocabulary chunk at a time (`chunked_xla`'s backward), so that no [B, V] array
+exists there either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from tokamax._src.ops import kernel_ops
+from tokamax._src.ops import mosaic_gemm as gemm
+from tokamax._src.ops.linear_softmax_cross_entropy_loss import chunked_xla, mosaic_kernel, spec
+
+_DTYPES = ("bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MosaicLossConfig:
+  """Tiling of the fused kernel and the backward pass's vocabulary chunks.
+
+  Attributes:
+    block_n: Vocabulary columns per work item of the kernel.
+    num_stages: Shared-memory stages of the kernel's load pipeline.
+    grid_tile_m: Row tiles visited together before moving along the vocabulary.
+    vocab_chunk_size: Vocabulary columns per step of the backward pass.
+  """
+
+  block_n: int = 256
+  num_stages: int = 4
+  grid_tile_m: int = 32
+  vocab_chunk_size: int = 8192
+
+
+def _kernel_config(dtype, config: MosaicLossConfig) -> mosaic_kernel.MosaicLossKernelConfig:
+  return mosaic_kernel.MosaicLossKernelConfig(
+    block_n=config.block_n,
+    block_k=128 // np.dtype(dtype).itemsize,
+    num_stages=config.num_stages,
+    grid_tile_m=config.grid_tile_m,
+  )
+
+
+def _label_logits(args: spec.LossArgs) -> jax.Array:
+  """float32 [B]: each row's logit at its label, from the B gathered weight columns."""
+  columns = jnp.take(args.weights, args.labels, axis=1)  # [H, B]
+  return jnp.einsum(
+    "bh,hb->b", args.x, columns, precision=args.precision, preferred_element_type=jnp.float32
+  )
+
+
+def logsumexp(x: jax.Array, w: jax.Array, config: MosaicLossConfig, interpret=None) -> jax.Array:
+  """float32 [B]: log-sum-exp of each row of x @ w, without the [B, V] logits."""
+  b, v = x.shape[0], w.shape[1]
+  kernel_config = _kernel_config(x.dtype, config)
+  n_tiles = v // config.block_n
+  rows = -b % kernel_config.block_m  # Whole row tiles: the padding rows are dropped.
+  padded = jnp.pad(x, ((0, rows), (0, 0))) if rows else x
+  parts = [
+    mosaic_kernel.tile_logsumexp(
+      padded,
+      w,
+      n_tiles=n_tiles,
+      config=kernel_config,
+      num_sms=gemm.num_sms(interpret is not None),
+      interpret=interpret,
+    )[:, :b]
+  ]
+  if v % config.block_n:  # The columns past the last whole tile.
+    tail = jnp.matmul(x, w[:, n_tiles * config.block_n :], preferred_element_type=jnp.float32)
+    parts.append(jax.nn.logsumexp(tail, axis=1)[None])
+  return jax.nn.logsumexp(jnp.concatenate(parts), axis=0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MosaicLoss(kernel_ops.MosaicGpuOp):
+  """Fused matmul + log-sum-exp kernel forward; chunked recomputation backward."""
+
+  name = "mosaic"
+  spec = spec.SPEC
+  config_cls = MosaicLossConfig
+
+  def _unsupported_reason(self, args: spec.LossArgs) -> str | None:
+    dtype = np.dtype(args.x.dtype).name
+    if dtype not in _DTYPES:
+      return f"input dtype {dtype} (supported: {', '.join(_DTYPES)})"
+    config = self.config if self.config is not None else self._get_heuristics_config(args)
+    h, v = args.weights.shape
+    if v < config.block_n:
+      return f"V={v} is below one vocabulary tile (block_n={config.block_n})"
+    itemsize = np.dtype(args.x.dtype).itemsize
+    return mosaic_kernel.config_reason(_kernel_config(args.x.dtype, config), h, itemsize)
+
+  def _get_heuristics_config(self, args: spec.LossArgs) -> MosaicLossConfig:
+    h, v = args.weights.shape
+    block_k = 128 // np.dtype(args.x.dtype).itemsize
+    return MosaicLossConfig(
+      block_n=256 if v >= 256 else 128, num_stages=min(4, max(2, h // block_k))
+    )
+
+  def _get_autotuning_configs(self, args: spec.LossArgs) -> set[MosaicLossConfig]:
+    configs = {
+      MosaicLossConfig(block_n=b, num_stages=s, grid_tile_m=t)
+      for b in (128, 256)
+      for s in (3, 4)
+      for t in (8, 32)
+    }
+    return {c for c in configs if self.with_config(c).unsupported_reason(args) is None} or {
+      self._get_heuristics_config(args)
+    }
+
+  def _interpret_params(self):
+    return plgpu.InterpretGPUParams(detect_races=True) if self.interpret else None
+
+  def _fwd(self, args: spec.LossArgs, config: MosaicLossConfig):
+    lse = logsumexp(args.x, args.weights, config, self._interpret_params())
+    return spec.reduce(args, lse - _label_logits(args)), lse
+
+  def _bwd(self, args, config, out, residuals, dout):
+    del out
+    chunks = chunked_xla.ChunkedLossConfig(min(config.vocab_chunk_size, args.weights.shape[1]))
+    return chunked_xla.backward(args, chunks, residuals, dout)

@@ -1,0 +1,190 @@
+"""Mosaic GPU (Hopper) kernels of the fused linear + softmax cross-entropy loss.
+
+The kernel is the persistent,
+warp-specialised GEMM of `mosaic_gemm` over
+(row tile, vocabulary tile) work items of `x @ weights`, with an epilogue in
+place of the store of the logits tile, so that no [B, V] logits reach HBM:
+
+- `tile_logsumexp`: each tile's per-row log-sum-exp (float32 [tiles, B]); the
+  caller combines the tiles (a few MB).
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from tokamax._src.ops import mosaic_gemm as gemm
+
+WG_ROWS = gemm.WG_ROWS
+NUM_COMPUTE_WGS = gemm.NUM_COMPUTE_WGS
+_LOG2E = 1.4426950408889634
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MosaicLossKernelConfig:
+  """Tiling of the loss kernels.
+
+  Attributes:
+    block_n: Vocabulary columns per work item.
+    block_k: Contraction depth (of H) per pipeline stage.
+    num_stages: Shared-memory stages of the load pipeline.
+    grid_tile_m: Row tiles visited together before moving along the
+      vocabulary (the x rows of a band stay in L2 while the weights stream).
+  """
+
+  block_n: int = 256
+  block_k: int = 64
+  num_stages: int = 4
+  grid_tile_m: int = 32
+
+  @property
+  def block_m(self) -> int:
+    return WG_ROWS * NUM_COMPUTE_WGS
+
+
+def smem_bytes(config: MosaicLossKernelConfig, in_itemsize: int, epilogue_bytes: int) -> int:
+  stage = (config.block_m + config.block_n) * config.block_k * in_itemsize
+  return config.num_stages * stage + NUM_COMPUTE_WGS * epilogue_bytes
+
+
+def config_reason(config: MosaicLossKernelConfig, h: int, in_itemsize: int) -> str | None:
+  """Why `config` cannot contract H=`h`, or None."""
+  if h % config.block_k:
+    return f"H={h} must be a multiple of block_k={config.block_k}"
+  if h // config.block_k < config.num_stages:
+    return f"H={h} gives fewer than num_stages={config.num_stages} steps of {config.block_k}"
+  epilogue = WG_ROWS * config.block_n * in_itemsize
+  return gemm.tile_reason(config, "block_k", in_itemsize) or gemm.smem_reason(
+    config, smem_bytes(config, in_itemsize, epilogue)
+  )
+
+
+def _gemm_items(
+  x, w, *, n_tiles, col_tile0, config, num_sms, out_type, scratch, epilogue, interpret
+):
+  """The persistent GEMM over (row tile, column tile) items with `epilogue` per item.
+
+  Args:
+    x: [B, H].
+    w: [H, V]; the items cover its column tiles col_tile0 .. col_tile0 + n_tiles
+      (`col_tile0` a traced int32 scalar array of shape [1], or None for 0).
+    n_tiles: Column tiles of width block_n.
+    config: Tiling.
+    num_sms: Persistent CTAs.
+    out_type: The kernel's outputs.
+    scratch: Shared memory of each compute warpgroup's epilogue (an SMEM spec
+      with a leading NUM_COMPUTE_WGS axis).
+    epilogue: (logits [WG_ROWS, block_n] float32, row0, mi, ni, scratch of
+      this warpgroup, extra input refs, output refs) -> None.
+    interpret: Pallas interpret parameters, or None.
+  """
+  b, h = x.shape
+  bm, bn, bk = config.block_m, config.block_n, config.block_k
+  m_tiles, k_steps = pl.cdiv(b, bm), h // bk
+  tile_m = min(config.grid_tile_m, m_tiles)
+  tf = gemm.transforms(x.dtype)
+
+  def make_pipeline(body, compute_context, mi, nj):
+    in_specs = [
+      plgpu.BlockSpec((bm, bk), lambda s: (mi, s), transforms=tf, delay_release=0),
+      plgpu.BlockSpec((bk, bn), lambda s: (s, nj), transforms=tf, delay_release=0),
+    ]
+    return gemm.pipeline(body, compute_context, k_steps, in_specs, config.num_stages)
+
+  def kernel(x_ref, w_ref, tile0_ref, *refs):
+    nothing = lambda *_, **__: None
+    n_out = len(jax.tree.leaves(out_type))
+    extra_refs, out_refs = refs[: len(refs) - n_out], refs[len(refs) - n_out :]
+
+    @functools.partial(
+      pl.run_scoped,
+      allocs=make_pipeline(nothing, nothing, 0, 0).get_allocations(x_ref, w_ref),
+      epi_smem=scratch,
+      collective_axes="wg",
+    )
+    def scope(allocs, epi_smem):
+      wg = lax.axis_index("wg")
+      tile0 = tile0_ref[0]
+
+      @plgpu.nd_loop((m_tiles * n_tiles,), collective_axes="sm")
+      def _item_loop(info):
+        (idx,) = info.index
+        mi, ni = plgpu.planar_snake(idx, (m_tiles, n_tiles), 0, tile_m)
+        row0 = mi * bm + wg * WG_ROWS
+
+        def mma(_, x_smem, w_smem, acc):
+          plgpu.wgmma(acc, x_smem.at[pl.ds(wg * WG_ROWS, WG_ROWS)], w_smem)
+          plgpu.wgmma_wait(0)
+          return acc
+
+        def compute_context(run):
+          @functools.partial(pl.run_scoped, acc=plgpu.ACC((WG_ROWS, bn), jnp.float32))
+          def _acc_scope(acc):
+            run(acc)
+            epilogue(acc[...], row0, mi, ni, epi_smem.at[wg], extra_refs, out_refs)
+
+        make_pipeline(mma, compute_context, mi, tile0 + ni)(x_ref, w_ref, allocations=allocs)
+
+      plgpu.wait_smem_to_gmem(0)
+
+  return gemm.kernel(kernel, out_type, num_sms=num_sms, interpret=interpret)
+
+
+def _padded_rows(b: int, config: MosaicLossKernelConfig) -> int:
+  return pl.cdiv(b, config.block_m) * config.block_m
+
+
+def tile_logsumexp(
+  x: jax.Array,
+  w: jax.Array,
+  *,
+  n_tiles: int,
+  config: MosaicLossKernelConfig,
+  num_sms: int,
+  interpret=None,
+) -> jax.Array:
+  """Per-row log-sum-exp of each of the first `n_tiles` vocabulary tiles of x @ w.
+
+  Args:
+    x: [B, H].
+    w: [H, V], V >= n_tiles * block_n.
+    n_tiles: Column tiles of width block_n.
+    config: Tiling.
+    num_sms: Persistent CTAs.
+    interpret: Pallas interpret parameters, or None.
+
+  Returns:
+    float32 [n_tiles, B].
+  """
+  b = x.shape[0]
+  rows = _padded_rows(b, config)
+
+  def epilogue(logits, row0, mi, ni, lse_smem, extra_refs, out_refs):
+    del mi, extra_refs
+    (out_ref,) = out_refs
+    top = logits.max(axis=1)
+    shifted = (logits - lax.broadcast_in_dim(top, logits.shape, [0])) * _LOG2E
+    lse = top + jnp.log(jnp.exp2(shifted).sum(axis=1))
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The previous item's store.
+    lse_smem[...] = lse
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(lse_smem, out_ref.at[ni, pl.ds(row0, WG_ROWS)])
+
+  call = _gemm_items(
+    x,
+    w,
+    n_tiles=n_tiles,
+    col_tile0=None,
+    config=config,
+    num_sms=num_sms,
+    out_type=jax.ShapeDtypeStruct((n_tiles, rows), jnp.float32),
+    scratch=plgpu.SMEM((NUM_COMPUTE_WGS, WG_ROWS), jnp.float32),
+    epilogue=epilogue,
+    interpret=interpret,
+  )
+  return call(x, w, jnp.zeros((1,), jnp.int32))[:, :b]
