@@ -95,6 +95,7 @@ class RaggedDotKernelCase:
     groups: The number of groups.
     dtype: The input dtype.
     group_offset: The first group (Triton: an int or None; Mosaic: whether one is set).
+    config: Kernel config fields (None: the heuristic's config).
   """
 
   layout: str
@@ -104,3 +105,4 @@ class RaggedDotKernelCase:
   groups: int
   dtype: str | None
   group_offset: int | bool | None
+  config: dict | None = None

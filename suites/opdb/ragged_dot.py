@@ -121,6 +121,38 @@ _KERNEL_CASES = {
   },
 }
 
+# Mosaic TPU's, in Pallas's TPU interpreter (suites/kernels/test_tpu_ragged_dot.py): odd M,
+# uneven groups with empty ones and rows past the last group; group_offset: whether the call
+# starts at group 1. The config (blocks) applies wherever it fits (forward and gradients);
+# 128-row tiles give several row tiles, tiles shared by groups and (K=256) two K steps.
+_TPU_BLOCKS = dict(block_m=128, block_k=128, block_n=128)
+_KERNEL_CASES["mosaic_tpu"] = {
+  "default_f32": kc.RaggedDotKernelCase(
+    spec.DEFAULT, 300, 48, 40, 5, "float32", False, dict(block_m=128, block_k=48, block_n=40)
+  ),
+  "default_bf16_small_rows": kc.RaggedDotKernelCase(
+    spec.DEFAULT, 100, 256, 256, 6, "bfloat16", True, dict(block_m=16, block_k=128, block_n=128)
+  ),
+  "rhs_transposed_bf16_offset": kc.RaggedDotKernelCase(
+    spec.RHS_TRANSPOSED, 270, 256, 128, 4, "bfloat16", True, _TPU_BLOCKS
+  ),
+  "ragged_contracting_f32_offset": kc.RaggedDotKernelCase(
+    spec.RAGGED_CONTRACTING, 260, 256, 136, 4, "float32", True, _TPU_BLOCKS
+  ),
+  "ragged_contracting_bf16": kc.RaggedDotKernelCase(
+    spec.RAGGED_CONTRACTING, 150, 128, 256, 5, "bfloat16", False, _TPU_BLOCKS
+  ),
+}
+# TPU v5: shapes the Mosaic TPU kernels take (K a multiple of 128); the interpret shapes run
+# them in the TPU interpreter (TOKAMAX_FAMILY=tpu_v5 on a CPU host).
+_TPU = base.Matrix(
+  shapes=_GPU.shapes,
+  dtypes=("bfloat16", "float32"),
+  interpret_shapes=(dict(m=200, k=128, n=128, g=5),),
+  interpret_dtypes=("float32", "bfloat16"),
+  long_shapes=_GPU.long_shapes,
+)
+
 INFO = base.OpInfo(
   name="ragged_dot",
   build=build,
@@ -150,7 +182,7 @@ INFO = base.OpInfo(
     ),
     base.H100: _GPU,
     base.A100: _GPU,
-    base.TPU_V5: _GPU,
+    base.TPU_V5: _TPU,
   },
   golden_shape=dict(m=128, k=128, n=128, g=4),
   bench={

@@ -10,7 +10,9 @@ def default_device() -> jax.Device:
 
 
 def platform() -> str:
-  return jax.default_backend()
+  """The platform lowerings target: the abstract mesh's device's, else the default backend."""
+  abstract = jax.sharding.get_abstract_mesh().abstract_device
+  return abstract.platform if abstract is not None else jax.default_backend()
 
 
 @functools.cache

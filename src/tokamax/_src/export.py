@@ -9,7 +9,12 @@ that contains them runs only on the device kind and jaxlib it was exported for
   exp = jax.export.export(jax.jit(f), disabled_checks=DISABLE_JAX_EXPORT_CHECKS)(*args)
 
 `abstract_gpu()` lets a machine without a GPU lower for CUDA (to inspect or
-export Pallas Triton kernels) by naming the GPU that the lowering targets.
+export Pallas Triton kernels) by naming the GPU that the lowering targets;
+`abstract_tpu()` does the same for TPUs (Pallas Mosaic TPU kernels, which
+`implementation=None` then prefers):
+
+  with abstract_tpu():
+    exp = jax.export.export(jax.jit(f), platforms=("tpu",))(*args)
 """
 
 import contextlib
@@ -80,5 +85,18 @@ def abstract_gpu(device_kind: str = "NVIDIA H200", num_cores: int = 132) -> Iter
 
   device = mesh_lib.AbstractDevice(device_kind=device_kind, num_cores=num_cores, platform="gpu")
   mesh = mesh_lib.AbstractMesh((1,), ("_tokamax_export",), abstract_device=device)
+  with jax.sharding.use_abstract_mesh(mesh):
+    yield
+
+
+@contextlib.contextmanager
+def abstract_tpu(device_kind: str = "TPU v5 lite", num_cores: int = 1) -> Iterator[None]:
+  """Lowerings inside target this TPU (default v5e), also on a machine that has none.
+
+  Pallas Mosaic TPU kernels and the ops' implementation choice take the target
+  from the abstract mesh's device.
+  """
+  device = jax.sharding.AbstractDevice(device_kind=device_kind, num_cores=num_cores, platform="tpu")
+  mesh = jax.sharding.AbstractMesh((1,), ("_tokamax_export",), abstract_device=device)
   with jax.sharding.use_abstract_mesh(mesh):
     yield

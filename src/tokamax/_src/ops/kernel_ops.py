@@ -1,9 +1,10 @@
-"""Base classes of the kernel implementations: what every Triton or Mosaic GPU op shares."""
+"""Base classes of the kernel implementations: what every Triton or Mosaic GPU/TPU op shares."""
 
 import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas import tpu as pltpu
 
 from tokamax._src import arguments, triton_call
 from tokamax._src import device as device_lib
@@ -61,3 +62,34 @@ class MosaicGpuOp(op.Op):
     if cc[0] != 9:
       return f"needs a Hopper GPU (sm_90, wgmma), got sm_{cc[0]}{cc[1]}"
     return None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MosaicTpuOp(op.Op):
+  """A Pallas Mosaic TPU kernel.
+
+  On a CPU host it lowers for a TPU inside `export.abstract_tpu()` (for
+  `jax.export` with `platforms=("tpu",)`), and runs in the TPU interpreter
+  with `interpret`.
+
+  Attributes:
+    interpret: Run in Pallas's TPU interpreter (any host): True for the
+      default `pltpu.InterpretParams()`, or the params to use.
+  """
+
+  platforms = ("tpu",)
+  differentiable = False
+
+  interpret: bool | pltpu.InterpretParams = False
+
+  @property
+  def interpret_params(self) -> pltpu.InterpretParams | None:
+    """What the kernels pass as `pallas_call(interpret=...)`."""
+    if isinstance(self.interpret, pltpu.InterpretParams):
+      return self.interpret
+    return pltpu.InterpretParams() if self.interpret else None
+
+  def _platform_reason(self, platform: str, device: jax.Device | None) -> str | None:
+    if self.interpret:
+      return None
+    return None if platform == "tpu" else f"runs on tpu, not on {platform}"

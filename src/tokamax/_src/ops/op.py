@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from tokamax._src import arguments as arguments_lib
+from tokamax._src import device as device_lib
 from tokamax._src.autotuning import autotuner, cache
 
 # While `tokamax.autotune` traces a function, every op call appends
@@ -124,7 +125,7 @@ class Op(abc.ABC):
 
   def supported_on(self, device: jax.Device | None = None) -> bool:
     """Whether this implementation can run on `device` (default backend if None)."""
-    platform = device.platform if device is not None else jax.default_backend()
+    platform = device.platform if device is not None else device_lib.platform()
     return self._platform_reason(platform, device) is None
 
   def _platform_reason(self, platform: str, device: jax.Device | None) -> str | None:
@@ -134,7 +135,7 @@ class Op(abc.ABC):
 
   def unsupported_reason(self, args: Any) -> str | None:
     """Why this implementation cannot compute `args` here, or None."""
-    return self._platform_reason(jax.default_backend(), None) or self._unsupported_reason(args)
+    return self._platform_reason(device_lib.platform(), None) or self._unsupported_reason(args)
 
   def resolve_config(self, args: Any) -> Any:
     """The config for `args`: fixed, else tuned, else heuristic."""
@@ -250,6 +251,8 @@ class OpSpec:
     implementations: Implementation name to "module:Class", imported lazily.
     preference: Platform to the names that `implementation=None` tries, in
       order; "xla" is always tried last.
+    platform_names: Name to {platform: the implementation it names there};
+      e.g. "mosaic" names the Mosaic TPU kernel ("mosaic_tpu") on a TPU.
     cost: Floating-point operations and bytes of one forward call.
     finalize: Maps the implementations' output back to the public layout.
     integer_inputs: Integer field name to a function of (record, shape, numpy
@@ -263,6 +266,7 @@ class OpSpec:
   preference: Mapping[str, tuple[str, ...]]
   cost: Callable[[Any], Cost]
   finalize: Callable[[Any, Any], Any] = lambda args, out: out
+  platform_names: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
   integer_inputs: Mapping[
     str, Callable[[Any, tuple[int, ...], np.random.Generator], np.ndarray]
   ] = dataclasses.field(default_factory=dict)
@@ -292,7 +296,7 @@ class OpSpec:
     return self._cache[name]
 
   def default_order(self, platform: str | None = None) -> tuple[str, ...]:
-    platform = platform or jax.default_backend()
+    platform = platform or device_lib.platform()
     names = [n for n in self.preference.get(platform, ()) if n != "xla"]
     return (*names, "xla")
 
@@ -301,13 +305,20 @@ class OpSpec:
     if implementation is None:
       return list(self.default_order())
     if isinstance(implementation, str | Op) or callable(implementation):
-      return [implementation]
+      implementation = [implementation]
     if isinstance(implementation, Sequence) and implementation:
-      return list(implementation)
+      return [self.platform_name(c) for c in implementation]
     raise ValueError(
       f"{self.name}: `implementation` must be None, a name, an Op, or a non-empty "
       f"sequence of them; got {implementation!r}."
     )
+
+  def platform_name(self, implementation: Any, platform: str | None = None) -> Any:
+    """What a name stands for on `platform` (default: the one lowered for); others as they are."""
+    if not isinstance(implementation, str):
+      return implementation
+    names = self.platform_names.get(implementation, {})
+    return names.get(platform or device_lib.platform(), implementation)
 
   def __call__(self, *args, implementation: Any = None, **kwargs) -> jax.Array:
     """Validates the arguments and runs the first implementation that supports them."""

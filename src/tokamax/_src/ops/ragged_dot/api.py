@@ -8,7 +8,7 @@ from jaxtyping import Array, Float, Int
 
 from tokamax._src.ops.ragged_dot import spec
 
-Implementation = Literal["xla", "triton", "mosaic"]
+Implementation = Literal["xla", "triton", "mosaic", "mosaic_tpu"]
 GroupSizes = Int[Array, " G"] | spec.RaggedDotGroupSizes
 
 
@@ -32,6 +32,8 @@ def ragged_dot(
     preferred_element_type: Output dtype; defaults to the input dtype.
     group_offset: [1]: the first group of `group_sizes` that `rhs` holds.
     implementation: A name, an Op, a sequence of them, or None for the best.
+      "mosaic" is the Mosaic GPU kernel on a GPU and the Mosaic TPU one
+      ("mosaic_tpu") on a TPU.
 
   Returns:
     [M, N]; rows past sum(group_sizes) are zero.

@@ -241,8 +241,11 @@ SPEC = op.OpSpec(
     "xla": "tokamax._src.ops.ragged_dot.xla:XlaRaggedDot",
     "triton": "tokamax._src.ops.ragged_dot.triton:TritonRaggedDot",
     "mosaic": "tokamax._src.ops.ragged_dot.mosaic:MosaicRaggedDot",
+    "mosaic_tpu": "tokamax._src.ops.ragged_dot.mosaic_tpu:MosaicTpuRaggedDot",
   },
-  preference={"gpu": ("mosaic", "triton")},
+  preference={"gpu": ("mosaic", "triton"), "tpu": ("mosaic_tpu",)},
+  # "mosaic" is the Mosaic kernel of the platform: Mosaic GPU's, or Mosaic TPU's on a TPU.
+  platform_names={"mosaic": {"tpu": "mosaic_tpu"}},
   cost=cost,
   integer_inputs={"group_sizes": _timing_group_sizes, "group_offset": _zero_offset},
 )

@@ -1,0 +1,277 @@
+"""Mosaic TPU ragged_dot on CPU: the kernels in Pallas's TPU interpreter against
+float64 references (forward and both gradients), their work lists, the block
+cost model, and `jax.export` for a TPU v5e from a CPU host.
+
+Not covered here (needs a TPU): Mosaic's own compilation of the lowered kernels
+(layouts, VMEM allocation) and their speed.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tokamax
+from harness import compare, references
+from suites import opdb
+from tokamax._src import export, tpu
+from tokamax._src.ops.ragged_dot import api, mosaic_tpu, mosaic_tpu_kernel, spec
+
+# The summary counts these under the op and implementation they check.
+pytestmark = pytest.mark.op("ragged_dot", "mosaic_tpu")
+
+# `kernel_cases.RaggedDotKernelCase`s (in the op database).
+CASES = opdb.get("ragged_dot").kernel_cases["mosaic_tpu"]
+_BOUND = {"float32": 1e-5, "bfloat16": 5e-3}
+
+
+def _rhs_shape(layout, m, k, n, g):
+  return {spec.DEFAULT: (g, k, n), spec.RHS_TRANSPOSED: (g, n, k), spec.RAGGED_CONTRACTING: (m, n)}[
+    layout
+  ]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_interpret_matches_reference_with_gradients(name):
+  case = CASES[name]
+  layout, m, k, n, g, offset = case.layout, case.m, case.k, case.n, case.groups, case.group_offset
+  rng = np.random.default_rng(m)
+  # Uneven sizes with empty groups; the last 9 rows are in no group.
+  sizes = spec.generate_ragged_dot_group_sizes(m - 9, g + 1, seed=m, alpha=0.5, empty_fraction=0.3)
+  sizes = jnp.asarray(sizes)
+  assert int(jnp.sum(sizes == 0)) >= 1
+  group_offset = jnp.array([1], jnp.int32) if offset else None
+  rhs_groups = g if offset else g + 1  # The groups computed.
+  dtype = jnp.dtype(case.dtype)
+  lhs = jnp.asarray(rng.standard_normal((m, k)), dtype)
+  rhs = jnp.asarray(rng.standard_normal(_rhs_shape(layout, m, k, n, rhs_groups)), dtype)
+  config = mosaic_tpu.MosaicTpuRaggedDotConfig(**case.config)
+  impl = mosaic_tpu.MosaicTpuRaggedDot(interpret=True, config=config)
+  dims = spec.dimension_numbers(layout)
+  kwargs = dict(group_offset=group_offset)
+  if layout == spec.RAGGED_CONTRACTING and offset:
+    kwargs["num_local_groups"] = g
+
+  def fn(a, b):
+    return spec.SPEC(a, b, sizes, dims, implementation=impl, **kwargs)
+
+  out, vjp = jax.vjp(fn, lhs, rhs)
+  ct = jnp.asarray(rng.standard_normal(out.shape), dtype)
+  dlhs, drhs = vjp(ct)
+  ref, (ref_dlhs, ref_drhs) = references.high_precision_vjp(
+    lambda a, b: references.ragged_dot_general(
+      a, b, sizes, layout, group_offset=group_offset, num_groups=rhs_groups
+    ),
+    (lhs, rhs),
+    ct,
+  )
+  for label, x, r in (("out", out, ref), ("dlhs", dlhs, ref_dlhs), ("drhs", drhs, ref_drhs)):
+    assert x.shape == r.shape, label
+    assert x.dtype == dtype, label
+    assert np.all(np.isfinite(np.asarray(x, np.float32))), label
+    assert compare.relative_error(x, r) < _BOUND[case.dtype], label
+
+
+def test_rows_outside_groups_are_zero_and_empty_groups_give_zeros():
+  m, k, n = 150, 128, 128
+  rng = np.random.default_rng(3)
+  sizes = jnp.array([0, 40, 0, 0, 67, 0], jnp.int32)  # 107 of 150 rows; before: 0 rows.
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+  impl = mosaic_tpu.MosaicTpuRaggedDot(
+    interpret=True, config=mosaic_tpu.MosaicTpuRaggedDotConfig(block_m=128)
+  )
+  out = api.ragged_dot(lhs, jnp.ones((6, k, n)), sizes, implementation=impl)
+  assert np.all(np.asarray(out)[107:] == 0)
+  grouped = api.ragged_dot_general(
+    lhs,
+    jnp.asarray(rng.standard_normal((m, n)), jnp.float32),
+    sizes,
+    spec.dimension_numbers(spec.RAGGED_CONTRACTING),
+    implementation=impl,
+  )
+  assert np.all(np.asarray(grouped)[[0, 2, 3, 5]] == 0)
+  assert np.all(np.asarray(grouped)[[1, 4]] != 0)
+
+
+def test_interpret_preferred_element_type_and_offset_past_every_row():
+  m, k, n = 40, 128, 128
+  rng = np.random.default_rng(5)
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+  rhs = jnp.asarray(rng.standard_normal((2, k, n)), jnp.bfloat16)
+  impl = mosaic_tpu.MosaicTpuRaggedDot(interpret=True)
+  sizes = jnp.array([30, 10, 5, 5], jnp.int32)
+  out = api.ragged_dot(
+    lhs,
+    rhs,
+    sizes,
+    preferred_element_type=jnp.float32,
+    group_offset=jnp.array([1], jnp.int32),
+    implementation=impl,
+  )
+  assert out.dtype == jnp.float32
+  ref = references.high_precision(references.ragged_dot_general)(
+    lhs, rhs, sizes, spec.DEFAULT, group_offset=jnp.array([1], jnp.int32), num_groups=2
+  )
+  assert compare.relative_error(out, ref) < 1e-5
+  # Every local group starts past the rows: all zeros.
+  late = api.ragged_dot(
+    lhs, rhs, sizes, group_offset=jnp.array([2], jnp.int32), implementation=impl
+  )
+  assert np.all(np.asarray(late) == 0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("keep_empty", [False, True])
+def test_work_items_cover_every_segment_tile_once(seed, keep_empty):
+  rng = np.random.default_rng(seed)
+  block_m = 16
+  m, g = int(rng.integers(1, 200)), int(rng.integers(1, 9))
+  sizes = spec.generate_ragged_dot_group_sizes(
+    int(rng.integers(0, m + 1)), g, seed=seed, empty_fraction=0.3
+  )
+  before = int(rng.integers(0, 30))
+  starts, ends = spec.group_row_bounds(jnp.asarray(sizes), jnp.int32(before), m)
+  items = mosaic_tpu_kernel._work_items(starts, ends, m, block_m, keep_empty)
+  seg, tile, live = (np.asarray(items[x]) for x in ("segment", "tile", "live"))
+  starts, ends = np.asarray(starts), np.asarray(ends)
+  tiles = -(-m // block_m)
+  assert len(seg) == tiles + g - 1
+  total = int(live.sum())
+  assert np.all(live[:total] == 1) and np.all(live[total:] == 0)
+  # Dead items repeat the last live one.
+  assert np.all(seg[total:] == seg[total - 1]) and np.all(tile[total:] == tile[total - 1])
+  expected = []
+  for s, (a, b) in enumerate(zip(starts, ends, strict=True)):
+    if b > a:
+      expected += [(s, t) for t in range(a // block_m, (b - 1) // block_m + 1)]
+    elif keep_empty:
+      expected.append((s, min(a // block_m, tiles - 1)))
+  assert list(zip(seg[:total].tolist(), tile[:total].tolist(), strict=True)) == expected
+
+
+def _export(fn, *shapes, device_kind="TPU v5 lite"):
+  with export.abstract_tpu(device_kind):
+    assert jax.sharding.get_abstract_mesh().abstract_device.device_kind == device_kind
+    return jax.export.export(jax.jit(fn), platforms=("tpu",))(*shapes)
+
+
+@pytest.mark.parametrize("implementation", ["mosaic", None])
+@pytest.mark.parametrize("layout", spec.LAYOUTS)
+def test_export_for_tpu_v5_has_the_mosaic_tpu_call(implementation, layout):
+  bf16 = jnp.bfloat16
+  m, k, n, g = 512, 256, 384, 4
+  lhs = jax.ShapeDtypeStruct((m, k), bf16)
+  rhs = jax.ShapeDtypeStruct(_rhs_shape(layout, m, k, n, g), bf16)
+  sizes = jax.ShapeDtypeStruct((g,), jnp.int32)
+  dims = spec.dimension_numbers(layout)
+
+  def forward(a, b, s):
+    return tokamax.ragged_dot_general(a, b, s, dims, implementation=implementation)
+
+  def forward_backward(a, b, s):
+    loss = lambda a, b: jnp.sum(forward(a, b, s).astype(jnp.float32) ** 2)
+    return jax.value_and_grad(loss, argnums=(0, 1))(a, b)
+
+  for fn, calls in ((forward, 1), (forward_backward, 3)):
+    exported = _export(fn, lhs, rhs, sizes)
+    text = exported.mlir_module()
+    assert exported.platforms == ("tpu",)
+    assert text.count("tpu_custom_call") == calls, fn.__name__
+    assert "ragged_dot" not in " ".join(export.custom_call_targets(text))
+    assert "chlo.ragged_dot" not in text and "stablehlo.ragged_dot" not in text  # No XLA path.
+
+
+def test_export_for_tpu_v5p():
+  lhs = jax.ShapeDtypeStruct((256, 128), jnp.float32)
+  rhs = jax.ShapeDtypeStruct((2, 128, 128), jnp.float32)
+  sizes = jax.ShapeDtypeStruct((2,), jnp.int32)
+  exported = _export(
+    lambda a, b, s: tokamax.ragged_dot(a, b, s), lhs, rhs, sizes, device_kind="TPU v5"
+  )
+  assert "tpu_custom_call" in exported.mlir_module()
+
+
+def test_mosaic_names_the_platforms_kernel():
+  assert spec.SPEC.platform_name("mosaic", "tpu") == "mosaic_tpu"
+  assert spec.SPEC.platform_name("mosaic", "gpu") == "mosaic"
+  assert spec.SPEC.default_order("tpu") == ("mosaic_tpu", "xla")
+  with export.abstract_tpu():
+    assert spec.SPEC.resolve("mosaic") == ["mosaic_tpu"]
+    assert spec.SPEC.resolve(None) == ["mosaic_tpu", "xla"]
+  # On this CPU host: "mosaic" is the Mosaic GPU kernel, which refuses; None runs XLA.
+  lhs, rhs, sizes = jnp.ones((16, 128)), jnp.ones((2, 128, 128)), jnp.array([8, 8], jnp.int32)
+  with pytest.raises(NotImplementedError, match="mosaic"):
+    tokamax.ragged_dot(lhs, rhs, sizes, implementation="mosaic")
+  assert tokamax.ragged_dot(lhs, rhs, sizes).shape == (16, 128)
+
+
+def test_unsupported_reasons_name_the_feature():
+  impl = mosaic_tpu.MosaicTpuRaggedDot(interpret=True)
+  lhs, rhs = jnp.ones((64, 128), jnp.float16), jnp.ones((2, 128, 128), jnp.float16)
+  sizes = jnp.array([32, 32], jnp.int32)
+  with pytest.raises(NotImplementedError, match="dtype float16"):
+    impl(lhs, rhs, sizes)
+  lhs, rhs = lhs.astype(jnp.float32), rhs.astype(jnp.float32)
+  with pytest.raises(NotImplementedError, match="block_n=100 must be a multiple of 128"):
+    impl.with_config(mosaic_tpu.MosaicTpuRaggedDotConfig(block_n=100))(lhs, rhs, sizes)
+  with pytest.raises(NotImplementedError, match="block_k=256 must divide K=128"):
+    impl.with_config(mosaic_tpu.MosaicTpuRaggedDotConfig(block_k=256))(lhs, rhs, sizes)
+  with pytest.raises(NotImplementedError, match="block_m=12 must be a multiple of 8"):
+    impl.with_config(mosaic_tpu.MosaicTpuRaggedDotConfig(block_m=12))(lhs, rhs, sizes)
+  huge = mosaic_tpu.MosaicTpuRaggedDotConfig(block_m=8192, block_k=128, block_n=8192)
+  with pytest.raises(NotImplementedError, match="VMEM"):
+    impl.with_config(huge)(lhs, rhs, sizes)
+  assert "runs on tpu, not on cpu" in mosaic_tpu.MosaicTpuRaggedDot().unsupported_reason(
+    spec.canonicalize(lhs, rhs, sizes)
+  )
+  # The default choice falls back to another implementation instead.
+  out = api.ragged_dot(
+    lhs.astype(jnp.float16), rhs.astype(jnp.float16), sizes, implementation=[impl, "xla"]
+  )
+  assert out.shape == (64, 128)
+
+
+@pytest.mark.parametrize("device_kind", ["TPU v5 lite", "TPU v5"])
+@pytest.mark.parametrize("layout", spec.LAYOUTS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize(("m", "k", "n", "g"), [(16384, 4096, 2048, 8), (32768, 7168, 2048, 64)])
+def test_heuristic_blocks_fit_vmem(device_kind, layout, dtype, m, k, n, g):
+  op = mosaic_tpu.MosaicTpuRaggedDot()
+  lhs = jax.ShapeDtypeStruct((m, k), dtype)
+  rhs = jax.ShapeDtypeStruct(_rhs_shape(layout, m, k, n, g), dtype)
+  record = jax.eval_shape(
+    lambda a, b: spec.canonicalize(a, b, jnp.zeros(g, jnp.int32), spec.dimension_numbers(layout)),
+    lhs,
+    rhs,
+  )
+  with export.abstract_tpu(device_kind):
+    chip = tpu.chip()
+    config = op._get_heuristics_config(record)
+    assert mosaic_tpu.config_reason(record, config) is None
+    assert op._bwd_unsupported_reason(record) is None
+    assert mosaic_tpu.vmem_bytes(record, config) <= chip.vmem_limit_bytes
+    # The chosen blocks are the cost model's best among those that fit.
+    best = min(
+      mosaic_tpu.estimated_seconds(record, c)
+      for c in mosaic_tpu._candidates(record)
+      if mosaic_tpu.config_reason(record, c) is None
+    )
+    assert mosaic_tpu.estimated_seconds(record, config) == best
+    # Large shapes get blocks of at least 256 x 256 (few grid steps).
+    assert config.block_k * config.block_n >= 256 * 256
+  assert chip.name == ("v5e" if device_kind == "TPU v5 lite" else "v5p")
+
+
+def test_cost_model_prefers_large_blocks_and_counts_vmem():
+  lhs = jax.ShapeDtypeStruct((8192, 1024), jnp.bfloat16)
+  rhs = jax.ShapeDtypeStruct((8, 1024, 1024), jnp.bfloat16)
+  record = jax.eval_shape(lambda a, b: spec.canonicalize(a, b, jnp.zeros(8, jnp.int32)), lhs, rhs)
+  small = mosaic_tpu.MosaicTpuRaggedDotConfig()
+  large = dataclasses.replace(small, block_m=512, block_k=1024, block_n=512)
+  with export.abstract_tpu():
+    assert mosaic_tpu.estimated_seconds(record, large) < mosaic_tpu.estimated_seconds(record, small)
+  # Double-buffered bf16 blocks, double-buffered output, float32 accumulator and values.
+  expected = 2 * (128 * 128 * 2) * 2 + 2 * 128 * 128 * 2 + 4 * 128 * 128 * 2
+  assert mosaic_tpu.vmem_bytes(record, small) == expected
