@@ -50,6 +50,8 @@ _FALLBACK = "suites/core/test_fallback.py"
 _RAGGED = "src/tokamax/_src/ops/ragged_dot/"
 _MOSAIC_RAGGED = "suites/kernels/test_mosaic_ragged_dot.py"
 _MOSAIC_ATTENTION = "suites/kernels/test_attention_mosaic.py"
+_TPU_RAGGED = "suites/kernels/test_tpu_ragged_dot.py"
+_TPU_RAGGED_KERNEL = _RAGGED + "mosaic_tpu_kernel.py"
 
 MUTATIONS: tuple[Mutation, ...] = (
   # --- The harness itself ------------------------------------------------------
@@ -569,6 +571,57 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[lengths_causal_padded]",),
     "Mosaic attention backward (dk/dv): the query block on the causal diagonal runs"
     " unmasked (it sees future keys).",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_ragged_last_tile_dropped",
+    _TPU_RAGGED_KERNEL,
+    "counts = jnp.where(nonempty, last_tile - first_tile + 1,",
+    "counts = jnp.where(nonempty, last_tile - first_tile,",
+    (_TPU_RAGGED, "-k", "work_items or interpret_matches"),
+    "Mosaic TPU ragged dot: the work list drops each segment's last row tile.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_ragged_acc_kept_across_groups",
+    _TPU_RAGGED_KERNEL,
+    "  @pl.when(compute & (k == 0))",
+    "  @pl.when(compute & (k == 0) & (first_ref[i] == 1))",
+    (_TPU_RAGGED + "::test_interpret_matches_reference_with_gradients[default_f32]",),
+    "Mosaic TPU ragged dot: the accumulator is zeroed only at a tile's first visit, so a"
+    " group sharing the tile adds the previous group's product.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_ragged_zero_segment_takes_product",
+    _TPU_RAGGED_KERNEL,
+    "    product_end = jnp.where(compute, end, start)",
+    "    product_end = end",
+    (_TPU_RAGGED, "-k", "rows_outside_groups or interpret_matches"),
+    "Mosaic TPU ragged dot: rows outside every group (zero segments) get a stale"
+    " accumulator instead of zeros.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_ragged_drhs_row_mask",
+    _TPU_RAGGED_KERNEL,
+    "      return jnp.where((rows >= start_ref[i]) & (rows < end_ref[i]), x, jnp.zeros_like(x))",
+    "      return jnp.where((rows >= start_ref[i]) & (rows <= end_ref[i]), x, jnp.zeros_like(x))",
+    (_TPU_RAGGED, "-k", "interpret_matches and ragged_contracting"),
+    "Mosaic TPU ragged dot drhs: a group's gradient also takes the next group's first row.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_ragged_drhs_last_group_unstored",
+    _TPU_RAGGED_KERNEL,
+    "  last = (live & (_changed(group, -1) | ~jnp.roll(live, -1))).astype(jnp.int32)",
+    "  last = (live & _changed(group, -1)).astype(jnp.int32)",
+    (_TPU_RAGGED, "-k", "interpret_matches and ragged_contracting"),
+    "Mosaic TPU ragged dot drhs: the last group is never stored when dead work items follow"
+    " it (its gradient is uninitialised memory).",
+  ),
+  Mutation(
+    "ragged_dot.mosaic_not_the_tpu_kernel_on_tpu",
+    _RAGGED + "spec.py",
+    '  platform_names={"mosaic": {"tpu": "mosaic_tpu"}},',
+    "  platform_names={},",
+    (_TPU_RAGGED + "::test_export_for_tpu_v5_has_the_mosaic_tpu_call[default-mosaic]",),
+    'implementation="mosaic" keeps naming the Mosaic GPU kernel on a TPU.',
   ),
   Mutation(
     "ragged_dot.rhs_transposed_drhs_operands",
