@@ -74,6 +74,43 @@ def test_interpret_matches_reference_with_gradients(name):
     assert compare.relative_error(x, r) < _BOUND[case.dtype], label
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_interpret_random_sizes_with_gradients(seed):
+  """Random M, group sizes (empty groups, totals below M), offsets and small row tiles."""
+  rng = np.random.default_rng(100 + seed)
+  layout = spec.LAYOUTS[seed % 3]
+  m, k, n = int(rng.integers(1, 200)), int(rng.choice([40, 128])), int(rng.choice([24, 128]))
+  g = int(rng.integers(1, 6))
+  offset = jnp.array([1], jnp.int32) if seed % 2 else None
+  local = g if offset is not None else g + 1
+  sizes = spec.generate_ragged_dot_group_sizes(
+    int(rng.integers(0, m + 1)), g + 1, seed=seed, empty_fraction=0.3
+  )
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+  rhs = jnp.asarray(rng.standard_normal(_rhs_shape(layout, m, k, n, local)), jnp.float32)
+  block_m = 128 if layout == spec.RAGGED_CONTRACTING else 8 * int(rng.integers(1, 5))
+  config = mosaic_tpu.MosaicTpuRaggedDotConfig(block_m=block_m, block_k=k, block_n=n)
+  impl = mosaic_tpu.MosaicTpuRaggedDot(interpret=True, config=config)
+  kwargs = dict(group_offset=offset)
+  if layout == spec.RAGGED_CONTRACTING and offset is not None:
+    kwargs["num_local_groups"] = local
+  dims = spec.dimension_numbers(layout)
+  out, vjp = jax.vjp(
+    lambda a, b: spec.SPEC(a, b, sizes, dims, implementation=impl, **kwargs), lhs, rhs
+  )
+  ct = jnp.asarray(rng.standard_normal(out.shape), jnp.float32)
+  ref, ref_grads = references.high_precision_vjp(
+    lambda a, b: references.ragged_dot_general(
+      a, b, jnp.asarray(sizes), layout, group_offset=offset, num_groups=local
+    ),
+    (lhs, rhs),
+    ct,
+  )
+  for label, x, r in zip(("out", "dlhs", "drhs"), (out, *vjp(ct)), (ref, *ref_grads), strict=True):
+    assert x.shape == r.shape, label
+    np.testing.assert_allclose(np.asarray(x), r, rtol=1e-4, atol=1e-4, err_msg=label)
+
+
 def test_rows_outside_groups_are_zero_and_empty_groups_give_zeros():
   m, k, n = 150, 128, 128
   rng = np.random.default_rng(3)
