@@ -4,7 +4,8 @@ The forward pass never writes the [B, V] logits: `mosaic_kernel.tile_logsumexp`
 reduces each (row tile, vocabulary tile) of x @ weights to its per-row
 log-sum-exp in the GEMM's epilogue, and XLA combines the tiles. Vocabulary
 columns past the last whole tile and the label's logit (a gather of B weight
-columns) are small XLA computations. The backward pass recomputes the logits a
+columns) are small XLA computations. A vocabulary that is not a multiple of 64
+columns (V=50257) costs a padded copy of the weights. The backward pass recomputes the logits a
 vocabulary chunk at a time (`chunked_xla`'s backward), so that no [B, V] array
 exists there either.
 """
@@ -66,10 +67,14 @@ def logsumexp(x: jax.Array, w: jax.Array, config: MosaicLossConfig, interpret=No
   n_tiles = v // config.block_n
   rows = -b % kernel_config.block_m  # Whole row tiles: the padding rows are dropped.
   padded = jnp.pad(x, ((0, rows), (0, 0))) if rows else x
+  # The kernel's TMA tiling needs V to be a multiple of its 128-byte swizzle span: for other
+  # V (50257) it reads a padded copy (its tiles never reach the padding).
+  align = 128 // np.dtype(w.dtype).itemsize
+  w_kernel = jnp.pad(w, ((0, 0), (0, -v % align))) if v % align else w
   parts = [
     mosaic_kernel.tile_logsumexp(
       padded,
-      w,
+      w_kernel,
       n_tiles=n_tiles,
       config=kernel_config,
       num_sms=gemm.num_sms(interpret is not None),
@@ -115,7 +120,7 @@ class MosaicLoss(kernel_ops.MosaicGpuOp):
       for s in (3, 4)
       for t in (8, 32)
     }
-    return {c for c in configs if self.with_config(c).unsupported_reason(args) is None} or {
+    return {c for c in configs if self.with_config(c)._unsupported_reason(args) is None} or {
       self._get_heuristics_config(args)
     }
 

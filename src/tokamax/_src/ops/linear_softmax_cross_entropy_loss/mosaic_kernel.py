@@ -58,7 +58,7 @@ def config_reason(config: MosaicLossKernelConfig, h: int, in_itemsize: int) -> s
     return f"H={h} must be a multiple of block_k={config.block_k}"
   if h // config.block_k < config.num_stages:
     return f"H={h} gives fewer than num_stages={config.num_stages} steps of {config.block_k}"
-  epilogue = WG_ROWS * config.block_n * in_itemsize
+  epilogue = WG_ROWS * 4  # One float32 per row: the tile's log-sum-exp.
   return gemm.tile_reason(config, "block_k", in_itemsize) or gemm.smem_reason(
     config, smem_bytes(config, in_itemsize, epilogue)
   )

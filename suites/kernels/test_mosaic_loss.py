@@ -1,0 +1,112 @@
+"""Mosaic GPU linear_softmax_cross_entropy_loss on CPU: the fused log-sum-exp kernel in the
+Pallas GPU interpreter (with race detection) on small odd shapes, the support checks, and
+CUDA lowering of the heuristic and tuning configs at the benchmark shapes. Compiled numerics
+and timings: the h100 matrix and `python -m bench.run --ops linear_softmax_cross_entropy_loss`.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+
+from harness import compare, references
+from tokamax._src.ops.linear_softmax_cross_entropy_loss import api, mosaic, spec
+
+pytestmark = pytest.mark.op("linear_softmax_cross_entropy_loss", "mosaic")
+
+SMALL = mosaic.MosaicLossConfig(block_n=128, num_stages=2, grid_tile_m=2)
+
+
+def _inputs(b, h, v, seed=0, scale=1.0):
+  rng = np.random.default_rng(seed)
+  x = jnp.asarray(rng.standard_normal((b, h)) * scale, jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((h, v)) / np.sqrt(h), jnp.bfloat16)
+  labels = jnp.asarray(rng.integers(0, v, b), jnp.int32)
+  return x, labels, w
+
+
+@pytest.mark.parametrize(
+  ("b", "h", "v", "scale"),
+  [
+    (200, 128, 300, 1.0),  # Two row tiles, the second partial; two vocabulary tiles + 44.
+    (7, 128, 256, 1.0),  # One partial row tile; exactly two tiles, no tail.
+    (130, 256, 385, 30.0),  # Logits in the hundreds: the tile maxima must be kept.
+  ],
+)
+def test_interpret_matches_reference_with_gradients(b, h, v, scale, capfd):
+  x, labels, w = _inputs(b, h, v, seed=b + v, scale=scale)
+  impl = mosaic.MosaicLoss(interpret=True, config=SMALL)
+
+  def fn(x, w):
+    return api.linear_softmax_cross_entropy_loss(
+      x, labels, w, reduction="none", implementation=impl
+    )
+
+  out, vjp = jax.vjp(fn, x, w)
+  ct = jnp.asarray(np.random.default_rng(1).standard_normal(b), jnp.float32)
+  dx, dw = vjp(ct)
+  ref, (ref_dx, ref_dw) = references.high_precision_vjp(
+    lambda a, c: references.linear_softmax_cross_entropy_loss(a, labels, c, reduction="none"),
+    (x, w),
+    ct,
+  )
+  assert not interpret_pallas_call.get_races().races_found
+  assert "RACE DETECTED" not in capfd.readouterr().out
+  assert out.shape == (b,) and out.dtype == jnp.float32
+  assert compare.relative_error(out, ref) < 1e-4
+  assert compare.relative_error(dx, ref_dx) < 1e-2
+  assert compare.relative_error(dw, ref_dw) < 1e-2
+
+
+def test_the_kernel_alone_gives_each_tiles_logsumexp():
+  x, _, w = _inputs(130, 128, 512)
+  config = mosaic.mosaic_kernel.MosaicLossKernelConfig(block_n=128, num_stages=2, grid_tile_m=2)
+  padded = jnp.pad(x, ((0, 126), (0, 0)))
+  got = mosaic.mosaic_kernel.tile_logsumexp(
+    padded, w, n_tiles=3, config=config, num_sms=2, interpret=mosaic.plgpu.InterpretGPUParams()
+  )[:, :130]
+  logits = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  tiles = logits[:, :384].reshape(130, 3, 128)
+  top = tiles.max(-1, keepdims=True)
+  want = (top[..., 0] + np.log(np.exp(tiles - top).sum(-1))).T
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+  ("b", "h", "v"), [(8192, 4096, 131072), (4096, 4096, 256000), (512, 256, 50257)]
+)
+def test_heuristic_and_tuning_configs_run_and_lower_for_cuda_at_benchmark_shapes(b, h, v):
+  shapes = (
+    jax.ShapeDtypeStruct((b, h), jnp.bfloat16),
+    jax.ShapeDtypeStruct((b,), jnp.int32),
+    jax.ShapeDtypeStruct((h, v), jnp.bfloat16),
+  )
+  op = mosaic.MosaicLoss()
+  record = jax.eval_shape(lambda *a: spec.canonicalize(*a), *shapes)
+  assert op._unsupported_reason(record) is None  # The shape; the platform is not a GPU here.
+  configs = op._get_autotuning_configs(record)
+  assert op._get_heuristics_config(record) in configs and len(configs) > 1
+
+  def fn(x, labels, w):
+    args = spec.canonicalize(x, labels, w, reduction="mean")
+    return [op._fwd(args, c)[0] for c in configs]
+
+  text = jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+  assert text.count("mosaic_gpu") >= len(configs)
+
+
+def test_unsupported_reasons_name_the_limit():
+  op = mosaic.MosaicLoss(interpret=True)
+  x, labels, w = _inputs(16, 128, 256)
+  with pytest.raises(NotImplementedError, match="dtype float32"):
+    op(x.astype(jnp.float32), labels, w.astype(jnp.float32))
+  with pytest.raises(NotImplementedError, match="H=96"):
+    op(x[:, :96], labels, w[:96])
+  with pytest.raises(NotImplementedError, match="V=100"):
+    op(x, jnp.zeros_like(labels), w[:, :100])
+  # Listed after an implementation that cannot serve the call, XLA does.
+  out = api.linear_softmax_cross_entropy_loss(
+    x, jnp.zeros_like(labels), w[:, :100], implementation=[op, "xla"]
+  )
+  assert out.shape == ()
