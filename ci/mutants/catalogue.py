@@ -48,6 +48,7 @@ _PINS = "harness/tests/test_tolerance_pins.py"
 _COTANGENTS = "harness/tests/test_nonfinite_and_cotangents.py"
 _FALLBACK = "suites/core/test_fallback.py"
 _RAGGED = "src/tokamax/_src/ops/ragged_dot/"
+_LOSS = "src/tokamax/_src/ops/linear_softmax_cross_entropy_loss/"
 _MOSAIC_RAGGED = "suites/kernels/test_mosaic_ragged_dot.py"
 _MOSAIC_ATTENTION = "suites/kernels/test_attention_mosaic.py"
 _TPU_RAGGED = "suites/kernels/test_tpu_ragged_dot.py"
@@ -405,6 +406,30 @@ MUTATIONS: tuple[Mutation, ...] = (
     "    self.count = max(v // self.size, 1)",
     _matrix("test_forward and chunked_xla and sum- and float32"),
     "The chunked loss drops the last partial vocabulary chunk.",
+  ),
+  Mutation(
+    "loss.mosaic_exp_not_exp2",
+    _LOSS + "mosaic_kernel.py",
+    "    shifted = (logits - lax.broadcast_in_dim(top, logits.shape, [0])) * _LOG2E",
+    "    shifted = logits - lax.broadcast_in_dim(top, logits.shape, [0])",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "interpret or tile"),
+    "Mosaic loss kernel: exp2 of unscaled logits (the log2(e) factor dropped).",
+  ),
+  Mutation(
+    "loss.mosaic_tiles_maxed",
+    _LOSS + "mosaic.py",
+    "  return jax.nn.logsumexp(jnp.concatenate(parts), axis=0)",
+    "  return jnp.concatenate(parts).max(axis=0)",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "interpret"),
+    "Mosaic loss: the tiles' log-sum-exps are combined by a max instead of a log-sum-exp.",
+  ),
+  Mutation(
+    "loss.mosaic_tail_one_tile_late",
+    _LOSS + "mosaic.py",
+    "w[:, n_tiles * config.block_n :]",
+    "w[:, (n_tiles + 1) * config.block_n :]",
+    _matrix("cross_entropy and mosaic] and sum-"),
+    "Mosaic loss: the vocabulary columns past the last whole tile are skipped.",
   ),
   # --- Interpreted kernels ---------------------------------------------------------
   Mutation(
