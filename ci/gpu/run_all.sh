@@ -13,6 +13,8 @@
 #             jax.lax and XLA in the same process), records in bench/records.py's schema;
 #             BENCH_ARGS go to it, e.g. "--only causal --rounds 4", "--sweep", "--kernels"
 #             (per-kernel CUPTI times), "--hlo DIR"; PTXAS=1 logs ptxas's register/spill report
+#   regen     regenerate the goldens in place (GOLDEN_OPS: comma-separated ops, default all; one
+#             process per op), so that a later suite step checks them; copies in regen/<family>/
 #   golden    goldens and one benchmark-history run (ci/gpu/golden_and_bench.sh; bring them home
 #             with ci/gpu/ingest_golden_and_bench.sh)
 #   tooling   timers and export (ci/gpu/tooling.py; TOOLING_SKIP, default autotune,default_cache)
@@ -50,8 +52,17 @@ step() {  # step NAME DEFAULT_SECONDS COMMAND...
   cp "$WORK/suite/summary.md" "$FINAL/" 2>/dev/null
 }
 
+regen_goldens() {  # regen_goldens DIR: regenerates into golden/data, keeps a copy in DIR.
+  python3 -m golden --regen --jobs "${GOLDEN_JOBS:-5}" ${GOLDEN_OPS:+--ops "$GOLDEN_OPS"} || return
+  local family
+  family=$(python3 -c "from harness import hardware; print(hardware.detect().family)")
+  cp -r "golden/data/$family" "$1/"
+}
+export -f regen_goldens  # `timeout` runs it through bash.
+
 for s in ${STEPS:-suite bench golden tooling}; do
   case $s in
+    regen) step regen 120 bash -c 'regen_goldens "$0"' "$WORK/regen" ;;
     suite) step suite 240 env OUT="$WORK/suite" SKIP_BENCH=1 SUITE_TIMEOUT=$((${SUITE_S:-240} - 40)) \
       bash ci/gpu_suite.sh ${SUITE_ARGS:-} ${SUITE_K:+-k "$SUITE_K"} ;;
     bench) step bench 200 env ${PTXAS:+MOSAIC_GPU_DUMP_PTXAS=1} python3 -m bench.run --family h100 \
