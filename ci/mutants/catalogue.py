@@ -626,8 +626,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_tpu_ragged_drhs_row_mask",
     _TPU_RAGGED_KERNEL,
-    "      return jnp.where((rows >= start_ref[i]) & (rows < end_ref[i]), x, jnp.zeros_like(x))",
-    "      return jnp.where((rows >= start_ref[i]) & (rows <= end_ref[i]), x, jnp.zeros_like(x))",
+    "      return jnp.where((rows >= start) & (rows < end), x, jnp.zeros_like(x))",
+    "      return jnp.where((rows >= start) & (rows <= end), x, jnp.zeros_like(x))",
     (_TPU_RAGGED, "-k", "interpret_matches and ragged_contracting"),
     "Mosaic TPU ragged dot drhs: a group's gradient also takes the next group's first row.",
   ),
@@ -639,6 +639,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_TPU_RAGGED, "-k", "interpret_matches and ragged_contracting"),
     "Mosaic TPU ragged dot drhs: the last group is never stored when dead work items follow"
     " it (its gradient is uninitialised memory).",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_ragged_drhs_partial_tile_unmasked",
+    _TPU_RAGGED_KERNEL,
+    "  whole = (start <= row0) & (row0 + block_m <= end)",
+    "  whole = (start <= row0 + block_m) & (row0 <= end)",
+    (_TPU_RAGGED, "-k", "interpret_matches and ragged_contracting"),
+    "Mosaic TPU ragged dot drhs: tiles a group covers only in part are used unmasked (the"
+    " neighbouring groups' rows add to its gradient).",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_ragged_physical_vmem",
+    _RAGGED + "mosaic_tpu.py",
+    "  if need > chip.vmem_limit_bytes:",
+    "  if need > chip.vmem_bytes:",
+    (_TPU_RAGGED + "::test_vmem_limit_is_the_target_chips",),
+    "Mosaic TPU ragged dot: blocks checked against the whole VMEM instead of the scoped"
+    " limit the kernel asks Mosaic for.",
   ),
   Mutation(
     "ragged_dot.mosaic_not_the_tpu_kernel_on_tpu",

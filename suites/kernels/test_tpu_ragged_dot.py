@@ -301,6 +301,18 @@ def test_heuristic_blocks_fit_vmem(device_kind, layout, dtype, m, k, n, g):
   assert chip.name == ("v5e" if device_kind == "TPU v5 lite" else "v5p")
 
 
+def test_vmem_limit_is_the_target_chips():
+  lhs = jax.ShapeDtypeStruct((4096, 4096), jnp.bfloat16)
+  rhs = jax.ShapeDtypeStruct((4, 4096, 4096), jnp.bfloat16)
+  record = jax.eval_shape(lambda a, b: spec.canonicalize(a, b, jnp.zeros(4, jnp.int32)), lhs, rhs)
+  config = mosaic_tpu.MosaicTpuRaggedDotConfig(block_m=1024, block_k=2048, block_n=2048)
+  assert mosaic_tpu.vmem_bytes(record, config) == 48 << 20
+  with export.abstract_tpu("TPU v5 lite"):  # 64 MiB of v5e's 128 MiB.
+    assert mosaic_tpu.config_reason(record, config) is None
+  with export.abstract_tpu("TPU v5"):  # 32 MiB of v5p's 64 MiB.
+    assert "over the 33554432 used on v5p" in mosaic_tpu.config_reason(record, config)
+
+
 def test_cost_model_prefers_large_blocks_and_counts_vmem():
   lhs = jax.ShapeDtypeStruct((8192, 1024), jnp.bfloat16)
   rhs = jax.ShapeDtypeStruct((8, 1024, 1024), jnp.bfloat16)

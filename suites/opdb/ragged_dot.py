@@ -142,6 +142,10 @@ _KERNEL_CASES["mosaic_tpu"] = {
   "ragged_contracting_bf16": kc.RaggedDotKernelCase(
     spec.RAGGED_CONTRACTING, 150, 128, 256, 5, "bfloat16", False, _TPU_BLOCKS
   ),
+  # A group of 479 rows: three row tiles inside it (used unmasked), one shared.
+  "ragged_contracting_bf16_long_group": kc.RaggedDotKernelCase(
+    spec.RAGGED_CONTRACTING, 600, 128, 128, 3, "bfloat16", False, _TPU_BLOCKS
+  ),
 }
 # TPU v5: shapes the Mosaic TPU kernels take (K a multiple of 128); the interpret shapes run
 # them in the TPU interpreter (TOKAMAX_FAMILY=tpu_v5 on a CPU host).

@@ -20,8 +20,9 @@ first item of a tile zeroes the tile's other rows, which later items overwrite.
 
 `transposed_grouped_matmul` accumulates a group's items in a float32 VMEM
 block and stores it at the group's last item; an empty group has one item that
-stores zeros. Rows outside the group are masked to zero in both operands
-before the matmul (a tile past M holds undefined rows).
+stores zeros. In a tile that the group covers only in part, rows outside the
+group are masked to zero in both operands before the matmul (a tile past M
+holds undefined rows); a tile inside the group is used as it is.
 """
 
 import functools
@@ -241,16 +242,19 @@ def _transposed_grouped_matmul_kernel(
   block_m: int,
 ):
   i = pl.program_id(2)
+  start, end, row0 = start_ref[i], end_ref[i], tile_ref[i] * block_m
+  whole = (start <= row0) & (row0 + block_m <= end)  # Every row of the tile is the group's.
 
   @pl.when(first_ref[i] == 1)
   def _():
     acc_ref[...] = jnp.zeros_like(acc_ref)
 
-  @pl.when(start_ref[i] < end_ref[i])
-  def _():
+  def accumulate(masked: bool):
     def rows_of_group(x):
-      rows = tile_ref[i] * block_m + lax.broadcasted_iota(jnp.int32, x.shape, 0)
-      return jnp.where((rows >= start_ref[i]) & (rows < end_ref[i]), x, jnp.zeros_like(x))
+      if not masked:
+        return x
+      rows = row0 + lax.broadcasted_iota(jnp.int32, x.shape, 0)
+      return jnp.where((rows >= start) & (rows < end), x, jnp.zeros_like(x))
 
     acc_ref[...] += lax.dot_general(
       rows_of_group(lhs_ref[...]),
@@ -259,6 +263,9 @@ def _transposed_grouped_matmul_kernel(
       precision=precision,
       preferred_element_type=jnp.float32,
     )
+
+  pl.when(whole)(functools.partial(accumulate, False))
+  pl.when((start < end) & ~whole)(functools.partial(accumulate, True))
 
   @pl.when(last_ref[i] == 1)
   def _():
