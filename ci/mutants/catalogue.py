@@ -408,6 +408,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The chunked loss drops the last partial vocabulary chunk.",
   ),
   Mutation(
+    "loss.chunked_overlap_counted_twice",
+    _LOSS + "chunked_xla.py",
+    "      jnp.where(repeated, jnp.zeros((), dlogits.dtype), dlogits), w.T, preferred_element_type=acc",
+    "      dlogits, w.T, preferred_element_type=acc",
+    _matrix("test_vjp and chunked_xla and sum- and float32"),
+    "Chunked loss backward: the columns the last chunk shares with the one before add to dx twice.",
+  ),
+  Mutation(
     "loss.mosaic_exp_not_exp2",
     _LOSS + "mosaic_kernel.py",
     "    shifted = (logits - lax.broadcast_in_dim(top, logits.shape, [0])) * _LOG2E",

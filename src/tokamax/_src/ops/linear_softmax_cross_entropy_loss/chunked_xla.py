@@ -23,24 +23,31 @@ class ChunkedLossConfig:
 
 
 class _Chunks:
+  """Vocabulary chunks of `size` columns; the last one ends at V (overlapping its predecessor).
+
+  No padded copy of the weights: every chunk is a slice of them. Columns of the
+  last chunk that an earlier chunk covered are `repeated`: they count once in
+  the sums, and their weight gradients are written twice with the same values.
+  """
+
   def __init__(self, args: spec.LossArgs, size: int):
     v = args.weights.shape[1]
     self.size = min(size, v)
     self.count = math.ceil(v / self.size)
     self.v = v
-    self.weights = jnp.pad(args.weights, ((0, 0), (0, self.count * self.size - v)))
 
   def logits(self, args: spec.LossArgs, i):
-    """Logits [B, C] of chunk i (-inf past V), its weights and column ids."""
-    w = jax.lax.dynamic_slice_in_dim(self.weights, i * self.size, self.size, 1)
-    cols = i * self.size + jnp.arange(self.size)
+    """Logits [B, C] of chunk i, its first column, weights and repeated columns [C]."""
+    start = jnp.minimum(i * self.size, self.v - self.size)
+    w = jax.lax.dynamic_slice_in_dim(args.weights, start, self.size, 1)
+    repeated = start + jnp.arange(self.size) < i * self.size
     logits = jnp.matmul(
       args.x,
       w,
       precision=args.precision,
       preferred_element_type=numerics.accumulation_dtype(args.x.dtype),
     )
-    return jnp.where(cols < self.v, logits, -jnp.inf), w, cols
+    return logits, start, w, repeated
 
 
 def _forward(args: spec.LossArgs, config: ChunkedLossConfig):
@@ -49,11 +56,12 @@ def _forward(args: spec.LossArgs, config: ChunkedLossConfig):
 
   def step(carry, i):
     m, s, picked = carry
-    logits, _, cols = chunks.logits(args, i)
+    logits, start, _, repeated = chunks.logits(args, i)
+    logits = jnp.where(repeated, -jnp.inf, logits)
     m_new = jnp.maximum(m, logits.max(-1))
     s = s * jnp.exp(m - m_new) + jnp.exp(logits - m_new[:, None]).sum(-1)
-    hit = cols[None, :] == args.labels[:, None]
-    picked = picked + jnp.where(hit, logits, 0.0).sum(-1)
+    hit = (start + jnp.arange(chunks.size))[None, :] == args.labels[:, None]
+    picked = picked + jnp.where(hit & ~repeated, logits, 0.0).sum(-1)
     return (m_new, s, picked), None
 
   acc = numerics.accumulation_dtype(args.x.dtype)
@@ -64,6 +72,11 @@ def _forward(args: spec.LossArgs, config: ChunkedLossConfig):
 
 
 def backward(args: spec.LossArgs, config: ChunkedLossConfig, lse, dout):
+  """Cotangents of x and weights from the log-sum-exp residuals, a chunk at a time.
+
+  dweights is written chunk by chunk into one buffer of the weights' dtype (the
+  output itself), so the temporaries stay one chunk's size.
+  """
   chunks = _Chunks(args, config.vocab_chunk_size)
   b = args.x.shape[0]
   if args.reduction == "sum":
@@ -72,28 +85,25 @@ def backward(args: spec.LossArgs, config: ChunkedLossConfig, lse, dout):
     g = jnp.broadcast_to(dout / b, (b,))
   else:
     g = dout
-  g = g.astype(numerics.accumulation_dtype(args.x.dtype))
+  acc = numerics.accumulation_dtype(args.x.dtype)
+  g = g.astype(acc)
 
-  def step(dx, i):
-    logits, w, cols = chunks.logits(args, i)
-    hit = cols[None, :] == args.labels[:, None]
-    dlogits = (jnp.exp(logits - lse[:, None]) - hit) * g[:, None]
-    dlogits = dlogits.astype(args.x.dtype)
+  def step(carry, i):
+    dx, dw = carry
+    logits, start, w, repeated = chunks.logits(args, i)
+    hit = (start + jnp.arange(chunks.size))[None, :] == args.labels[:, None]
+    dlogits = ((jnp.exp(logits - lse[:, None]) - hit) * g[:, None]).astype(args.x.dtype)
+    # Repeated columns: their dweights again (the same values), but dx only once.
     dx = dx + jnp.matmul(
-      dlogits, w.T, preferred_element_type=numerics.accumulation_dtype(args.x.dtype)
+      jnp.where(repeated, jnp.zeros((), dlogits.dtype), dlogits), w.T, preferred_element_type=acc
     )
-    dw = jnp.matmul(
-      args.x.T, dlogits, preferred_element_type=numerics.accumulation_dtype(args.x.dtype)
-    )
-    return dx, dw
+    dw_chunk = jnp.matmul(args.x.T, dlogits, preferred_element_type=acc)
+    dw = jax.lax.dynamic_update_slice_in_dim(dw, dw_chunk.astype(dw.dtype), start, 1)
+    return (dx, dw), None
 
-  dx, dw = jax.lax.scan(
-    step,
-    jnp.zeros(args.x.shape, numerics.accumulation_dtype(args.x.dtype)),
-    jnp.arange(chunks.count),
-  )
-  dw = jnp.moveaxis(dw, 0, 1).reshape(args.x.shape[1], -1)[:, : chunks.v]
-  return {"x": dx.astype(args.x.dtype), "weights": dw.astype(args.weights.dtype)}
+  init = (jnp.zeros(args.x.shape, acc), jnp.zeros(args.weights.shape, args.weights.dtype))
+  (dx, dw), _ = jax.lax.scan(step, init, jnp.arange(chunks.count))
+  return {"x": dx.astype(args.x.dtype), "weights": dw}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
