@@ -90,11 +90,15 @@ def main(argv=None) -> int:
   parser.add_argument("--family", default=None)
   parser.add_argument("--iterations", type=int, default=30)
   parser.add_argument("--out", default=None, help="write the per-run counts here (JSON)")
+  parser.add_argument("--records", default=None, help="append every measured record here")
   args = parser.parse_args(argv)
   timer = history.default_timer(iterations=args.iterations)
 
   def measure():
-    return history.run(args.family, timer=timer, log=lambda _: None)
+    recs = history.run(args.family, timer=timer, log=lambda _: None)
+    if args.records:
+      history.append(recs, args.records)
+    return recs
 
   result = trial(
     measure,
