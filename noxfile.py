@@ -5,6 +5,7 @@ environment that is already there (accelerator hosts are often offline): no
 virtualenv, no installs. `tests` and `lint` build their own environment.
 """
 
+import glob
 import os
 
 import nox
@@ -22,6 +23,29 @@ def _pytest(session, *args):
   session.run("python", "-m", "pytest", *args, *session.posargs, env={"PYTHONPATH": "src:."})
 
 
+def _project_python(session) -> str:
+  """The interpreter of the sessions that install nothing: $TOKAMAX_PYTHON, else the README's
+  .venv, else `python`; the session stops with one line if it cannot import jax."""
+  python = os.environ.get("TOKAMAX_PYTHON") or (
+    ".venv/bin/python" if os.path.exists(".venv/bin/python") else "python"
+  )
+  probe = session.run(
+    python, "-c", "import jax", silent=True, success_codes=range(256), external=True
+  )
+  if probe is None or "Error" in str(probe):
+    session.error(
+      f"{session.name} needs the project's environment ({python} cannot import jax): run "
+      "`python3.12 -m venv .venv && .venv/bin/pip install -e '.[test,triton]'` first, or set "
+      "TOKAMAX_PYTHON to an interpreter that has it"
+    )
+  return python
+
+
+def _run_module(session, module: str, *args):
+  python = _project_python(session)
+  session.run(python, "-m", module, *args, env={"PYTHONPATH": "src:."}, external=True)
+
+
 @nox.session(python=PYTHON)
 def tests(session):
   """Everything that runs on a CPU machine: harness, core, kernels (interpret/compile), the CPU matrix."""
@@ -36,19 +60,21 @@ def gpu_tests(session):
   pytest-xdist workers sized to the host and one set of compile caches (see ci/gpu_suite.sh for
   SUITE_WORKERS, TOKAMAX_COMPILATION_CACHE, ...); summary, JUnit and log in RESULTS/gpu_run.
   """
+  python = _project_python(session)
   probe = "import jax; print(jax.default_backend())"
-  found = session.run("python", "-c", probe, silent=True, success_codes=range(256), external=True)
+  found = session.run(python, "-c", probe, silent=True, success_codes=range(256), external=True)
   backend = str(found).strip().splitlines()[-1] if str(found).strip() else "nothing"
   if backend != "gpu":
     session.error(
       f"no GPU here (jax.default_backend(): {backend!r}). gpu_tests needs an NVIDIA GPU and "
-      "jax with CUDA; on a CPU host run `nox -s tests`."
+      "jax with CUDA; on a CPU host run `nox -s tests`"
     )
   session.run(
     "bash",
     "ci/gpu_suite.sh",
     *session.posargs,
     env={
+      "PATH": f"{os.path.dirname(os.path.abspath(python))}:{os.environ.get('PATH', '')}",
       "OUT": f"{RESULTS}/gpu_run",
       "SKIP_BENCH": "1",  # `nox -s bench` times them.
       "SUITE_TIMEOUT": os.environ.get("SUITE_TIMEOUT", "0"),  # 0: no time limit.
@@ -59,15 +85,25 @@ def gpu_tests(session):
 
 @nox.session(venv_backend="none")
 def tpu_tests(session):
-  """The TPU suite (tpu_v5 matrix) with a summary, in the current environment."""
+  """The TPU suite (tpu_v5 matrix) on a TPU host; elsewhere the TPU kernels in their interpreter."""
+  python = _project_python(session)
+  probe = "import jax; print(jax.default_backend())"
+  found = session.run(python, "-c", probe, silent=True, external=True)
+  on_tpu = str(found).strip().splitlines()[-1] == "tpu"
+  paths = [] if on_tpu else sorted(glob.glob("suites/kernels/test_tpu_*.py"))
+  if not on_tpu:
+    session.log("no TPU here: the TPU kernels in Pallas's TPU interpreter and exported for TPU")
   session.run(
-    "python", "-c", "import jax, sys; sys.exit(jax.default_backend() != 'tpu')", silent=True
-  )
-  _pytest(
-    session,
+    python,
+    "-m",
+    "pytest",
     "-q",
     f"--summary-json={RESULTS}/tpu_summary.json",
     f"--summary-md={RESULTS}/tpu_summary.md",
+    *paths,
+    *session.posargs,
+    env={"PYTHONPATH": "src:."},
+    external=True,
   )
 
 
@@ -78,13 +114,13 @@ def bench(session):
   Records go to the ignored bench/out/history.jsonl; arguments after `--` go to
   `python -m bench.history run` (`--check`, `--append-tracked` for the nightly).
   """
-  session.run("python", "-m", "bench.history", "run", *session.posargs, env={"PYTHONPATH": "src:."})
+  _run_module(session, "bench.history", "run", *session.posargs)
 
 
 @nox.session(venv_backend="none")
 def golden(session):
   """Golden-value regression checks (`-- --regen` regenerates them)."""
-  session.run("python", "-m", "golden", *session.posargs, env={"PYTHONPATH": "src:."})
+  _run_module(session, "golden", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -98,11 +134,4 @@ def lint(session):
 @nox.session(venv_backend="none")
 def mutants(session):
   """Mutation testing: each planted bug of ci/mutants/catalogue.py must fail its tests (`-- --only ID`)."""
-  session.run(
-    "python",
-    "-m",
-    "ci.mutants",
-    f"--out={RESULTS}/mutants.json",
-    *session.posargs,
-    env={"PYTHONPATH": "src:."},
-  )
+  _run_module(session, "ci.mutants", f"--out={RESULTS}/mutants.json", *session.posargs)
