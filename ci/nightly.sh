@@ -7,7 +7,13 @@
 # Every step runs even if an earlier one fails; the exit status is 1 if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# The README's environment where it exists, else python3 from PATH.
+if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; fi
 PY=${PYTHON:-python3}
+if ! "$PY" -c "import jax" 2>/dev/null; then
+  echo "nightly: $PY cannot import jax; set up the README's .venv first (or set PYTHON)" >&2
+  exit 2
+fi
 export PYTHONPATH="$PWD/src:$PWD:${PYTHONPATH:-}" TOKAMAX_NIGHTLY=1 PYTHONUNBUFFERED=1
 export TOKAMAX_HYPOTHESIS_PROFILE=${TOKAMAX_HYPOTHESIS_PROFILE:-harness-nightly}
 LOG_DIR=${LOG_DIR:-/tmp/tokamax-nightly}
