@@ -12,7 +12,7 @@ only where jax has GPU support, so it is imported lazily here.
   so that wrapper logic runs on a CPU; `compile_launch` compiles a recording.
 - Under `jax.vmap`, a launch runs once per batch element (`sequential_under_vmap`).
 - `interpret()` runs launches in Triton's interpreter on the host instead
-  (eager calls only, small shapes, float32/float16: its bfloat16 is unreliable),
+  (as host callbacks under tracing, small shapes, float32/float16: its bfloat16 is unreliable),
   so that CPU tests can check a kernel's numbers.
 """
 
@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -106,7 +107,8 @@ def interpreting() -> bool:
 def interpret() -> Iterator[None]:
   """Runs launches made inside the block in Triton's interpreter, on the host.
 
-  Call the op eagerly (outside `jax.jit`): the interpreter reads concrete arrays. Inside the
+  The interpreter reads concrete arrays: under tracing (`jax.jit`, `jax.shard_map`) each
+  launch runs as a host callback, one at a time. Inside the
   block a Triton implementation asked for by name or instance is accepted on the CPU too.
   """
   _interpreting.append(True)
@@ -217,6 +219,33 @@ def _run_interpreted(kernel, args, shapes, grid, meta) -> list[jax.Array]:
   return [jnp.asarray(o) for o in outputs]
 
 
+# Triton's interpreter patches module globals: one launch at a time (devices run callbacks
+# side by side).
+_interpreter_lock = threading.Lock()
+
+
+def _interpreted(kernel, args, shapes, grid, meta) -> list[jax.Array]:
+  """Runs a launch in the interpreter; under tracing (jit, shard_map), as a host callback."""
+  positions = [i for i, a in enumerate(args) if isinstance(a, jax.core.Tracer)]
+
+  def run(*arrays):
+    full = list(args)
+    for i, a in zip(positions, arrays, strict=True):
+      full[i] = a
+    with _interpreter_lock:
+      return [np.asarray(o) for o in _run_interpreted(kernel, full, shapes, grid, meta)]
+
+  if not positions:
+    return [jnp.asarray(o) for o in run()]
+  out = jax.pure_callback(
+    run,
+    [jax.ShapeDtypeStruct(s.shape, s.dtype) for s in shapes],
+    *(args[i] for i in positions),
+    vmap_method="sequential",
+  )
+  return list(out)
+
+
 def _normalize_grid(grid: Any, meta: dict[str, Any]) -> tuple[int, ...]:
   if callable(grid):
     grid = grid(meta)
@@ -256,7 +285,7 @@ def call(
     ]
     return outs[0] if single else outs
   if _interpreting:
-    outs = _run_interpreted(kernel, args, shapes, grid, meta)
+    outs = _interpreted(kernel, args, shapes, grid, meta)
     return outs[0] if single else outs
   import jax_triton
 

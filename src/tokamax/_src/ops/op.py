@@ -21,6 +21,7 @@ import numpy as np
 from tokamax._src import arguments as arguments_lib
 from tokamax._src import device as device_lib
 from tokamax._src.autotuning import autotuner, cache
+from tokamax._src.ops import partitioning
 
 # While `tokamax.autotune` traces a function, every op call appends
 # (op, abstract args, mode) here, mode "forward" or "vjp" (its custom backward ran).
@@ -71,6 +72,10 @@ class Op(abc.ABC):
   differentiable: ClassVar[bool] = True
   # Why two runs may give gradients that differ in their last bits, or None.
   nondeterministic_gradients: ClassVar[str | None] = None
+  # Whether calls on sharded arrays run on each device's shards by the op's
+  # `OpSpec.partitioning` rule; None: the kernels that JAX cannot trace into
+  # (`differentiable=False`), which XLA's partitioner cannot split either.
+  partitioned: ClassVar[bool | None] = None
 
   config: Any = None
 
@@ -147,7 +152,14 @@ class Op(abc.ABC):
     return self._get_heuristics_config(args)
 
   def apply(self, args: Any) -> jax.Array:
-    """Computes the op for a canonical record, choosing the backward pass."""
+    """Computes the op for a canonical record, on each device's shards where sharded."""
+    partitioned = self.partitioned if self.partitioned is not None else not self.differentiable
+    if partitioned and self.spec.partitioning is not None:
+      return partitioning.apply(self, args, self._apply_unpartitioned)
+    return self._apply_unpartitioned(args)
+
+  def _apply_unpartitioned(self, args: Any) -> jax.Array:
+    """Computes the op on whole arrays, choosing the backward pass."""
     _record(self, args, "forward")
     config = self.resolve_config(args)
     if self.differentiable and self._bwd_unsupported_reason(args) is not None:
@@ -171,13 +183,17 @@ def _with_custom_vjp(op: Op, args: Any, config: Any) -> jax.Array:
   arrays = arguments_lib.array_fields(args)
   rebuild = lambda arrays: dataclasses.replace(args, **arrays)
 
+  # Inside `shard_map`, outputs and cotangents get the varying mesh axes their inputs have.
+  vmas = jax.tree.map(partitioning.vma, arrays)
+  axes = frozenset().union(*jax.tree.leaves(vmas))
+
   @jax.custom_vjp
   def run(arrays):
-    return op._fwd_primal(rebuild(arrays), config)
+    return partitioning.vary(op._fwd_primal(rebuild(arrays), config), axes)
 
   def run_fwd(arrays):
     out, residuals = op._fwd(rebuild(arrays), config)
-    return out, (arrays, out, residuals)
+    return partitioning.vary(out, axes), (arrays, out, residuals)
 
   def run_bwd(saved, dout):
     arrays, out, residuals = saved
@@ -189,17 +205,16 @@ def _with_custom_vjp(op: Op, args: Any, config: Any) -> jax.Array:
       reference = op.spec.get("xla")
       _, vjp = jax.vjp(lambda a: reference.apply(rebuild(a)), arrays)
       (grads,) = vjp(dout)
-    return (
-      {
-        name: (
-          grads[name]
-          if grads.get(name) is not None
-          and all(jax.dtypes.issubdtype(v.dtype, np.inexact) for v in jax.tree.leaves(value))
-          else jax.tree.map(_zero_cotangent, value)
-        )
-        for name, value in arrays.items()
-      },
-    )
+    grads = {
+      name: (
+        grads[name]
+        if grads.get(name) is not None
+        and all(jax.dtypes.issubdtype(v.dtype, np.inexact) for v in jax.tree.leaves(value))
+        else jax.tree.map(_zero_cotangent, value)
+      )
+      for name, value in arrays.items()
+    }
+    return (jax.tree.map(lambda g, v: partitioning.cotangent(g, v, axes), grads, vmas),)
 
   run.defvjp(run_fwd, run_bwd)
   return run(arrays)
@@ -258,6 +273,8 @@ class OpSpec:
     integer_inputs: Integer field name to a function of (record, shape, numpy
       Generator) giving valid values of that shape, for timing candidates on
       representative inputs; other integer fields are zeros.
+    partitioning: The record to its `partitioning.Rule`: how kernel calls split
+      across devices on sharded arrays; None gathers them.
   """
 
   name: str
@@ -270,6 +287,7 @@ class OpSpec:
   integer_inputs: Mapping[
     str, Callable[[Any, tuple[int, ...], np.random.Generator], np.ndarray]
   ] = dataclasses.field(default_factory=dict)
+  partitioning: Callable[[Any], "partitioning.Rule"] | None = None
   _cache: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   def __hash__(self) -> int:

@@ -21,6 +21,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from tokamax._src import arguments, numerics, validation
 from tokamax._src.ops import op
+from tokamax._src.ops import partitioning as partitioning_lib
 
 LAYOUT = "query [*B,T,N,H], key [*B,S,K,H], value [*B,S,K,h], bias/mask [*#B,#N,#T,#S]"
 
@@ -208,6 +209,34 @@ def _full_lengths(field: str):
   return make
 
 
+def partitioning(args: AttentionArgs) -> partitioning_lib.Rule:
+  """Batch and K/V heads (each with its query heads) split; sequences stay whole."""
+  (b, t, n, _), s = args.query.shape, args.key.shape[1]
+  heads = ("k", "g")  # Query head k * G + g attends to K/V head k.
+
+  def broadcast(x):
+    if x is None:
+      return None
+    full = (b, n, t, s)
+    return tuple(
+      label if x.shape[i] == full[i] else None for i, label in enumerate(("b", heads, "t", "s"))
+    )
+
+  return partitioning_lib.Rule(
+    inputs={
+      "query": ("b", "t", heads, "h"),
+      "key": ("b", "s", "k", "h"),
+      "value": ("b", "s", "k", "hv"),
+      "bias": broadcast(args.bias),
+      "mask": broadcast(args.mask),
+      "q_seq_lengths": ("b",),
+      "kv_seq_lengths": ("b",),
+    },
+    output=("b", "t", heads, "hv"),
+    split=frozenset(("b", "k")),
+  )
+
+
 SPEC = op.OpSpec(
   name="dot_product_attention",
   canonicalize=canonicalize,
@@ -222,6 +251,7 @@ SPEC = op.OpSpec(
   cost=cost,
   finalize=finalize,
   integer_inputs={"q_seq_lengths": _full_lengths("query"), "kv_seq_lengths": _full_lengths("key")},
+  partitioning=partitioning,
 )
 
 

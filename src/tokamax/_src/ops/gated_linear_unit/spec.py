@@ -9,6 +9,7 @@ from jaxtyping import Array, Float
 
 from tokamax._src import arguments, validation
 from tokamax._src.ops import op
+from tokamax._src.ops import partitioning as partitioning_lib
 
 
 @arguments.op_arguments
@@ -64,6 +65,17 @@ def cost(args: GluArgs) -> op.Cost:
   return op.Cost(flops=2.0 * m * k * 2 * n, bytes=float(itemsize * (m * k + 2 * k * n + m * n)))
 
 
+def partitioning(args: GluArgs) -> partitioning_lib.Rule:
+  """Rows (batch dims and M) and output columns N split; K is contracted whole."""
+  rows = (*(f"b{i}" for i in range(args.x.ndim - 2)), "m")
+  fused = not isinstance(args.weights, tuple)
+  return partitioning_lib.Rule(
+    inputs={"x": (*rows, "k"), "weights": ("k", None, "n") if fused else [("k", "n")] * 2},
+    output=(*rows, "n"),
+    split=frozenset((*rows, "n")),
+  )
+
+
 SPEC = op.OpSpec(
   name="gated_linear_unit",
   canonicalize=canonicalize,
@@ -74,6 +86,7 @@ SPEC = op.OpSpec(
   },
   preference={"gpu": ("mosaic", "triton")},
   cost=cost,
+  partitioning=partitioning,
 )
 
 

@@ -6,6 +6,7 @@ from jaxtyping import Array, Float
 
 from tokamax._src import arguments, validation
 from tokamax._src.ops import op
+from tokamax._src.ops import partitioning as partitioning_lib
 
 
 @arguments.op_arguments
@@ -55,6 +56,17 @@ def cost(args: NormArgs) -> op.Cost:
   return op.Cost(flops=8.0 * size, bytes=2.0 * size * itemsize)
 
 
+def partitioning(args: NormArgs) -> partitioning_lib.Rule:
+  """Every axis but the normalized one splits (rows)."""
+  rows = tuple(None if i == args.axis else f"r{i}" for i in range(args.x.ndim))
+  x = tuple("d" if label is None else label for label in rows)
+  return partitioning_lib.Rule(
+    inputs={"x": x, "scale": ("d",), "offset": ("d",)},
+    output=x,
+    split=frozenset(label for label in rows if label),
+  )
+
+
 SPEC = op.OpSpec(
   name="layer_norm",
   canonicalize=canonicalize,
@@ -64,6 +76,7 @@ SPEC = op.OpSpec(
   },
   preference={"gpu": ("triton",)},
   cost=cost,
+  partitioning=partitioning,
 )
 
 

@@ -17,6 +17,7 @@ from jaxtyping import Array, Float, Int
 
 from tokamax._src import arguments, numerics, validation
 from tokamax._src.ops import op
+from tokamax._src.ops import partitioning as partitioning_lib
 
 DEFAULT = "default"
 RHS_TRANSPOSED = "rhs_transposed"
@@ -234,6 +235,43 @@ def _zero_offset(args: RaggedDotArgs, shape: tuple[int, ...], rng: np.random.Gen
   return np.zeros(shape, np.int32)
 
 
+def _localize(args: RaggedDotArgs, shards) -> RaggedDotArgs:
+  """One shard's rows (their share of every group) and groups (through `group_offset`)."""
+  sizes, offset, groups = args.group_sizes, args.group_offset, args.num_groups
+  if "m" in shards:
+    m = args.lhs.shape[0]
+    first = shards["m"].index() * m
+    ends = jnp.cumsum(sizes)
+    sizes = jnp.clip(ends - first, 0, m) - jnp.clip(ends - sizes - first, 0, m)
+  if "g" in shards:
+    groups = args.rhs.shape[0]
+    start = (shards["g"].index() * groups).reshape(1)
+    offset = start if offset is None else offset + start
+  return dataclasses.replace(
+    args,
+    group_sizes=sizes.astype(jnp.int32),
+    group_offset=None if offset is None else offset.astype(jnp.int32),
+    num_groups=groups,
+  )
+
+
+def partitioning(args: RaggedDotArgs) -> partitioning_lib.Rule:
+  """Rows of lhs (each shard's share of every group), output columns and, for expert
+  parallelism, the groups of rhs (through `group_offset`; the shards' outputs add up)."""
+  if args.layout == RAGGED_CONTRACTING:
+    rhs, out = ("m", "n"), (None, "k", "n")
+  else:
+    rhs = ("g", "k", "n") if args.layout == DEFAULT else ("g", "n", "k")
+    out = ("m", "n")
+  return partitioning_lib.Rule(
+    inputs={"lhs": ("m", "k"), "rhs": rhs, "group_sizes": (None,), "group_offset": (None,)},
+    output=out,
+    split=frozenset(("m", "n", "g")),
+    combine="sum",
+    localize=_localize,
+  )
+
+
 SPEC = op.OpSpec(
   name="ragged_dot",
   canonicalize=canonicalize,
@@ -248,6 +286,7 @@ SPEC = op.OpSpec(
   platform_names={"mosaic": {"tpu": "mosaic_tpu"}},
   cost=cost,
   integer_inputs={"group_sizes": _timing_group_sizes, "group_offset": _zero_offset},
+  partitioning=partitioning,
 )
 
 

@@ -1,0 +1,232 @@
+"""Kernel implementations on arrays sharded over 8 host devices (issue 21).
+
+Each case runs an op's forward pass and VJP jitted on sharded arrays and on whole
+ones, compares them within the harness's tolerances and reads the compiled HLO: no
+all-gather unless the case shards an axis the op cannot split (then one warning
+names it). Triton kernels run in Triton's interpreter (float32) on arrays with explicit mesh
+axes; the `auto:` cases run the same partitioning through XLA's partitioner
+(`custom_partitioning`, automatic mesh axes) with the XLA implementation as the
+kernel, since interpreters' host callbacks cannot run inside it. Mosaic GPU kernels
+are not run here: see test_kernel_sharding.test_mosaic_gpu_interpreter.
+
+Usage (test_kernel_sharding runs it in a subprocess):
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m suites.core.kernel_sharding_checks [CASE...]
+Prints one JSON line per case: {"case": ..., "error": null or the failure}.
+"""
+
+import contextlib
+import dataclasses
+import json
+import sys
+import traceback
+import warnings
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import tokamax
+from harness import compare
+from tokamax._src import triton_call
+from tokamax._src.ops.attention import xla as attention_xla
+from tokamax._src.ops.gated_linear_unit import xla as glu_xla
+from tokamax._src.ops.normalization import xla as norm_xla
+from tokamax._src.ops.ragged_dot import xla as ragged_xla
+
+AXES = ("data", "model")
+
+
+def _partitioned(cls):
+  """The XLA implementation `cls`, partitioned by its op's rule like a kernel."""
+  return dataclasses.dataclass(frozen=True, kw_only=True)(
+    type(f"Partitioned{cls.__name__}", (cls,), {"partitioned": True})
+  )()
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """One op call on sharded arrays.
+
+  Attributes:
+    fn: The call, of the arrays in `args`.
+    args: Float arrays (differentiated) and integer ones.
+    specs: One `PartitionSpec` per arg.
+    explicit: Explicit mesh axes (shard_map route) or automatic ones (custom_partitioning).
+    warns: A substring of the expected warning (an axis the op cannot split), or None.
+    interpret_triton: Run inside `triton_call.interpret()`.
+    reference: The call on whole arrays where `fn` needs the mesh (default `fn`).
+  """
+
+  fn: Callable[..., jax.Array]
+  args: tuple[jax.Array, ...]
+  specs: tuple[P, ...]
+  explicit: bool = True
+  warns: str | None = None
+  interpret_triton: bool = False
+  reference: Callable[..., jax.Array] | None = None
+
+
+def _normal(seed, shape, dtype=jnp.float32, scale=1.0):
+  return (scale * jax.random.normal(jax.random.key(seed), shape, jnp.float32)).astype(dtype)
+
+
+def _attention(impl, dtype, b, t, n, k, h, **kw):
+  q = _normal(1, (b, t, n, h), dtype)
+  kk, v = _normal(2, (b, t, k, h), dtype), _normal(3, (b, t, k, h), dtype)
+  return (
+    lambda q, k, v: tokamax.dot_product_attention(q, k, v, implementation=impl, **kw),
+    (q, kk, v),
+  )
+
+
+def _glu(impl, dtype, m, k, n, **kw):
+  x, w = _normal(4, (m, k), dtype), _normal(5, (k, 2, n), dtype, k**-0.5)
+  return (
+    lambda x, w: tokamax.gated_linear_unit(x, w, activation=jax.nn.swish, implementation=impl),
+    (x, w),
+  )
+
+
+def _norm(impl, rows, d):
+  return (
+    lambda x, s: tokamax.layer_norm(x, s, None, implementation=impl),
+    (_normal(6, (rows, d)), 1 + _normal(7, (d,))),
+  )
+
+
+def _ragged(impl, dtype, m, k, n, sizes):
+  lhs, rhs = _normal(8, (m, k), dtype), _normal(9, (len(sizes), k, n), dtype, k**-0.5)
+  return (
+    lambda lhs, rhs, gs: tokamax.ragged_dot(lhs, rhs, gs, implementation=impl),
+    (lhs, rhs, jnp.asarray(sizes, jnp.int32)),
+  )
+
+
+def _case(call, specs, **kw) -> Case:
+  return Case(*call, tuple(specs), **kw)
+
+
+ROWS_ALL, ROWS = P(AXES), P("data")
+HEADS = P("data", None, "model", None)
+
+
+def cases() -> dict[str, Case]:
+  """Every case by name: op, implementation, what is sharded."""
+  triton = dict(interpret_triton=True)
+  norm = _norm("triton", 16, 32)
+  sizes = (5, 0, 7, 4)
+  return {
+    "layer_norm/triton/rows": _case(_norm("triton", 16, 32), [ROWS_ALL, P()], **triton),
+    "layer_norm/triton/features_replicated": _case(
+      _norm("triton", 16, 32), [P(None, "model"), P()], warns="axis 1 (d) of `x`", **triton
+    ),
+    "gated_linear_unit/triton/rows_and_columns": _case(
+      _glu("triton", jnp.float32, 16, 32, 24), [ROWS, P(None, None, "model")], **triton
+    ),
+    "attention/triton/batch_and_kv_heads": _case(
+      _attention("triton", jnp.float32, 4, 16, 4, 2, 16, is_causal=True), [HEADS] * 3, **triton
+    ),
+    "ragged_dot/triton/rows_and_columns": _case(
+      _ragged("triton", jnp.float32, 16, 32, 8, sizes),
+      [ROWS, P(None, None, "model"), P()],
+      **triton,
+    ),
+    "ragged_dot/triton/groups": _case(
+      _ragged("triton", jnp.float32, 16, 32, 8, sizes), [ROWS, P("model"), P()], **triton
+    ),
+    "layer_norm/triton/inside_shard_map": Case(
+      jax.shard_map(norm[0], in_specs=(ROWS, P()), out_specs=ROWS),
+      norm[1],
+      (ROWS, P()),
+      reference=norm[0],
+      **triton,
+    ),
+    "auto:layer_norm/rows": _case(
+      _norm(_partitioned(norm_xla.XlaLayerNorm), 16, 32), [ROWS_ALL, P()], explicit=False
+    ),
+    "auto:gated_linear_unit/rows_and_columns": _case(
+      _glu(_partitioned(glu_xla.XlaGatedLinearUnit), jnp.float32, 16, 32, 24),
+      [ROWS, P(None, None, "model")],
+      explicit=False,
+    ),
+    "auto:attention/batch_and_kv_heads": _case(
+      _attention(_partitioned(attention_xla.XlaAttention), jnp.float32, 4, 16, 4, 2, 16),
+      [HEADS] * 3,
+      explicit=False,
+    ),
+    "auto:attention/mqa_heads_replicated": _case(
+      _attention(_partitioned(attention_xla.XlaAttention), jnp.float32, 4, 16, 4, 1, 16),
+      [HEADS, P("data"), P("data")],
+      explicit=False,
+      warns="axis 2 (('k', 'g')) of `query`",
+    ),
+    "auto:ragged_dot/rows_and_groups": _case(
+      _ragged(_partitioned(ragged_xla.XlaRaggedDot), jnp.float32, 16, 32, 8, sizes),
+      [ROWS, P("model"), P()],
+      explicit=False,
+    ),
+  }
+
+
+def _run(case: Case, args, fn_of_args):
+  """(output, cotangents of the float args) of the jitted call, and its compiled HLO."""
+  floats = [i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating)]
+
+  def fwd_vjp(*args):
+    def fn(*xs):
+      full = list(args)
+      for i, x in zip(floats, xs, strict=True):
+        full[i] = x
+      return fn_of_args(*full)
+
+    out, vjp = jax.vjp(fn, *(args[i] for i in floats))
+    ct = _normal(10, out.shape, out.dtype)
+    if case.explicit and jax.typeof(out).sharding.mesh.axis_names:
+      ct = jax.sharding.reshard(ct, jax.typeof(out).sharding.spec)
+    return out, vjp(ct)
+
+  fn = jax.jit(fwd_vjp)
+  return fn(*args), fn.lower(*args).compile().as_text()
+
+
+def check(case: Case) -> None:
+  """Fails unless the sharded call matches the whole one, without gathering its operands."""
+  with triton_call.interpret() if case.interpret_triton else contextlib.nullcontext():
+    expected, _ = _run(case, case.args, case.reference or case.fn)
+    types = (AxisType.Explicit if case.explicit else AxisType.Auto,) * 2
+    mesh = jax.make_mesh((4, 2), AXES, axis_types=types)
+    sharded = [
+      jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(case.args, case.specs, strict=True)
+    ]
+    with (
+      jax.set_mesh(mesh) if case.explicit else contextlib.nullcontext(),
+      warnings.catch_warnings(record=True) as caught,
+    ):
+      warnings.simplefilter("always")
+      actual, hlo = _run(case, sharded, case.fn)
+  messages = [str(w.message) for w in caught]
+  if case.warns is None:
+    assert "all-gather" not in hlo, "the compiled program gathers an operand"
+    assert not any("replicated" in m for m in messages), messages
+  else:
+    assert any(case.warns in m for m in messages), messages
+  compare.assert_close(actual[0], expected[0], name="output")
+  compare.assert_close(actual[1], expected[1], gradient=True, reduction_length=8, name="grads")
+
+
+def main(names: list[str]) -> None:
+  assert jax.device_count() == 8, jax.devices()
+  all_cases = cases()
+  for name in names or all_cases:
+    try:
+      check(all_cases[name])
+      error = None
+    except Exception:  # Reported per case.
+      error = traceback.format_exc(limit=-6)
+    print(json.dumps({"case": name, "error": error}), flush=True)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])

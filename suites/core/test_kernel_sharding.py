@@ -1,0 +1,109 @@
+"""Kernels on sharded arrays (issue 21): the partitioning planner, and every kernel case of
+suites/core/kernel_sharding_checks.py on 8 host devices (one subprocess for all)."""
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from suites.core import kernel_sharding_checks
+from tokamax._src.ops import partitioning
+from tokamax._src.ops.attention import spec as attention_spec
+from tokamax._src.ops.normalization import spec as norm_spec
+from tokamax._src.ops.ragged_dot import spec as ragged_spec
+
+MESH = {"data": 4, "model": 2}
+NAMES = list(kernel_sharding_checks.cases())
+_SPECS = {
+  attention_spec.AttentionArgs: attention_spec,
+  norm_spec.NormArgs: norm_spec,
+  ragged_spec.RaggedDotArgs: ragged_spec,
+}
+
+
+def _plan(name, args, *specs):
+  """The plan of the op's own rule for `args` sharded by `specs`, on MESH."""
+  rule = _SPECS[type(args)].partitioning(args)
+  leaves = jax.tree.leaves(args)
+  return partitioning.plan(
+    name, rule, rule.leaf_labels(args), [x.shape for x in leaves], specs, MESH
+  )
+
+
+def test_rows_split_and_an_unsplittable_axis_warns_once():
+  args = norm_spec.canonicalize(jnp.ones((8, 6, 4)), jnp.ones(4), None)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for _ in range(2):
+      plan = _plan("test_norm_once", args, P("data", None, "model"), P())
+  assert plan.in_specs == (P(("data",), None, None), P(None))
+  assert plan.grad_sums == ((), ("data",))  # scale's cotangent sums over the rows' devices
+  assert [str(w.message) for w in caught] == [
+    "test_norm_once: axis 2 (d) of `x` is sharded over mesh axes ('model',), which this op "
+    "cannot split; it is replicated on every device."
+  ]
+
+
+def test_kv_heads_split_with_their_query_groups():
+  q, kv = jnp.ones((4, 8, 4, 16)), jnp.ones((4, 8, 2, 16))
+  args = attention_spec.canonicalize(q, kv, kv)
+  heads = P("data", None, "model")
+  plan = _plan("test_gqa", args, heads, heads, heads)
+  assert plan.in_specs[0] == P(("data",), None, ("model",), None)
+  assert plan.out_spec == plan.in_specs[0] and not plan.out_sums
+
+
+def test_query_heads_of_a_single_kv_head_are_replicated():
+  q, kv = jnp.ones((4, 8, 4, 16)), jnp.ones((4, 8, 1, 16))
+  args = attention_spec.canonicalize(q, kv, kv)
+  with pytest.warns(UserWarning, match=r"axis 2 \(\('k', 'g'\)\) of `query`"):
+    plan = _plan("test_mqa", args, P("data", None, "model"), P("data"), P("data"))
+  assert plan.in_specs[0] == P(("data",), None, None, None)
+
+
+def test_expert_parallel_groups_sum_the_output():
+  args = ragged_spec.canonicalize(jnp.ones((16, 8)), jnp.ones((4, 8, 6)), jnp.full(4, 4))
+  plan = _plan("test_ragged", args, P("data"), P("model"), P())
+  assert set(plan.shards) == {"m", "g"}
+  assert plan.out_spec == P(("data",), None) and plan.out_sums == ("model",)
+  assert plan.grad_sums[0] == ("model",)  # lhs meets only its devices' groups
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, str | None]:
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  run = subprocess.run(
+    [sys.executable, "-m", "suites.core.kernel_sharding_checks"],
+    cwd=Path(__file__).resolve().parents[2],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
+  lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+  if not lines:
+    pytest.fail(run.stdout[-3000:] + run.stderr[-3000:])
+  return {line["case"]: line["error"] for line in lines}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sharded_call_matches_whole_without_gathering(name, results):
+  assert name in results, "the checks stopped before this case"
+  assert results[name] is None, results[name]
+
+
+@pytest.mark.skip(
+  reason="the Pallas Mosaic GPU interpreter runs the devices of a shard_map as one multi-GPU "
+  "program, with a threading.Barrier across all of them: on 8 host devices it deadlocks, on 2 "
+  "it asserts on barriers left allocated (jax 0.11); the Mosaic kernels share the Triton ones' "
+  "partitioning (Op.apply), checked above"
+)
+def test_mosaic_gpu_interpreter():
+  """Placeholder naming why the Mosaic GPU kernels are not run sharded on the CPU."""
