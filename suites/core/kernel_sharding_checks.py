@@ -30,12 +30,31 @@ from jax.sharding import PartitionSpec as P
 import tokamax
 from harness import compare
 from tokamax._src import triton_call
+from tokamax._src.ops import partitioning
 from tokamax._src.ops.attention import xla as attention_xla
 from tokamax._src.ops.gated_linear_unit import xla as glu_xla
+from tokamax._src.ops.linear_softmax_cross_entropy_loss import spec as loss_spec
+from tokamax._src.ops.linear_softmax_cross_entropy_loss import xla as loss_xla
 from tokamax._src.ops.normalization import xla as norm_xla
 from tokamax._src.ops.ragged_dot import xla as ragged_xla
 
 AXES = ("data", "model")
+
+# The declaration the loss's OpSpec would take (`partitioning=LOSS_RULE`): rows split,
+# a reduced loss combined over them; a vocabulary-sharded `weights` is gathered. Checked
+# here on a copy of the spec, through the XLA implementation.
+LOSS_RULE = lambda a: partitioning.Rule(
+  {"x": ("b", "h"), "labels": ("b",), "weights": ("h", "v")},
+  ("b",) if a.reduction == "none" else (),
+  frozenset("b"),
+  a.reduction,
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _PartitionedLoss(loss_xla.XlaLoss):
+  spec = dataclasses.replace(loss_spec.SPEC, partitioning=LOSS_RULE, _cache={})
+  partitioned = True
 
 
 def _partitioned(cls):
@@ -104,6 +123,16 @@ def _ragged(impl, dtype, m, k, n, sizes):
   )
 
 
+def _loss(impl, b, h, v, reduction):
+  labels = jax.random.randint(jax.random.key(11), (b,), 0, v)
+  return (
+    lambda x, w, labels: tokamax.linear_softmax_cross_entropy_loss(
+      x, labels, w, reduction=reduction, implementation=impl
+    ),
+    (_normal(12, (b, h)), _normal(13, (h, v), scale=h**-0.5), labels),
+  )
+
+
 def _case(call, specs, **kw) -> Case:
   return Case(*call, tuple(specs), **kw)
 
@@ -119,8 +148,8 @@ def cases() -> dict[str, Case]:
   sizes = (5, 0, 7, 4)
   return {
     "layer_norm/triton/rows": _case(_norm("triton", 16, 32), [ROWS_ALL, P()], **triton),
-    "layer_norm/triton/features_replicated": _case(
-      _norm("triton", 16, 32), [P(None, "model"), P()], warns="axis 1 (d) of `x`", **triton
+    "layer_norm/triton/rows_split_features_replicated": _case(
+      _norm("triton", 16, 32), [P("data", "model"), P()], warns="axis 1 (d) of `x`", **triton
     ),
     "gated_linear_unit/triton/rows_and_columns": _case(
       _glu("triton", jnp.float32, 16, 32, 24), [ROWS, P(None, None, "model")], **triton
@@ -166,6 +195,14 @@ def cases() -> dict[str, Case]:
       _ragged(_partitioned(ragged_xla.XlaRaggedDot), jnp.float32, 16, 32, 8, sizes),
       [ROWS, P("model"), P()],
       explicit=False,
+    ),
+    "loss/rows_sum_vocabulary_replicated": _case(
+      _loss(_PartitionedLoss(), 16, 32, 24, "sum"),
+      [ROWS, P(None, "model"), ROWS],
+      warns="axis 1 (v) of `weights`",
+    ),
+    "auto:loss/rows_mean": _case(
+      _loss(_PartitionedLoss(), 16, 32, 24, "mean"), [ROWS, P(), ROWS], explicit=False
     ),
   }
 

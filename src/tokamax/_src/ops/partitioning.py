@@ -62,7 +62,8 @@ class Rule:
     output: The labels of the output's axes.
     split: The labels that may be split across devices.
     combine: How shards of an output that lacks a split label add up: "sum" or
-      "mean" (e.g. a loss reduced over rows); None if every split label is in it.
+      "mean" (e.g. a loss reduced over rows); not read when every split label is
+      in the output.
     localize: Maps the record of one shard to what the implementation computes
       there (e.g. global group sizes to the shard's), given the `Shard` of each
       split label.
@@ -279,7 +280,9 @@ class _Call:
     def local(*leaves_and_dout):
       *leaves, dout = leaves_and_dout
       if plan_ is not None and plan_.out_sums and self.rule.combine == "mean":
-        dout = dout / math.prod(s.count for s in plan_.shards.values() if s.axes)
+        dout = dout / math.prod(
+          s.count for s in plan_.shards.values() if set(s.axes) <= set(plan_.out_sums)
+        )
 
       def fn(floats):
         full = list(leaves)
@@ -327,17 +330,36 @@ def _with_vjp(call: _Call, partition: Callable[[Callable, bool], Callable]) -> j
   return run(*leaves)
 
 
-def _shard_map(call: _Call, mesh, plan_: Plan) -> jax.Array:
+def _shard_map(call: _Call, mesh, plan_: Plan, specs: list[PartitionSpec]) -> jax.Array:
+  """The call split by `plan_` over `mesh`, on operands sharded by `specs`."""
   index = call.inexact()
 
   def partition(make, backward):
     in_specs = plan_.in_specs + ((plan_.out_spec,) if backward else ())
     out_specs = tuple(plan_.in_specs[i] for i in index) if backward else plan_.out_spec
-    return jax.shard_map(
+    fn = jax.shard_map(
       make(plan_), mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
+    )
+    if not backward:
+      return lambda *args: fn(*map(_resharded, args, in_specs))
+    # Cotangents are sharded as their operands.
+    return lambda *args: tuple(
+      map(_resharded, fn(*map(_resharded, args, in_specs)), [specs[i] for i in index])
     )
 
   return _with_vjp(call, partition)
+
+
+def _resharded(x: jax.Array, spec: PartitionSpec) -> jax.Array:
+  """`x` sharded by `spec`: an axis the op cannot split is gathered here, as warned."""
+  tracer = isinstance(x, jax.core.Tracer)
+  sharding = jax.typeof(x).sharding if tracer else x.sharding
+  ndim = np.ndim(x)
+  if _spec_axes(sharding.spec, ndim) == _spec_axes(spec, ndim):
+    return x
+  if tracer:
+    return jax.sharding.reshard(x, spec)
+  return jax.device_put(x, NamedSharding(sharding.mesh, spec))
 
 
 def _sdy_rule(leaf_labels, shapes, out_labels: list[Labels]) -> cp_lib.SdyShardingRule:
@@ -463,7 +485,7 @@ def apply(op: Any, args: Any, run: Callable[[Any], jax.Array]) -> jax.Array:
   if kind == "known":
     shapes = [np.shape(x) for x in leaves]
     plan_ = plan(call.op_name, rule, rule.leaf_labels(args), shapes, specs, dict(mesh.shape))
-    return _shard_map(call, mesh, plan_) if plan_.splits else run(args)
+    return _shard_map(call, mesh, plan_, specs) if plan_.splits else run(args)
   if _uses_host_callbacks(op):
     # An interpreter's host callbacks cannot run inside XLA's partitioner: the call
     # is gathered (with explicit mesh axes it is split, above).
