@@ -4,10 +4,11 @@ Each case runs an op's forward pass and VJP jitted on sharded arrays and on whol
 ones, compares them within the harness's tolerances and reads the compiled HLO: no
 all-gather unless the case shards an axis the op cannot split (then one warning
 names it). Triton kernels run in Triton's interpreter (float32) on arrays with explicit mesh
-axes; the `auto:` cases run the same partitioning through XLA's partitioner
+axes; the `auto_` cases run the same partitioning through XLA's partitioner
 (`custom_partitioning`, automatic mesh axes) with the XLA implementation as the
-kernel, since interpreters' host callbacks cannot run inside it. Mosaic GPU kernels
-are not run here: see test_kernel_sharding.test_mosaic_gpu_interpreter.
+kernel, since interpreters' host callbacks cannot run inside it. Mosaic GPU kernels,
+whose interpreter cannot run sharded, are lowered for CUDA on sharded operands
+(`Lowering`): their calls take shards and nothing is gathered.
 
 Usage (test_kernel_sharding runs it in a subprocess):
   XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m suites.core.kernel_sharding_checks [CASE...]
@@ -21,6 +22,7 @@ import sys
 import traceback
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -31,11 +33,17 @@ import tokamax
 from harness import compare
 from tokamax._src import triton_call
 from tokamax._src.ops import partitioning
+from tokamax._src.ops.attention import mosaic as attention_mosaic
+from tokamax._src.ops.attention import spec as attention_spec
 from tokamax._src.ops.attention import xla as attention_xla
+from tokamax._src.ops.gated_linear_unit import mosaic as glu_mosaic
+from tokamax._src.ops.gated_linear_unit import spec as glu_spec
 from tokamax._src.ops.gated_linear_unit import xla as glu_xla
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import spec as loss_spec
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import xla as loss_xla
 from tokamax._src.ops.normalization import xla as norm_xla
+from tokamax._src.ops.ragged_dot import mosaic as ragged_mosaic
+from tokamax._src.ops.ragged_dot import spec as ragged_spec
 from tokamax._src.ops.ragged_dot import xla as ragged_xla
 
 AXES = ("data", "model")
@@ -172,39 +180,80 @@ def cases() -> dict[str, Case]:
       reference=norm[0],
       **triton,
     ),
-    "auto:layer_norm/rows": _case(
+    "layer_norm/xla/auto_rows": _case(
       _norm(_partitioned(norm_xla.XlaLayerNorm), 16, 32), [ROWS_ALL, P()], explicit=False
     ),
-    "auto:gated_linear_unit/rows_and_columns": _case(
+    "gated_linear_unit/xla/auto_rows_and_columns": _case(
       _glu(_partitioned(glu_xla.XlaGatedLinearUnit), jnp.float32, 16, 32, 24),
       [ROWS, P(None, None, "model")],
       explicit=False,
     ),
-    "auto:attention/batch_and_kv_heads": _case(
+    "attention/xla/auto_batch_and_kv_heads": _case(
       _attention(_partitioned(attention_xla.XlaAttention), jnp.float32, 4, 16, 4, 2, 16),
       [HEADS] * 3,
       explicit=False,
     ),
-    "auto:attention/mqa_heads_replicated": _case(
+    "attention/xla/auto_mqa_heads_replicated": _case(
       _attention(_partitioned(attention_xla.XlaAttention), jnp.float32, 4, 16, 4, 1, 16),
       [HEADS, P("data"), P("data")],
       explicit=False,
       warns="axis 2 (('k', 'g')) of `query`",
     ),
-    "auto:ragged_dot/rows_and_groups": _case(
+    "ragged_dot/xla/auto_rows_and_groups": _case(
       _ragged(_partitioned(ragged_xla.XlaRaggedDot), jnp.float32, 16, 32, 8, sizes),
       [ROWS, P("model"), P()],
       explicit=False,
     ),
-    "loss/rows_sum_vocabulary_replicated": _case(
+    "loss/xla/rows_sum_vocabulary_replicated": _case(
       _loss(_PartitionedLoss(), 16, 32, 24, "sum"),
       [ROWS, P(None, "model"), ROWS],
       warns="axis 1 (v) of `weights`",
     ),
-    "auto:loss/rows_mean": _case(
+    "loss/xla/auto_rows_mean": _case(
       _loss(_PartitionedLoss(), 16, 32, 24, "mean"), [ROWS, P(), ROWS], explicit=False
     ),
   }
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowering:
+  """A Mosaic GPU kernel lowered for CUDA on sharded operands (explicit mesh axes).
+
+  The Mosaic GPU interpreter cannot run sharded (test_kernel_sharding says why): these
+  read the lowered forward and backward program instead.
+
+  Attributes:
+    impl: The kernel implementation.
+    canonicalize: The op's record, of the arrays.
+    arrays: (shape, dtype, spec) of each array; the float ones are differentiated.
+    local: An operand type that the kernel's custom calls take on one shard.
+    whole: That operand's unsharded type, which no kernel call may take.
+  """
+
+  impl: Any
+  canonicalize: Callable[..., Any]
+  arrays: tuple[tuple[tuple[int, ...], Any, P], ...]
+  local: str
+  whole: str
+
+
+def check_lowering(case: Lowering) -> None:
+  """Fails unless the kernel's calls take shards only and nothing is gathered."""
+  mesh = jax.make_mesh((4, 2), AXES, axis_types=(AxisType.Explicit,) * 2)
+  floats = [i for i, (_, dtype, _) in enumerate(case.arrays) if jnp.issubdtype(dtype, jnp.floating)]
+  loss = lambda *xs: case.impl.apply(case.canonicalize(*xs)).astype(jnp.float32).sum()
+  with jax.set_mesh(mesh):
+    structs = [
+      jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
+      for shape, dtype, spec in case.arrays
+    ]
+    lowered = jax.jit(jax.grad(loss, argnums=floats)).trace(*structs)
+    text = lowered.lower(lowering_platforms=("cuda",)).as_text()
+  calls = [line for line in text.splitlines() if "custom_call" in line and "mosaic_gpu" in line]
+  assert calls, "no Mosaic GPU kernel in the program"
+  assert "all_gather" not in text and "all-gather" not in text, "the program gathers"
+  assert any(case.local in line for line in calls), [line[-300:] for line in calls]
+  assert not any(case.whole in line for line in calls), "a kernel call takes whole arrays"
 
 
 def _run(case: Case, args, fn_of_args):
@@ -253,12 +302,44 @@ def check(case: Case) -> None:
   compare.assert_close(actual[1], expected[1], gradient=True, reduction_length=8, name="grads")
 
 
+def lowerings() -> dict[str, Lowering]:
+  """The Mosaic GPU kernels' cases by name."""
+  bf16, i32 = jnp.bfloat16, jnp.int32
+  x, w = ((512, 256), bf16, ROWS), ((256, 2, 256), bf16, P(None, None, "model"))
+  q, kv = ((4, 128, 4, 64), bf16, HEADS), ((4, 128, 2, 64), bf16, HEADS)
+  rhs, sizes = ((4, 256, 256), bf16, P("model")), ((4,), i32, P())
+  return {
+    "gated_linear_unit/mosaic/rows_and_columns": Lowering(
+      glu_mosaic.MosaicGatedLinearUnit(),
+      lambda x, w: glu_spec.canonicalize(x, w, activation=jax.nn.swish),
+      (x, w),
+      "tensor<128x256xbf16>",
+      "tensor<512x256xbf16>",
+    ),
+    "attention/mosaic/batch_and_kv_heads": Lowering(
+      attention_mosaic.MosaicAttention(),
+      lambda q, k, v: attention_spec.canonicalize(q, k, v, is_causal=True),
+      (q, kv, kv),
+      "tensor<1x128x2x64xbf16>",
+      "tensor<4x128x4x64xbf16>",
+    ),
+    "ragged_dot/mosaic/rows_and_groups": Lowering(
+      ragged_mosaic.MosaicRaggedDot(),
+      ragged_spec.canonicalize,
+      (x, rhs, sizes),
+      "tensor<2x256x256xbf16>",
+      "tensor<4x256x256xbf16>",
+    ),
+  }
+
+
 def main(names: list[str]) -> None:
   assert jax.device_count() == 8, jax.devices()
-  all_cases = cases()
+  all_cases = {**cases(), **lowerings()}
   for name in names or all_cases:
+    case = all_cases[name]
     try:
-      check(all_cases[name])
+      check(case) if isinstance(case, Case) else check_lowering(case)
       error = None
     except Exception:  # Reported per case.
       error = traceback.format_exc(limit=-6)

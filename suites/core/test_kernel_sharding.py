@@ -1,4 +1,4 @@
-"""Kernels on sharded arrays (issue 21): the partitioning planner, and every kernel case of
+"""Kernels on sharded arrays (issue 21): the partitioning planner, and every case of
 suites/core/kernel_sharding_checks.py on 8 host devices (one subprocess for all)."""
 
 import json
@@ -20,7 +20,7 @@ from tokamax._src.ops.normalization import spec as norm_spec
 from tokamax._src.ops.ragged_dot import spec as ragged_spec
 
 MESH = {"data": 4, "model": 2}
-NAMES = list(kernel_sharding_checks.cases())
+NAMES = [*kernel_sharding_checks.cases(), *kernel_sharding_checks.lowerings()]
 _SPECS = {
   attention_spec.AttentionArgs: attention_spec,
   norm_spec.NormArgs: norm_spec,
@@ -93,7 +93,16 @@ def results() -> dict[str, str | None]:
   return {line["case"]: line["error"] for line in lines}
 
 
-@pytest.mark.parametrize("name", NAMES)
+_OPS = {"attention": "dot_product_attention", "loss": "linear_softmax_cross_entropy_loss"}
+
+
+def _param(name: str):
+  """The case, counted in the summary under its op and implementation."""
+  op, impl, _ = name.split("/")
+  return pytest.param(name, marks=pytest.mark.op(_OPS.get(op, op), impl))
+
+
+@pytest.mark.parametrize("name", [_param(n) for n in NAMES])
 def test_sharded_call_matches_whole_without_gathering(name, results):
   assert name in results, "the checks stopped before this case"
   assert results[name] is None, results[name]
@@ -102,8 +111,8 @@ def test_sharded_call_matches_whole_without_gathering(name, results):
 @pytest.mark.skip(
   reason="the Pallas Mosaic GPU interpreter runs the devices of a shard_map as one multi-GPU "
   "program, with a threading.Barrier across all of them: on 8 host devices it deadlocks, on 2 "
-  "it asserts on barriers left allocated (jax 0.11); the Mosaic kernels share the Triton ones' "
-  "partitioning (Op.apply), checked above"
+  "it asserts on barriers left allocated (jax 0.11); the Mosaic kernels' sharded programs are "
+  "lowered for CUDA instead (the mosaic cases above)"
 )
-def test_mosaic_gpu_interpreter():
-  """Placeholder naming why the Mosaic GPU kernels are not run sharded on the CPU."""
+def test_mosaic_gpu_kernels_in_their_interpreter_on_sharded_arrays():
+  """Names why the Mosaic GPU kernels' numbers are not checked sharded on the CPU."""
