@@ -77,6 +77,15 @@ _GPU = base.Matrix(
     dict(b=2, t=1000, s=777, n=4, k=1, h=64),
   ),
 )
+# TPU v5: the Mosaic TPU kernel takes head dims 64 to 256; the interpret shape runs it in
+# the TPU interpreter (TOKAMAX_FAMILY=tpu_v5 on a CPU host).
+_TPU = base.Matrix(
+  shapes=_GPU.shapes,
+  dtypes=("bfloat16", "float32"),
+  interpret_shapes=(dict(b=1, t=136, s=130, n=2, k=1, h=64),),
+  interpret_dtypes=("float32",),
+  long_shapes=_GPU.long_shapes,
+)
 _ANCHOR_SHAPE = dict(b=4, t=4096, s=4096, n=32, k=32, h=128)
 # The cases of docs/perf.md.
 _GPU_BENCH = (
@@ -479,8 +488,42 @@ _MOSAIC_GPU_COMPILED_CASES = {
     features=dict(bias=(1, 4, 1, 300), mask=(1, 4, 200, 1), local_window_size=(100, 40)),
   ),
 }
+# Mosaic TPU's, in Pallas's TPU interpreter (suites/kernels/test_tpu_attention.py), forward
+# and gradients against float64: T and S not multiples of the blocks (padded), several
+# blocks per sequence so that masks skip some; sequence lengths are values per batch.
+_TPU_SMALL_BLOCKS = dict(block_q=64, block_kv=128, bwd_block_q=32, bwd_block_kv=128)
+_MOSAIC_TPU_CASES = {
+  "gqa_causal_f32": kc.AttentionKernelCase(
+    dict(b=1, t=200, s=250, n=4, k=2, h=64),
+    "float32",
+    features=dict(is_causal=True),
+    config=_TPU_SMALL_BLOCKS,
+  ),
+  "window_softcap_bf16_h128": kc.AttentionKernelCase(
+    dict(b=1, t=256, s=256, n=2, k=1, h=128),
+    "bfloat16",
+    features=dict(local_window_size=(70, 10), logits_soft_cap=3.0),
+    config=dict(block_q=32, block_kv=128, bwd_block_q=64, bwd_block_kv=128),
+  ),
+  # Batch 1 sees no key: zeros and zero gradients.
+  "lengths_causal_f32": kc.AttentionKernelCase(
+    dict(b=2, t=130, s=140, n=2, k=2, h=64),
+    "float32",
+    features=dict(is_causal=True, query_seq_lengths=(100, 37), key_value_seq_lengths=(90, 0)),
+    config=_TPU_SMALL_BLOCKS,
+  ),
+  # Rows past S + 5 see no key.
+  "mqa_window_t_gt_s_hv128": kc.AttentionKernelCase(
+    dict(b=1, t=256, s=130, n=2, k=1, h=64, hv=128),
+    "float32",
+    features=dict(local_window_size=(20, 5)),
+    config=_TPU_SMALL_BLOCKS,
+  ),
+  "heuristic_bf16": kc.AttentionKernelCase(dict(b=2, t=128, s=128, n=2, k=1, h=64), "bfloat16"),
+}
 _KERNEL_CASES = {
   "mosaic": _MOSAIC_CASES,
+  "mosaic_tpu": _MOSAIC_TPU_CASES,
   "mosaic:gpu_compiled": _MOSAIC_GPU_COMPILED_CASES,
   "mosaic:gpu": _MOSAIC_GPU_CASES,
   "mosaic:gpu_overlap_qk": _MOSAIC_GPU_OVERLAP_CASES,
@@ -525,7 +568,7 @@ INFO = base.OpInfo(
     ),
     base.H100: _GPU,
     base.A100: _GPU,
-    base.TPU_V5: _GPU,
+    base.TPU_V5: _TPU,
   },
   golden_shape=dict(b=1, t=128, s=128, n=2, k=1, h=64),
   bench={

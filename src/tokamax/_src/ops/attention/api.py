@@ -9,7 +9,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from tokamax._src.ops.attention import spec
 
-Implementation = Literal["xla", "xla_chunked", "cudnn", "triton", "mosaic"]
+Implementation = Literal["xla", "xla_chunked", "cudnn", "triton", "mosaic", "mosaic_tpu"]
 
 
 def dot_product_attention(

@@ -1,0 +1,246 @@
+"""Mosaic TPU attention on CPU: the kernels in Pallas's TPU interpreter against
+float64 references (forward and every gradient), the blocks that the masks
+skip, the block cost model, and `jax.export` for a TPU v5e/v5p from a CPU host.
+
+Not covered here (needs a TPU): Mosaic's own compilation of the lowered kernels
+(layouts, VMEM allocation) and their speed.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tokamax
+from harness import compare, references
+from suites import opdb
+from tokamax._src import export, tpu
+from tokamax._src.ops.attention import mosaic_tpu, mosaic_tpu_kernel, spec
+
+# The summary counts these under the op and implementation they check.
+pytestmark = pytest.mark.op("dot_product_attention", "mosaic_tpu")
+
+# `kernel_cases.AttentionKernelCase`s (in the op database).
+CASES = opdb.get("dot_product_attention").kernel_cases["mosaic_tpu"]
+_BOUND = {"float32": 1e-5, "bfloat16": 1e-2}
+_LENGTHS = ("query_seq_lengths", "key_value_seq_lengths")
+
+
+def _inputs(shape, dtype, seed=0):
+  b, t, s, n, k, h = (shape[x] for x in "btsnkh")
+  rng = np.random.default_rng(seed)
+  draw = lambda *dims: jnp.asarray(rng.standard_normal(dims), dtype)
+  return draw(b, t, n, h), draw(b, s, k, h), draw(b, s, k, shape.get("hv", h)), rng
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_interpret_matches_reference_with_gradients(name):
+  case = CASES[name]
+  q, k, v, rng = _inputs(case.shape, case.dtype)
+  kwargs = {
+    key: jnp.asarray(value, jnp.int32) if key in _LENGTHS else value
+    for key, value in case.features.items()
+  }
+  config = mosaic_tpu.MosaicTpuAttentionConfig(**case.config) if case.config else None
+  impl = mosaic_tpu.MosaicTpuAttention(interpret=True, config=config)
+  out, vjp = jax.vjp(
+    lambda *a: tokamax.dot_product_attention(*a, implementation=impl, **kwargs), q, k, v
+  )
+  ct = jnp.asarray(rng.standard_normal(out.shape), case.dtype)
+  ref, ref_grads = references.high_precision_vjp(
+    lambda *a: references.attention(*a, **kwargs), (q, k, v), ct
+  )
+  grads = vjp(ct) if case.grads else ()
+  labels = ("out", "dq", "dk", "dv")[: 1 + len(grads)]
+  for label, x, r in zip(labels, (out, *grads), (ref, *ref_grads[: len(grads)]), strict=True):
+    assert x.shape == r.shape and x.dtype == q.dtype, label
+    assert np.all(np.isfinite(np.asarray(x, np.float32))), label
+    assert compare.relative_error(x, r) < _BOUND[case.dtype], label
+  if "key_value_seq_lengths" in kwargs:  # Batches whose rows see no key: zeros.
+    empty = np.asarray(kwargs["key_value_seq_lengths"]) == 0
+    assert np.all(np.asarray(out)[empty] == 0)
+    assert all(np.all(np.asarray(g)[empty] == 0) for g in grads)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_block_ranges_cover_every_visible_pair(seed):
+  """`kv_blocks` and `q_blocks` (what the kernels visit) hold every visible pair, and only
+  blocks that have one."""
+  rng = np.random.default_rng(seed)
+  t, s = int(rng.integers(1, 300)), int(rng.integers(1, 300))
+  causal = bool(seed % 2)
+  window = None if seed == 1 else tuple(int(x) for x in rng.integers(0, 60, 2))
+  p = mosaic_tpu_kernel.Params(
+    block_q=int(rng.choice([8, 16, 32])), block_kv=128, scale=1.0, causal=causal, window=window
+  )
+  q_len, kv_len = int(rng.integers(0, t + 1)), int(rng.integers(0, s + 1))
+  rows, keys = np.arange(t)[:, None], np.arange(s)[None, :]
+  ok = (rows < q_len) & (keys < kv_len)
+  if causal:
+    ok &= keys <= rows
+  if window is not None:
+    ok &= (keys >= rows - window[0]) & (keys <= rows + window[1])
+  nq, nk = -(-t // p.block_q), -(-s // p.block_kv)
+  pairs = np.zeros((nq, nk), bool)
+  for i, j in itertools.product(range(nq), range(nk)):
+    rows_i, keys_j = slice(i * p.block_q, (i + 1) * p.block_q), slice(j * 128, (j + 1) * 128)
+    pairs[i, j] = ok[rows_i, keys_j].any()
+  for i in range(nq):
+    first, last = (int(x) for x in mosaic_tpu_kernel.kv_blocks(i, q_len, kv_len, p))
+    visited = np.zeros(nk, bool)
+    visited[max(first, 0) : last + 1] = True
+    np.testing.assert_array_equal(visited, pairs[i], err_msg=f"query block {i}")
+  for j in range(nk):
+    first, last = (int(x) for x in mosaic_tpu_kernel.q_blocks(j, q_len, kv_len, p))
+    visited = np.zeros(nq, bool)
+    visited[max(first, 0) : last + 1] = True
+    np.testing.assert_array_equal(visited, pairs[:, j], err_msg=f"key block {j}")
+
+
+def _export(fn, *shapes, device_kind="TPU v5 lite"):
+  with export.abstract_tpu(device_kind):
+    return jax.export.export(jax.jit(fn), platforms=("tpu",))(*shapes)
+
+
+@pytest.mark.parametrize("implementation", ["mosaic_tpu", "mosaic", None])
+@pytest.mark.parametrize("features", [{}, {"is_causal": True, "logits_soft_cap": 30.0}])
+def test_export_for_tpu_v5_has_the_mosaic_tpu_calls(implementation, features):
+  bf16 = jnp.bfloat16
+  q = jax.ShapeDtypeStruct((2, 1000, 8, 128), bf16)
+  kv = jax.ShapeDtypeStruct((2, 777, 2, 128), bf16)
+  lengths = jax.ShapeDtypeStruct((2,), jnp.int32)
+
+  def forward(q, k, v, kv_len):
+    return tokamax.dot_product_attention(
+      q, k, v, key_value_seq_lengths=kv_len, implementation=implementation, **features
+    )
+
+  def forward_backward(q, k, v, kv_len):
+    loss = lambda q, k, v: jnp.sum(forward(q, k, v, kv_len).astype(jnp.float32) ** 2)
+    return jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+  for fn, names in (
+    (forward, ["fwd"]),
+    (forward_backward, ["fwd", "dq", "dkv"]),
+  ):
+    exported = _export(fn, q, kv, kv, lengths)
+    text = exported.mlir_module()
+    assert exported.platforms == ("tpu",)
+    assert text.count("tpu_custom_call") == len(names), fn.__name__
+    for name in names:
+      assert f"tokamax_flash_attention_{name}" in text, (fn.__name__, name)
+    # No XLA attention: nothing is as large as the [B, N, T, S] logits.
+    assert "2x8x1000x777" not in text and "2x2x4x1000x777" not in text
+
+
+def test_export_for_tpu_v5p_gqa_window():
+  q = jax.ShapeDtypeStruct((1, 512, 4, 64), jnp.float32)
+  kv = jax.ShapeDtypeStruct((1, 512, 1, 64), jnp.float32)
+  fn = lambda q, k, v: jax.grad(
+    lambda q: jnp.sum(tokamax.dot_product_attention(q, k, v, local_window_size=(64, 0)))
+  )(q)
+  assert "tpu_custom_call" in _export(fn, q, kv, kv, device_kind="TPU v5").mlir_module()
+
+
+def test_mosaic_names_the_platforms_kernel():
+  assert spec.SPEC.platform_name("mosaic", "tpu") == "mosaic_tpu"
+  assert spec.SPEC.platform_name("mosaic", "gpu") == "mosaic"
+  assert spec.SPEC.default_order("tpu") == ("mosaic_tpu", "xla")
+  with export.abstract_tpu():
+    assert spec.SPEC.resolve("mosaic") == ["mosaic_tpu"]
+    assert spec.SPEC.resolve(None) == ["mosaic_tpu", "xla"]
+
+
+def test_unsupported_reasons_name_the_feature():
+  impl = mosaic_tpu.MosaicTpuAttention(interpret=True)
+  q = jnp.ones((1, 128, 2, 64), jnp.float32)
+  kv = jnp.ones((1, 128, 1, 64), jnp.float32)
+  cases = [
+    (dict(query=q.astype(jnp.float16), key=kv.astype(jnp.float16)), "dtype float16"),
+    (dict(query=jnp.ones((1, 128, 2, 32)), key=jnp.ones((1, 128, 1, 32))), "head dim 32"),
+    (dict(value=jnp.ones((1, 128, 1, 96))), "value head dim 96"),
+    (dict(bias=jnp.ones((1, 2, 128, 128))), "bias"),
+    (dict(mask=jnp.ones((1, 1, 128, 128), bool)), "boolean mask"),
+  ]
+  for overrides, match in cases:
+    a = {"query": q, "key": kv, **overrides}
+    a.setdefault("value", a["key"])
+    with pytest.raises(NotImplementedError, match=match):
+      impl(a.pop("query"), a.pop("key"), a.pop("value"), **a)
+  with_config = lambda **c: impl.with_config(mosaic_tpu.MosaicTpuAttentionConfig(**c))
+  with pytest.raises(NotImplementedError, match="block_kv=64 must be a multiple of 128"):
+    with_config(block_kv=64)(q, kv, kv)
+  with pytest.raises(NotImplementedError, match="block_q=12 must be a multiple of 8"):
+    with_config(block_q=12)(q, kv, kv)
+  with pytest.raises(NotImplementedError, match="VMEM"):
+    with_config(block_q=8192, block_kv=8192)(q, kv, kv)
+  record = spec.canonicalize(q, kv, kv)
+  assert "bwd_block_q=4" in impl.with_config(
+    mosaic_tpu.MosaicTpuAttentionConfig(bwd_block_q=4)
+  )._bwd_unsupported_reason(record)
+  assert "runs on tpu, not on cpu" in mosaic_tpu.MosaicTpuAttention().unsupported_reason(record)
+  # The default choice falls back to another implementation instead.
+  out = tokamax.dot_product_attention(q, kv, kv, bias=jnp.ones((1, 2, 128, 128)),
+                                      implementation=[impl, "xla"])  # fmt: skip
+  assert out.shape == q.shape
+
+
+def _record(b, t, s, n, k, h, dtype, **kwargs):
+  shapes = ((b, t, n, h), (b, s, k, h), (b, s, k, h))
+  structs = [jax.ShapeDtypeStruct(x, dtype) for x in shapes]
+  return jax.eval_shape(lambda *a: spec.canonicalize(*a, **kwargs), *structs)
+
+
+@pytest.mark.parametrize("device_kind", ["TPU v5 lite", "TPU v5"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize(
+  ("shape", "causal"),
+  [
+    ((4, 4096, 4096, 32, 32, 128), False),
+    ((2, 8192, 8192, 8, 8, 256), True),
+    ((32, 2048, 2048, 16, 16, 64), False),
+  ],
+)
+def test_heuristic_blocks_fit_vmem(device_kind, dtype, shape, causal):
+  record = _record(*shape, dtype, is_causal=causal)
+  op = mosaic_tpu.MosaicTpuAttention()
+  with export.abstract_tpu(device_kind):
+    chip = tpu.chip()
+    config = op._get_heuristics_config(record)
+    assert mosaic_tpu.config_reason(record, config) is None
+    assert mosaic_tpu.bwd_config_reason(record, config) is None
+    for backward, blocks in ((False, config.block_q), (True, config.bwd_block_q)):
+      block_kv = config.bwd_block_kv if backward else config.block_kv
+      assert mosaic_tpu.vmem_bytes(record, blocks, block_kv, backward) <= chip.vmem_limit_bytes
+      # The cost model's best among the blocks that fit, and at least 256 x 256.
+      best = mosaic_tpu._ranked(record, backward)[0]
+      assert (blocks, block_kv) == best
+      assert blocks * block_kv >= 256 * 256
+  assert chip.name == ("v5e" if device_kind == "TPU v5 lite" else "v5p")
+
+
+def test_vmem_limit_is_the_target_chips():
+  record = _record(1, 8192, 8192, 1, 1, 256, "float32")
+  # Double-buffered q, k, v, out and log-sum-exp blocks; max, sum and accumulator; two
+  # float32 [block_q, block_kv] tiles.
+  rows, tile = 2048 * 128 * 4, 2048 * 1024 * 4
+  blocks = (2048 * 256 + 2 * 1024 * 256 + 2048 * 256) * 4 + rows
+  expected = 2 * blocks + 2 * rows + 2048 * 256 * 4 + 2 * tile
+  assert mosaic_tpu.vmem_bytes(record, 2048, 1024, backward=False) == expected == 34 << 20
+  config = mosaic_tpu.MosaicTpuAttentionConfig(block_q=2048, block_kv=1024)
+  with export.abstract_tpu("TPU v5 lite"):  # 64 MiB of v5e's 128 MiB.
+    assert mosaic_tpu.config_reason(record, config) is None
+  with export.abstract_tpu("TPU v5"):  # 32 MiB of v5p's 64 MiB.
+    assert "over the 33554432 used on v5p" in mosaic_tpu.config_reason(record, config)
+
+
+def test_cost_model_counts_skipped_blocks():
+  plain = _record(1, 4096, 4096, 8, 8, 128, "bfloat16")
+  causal = _record(1, 4096, 4096, 8, 8, 128, "bfloat16", is_causal=True)
+  window = _record(1, 4096, 4096, 8, 8, 128, "bfloat16", local_window_size=(256, 0))
+  with export.abstract_tpu():
+    times = [mosaic_tpu.estimated_seconds(r, 256, 256) for r in (plain, causal, window)]
+  assert times[0] > times[1] > times[2]
+  assert mosaic_tpu._visited_fraction(causal, 256, 256) == pytest.approx(136 / 256)
