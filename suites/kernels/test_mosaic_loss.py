@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from harness import compare, references
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import api, mosaic, spec
@@ -64,7 +65,7 @@ def test_the_kernel_alone_gives_each_tiles_logsumexp():
   config = mosaic.mosaic_kernel.MosaicLossKernelConfig(block_n=128, num_stages=2, grid_tile_m=2)
   padded = jnp.pad(x, ((0, 126), (0, 0)))
   got = mosaic.mosaic_kernel.tile_logsumexp(
-    padded, w, n_tiles=3, config=config, num_sms=2, interpret=mosaic.plgpu.InterpretGPUParams()
+    padded, w, n_tiles=3, config=config, num_sms=2, interpret=plgpu.InterpretGPUParams()
   )[:, :130]
   logits = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
   tiles = logits[:, :384].reshape(130, 3, 128)

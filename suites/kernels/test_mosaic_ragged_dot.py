@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from harness import compare, references
 from suites import opdb
@@ -226,7 +227,7 @@ def test_interpret_drhs_chunks_at_group_starts(chunk_align, capfd):
     out_dtype=jnp.float32,
     config=config,
     num_sms=2,
-    interpret=mosaic.plgpu.InterpretGPUParams(detect_races=True),
+    interpret=plgpu.InterpretGPUParams(detect_races=True),
   )
   # The 5 rows before are a group of the reference that the offset skips.
   ref = references.high_precision(references.ragged_dot_general)(

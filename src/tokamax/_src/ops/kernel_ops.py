@@ -4,6 +4,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.experimental.pallas import tpu as pltpu
 
 from tokamax._src import arguments, triton_call
@@ -48,6 +49,11 @@ class MosaicGpuOp(op.Op):
   differentiable = False
 
   interpret: bool = False
+
+  @property
+  def interpret_params(self) -> plgpu.InterpretGPUParams | None:
+    """What the kernels pass as `interpret=`: the interpreter with race detection, or None."""
+    return plgpu.InterpretGPUParams(detect_races=True) if self.interpret else None
 
   def _platform_reason(self, platform: str, device: jax.Device | None) -> str | None:
     if self.interpret:

@@ -6,7 +6,6 @@ import itertools
 import math
 
 import jax
-import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 
 from tokamax._src.ops import kernel_ops
@@ -329,9 +328,6 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
     configs.update(bwd_variants(base, h))
     return configs
 
-  def _interpret_params(self):
-    return plgpu.InterpretGPUParams(detect_races=True) if self.interpret else None
-
   def _fwd(self, args: attention_spec.AttentionArgs, config: MosaicAttentionConfig):
     q, k, v = args.query, args.key, args.value
     b, t, _, _ = q.shape
@@ -362,7 +358,7 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
       lengths,
       _extra(args.bias, t_pad, s_pad),
       _extra(args.mask, t_pad, s_pad, jnp.int8),
-      interpret=self._interpret_params(),
+      interpret=self.interpret_params,
     )
     return out[:, :t], (lse, lengths)
 
@@ -388,7 +384,7 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
     operands = (qp, kp, vp, dop, lse, _pad(delta, 2, t_pad), lengths)
     extras = (_extra(args.bias, t_pad, s_pad), _extra(args.mask, t_pad, s_pad, jnp.int8))
     extras_t = tuple(None if x is None else jnp.swapaxes(x, 2, 3) for x in extras)
-    interpret = self._interpret_params()
+    interpret = self.interpret_params
     grads = {"query": mosaic_bwd.dq(p_dq, *operands, *extras, interpret=interpret)[:, :t]}
     for outputs, p_dkv in passes:
       res = mosaic_bwd.dkv(p_dkv, *operands, *extras_t, outputs=outputs, interpret=interpret)

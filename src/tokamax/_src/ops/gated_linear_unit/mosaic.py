@@ -18,7 +18,6 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from tokamax._src.ops import kernel_ops
 from tokamax._src.ops import mosaic_gemm as gemm
@@ -238,7 +237,7 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
       config=kcfg,
       num_sms=gemm.num_sms(self.interpret),
       save_residuals=save_residuals,
-      interpret=plgpu.InterpretGPUParams(detect_races=True) if self.interpret else None,
+      interpret=self.interpret_params,
     )
     out, residuals = outs if save_residuals else (outs, None)
     out = out[:m].reshape(*batch, args.n)

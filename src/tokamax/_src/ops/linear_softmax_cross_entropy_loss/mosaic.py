@@ -17,7 +17,6 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from tokamax._src.ops import kernel_ops
 from tokamax._src.ops import mosaic_gemm as gemm
@@ -52,7 +51,7 @@ def _kernel_config(dtype, config: MosaicLossConfig) -> mosaic_kernel.MosaicLossK
   )
 
 
-def _label_logits(args: spec.LossArgs) -> jax.Array:
+def label_logits(args: spec.LossArgs) -> jax.Array:
   """float32 [B]: each row's logit at its label, from the B gathered weight columns."""
   columns = jnp.take(args.weights, args.labels, axis=1)  # [H, B]
   return jnp.einsum(
@@ -124,12 +123,9 @@ class MosaicLoss(kernel_ops.MosaicGpuOp):
       self._get_heuristics_config(args)
     }
 
-  def _interpret_params(self):
-    return plgpu.InterpretGPUParams(detect_races=True) if self.interpret else None
-
   def _fwd(self, args: spec.LossArgs, config: MosaicLossConfig):
-    lse = logsumexp(args.x, args.weights, config, self._interpret_params())
-    return spec.reduce(args, lse - _label_logits(args)), lse
+    lse = logsumexp(args.x, args.weights, config, self.interpret_params)
+    return spec.reduce(args, lse - label_logits(args)), lse
 
   def _bwd(self, args, config, out, residuals, dout):
     del out

@@ -13,7 +13,6 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from tokamax._src.ops import kernel_ops
 from tokamax._src.ops import mosaic_gemm as gemm
@@ -149,9 +148,6 @@ class MosaicRaggedDot(kernel_ops.MosaicGpuOp):
       self._get_heuristics_config(args)
     }
 
-  def _interpret_params(self):
-    return plgpu.InterpretGPUParams(detect_races=True) if self.interpret else None
-
   def _fwd(self, args: spec.RaggedDotArgs, config: MosaicRaggedDotConfig):
     return self._compute(args, config), None
 
@@ -171,7 +167,7 @@ class MosaicRaggedDot(kernel_ops.MosaicGpuOp):
       out_dtype=args.out_dtype,
       config=kernel_config,
       num_sms=gemm.num_sms(self.interpret),
-      interpret=self._interpret_params(),
+      interpret=self.interpret_params,
     )
     if args.layout == spec.RAGGED_CONTRACTING:
       return mosaic_drhs.ragged_contracting_dot(lhs, rhs, sizes, before, **common)
