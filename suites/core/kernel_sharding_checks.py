@@ -153,6 +153,7 @@ def cases() -> dict[str, Case]:
   """Every case by name: op, implementation, what is sharded."""
   triton = dict(interpret_triton=True)
   norm = _norm("triton", 16, 32)
+  auto_norm = _norm(_partitioned(norm_xla.XlaLayerNorm), 16, 32)
   sizes = (5, 0, 7, 4)
   return {
     "layer_norm/triton/rows": _case(_norm("triton", 16, 32), [ROWS_ALL, P()], **triton),
@@ -180,9 +181,19 @@ def cases() -> dict[str, Case]:
       reference=norm[0],
       **triton,
     ),
-    "layer_norm/xla/auto_rows": _case(
-      _norm(_partitioned(norm_xla.XlaLayerNorm), 16, 32), [ROWS_ALL, P()], explicit=False
+    "layer_norm/triton/rows_under_vmap": Case(
+      jax.vmap(norm[0], in_axes=(0, None)),
+      (_normal(14, (3, 16, 32)), norm[1][1]),
+      (P(None, "data"), P()),
+      **triton,
     ),
+    "layer_norm/xla/auto_rows_under_vmap": Case(
+      jax.vmap(auto_norm[0], in_axes=(0, None)),
+      (_normal(14, (3, 16, 32)), auto_norm[1][1]),
+      (P(None, "data"), P()),
+      explicit=False,
+    ),
+    "layer_norm/xla/auto_rows": _case(auto_norm, [ROWS_ALL, P()], explicit=False),
     "gated_linear_unit/xla/auto_rows_and_columns": _case(
       _glu(_partitioned(glu_xla.XlaGatedLinearUnit), jnp.float32, 16, 32, 24),
       [ROWS, P(None, None, "model")],
