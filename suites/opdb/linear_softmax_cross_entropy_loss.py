@@ -34,6 +34,20 @@ _GPU = base.Matrix(
   dtypes=("bfloat16", "float32"),
   long_shapes=(dict(b=4096, h=2048, v=65536),),
 )
+# TPU v5: the GPU shapes; the interpret shape runs the Mosaic TPU kernel in the TPU
+# interpreter (TOKAMAX_FAMILY=tpu_v5 on a CPU host) with its heuristic blocks: one row tile
+# (partial at bfloat16: 48 rows), one 512-column vocabulary tile and a 188-column tail in XLA.
+# suites/kernels/test_tpu_loss.py covers several row and vocabulary tiles and K steps.
+# H is small for "large_logits" (logits in the thousands): from H=64 in float32 some dweights
+# exceed that case's bound, for chunked_xla too (the same recomputing backward): its
+# probabilities exp(logit - lse) carry the float32 rounding of such logits (~1e-3).
+_TPU = base.Matrix(
+  shapes=_GPU.shapes,
+  dtypes=("bfloat16", "float32"),
+  interpret_shapes=(dict(b=40, h=32, v=700),),
+  interpret_dtypes=("float32", "bfloat16"),
+  long_shapes=_GPU.long_shapes,
+)
 # The last two are the fused kernel's target shapes (large vocabularies).
 _GPU_BENCH = (
   base.BenchCall(dict(b=4096, h=2048, v=65536), "bfloat16", "sum"),
@@ -71,7 +85,7 @@ INFO = base.OpInfo(
     ),
     base.H100: _GPU,
     base.A100: _GPU,
-    base.TPU_V5: _GPU,
+    base.TPU_V5: _TPU,
   },
   golden_shape=dict(b=128, h=128, v=512),
   bench={

@@ -8,7 +8,7 @@ from jaxtyping import Array, Float, Int
 
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import spec
 
-Implementation = Literal["xla", "chunked_xla", "mosaic"]
+Implementation = Literal["xla", "chunked_xla", "mosaic", "mosaic_tpu"]
 
 
 def linear_softmax_cross_entropy_loss(
@@ -29,6 +29,7 @@ def linear_softmax_cross_entropy_loss(
     reduction: "sum", "mean" or "none" (per-row losses [B]).
     precision: Matmul precision.
     implementation: A name, an Op, a sequence of them, or None for the best.
+      "mosaic" is the Mosaic GPU kernel, "mosaic_tpu" the Mosaic TPU one.
 
   Returns:
     A float32 scalar, or [B] for reduction "none".

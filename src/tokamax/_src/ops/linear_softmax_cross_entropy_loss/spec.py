@@ -78,8 +78,10 @@ SPEC = op.OpSpec(
     "xla": "tokamax._src.ops.linear_softmax_cross_entropy_loss.xla:XlaLoss",
     "chunked_xla": "tokamax._src.ops.linear_softmax_cross_entropy_loss.chunked_xla:ChunkedXlaLoss",
     "mosaic": "tokamax._src.ops.linear_softmax_cross_entropy_loss.mosaic:MosaicLoss",
+    "mosaic_tpu": "tokamax._src.ops.linear_softmax_cross_entropy_loss.mosaic_tpu:MosaicTpuLoss",
   },
-  preference={"gpu": ("mosaic",)},
+  # "mosaic" names the Mosaic GPU kernel on every platform; the TPU one is "mosaic_tpu".
+  preference={"gpu": ("mosaic",), "tpu": ("mosaic_tpu",)},
   cost=cost,
   integer_inputs={"labels": _random_labels},
 )

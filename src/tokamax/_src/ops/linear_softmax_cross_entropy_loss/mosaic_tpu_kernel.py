@@ -1,0 +1,115 @@
+"""Pallas Mosaic TPU kernel of the fused linear + softmax cross-entropy loss.
+
+`logsumexp` computes each row's log-sum-exp over the first `n_tiles`
+vocabulary tiles of x @ w without writing the [B, V] logits. The grid is
+(row tile, vocabulary tile, contraction step): a float32 VMEM accumulator
+collects a [block_b, block_v] logits tile over the K steps, and at the last
+step the epilogue folds the tile into a running per-row maximum and sum of
+exponentials (an online log-sum-exp across the vocabulary tiles, kept in VMEM
+scratch). The row's log-sum-exp is stored after its last vocabulary tile.
+
+Row tiles are independent ("parallel", split across the TensorCores of a v5p
+megacore); vocabulary tiles and contraction steps run in order. A partial last
+row tile computes rows past B from undefined data; they are not stored.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+
+def _kernel(x_ref, w_ref, out_ref, acc_ref, max_ref, sum_ref, *, precision, num_k: int):
+  j, k = pl.program_id(1), pl.program_id(2)
+
+  @pl.when((j == 0) & (k == 0))
+  def _():
+    max_ref[...] = jnp.full_like(max_ref, -jnp.inf)
+    sum_ref[...] = jnp.zeros_like(sum_ref)
+
+  @pl.when(k == 0)
+  def _():
+    acc_ref[...] = jnp.zeros_like(acc_ref)
+
+  acc_ref[...] += lax.dot_general(
+    x_ref[...],
+    w_ref[...],
+    (((1,), (0,)), ((), ())),
+    precision=precision,
+    preferred_element_type=jnp.float32,
+  )
+
+  @pl.when(k == num_k - 1)
+  def _():
+    logits = acc_ref[...]
+    previous = max_ref[...]
+    top = jnp.maximum(previous, logits.max(axis=1, keepdims=True))
+    tile_sum = jnp.exp(logits - top).sum(axis=1, keepdims=True)
+    sum_ref[...] = sum_ref[...] * jnp.exp(previous - top) + tile_sum
+    max_ref[...] = top
+
+  @pl.when((j == pl.num_programs(1) - 1) & (k == num_k - 1))
+  def _():
+    out_ref[...] = max_ref[...] + jnp.log(sum_ref[...])
+
+
+def logsumexp(
+  x: jax.Array,
+  w: jax.Array,
+  *,
+  n_tiles: int,
+  precision,
+  block_b: int,
+  block_v: int,
+  block_k: int,
+  vmem_limit_bytes: int,
+  interpret: pltpu.InterpretParams | None,
+) -> jax.Array:
+  """float32 [B]: log-sum-exp of each row of x @ w[:, :n_tiles * block_v].
+
+  Args:
+    x: [B, H].
+    w: [H, V], V >= n_tiles * block_v; later columns are not read.
+    n_tiles: Vocabulary tiles (at least 1).
+    precision: The matmul precision.
+    block_b: Rows per tile (a multiple of 8, 16 for 16-bit inputs).
+    block_v: Vocabulary columns per tile (a multiple of 128).
+    block_k: Contraction per step; divides H (a multiple of 128, or H).
+    vmem_limit_bytes: Scoped VMEM that Mosaic may use.
+    interpret: The TPU interpreter's params, or None to compile.
+  """
+  b, h = x.shape
+  if h % block_k:
+    raise ValueError(f"block_k={block_k} must divide H={h}")
+  if n_tiles < 1 or n_tiles * block_v > w.shape[1]:
+    raise ValueError(f"{n_tiles} tiles of {block_v} do not fit V={w.shape[1]}")
+  num_k = h // block_k
+  grid_spec = pltpu.PrefetchScalarGridSpec(
+    num_scalar_prefetch=0,
+    grid=(pl.cdiv(b, block_b), n_tiles, num_k),
+    in_specs=[
+      pl.BlockSpec((block_b, block_k), lambda i, j, k: (i, k)),
+      pl.BlockSpec((block_k, block_v), lambda i, j, k: (k, j)),
+    ],
+    out_specs=pl.BlockSpec((block_b, 1), lambda i, j, k: (i, 0)),
+    scratch_shapes=[
+      pltpu.VMEM((block_b, block_v), jnp.float32),
+      pltpu.VMEM((block_b, 1), jnp.float32),
+      pltpu.VMEM((block_b, 1), jnp.float32),
+    ],
+  )
+  out = pl.pallas_call(
+    functools.partial(_kernel, precision=precision, num_k=num_k),
+    out_shape=jax.ShapeDtypeStruct((b, 1), jnp.float32),
+    grid_spec=grid_spec,
+    compiler_params=pltpu.CompilerParams(
+      dimension_semantics=("parallel", "arbitrary", "arbitrary"),
+      vmem_limit_bytes=vmem_limit_bytes,
+    ),
+    interpret=interpret,
+    name="tokamax_linear_softmax_cross_entropy_lse",
+  )(x, w)
+  return out[:, 0]

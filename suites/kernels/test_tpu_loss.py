@@ -1,0 +1,255 @@
+"""Mosaic TPU linear_softmax_cross_entropy_loss on CPU: the fused log-sum-exp kernel in
+Pallas's TPU interpreter against float64 references (forward and both gradients, odd B and
+V, large logits), the block cost model and its VMEM checks, and `jax.export` for a TPU v5
+from a CPU host.
+
+Not covered here (needs a TPU): Mosaic's own compilation of the lowered kernel (layouts,
+VMEM allocation) and its speed.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from harness import compare, references
+from tokamax._src import export, tpu
+from tokamax._src.ops.linear_softmax_cross_entropy_loss import (
+  api,
+  mosaic_tpu,
+  mosaic_tpu_kernel,
+  spec,
+)
+
+pytestmark = pytest.mark.op("linear_softmax_cross_entropy_loss", "mosaic_tpu")
+
+Config = mosaic_tpu.MosaicTpuLossConfig
+# 16-row tiles (a partial last one at odd B), 128-column tiles and K steps; backward chunks
+# of 128 columns (a partial last chunk at odd V).
+SMALL = Config(block_b=16, block_v=128, block_k=128, vocab_chunk_size=128)
+
+
+def _inputs(b, h, v, dtype, seed=0, scale=1.0):
+  rng = np.random.default_rng(seed)
+  x = jnp.asarray(rng.standard_normal((b, h)) * scale, dtype)
+  w = jnp.asarray(rng.standard_normal((h, v)) / np.sqrt(h), dtype)
+  labels = jnp.asarray(rng.integers(0, v, b), jnp.int32)
+  return x, labels, w
+
+
+@pytest.mark.parametrize(
+  ("b", "h", "v", "dtype", "reduction", "config"),
+  [
+    # A partial row tile, two K steps, two vocabulary tiles and a 44-column tail.
+    (37, 256, 300, "float32", "none", SMALL),
+    (37, 256, 300, "bfloat16", "sum", SMALL),
+    # H=32 in one step (the whole dimension); the cost model's blocks; a 107-column tail.
+    (24, 32, 1003, "float32", "mean", None),
+    # No tail: V is two whole tiles.
+    (9, 128, 256, "bfloat16", "mean", SMALL),
+  ],
+)
+def test_interpret_matches_reference_with_gradients(b, h, v, dtype, reduction, config):
+  x, labels, w = _inputs(b, h, v, dtype, seed=b + v)
+  impl = mosaic_tpu.MosaicTpuLoss(interpret=True, config=config)
+
+  def fn(x, w):
+    return api.linear_softmax_cross_entropy_loss(
+      x, labels, w, reduction=reduction, implementation=impl
+    )
+
+  out, vjp = jax.vjp(fn, x, w)
+  ct = jnp.asarray(np.random.default_rng(1).standard_normal(out.shape), jnp.float32)
+  dx, dw = vjp(ct)
+  ref, (ref_dx, ref_dw) = references.high_precision_vjp(
+    lambda a, c: references.linear_softmax_cross_entropy_loss(a, labels, c, reduction=reduction),
+    (x, w),
+    ct,
+  )
+  bound = 1e-5 if dtype == "float32" else 1e-2
+  assert out.dtype == jnp.float32 and out.shape == ref.shape
+  assert dx.dtype == x.dtype and dw.dtype == w.dtype
+  assert compare.relative_error(out, ref) < bound
+  assert compare.relative_error(dx, ref_dx) < bound
+  assert compare.relative_error(dw, ref_dw) < bound
+
+
+def test_interpret_large_logits():
+  """Logits in the thousands: every tile's maximum must be kept (no overflow, no -inf)."""
+  x, labels, w = _inputs(21, 128, 389, "float32", seed=5, scale=1000.0)
+  impl = mosaic_tpu.MosaicTpuLoss(interpret=True, config=SMALL)
+  hi = jax.lax.Precision.HIGHEST
+
+  def fn(x, w):
+    return api.linear_softmax_cross_entropy_loss(
+      x, labels, w, reduction="none", precision=hi, implementation=impl
+    )
+
+  out, vjp = jax.vjp(fn, x, w)
+  ct = jnp.ones(out.shape, jnp.float32)
+  dx, dw = vjp(ct)
+  ref, (ref_dx, ref_dw) = references.high_precision_vjp(
+    lambda a, c: references.linear_softmax_cross_entropy_loss(a, labels, c, reduction="none"),
+    (x, w),
+    ct,
+  )
+  assert float(np.abs(ref).max()) > 1000
+  assert compare.relative_error(out, ref) < 1e-5
+  assert compare.relative_error(dx, ref_dx) < 1e-3
+  assert compare.relative_error(dw, ref_dw) < 1e-3
+
+
+def test_the_kernel_alone_gives_the_log_sum_exp_of_its_tiles():
+  x, _, w = _inputs(45, 256, 520, "float32", seed=2, scale=10.0)
+  got = mosaic_tpu_kernel.logsumexp(
+    x,
+    w,
+    n_tiles=3,
+    precision=jax.lax.Precision.HIGHEST,
+    block_b=16,
+    block_v=128,
+    block_k=128,
+    vmem_limit_bytes=tpu.V5E.vmem_limit_bytes,
+    interpret=mosaic_tpu.pltpu.InterpretParams(),
+  )
+  logits = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  want = np.logaddexp.reduce(logits[:, :384], axis=1)  # Columns 384.. are not the kernel's.
+  assert got.shape == (45,)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-5)
+
+
+def _record(b, h, v, dtype="bfloat16"):
+  shapes = (
+    jax.ShapeDtypeStruct((b, h), dtype),
+    jax.ShapeDtypeStruct((b,), jnp.int32),
+    jax.ShapeDtypeStruct((h, v), dtype),
+  )
+  return jax.eval_shape(spec.canonicalize, *shapes)
+
+
+def _export(fn, *shapes, device_kind="TPU v5 lite"):
+  with export.abstract_tpu(device_kind):
+    return jax.export.export(jax.jit(fn), platforms=("tpu",))(*shapes)
+
+
+@pytest.mark.parametrize("implementation", ["mosaic_tpu", None])
+@pytest.mark.parametrize(("dtype", "v"), [("bfloat16", 50257), ("float32", 10000)])
+def test_export_for_tpu_v5_has_the_mosaic_tpu_call(implementation, dtype, v):
+  b, h = 512, 1024
+  shapes = (
+    jax.ShapeDtypeStruct((b, h), dtype),
+    jax.ShapeDtypeStruct((b,), jnp.int32),
+    jax.ShapeDtypeStruct((h, v), dtype),
+  )
+
+  def forward(x, labels, w):
+    return api.linear_softmax_cross_entropy_loss(x, labels, w, implementation=implementation)
+
+  def forward_backward(x, labels, w):
+    return jax.value_and_grad(forward, argnums=(0, 2))(x, labels, w)
+
+  for fn in (forward, forward_backward):
+    exported = _export(fn, *shapes)
+    text = exported.mlir_module()
+    assert exported.platforms == ("tpu",)
+    # One kernel call (the forward's); the backward recomputes chunks in XLA.
+    assert text.count("tpu_custom_call") == 1, fn.__name__
+    # No [B, V] logits: the largest float32 array is a backward chunk of columns.
+    assert f"tensor<{b}x{v}xf32>" not in text, fn.__name__
+
+
+def test_export_for_tpu_v5p():
+  exported = _export(
+    lambda x, labels, w: api.linear_softmax_cross_entropy_loss(x, labels, w),
+    jax.ShapeDtypeStruct((4096, 4096), jnp.bfloat16),
+    jax.ShapeDtypeStruct((4096,), jnp.int32),
+    jax.ShapeDtypeStruct((4096, 256000), jnp.bfloat16),
+    device_kind="TPU v5",
+  )
+  assert "tpu_custom_call" in exported.mlir_module()
+
+
+def test_mosaic_keeps_naming_the_gpu_kernel():
+  assert spec.SPEC.platform_name("mosaic", "tpu") == "mosaic"
+  assert spec.SPEC.default_order("tpu") == ("mosaic_tpu", "xla")
+  with export.abstract_tpu():
+    assert spec.SPEC.resolve("mosaic_tpu") == ["mosaic_tpu"]
+    assert spec.SPEC.resolve(None) == ["mosaic_tpu", "xla"]
+  # On this CPU host the kernel refuses to compile; None runs XLA.
+  x, labels, w = _inputs(8, 128, 256, "float32")
+  with pytest.raises(NotImplementedError, match="runs on tpu, not on cpu"):
+    api.linear_softmax_cross_entropy_loss(x, labels, w, implementation="mosaic_tpu")
+  assert api.linear_softmax_cross_entropy_loss(x, labels, w).shape == ()
+
+
+def test_unsupported_reasons_name_the_feature():
+  impl = mosaic_tpu.MosaicTpuLoss(interpret=True)
+  x, labels, w = _inputs(16, 128, 300, "float16")
+  with pytest.raises(NotImplementedError, match="dtype float16"):
+    impl(x, labels, w)
+  x, w = x.astype(jnp.float32), w.astype(jnp.float32)
+  cases = {
+    "block_v=100 must be a multiple of 128": Config(block_v=100),
+    "V=300 is below one vocabulary tile": Config(block_v=384, block_k=128),
+    "block_k=256 must divide H=128": Config(block_v=128, block_k=256),
+    "block_b=12 must be a multiple of 8": Config(block_b=12, block_k=128),
+    "VMEM": Config(block_b=16384, block_v=256, block_k=128),
+  }
+  for reason, config in cases.items():
+    with pytest.raises(NotImplementedError, match=reason):
+      impl.with_config(config)(x, labels, w)
+  with pytest.raises(NotImplementedError, match="below one vocabulary tile"):
+    impl(x[:, :], labels % 100, w[:, :100])  # V=100: no whole tile.
+  with pytest.raises(ValueError, match="labels"):
+    impl(x, labels.at[0].set(300), w)
+  # A sequence falls back to the next implementation.
+  out = api.linear_softmax_cross_entropy_loss(
+    x.astype(jnp.float16), labels, w.astype(jnp.float16), implementation=[impl, "xla"]
+  )
+  assert out.shape == ()
+
+
+@pytest.mark.parametrize("device_kind", ["TPU v5 lite", "TPU v5"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize(
+  ("b", "h", "v"), [(4096, 2048, 65536), (8192, 4096, 131072), (4096, 4096, 256000)]
+)
+def test_heuristic_blocks_fit_vmem(device_kind, dtype, b, h, v):
+  record = _record(b, h, v, dtype)
+  op = mosaic_tpu.MosaicTpuLoss()
+  with export.abstract_tpu(device_kind):
+    chip = tpu.chip()
+    config = op._get_heuristics_config(record)
+    assert mosaic_tpu.config_reason(record, config) is None
+    assert mosaic_tpu.vmem_bytes(record, config) <= chip.vmem_limit_bytes
+    best = min(
+      mosaic_tpu.estimated_seconds(record, c)
+      for c in mosaic_tpu._candidates(record)
+      if mosaic_tpu.config_reason(record, c) is None
+    )
+    assert mosaic_tpu.estimated_seconds(record, config) == best
+    # Large shapes get large tiles (few grid steps, the weights streamed few times).
+    assert config.block_b >= 256 and config.block_v >= 512
+  assert chip.name == ("v5e" if device_kind == "TPU v5 lite" else "v5p")
+
+
+def test_vmem_limit_is_the_target_chips():
+  record = _record(8192, 4096, 131072)
+  config = Config(block_b=512, block_v=2048, block_k=2048)
+  # Double-buffered bf16 blocks, two float32 tiles, four lane-padded columns.
+  expected = 2 * (512 * 2048 + 2048 * 2048) * 2 + 2 * 4 * 512 * 2048 + 4 * 4 * 512 * 128
+  assert mosaic_tpu.vmem_bytes(record, config) == expected  # 29 MiB.
+  big = Config(block_b=1024, block_v=2048, block_k=2048)  # 42 MiB.
+  with export.abstract_tpu("TPU v5 lite"):  # 64 MiB of v5e's 128 MiB.
+    assert mosaic_tpu.config_reason(record, config) is None
+    assert mosaic_tpu.config_reason(record, big) is None
+  with export.abstract_tpu("TPU v5"):  # 32 MiB of v5p's 64 MiB.
+    assert mosaic_tpu.config_reason(record, config) is None
+    assert "over the 33554432 used on v5p" in mosaic_tpu.config_reason(record, big)
+
+
+def test_cost_model_prefers_large_blocks():
+  record = _record(8192, 4096, 131072)
+  small, large = Config(block_b=128, block_v=128, block_k=128), Config(block_b=512, block_v=1024)
+  with export.abstract_tpu():
+    assert mosaic_tpu.estimated_seconds(record, large) < mosaic_tpu.estimated_seconds(record, small)
