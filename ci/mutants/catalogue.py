@@ -53,6 +53,8 @@ _MOSAIC_RAGGED = "suites/kernels/test_mosaic_ragged_dot.py"
 _MOSAIC_ATTENTION = "suites/kernels/test_attention_mosaic.py"
 _TPU_RAGGED = "suites/kernels/test_tpu_ragged_dot.py"
 _TPU_RAGGED_KERNEL = _RAGGED + "mosaic_tpu_kernel.py"
+_TPU_LOSS = "suites/kernels/test_tpu_loss.py"
+_TPU_LOSS_KERNEL = _LOSS + "mosaic_tpu_kernel.py"
 
 MUTATIONS: tuple[Mutation, ...] = (
   # --- The harness itself ------------------------------------------------------
@@ -673,6 +675,49 @@ MUTATIONS: tuple[Mutation, ...] = (
     "  platform_names={},",
     (_TPU_RAGGED + "::test_export_for_tpu_v5_has_the_mosaic_tpu_call[default-mosaic]",),
     'implementation="mosaic" keeps naming the Mosaic GPU kernel on a TPU.',
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_loss_sum_not_rescaled",
+    _TPU_LOSS_KERNEL,
+    "    sum_ref[...] = sum_ref[...] * jnp.exp(previous - top) + tile_sum",
+    "    sum_ref[...] = sum_ref[...] + tile_sum",
+    (_TPU_LOSS, "-k", "kernel_alone or interpret_matches"),
+    "Mosaic TPU loss: the online log-sum-exp keeps the earlier tiles' sum of exponentials"
+    " unscaled when a later vocabulary tile raises the row maximum.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_loss_acc_kept_across_vocab_tiles",
+    _TPU_LOSS_KERNEL,
+    "  @pl.when(k == 0)\n  def _():\n    acc_ref[...] = jnp.zeros_like(acc_ref)",
+    "  @pl.when((j == 0) & (k == 0))\n  def _():\n    acc_ref[...] = jnp.zeros_like(acc_ref)",
+    (_TPU_LOSS, "-k", "kernel_alone or interpret_matches"),
+    "Mosaic TPU loss: the accumulator is zeroed only at a row tile's first vocabulary tile, so"
+    " each tile's logits add the previous tiles'.",
+  ),
+  Mutation(
+    "loss.mosaic_tpu_tail_one_tile_late",
+    _LOSS + "mosaic_tpu.py",
+    "  start = n_tiles * config.block_v",
+    "  start = (n_tiles + 1) * config.block_v",
+    (_TPU_LOSS, "-k", "interpret_matches"),
+    "Mosaic TPU loss: the vocabulary columns past the last whole tile are skipped.",
+  ),
+  Mutation(
+    "loss.mosaic_tpu_physical_vmem",
+    _LOSS + "mosaic_tpu.py",
+    "  if need > chip.vmem_limit_bytes:",
+    "  if need > chip.vmem_bytes:",
+    (_TPU_LOSS + "::test_vmem_limit_is_the_target_chips",),
+    "Mosaic TPU loss: blocks checked against the whole VMEM instead of the scoped limit the"
+    " kernel asks Mosaic for.",
+  ),
+  Mutation(
+    "loss.mosaic_tpu_not_preferred_on_tpu",
+    _LOSS + "spec.py",
+    '  preference={"gpu": ("mosaic",), "tpu": ("mosaic_tpu",)},',
+    '  preference={"gpu": ("mosaic",)},',
+    (_TPU_LOSS, "-k", "export_for_tpu_v5_has"),
+    "implementation=None runs XLA on a TPU instead of the Mosaic TPU loss kernel.",
   ),
   Mutation(
     "ragged_dot.rhs_transposed_drhs_operands",
