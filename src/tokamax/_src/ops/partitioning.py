@@ -21,6 +21,7 @@ devices.
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -340,26 +341,33 @@ def _shard_map(call: _Call, mesh, plan_: Plan, specs: list[PartitionSpec]) -> ja
     fn = jax.shard_map(
       make(plan_), mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
     )
+    reshard = functools.partial(_resharded, mesh)
     if not backward:
-      return lambda *args: fn(*map(_resharded, args, in_specs))
+      return lambda *args: fn(*map(reshard, args, in_specs))
     # Cotangents are sharded as their operands.
     return lambda *args: tuple(
-      map(_resharded, fn(*map(_resharded, args, in_specs)), [specs[i] for i in index])
+      map(reshard, fn(*map(reshard, args, in_specs)), [specs[i] for i in index])
     )
 
   return _with_vjp(call, partition)
 
 
-def _resharded(x: jax.Array, spec: PartitionSpec) -> jax.Array:
+def _resharded(mesh, x: jax.Array, spec: PartitionSpec) -> jax.Array:
   """`x` sharded by `spec`: an axis the op cannot split is gathered here, as warned."""
-  tracer = isinstance(x, jax.core.Tracer)
-  sharding = jax.typeof(x).sharding if tracer else x.sharding
   ndim = np.ndim(x)
-  if _spec_axes(sharding.spec, ndim) == _spec_axes(spec, ndim):
+  if isinstance(x, jax.core.Tracer):
+    current = jax.typeof(x).sharding.spec
+    return (
+      x if _spec_axes(current, ndim) == _spec_axes(spec, ndim) else jax.sharding.reshard(x, spec)
+    )
+  sharding = getattr(x, "sharding", None)
+  if (
+    isinstance(sharding, NamedSharding)
+    and sharding.mesh == mesh
+    and _spec_axes(sharding.spec, ndim) == _spec_axes(spec, ndim)
+  ):
     return x
-  if tracer:
-    return jax.sharding.reshard(x, spec)
-  return jax.device_put(x, NamedSharding(sharding.mesh, spec))
+  return jax.device_put(x, NamedSharding(mesh, spec))
 
 
 def _sdy_rule(leaf_labels, shapes, out_labels: list[Labels]) -> cp_lib.SdyShardingRule:
