@@ -43,19 +43,22 @@ def test_interpret_matches_reference_with_gradients(name):
     key: jnp.asarray(value, jnp.int32) if key in _LENGTHS else value
     for key, value in case.features.items()
   }
+  kwargs = {key: getattr(value, "draw", lambda v=value: v)() for key, value in kwargs.items()}
+  primals = (q, k, v) if "bias" not in kwargs else (q, k, v, kwargs.pop("bias"))
   config = mosaic_tpu.MosaicTpuAttentionConfig(**case.config) if case.config else None
   impl = mosaic_tpu.MosaicTpuAttention(interpret=True, config=config)
   out, vjp = jax.vjp(
-    lambda *a: tokamax.dot_product_attention(*a, implementation=impl, **kwargs), q, k, v
+    lambda *a: tokamax.dot_product_attention(*a, implementation=impl, **kwargs), *primals
   )
   ct = jnp.asarray(rng.standard_normal(out.shape), case.dtype)
   ref, ref_grads = references.high_precision_vjp(
-    lambda *a: references.attention(*a, **kwargs), (q, k, v), ct
+    lambda *a: references.attention(*a, **kwargs), primals, ct
   )
   grads = vjp(ct) if case.grads else ()
-  labels = ("out", "dq", "dk", "dv")[: 1 + len(grads)]
+  labels = ("out", "dq", "dk", "dv", "dbias")[: 1 + len(grads)]
   for label, x, r in zip(labels, (out, *grads), (ref, *ref_grads[: len(grads)]), strict=True):
-    assert x.shape == r.shape and x.dtype == q.dtype, label
+    dtype = primals[-1].dtype if label == "dbias" else q.dtype
+    assert x.shape == r.shape and x.dtype == dtype, label
     assert np.all(np.isfinite(np.asarray(x, np.float32))), label
     assert compare.relative_error(x, r) < _BOUND[case.dtype], label
   if "key_value_seq_lengths" in kwargs:  # Batches whose rows see no key: zeros.
@@ -135,6 +138,20 @@ def test_export_for_tpu_v5_has_the_mosaic_tpu_calls(implementation, features):
     assert "2x8x1000x777" not in text and "2x2x4x1000x777" not in text
 
 
+def test_export_with_bias_and_mask():
+  q = jax.ShapeDtypeStruct((2, 300, 4, 64), jnp.bfloat16)
+  kv = jax.ShapeDtypeStruct((2, 200, 2, 64), jnp.bfloat16)
+  bias = jax.ShapeDtypeStruct((1, 4, 1, 200), jnp.float32)
+  mask = jax.ShapeDtypeStruct((2, 1, 300, 200), jnp.bool_)
+
+  def loss(q, k, v, bias, mask):
+    out = tokamax.dot_product_attention(q, k, v, bias, mask, implementation="mosaic")
+    return jnp.sum(out.astype(jnp.float32))
+
+  fn = jax.grad(loss, argnums=(0, 1, 2))
+  assert _export(fn, q, kv, kv, bias, mask).mlir_module().count("tpu_custom_call") == 3
+
+
 def test_export_for_tpu_v5p_gqa_window():
   q = jax.ShapeDtypeStruct((1, 512, 4, 64), jnp.float32)
   kv = jax.ShapeDtypeStruct((1, 512, 1, 64), jnp.float32)
@@ -161,8 +178,6 @@ def test_unsupported_reasons_name_the_feature():
     (dict(query=q.astype(jnp.float16), key=kv.astype(jnp.float16)), "dtype float16"),
     (dict(query=jnp.ones((1, 128, 2, 32)), key=jnp.ones((1, 128, 1, 32))), "head dim 32"),
     (dict(value=jnp.ones((1, 128, 1, 96))), "value head dim 96"),
-    (dict(bias=jnp.ones((1, 2, 128, 128))), "bias"),
-    (dict(mask=jnp.ones((1, 1, 128, 128), bool)), "boolean mask"),
   ]
   for overrides, match in cases:
     a = {"query": q, "key": kv, **overrides}
@@ -182,8 +197,10 @@ def test_unsupported_reasons_name_the_feature():
   )._bwd_unsupported_reason(record)
   assert "runs on tpu, not on cpu" in mosaic_tpu.MosaicTpuAttention().unsupported_reason(record)
   # The default choice falls back to another implementation instead.
-  out = tokamax.dot_product_attention(q, kv, kv, bias=jnp.ones((1, 2, 128, 128)),
-                                      implementation=[impl, "xla"])  # fmt: skip
+  out = tokamax.dot_product_attention(
+    q.astype(jnp.float16), kv.astype(jnp.float16), kv.astype(jnp.float16),
+    implementation=[impl, "xla"],
+  )  # fmt: skip
   assert out.shape == q.shape
 
 

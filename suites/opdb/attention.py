@@ -520,6 +520,28 @@ _MOSAIC_TPU_CASES = {
     config=_TPU_SMALL_BLOCKS,
   ),
   "heuristic_bf16": kc.AttentionKernelCase(dict(b=2, t=128, s=128, n=2, k=1, h=64), "bfloat16"),
+  # Full planes (padded with T and S) with rows that see nothing; the bias gradient too.
+  "bias_mask_full_causal_f32": kc.AttentionKernelCase(
+    dict(b=2, t=136, s=200, n=2, k=1, h=64),
+    "float32",
+    features=dict(
+      is_causal=True,
+      bias=kc.RandomBias(21, (2, 2, 136, 200)),
+      mask=kc.RandomMask(22, (2, 2, 136, 200)),
+    ),
+    config=_TPU_SMALL_BLOCKS,
+  ),
+  # Planes broadcast in B, N, T or S: [1, N, 1, S] bias, [B, 1, T, 1] mask.
+  "bias_mask_broadcast_softcap_bf16": kc.AttentionKernelCase(
+    dict(b=2, t=128, s=256, n=4, k=2, h=64),
+    "bfloat16",
+    features=dict(
+      logits_soft_cap=5.0,
+      bias=kc.RandomBias(23, (1, 4, 1, 256), "bfloat16"),
+      mask=kc.RandomMask(24, (2, 1, 128, 1), p=0.8, dead_rows=0.0),
+    ),
+    config=_TPU_SMALL_BLOCKS,
+  ),
 }
 _KERNEL_CASES = {
   "mosaic": _MOSAIC_CASES,

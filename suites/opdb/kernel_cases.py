@@ -2,12 +2,15 @@
 
 An op's entry maps an implementation to its named cases; a key may name a
 purpose after a colon ("triton:compile", "triton:gpu") where one kernel has
-several tables. The cases are plain data: the test files draw the arrays.
+several tables. The cases are plain data: the test files draw the arrays
+(the random bias and mask planes with their `draw`).
 """
 
 import dataclasses
 from collections.abc import Callable
 from typing import Any
+
+import jax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,6 +21,9 @@ class RandomBias:
   shape: tuple[int, ...]
   dtype: str = "float32"
 
+  def draw(self):
+    return (2.0 * jax.random.normal(jax.random.key(self.seed), self.shape)).astype(self.dtype)
+
 
 @dataclasses.dataclass(frozen=True)
 class RandomMask:
@@ -27,6 +33,11 @@ class RandomMask:
   shape: tuple[int, ...]
   p: float = 0.7
   dead_rows: float = 0.2
+
+  def draw(self):
+    keep, live = jax.random.split(jax.random.key(self.seed))
+    mask = jax.random.bernoulli(keep, self.p, self.shape)
+    return mask & jax.random.bernoulli(live, 1.0 - self.dead_rows, (*self.shape[:3], 1))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """dot_product_attention with Pallas Mosaic TPU flash attention kernels.
 
 Forward and backward (`mosaic_tpu_kernel`): causal and local-window masks
-(blocks that they hide entirely are skipped), GQA/MQA, soft cap and sequence
-lengths; head dims 64 to 256 (multiples of 64), bfloat16 and float32.
+(blocks that they hide entirely are skipped), GQA/MQA, soft cap, sequence
+lengths, bias and boolean mask (read by the kernels as float32 and int32
+planes; the bias gradient comes from XLA's attention); head dims 64 to 256
+(multiples of 64), bfloat16 and float32.
 `implementation="mosaic"` names this implementation on a TPU.
 
 Block sizes come from a cost model: among the blocks that Mosaic's tiling
@@ -27,7 +29,7 @@ import numpy as np
 from tokamax._src import tpu
 from tokamax._src.ops import kernel_ops
 from tokamax._src.ops.attention import mosaic_tpu_kernel as kernel
-from tokamax._src.ops.attention import spec
+from tokamax._src.ops.attention import spec, xla
 
 _DTYPES = ("bfloat16", "float32")
 # At most 512: the model counts two (forward) or four (backward) float32 [block_q,
@@ -64,20 +66,26 @@ def _head_dims(args: spec.AttentionArgs) -> tuple[int, int]:
 def vmem_bytes(args: spec.AttentionArgs, block_q: int, block_kv: int, backward: bool) -> int:
   """VMEM of one kernel's blocks: double-buffered inputs and outputs, scratch, temporaries.
 
-  Forward: q, k, v in; out and the log-sum-exp out; max, sum and the float32
-  accumulator; logits and probabilities. Backward (the larger of dq and dk/dv):
-  q, k, v, dout, log-sum-exp and delta in; dk and dv out with their float32
+  Forward: q, k, v (and the bias and mask planes' blocks) in; out and the
+  log-sum-exp out; max, sum and the float32 accumulator; logits and
+  probabilities. Backward (the larger of dq and dk/dv): q, k, v, dout,
+  log-sum-exp and delta (and the planes) in; dk and dv out with their float32
   accumulators; logits, probabilities and their two cotangents.
   """
   h, hv = _head_dims(args)
   size = np.dtype(args.query.dtype).itemsize
   rows = block_q * kernel.LANES * 4
   tile = block_q * block_kv * 4
+  planes = sum(
+    (block_q if x.shape[2] > 1 else 1) * (block_kv if x.shape[3] > 1 else 1) * 4
+    for x in (args.bias, args.mask)
+    if x is not None
+  )
   if not backward:
-    inputs = block_q * h * size + block_kv * (h + hv) * size
+    inputs = block_q * h * size + block_kv * (h + hv) * size + planes
     outputs = block_q * hv * size + rows
     return 2 * (inputs + outputs) + 2 * rows + block_q * hv * 4 + 2 * tile
-  inputs = (block_q * (h + hv) + block_kv * (h + hv)) * size + 2 * rows
+  inputs = (block_q * (h + hv) + block_kv * (h + hv)) * size + 2 * rows + planes
   outputs = block_kv * (h + hv) * size
   return 2 * (inputs + outputs) + block_kv * (h + hv) * 4 + 4 * tile
 
@@ -173,10 +181,6 @@ class MosaicTpuAttention(kernel_ops.MosaicTpuOp):
     for name, dim in zip(("query", "value"), _head_dims(args), strict=True):
       if dim % 64 or not 64 <= dim <= 256:
         return f"{name} head dim {dim} (the Mosaic TPU kernel takes 64, 128, 192 or 256)"
-    if args.bias is not None:
-      return "bias is not supported by the Mosaic TPU kernel"
-    if args.mask is not None:
-      return "a boolean mask is not supported by the Mosaic TPU kernel"
     config = self.config if self.config is not None else self._get_heuristics_config(args)
     return config_reason(args, config)
 
@@ -208,6 +212,8 @@ class MosaicTpuAttention(kernel_ops.MosaicTpuOp):
       causal=args.is_causal,
       window=args.local_window,
       precision=args.precision,
+      bias=args.bias is not None,
+      mask=args.mask is not None,
     )
 
   def _common(self) -> dict:
@@ -223,6 +229,7 @@ class MosaicTpuAttention(kernel_ops.MosaicTpuOp):
       _heads_first(k, p.block_kv),
       _heads_first(v, p.block_kv),
       *lengths,
+      _planes(args, p),
       p,
       **self._common(),
     )
@@ -249,14 +256,31 @@ class MosaicTpuAttention(kernel_ops.MosaicTpuOp):
       rows(delta),
       q_len,
       kv_len,
+      _planes(args, p),
       p,
       **self._common(),
     )
-    return {
+    grads = {
       "query": jnp.swapaxes(dq[:, :, :t], 1, 2),
       "key": jnp.swapaxes(dk[:, :, :s], 1, 2),
       "value": jnp.swapaxes(dv[:, :, :s], 1, 2),
     }
+    if args.bias is not None:
+      grads["bias"] = xla.bias_grad(args, dout)
+    return grads
+
+
+def _planes(args: spec.AttentionArgs, p: kernel.Params) -> list[jax.Array]:
+  """The bias (float32) and mask (int32) planes, T and S padded to whole blocks where full."""
+  planes = []
+  for x, dtype in ((args.bias, jnp.float32), (args.mask, jnp.int32)):
+    if x is None:
+      continue
+    pad = [(0, 0), (0, 0)]
+    for length, block in ((x.shape[2], p.block_q), (x.shape[3], p.block_kv)):
+      pad.append((0, _round_up(length, block) - length if length > 1 else 0))
+    planes.append(jnp.pad(x.astype(dtype), pad))
+  return planes
 
 
 def _heads_first(x: jax.Array, block: int) -> jax.Array:

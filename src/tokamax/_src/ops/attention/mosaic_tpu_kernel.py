@@ -12,6 +12,10 @@ recomputes the probabilities from the log-sum-exp: the dq kernel walks the key
 blocks of a query block, the dk/dv kernel the query blocks (and the G query
 heads) of a key block.
 
+A bias and a boolean mask come as planes [B|1, N|1, T|1, S|1] (float32 and
+int32, T and S padded like the sequences where not broadcast); a block of a
+plane is [block_q|1, block_kv|1], broadcast in the kernel.
+
 Blocks that no (row, key) pair of which is visible (causal, local window,
 lengths) are skipped: the kernel does nothing there and the index maps repeat
 the nearest visible block, so the pipeline fetches nothing new.
@@ -44,6 +48,8 @@ class Params:
     causal: Key j visible to query i only if j <= i.
     window: (left, right): key j visible to query i only if i - left <= j <= i + right.
     precision: Matmul precision.
+    bias: Whether a bias plane follows the inputs.
+    mask: Whether a mask plane follows them (after the bias).
   """
 
   block_q: int
@@ -53,6 +59,8 @@ class Params:
   causal: bool = False
   window: tuple[int, int] | None = None
   precision: object = None
+  bias: bool = False
+  mask: bool = False
 
 
 def _blocks(lo, hi, block: int, xp):
@@ -100,7 +108,7 @@ def _clamp(x, first, last, count: int):
   return jnp.clip(jnp.maximum(jnp.minimum(x, last), first), 0, count - 1)
 
 
-def _visible(i, j, q_len, kv_len, p: Params, shape):
+def _visible(i, j, q_len, kv_len, p: Params, shape, mask_ref=None):
   """Which (row, key) pairs of query block i and key block j are visible: bool [bq, bk]."""
   rows = i * p.block_q + lax.broadcasted_iota(jnp.int32, shape, 0)
   keys = j * p.block_kv + lax.broadcasted_iota(jnp.int32, shape, 1)
@@ -110,15 +118,19 @@ def _visible(i, j, q_len, kv_len, p: Params, shape):
   if p.window is not None:
     left, right = p.window
     ok &= (keys >= rows - left) & (keys <= rows + right)
+  if mask_ref is not None:
+    ok &= mask_ref[...] != 0
   return ok
 
 
-def _logits(q, k, p: Params):
-  """Soft-capped logits of q [bq, H] and k [bk, H]: float32 [bq, bk]."""
+def _logits(q, k, p: Params, bias_ref=None):
+  """Soft-capped logits of q [bq, H] and k [bk, H] (plus the bias): float32 [bq, bk]."""
   s = lax.dot_general(
     q, k, (((1,), (1,)), ((), ())), precision=p.precision, preferred_element_type=jnp.float32
   )
   s = s * p.scale
+  if bias_ref is not None:
+    s = s + bias_ref[...]
   if p.soft_cap is not None:
     s = p.soft_cap * jnp.tanh(s / p.soft_cap)
   return s
@@ -135,9 +147,30 @@ def _lanes(x):
   return jnp.broadcast_to(x, (x.shape[0], LANES))
 
 
-def _fwd_kernel(
-  q_len_ref, kv_len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, m_sc, l_sc, acc_sc, *, p
-):
+def _planes(refs, p: Params):
+  """(bias ref or None, mask ref or None, the other refs) from the refs after the inputs."""
+  refs = list(refs)
+  bias_ref = refs.pop(0) if p.bias else None
+  mask_ref = refs.pop(0) if p.mask else None
+  return bias_ref, mask_ref, refs
+
+
+def plane_specs(planes, p: Params, coords) -> list[pl.BlockSpec]:
+  """BlockSpecs of the bias/mask planes; `coords(*grid, *prefetch)` gives (b, n, i, j)."""
+  specs = []
+  for x in planes:
+    shape = x.shape
+    block = (None, None, p.block_q if shape[2] > 1 else 1, p.block_kv if shape[3] > 1 else 1)
+
+    def index_map(*idx, shape=shape):
+      return tuple(c if d > 1 else 0 for c, d in zip(coords(*idx), shape, strict=True))
+
+    specs.append(pl.BlockSpec(block, index_map))
+  return specs
+
+
+def _fwd_kernel(q_len_ref, kv_len_ref, q_ref, k_ref, v_ref, *refs, p):
+  bias_ref, mask_ref, (o_ref, lse_ref, m_sc, l_sc, acc_sc) = _planes(refs, p)
   b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
   q_len, kv_len = q_len_ref[b], kv_len_ref[b]
   first, last = kv_blocks(i, q_len, kv_len, p)
@@ -150,8 +183,8 @@ def _fwd_kernel(
 
   @pl.when((j >= first) & (j <= last))
   def _():
-    s = _logits(q_ref[...], k_ref[...], p)
-    s = jnp.where(_visible(i, j, q_len, kv_len, p, s.shape), s, -jnp.inf)
+    s = _logits(q_ref[...], k_ref[...], p, bias_ref)
+    s = jnp.where(_visible(i, j, q_len, kv_len, p, s.shape, mask_ref), s, -jnp.inf)
     m_prev, l_prev = m_sc[:, :1], l_sc[:, :1]
     m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
@@ -178,7 +211,7 @@ def _compiler_params(parallel: int, arbitrary: int, vmem_limit_bytes: int):
   )
 
 
-def forward(q, k, v, q_len, kv_len, p: Params, *, vmem_limit_bytes: int, interpret):
+def forward(q, k, v, q_len, kv_len, planes, p: Params, *, vmem_limit_bytes: int, interpret):
   """Attention output [B, N, T, hv] and log-sum-exp [B, N, T, LANES] (-inf: no key seen).
 
   Args:
@@ -187,6 +220,7 @@ def forward(q, k, v, q_len, kv_len, p: Params, *, vmem_limit_bytes: int, interpr
     v: [B, K, S, hv].
     q_len: int32 [B] query rows per batch (at most the unpadded T).
     kv_len: int32 [B] keys per batch (at most the unpadded S).
+    planes: The bias and mask planes that `p` names, in that order.
     p: The kernel parameters.
     vmem_limit_bytes: Scoped VMEM that Mosaic may use.
     interpret: The TPU interpreter's params, or None to compile.
@@ -197,12 +231,18 @@ def forward(q, k, v, q_len, kv_len, p: Params, *, vmem_limit_bytes: int, interpr
   bq, bk = p.block_q, p.block_kv
   nq, nk = t // bq, s // bk
 
-  def kv_map(bb, nn, i, j, q_len_ref, kv_len_ref):
+  def kv_block(bb, i, j, q_len_ref, kv_len_ref):
     first, last = kv_blocks(i, q_len_ref[bb], kv_len_ref[bb], p)
-    return bb, nn // g, _clamp(j, first, last, nk), 0
+    return _clamp(j, first, last, nk)
+
+  def kv_map(bb, nn, i, j, *prefetch):
+    return bb, nn // g, kv_block(bb, i, j, *prefetch), 0
 
   def q_map(bb, nn, i, j, *_):
     return bb, nn, i, 0
+
+  def coords(bb, nn, i, j, *prefetch):
+    return bb, nn, i, kv_block(bb, i, j, *prefetch)
 
   grid_spec = pltpu.PrefetchScalarGridSpec(
     num_scalar_prefetch=2,
@@ -211,6 +251,7 @@ def forward(q, k, v, q_len, kv_len, p: Params, *, vmem_limit_bytes: int, interpr
       pl.BlockSpec((None, None, bq, h), q_map),
       pl.BlockSpec((None, None, bk, h), kv_map),
       pl.BlockSpec((None, None, bk, hv), kv_map),
+      *plane_specs(planes, p, coords),
     ],
     out_specs=[
       pl.BlockSpec((None, None, bq, hv), q_map),
@@ -232,14 +273,16 @@ def forward(q, k, v, q_len, kv_len, p: Params, *, vmem_limit_bytes: int, interpr
     compiler_params=_compiler_params(3, 1, vmem_limit_bytes),
     interpret=interpret,
     name="tokamax_flash_attention_fwd",
-  )(q_len, kv_len, q, k, v)
+  )(q_len, kv_len, q, k, v, *planes)
 
 
-def _probs_and_dlogits(i, j, q_len, kv_len, q, k, v, do, lse, delta, p: Params):
+def _probs_and_dlogits(i, j, q_len, kv_len, q, k, v, do, lse, delta, p: Params, planes):
   """Probabilities P and the logits' cotangent dS (float32 [bq, bk])."""
-  s = _logits(q, k, p)
+  bias_ref, mask_ref = planes
+  s = _logits(q, k, p, bias_ref)
   lse = jnp.where(lse == -jnp.inf, jnp.inf, lse)  # Rows that see nothing: P = 0.
-  probs = jnp.where(_visible(i, j, q_len, kv_len, p, s.shape), jnp.exp(s - lse), 0.0)
+  ok = _visible(i, j, q_len, kv_len, p, s.shape, mask_ref)
+  probs = jnp.where(ok, jnp.exp(s - lse), 0.0)
   dprobs = _dot(do, v, ((1,), (1,)), p)
   ds = probs * (dprobs - delta)
   if p.soft_cap is not None:
@@ -248,9 +291,8 @@ def _probs_and_dlogits(i, j, q_len, kv_len, q, k, v, do, lse, delta, p: Params):
   return probs, ds
 
 
-def _dq_kernel(
-  q_len_ref, kv_len_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, dq_sc, *, p
-):
+def _dq_kernel(q_len_ref, kv_len_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, p):
+  bias_ref, mask_ref, (dq_ref, dq_sc) = _planes(refs, p)
   b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
   q_len, kv_len = q_len_ref[b], kv_len_ref[b]
   first, last = kv_blocks(i, q_len, kv_len, p)
@@ -264,7 +306,7 @@ def _dq_kernel(
     k = k_ref[...]
     _, ds = _probs_and_dlogits(
       i, j, q_len, kv_len, q_ref[...], k, v_ref[...], do_ref[...],
-      lse_ref[:, :1], delta_ref[:, :1], p,
+      lse_ref[:, :1], delta_ref[:, :1], p, (bias_ref, mask_ref),
     )  # fmt: skip
     dq_sc[...] += _dot(ds.astype(k.dtype), k, ((1,), (0,)), p)
 
@@ -282,13 +324,10 @@ def _dkv_kernel(
   do_ref,
   lse_ref,
   delta_ref,
-  dk_ref,
-  dv_ref,
-  dk_sc,
-  dv_sc,
-  *,
+  *refs,
   p,
 ):
+  bias_ref, mask_ref, (dk_ref, dv_ref, dk_sc, dv_sc) = _planes(refs, p)
   b, j, g, i = pl.program_id(0), pl.program_id(2), pl.program_id(3), pl.program_id(4)
   q_len, kv_len = q_len_ref[b], kv_len_ref[b]
   first, last = q_blocks(j, q_len, kv_len, p)
@@ -302,8 +341,9 @@ def _dkv_kernel(
   def _():
     q, do = q_ref[...], do_ref[...]
     probs, ds = _probs_and_dlogits(
-      i, j, q_len, kv_len, q, k_ref[...], v_ref[...], do, lse_ref[:, :1], delta_ref[:, :1], p
-    )
+      i, j, q_len, kv_len, q, k_ref[...], v_ref[...], do, lse_ref[:, :1], delta_ref[:, :1], p,
+      (bias_ref, mask_ref),
+    )  # fmt: skip
     dv_sc[...] += _dot(probs.astype(do.dtype), do, ((0,), (0,)), p)
     dk_sc[...] += _dot(ds.astype(q.dtype), q, ((0,), (0,)), p)
 
@@ -313,11 +353,13 @@ def _dkv_kernel(
     dv_ref[...] = dv_sc[...].astype(dv_ref.dtype)
 
 
-def backward(q, k, v, do, lse, delta, q_len, kv_len, p: Params, *, vmem_limit_bytes, interpret):
+def backward(
+  q, k, v, do, lse, delta, q_len, kv_len, planes, p: Params, *, vmem_limit_bytes, interpret
+):
   """(dq, dk, dv) in the layouts of q, k, v.
 
   Args:
-    q, k, v, q_len, kv_len, p, vmem_limit_bytes, interpret: As `forward`.
+    q, k, v, q_len, kv_len, planes, p, vmem_limit_bytes, interpret: As `forward`.
     do: The output's cotangent [B, N, T, hv] (the dtype of v).
     lse: The forward's log-sum-exp [B, N, T, LANES].
     delta: sum(do * out) per row, float32 [B, N, T, LANES].
@@ -330,12 +372,18 @@ def backward(q, k, v, do, lse, delta, q_len, kv_len, p: Params, *, vmem_limit_by
   common = dict(interpret=interpret)
 
   # dq: like the forward, grid (B, N, query blocks, key blocks).
-  def dq_kv_map(bb, nn, i, j, q_len_ref, kv_len_ref):
+  def dq_kv_block(bb, i, j, q_len_ref, kv_len_ref):
     first, last = kv_blocks(i, q_len_ref[bb], kv_len_ref[bb], p)
-    return bb, nn // g, _clamp(j, first, last, nk), 0
+    return _clamp(j, first, last, nk)
+
+  def dq_kv_map(bb, nn, i, j, *prefetch):
+    return bb, nn // g, dq_kv_block(bb, i, j, *prefetch), 0
 
   def dq_q_map(bb, nn, i, j, *_):
     return bb, nn, i, 0
+
+  def dq_coords(bb, nn, i, j, *prefetch):
+    return bb, nn, i, dq_kv_block(bb, i, j, *prefetch)
 
   dq = pl.pallas_call(
     functools.partial(_dq_kernel, p=p),
@@ -350,6 +398,7 @@ def backward(q, k, v, do, lse, delta, q_len, kv_len, p: Params, *, vmem_limit_by
         pl.BlockSpec((None, None, bq, hv), dq_q_map),
         pl.BlockSpec((None, None, bq, LANES), dq_q_map),
         pl.BlockSpec((None, None, bq, LANES), dq_q_map),
+        *plane_specs(planes, p, dq_coords),
       ],
       out_specs=pl.BlockSpec((None, None, bq, h), dq_q_map),
       scratch_shapes=[pltpu.VMEM((bq, h), jnp.float32)],
@@ -357,15 +406,21 @@ def backward(q, k, v, do, lse, delta, q_len, kv_len, p: Params, *, vmem_limit_by
     compiler_params=_compiler_params(3, 1, vmem_limit_bytes),
     name="tokamax_flash_attention_dq",
     **common,
-  )(q_len, kv_len, q, k, v, do, lse, delta)
+  )(q_len, kv_len, q, k, v, do, lse, delta, *planes)
 
   # dk/dv: grid (B, K, key blocks, query heads of the group, query blocks).
-  def dkv_q_map(bb, kk, j, gg, i, q_len_ref, kv_len_ref):
+  def dkv_q_block(bb, j, i, q_len_ref, kv_len_ref):
     first, last = q_blocks(j, q_len_ref[bb], kv_len_ref[bb], p)
-    return bb, kk * g + gg, _clamp(i, first, last, nq), 0
+    return _clamp(i, first, last, nq)
+
+  def dkv_q_map(bb, kk, j, gg, i, *prefetch):
+    return bb, kk * g + gg, dkv_q_block(bb, j, i, *prefetch), 0
 
   def dkv_kv_map(bb, kk, j, gg, i, *_):
     return bb, kk, j, 0
+
+  def dkv_coords(bb, kk, j, gg, i, *prefetch):
+    return bb, kk * g + gg, dkv_q_block(bb, j, i, *prefetch), j
 
   dk, dv = pl.pallas_call(
     functools.partial(_dkv_kernel, p=p),
@@ -380,6 +435,7 @@ def backward(q, k, v, do, lse, delta, q_len, kv_len, p: Params, *, vmem_limit_by
         pl.BlockSpec((None, None, bq, hv), dkv_q_map),
         pl.BlockSpec((None, None, bq, LANES), dkv_q_map),
         pl.BlockSpec((None, None, bq, LANES), dkv_q_map),
+        *plane_specs(planes, p, dkv_coords),
       ],
       out_specs=[
         pl.BlockSpec((None, None, bk, h), dkv_kv_map),
@@ -390,5 +446,5 @@ def backward(q, k, v, do, lse, delta, q_len, kv_len, p: Params, *, vmem_limit_by
     compiler_params=_compiler_params(3, 2, vmem_limit_bytes),
     name="tokamax_flash_attention_dkv",
     **common,
-  )(q_len, kv_len, q, k, v, do, lse, delta)
+  )(q_len, kv_len, q, k, v, do, lse, delta, *planes)
   return dq, dk, dv

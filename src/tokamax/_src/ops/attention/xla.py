@@ -33,6 +33,12 @@ def attend(args: spec.AttentionArgs) -> tuple[jax.Array, jax.Array]:
   return out.reshape(b, t, n, v.shape[-1]).astype(q.dtype), lse
 
 
+def bias_grad(args: spec.AttentionArgs, dout: jax.Array) -> jax.Array:
+  """The bias cotangent through XLA (materialises [B,N,T,S]; dropped under jit when unused)."""
+  _, vjp = jax.vjp(lambda bias: attend(dataclasses.replace(args, bias=bias))[0], args.bias)
+  return vjp(dout)[0]
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class XlaAttention(op.Op):
   """Attention as einsums and a softmax; memory grows with T x S."""
