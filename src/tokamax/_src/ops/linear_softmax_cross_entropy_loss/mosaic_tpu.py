@@ -35,7 +35,7 @@ from tokamax._src.ops.linear_softmax_cross_entropy_loss import chunked_xla, mosa
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import mosaic_tpu_kernel as kernel
 
 _DTYPES = ("bfloat16", "float32")
-_LANES = 128
+_LANES = kernel.LANES
 _BLOCKS = (128, 256, 512, 1024, 2048)
 
 
@@ -59,7 +59,7 @@ class MosaicTpuLossConfig:
 def vmem_bytes(args: spec.LossArgs, config: MosaicTpuLossConfig) -> int:
   """VMEM of a call: double-buffered blocks, the float32 accumulator and temporaries.
 
-  The [block_b, 1] maximum, sum and output blocks take a 128-lane row each.
+  The maximum, sum and output blocks are [block_b, 128] (lane-replicated).
   """
   bb, bv, bk = config.block_b, config.block_v, config.block_k
   in_size = np.dtype(args.x.dtype).itemsize

@@ -7,6 +7,8 @@ collects a [block_b, block_v] logits tile over the K steps, and at the last
 step the epilogue folds the tile into a running per-row maximum and sum of
 exponentials (an online log-sum-exp across the vocabulary tiles, kept in VMEM
 scratch). The row's log-sum-exp is stored after its last vocabulary tile.
+The per-row maximum, sum and output are replicated across 128 lanes (as in
+Pallas's TPU flash attention): lane-dense blocks, no [block_b, 1] layouts.
 
 Row tiles are independent ("parallel", split across the TensorCores of a v5p
 megacore); vocabulary tiles and contraction steps run in order. A partial last
@@ -20,6 +22,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+
+LANES = 128
 
 
 def _kernel(x_ref, w_ref, out_ref, acc_ref, max_ref, sum_ref, *, precision, num_k: int):
@@ -45,9 +49,9 @@ def _kernel(x_ref, w_ref, out_ref, acc_ref, max_ref, sum_ref, *, precision, num_
   @pl.when(k == num_k - 1)
   def _():
     logits = acc_ref[...]
-    previous = max_ref[...]
+    previous = max_ref[...]  # [block_b, 128], the lanes equal.
     top = jnp.maximum(previous, logits.max(axis=1, keepdims=True))
-    tile_sum = jnp.exp(logits - top).sum(axis=1, keepdims=True)
+    tile_sum = jnp.exp(logits - top[:, :1]).sum(axis=1, keepdims=True)
     sum_ref[...] = sum_ref[...] * jnp.exp(previous - top) + tile_sum
     max_ref[...] = top
 
@@ -94,16 +98,16 @@ def logsumexp(
       pl.BlockSpec((block_b, block_k), lambda i, j, k: (i, k)),
       pl.BlockSpec((block_k, block_v), lambda i, j, k: (k, j)),
     ],
-    out_specs=pl.BlockSpec((block_b, 1), lambda i, j, k: (i, 0)),
+    out_specs=pl.BlockSpec((block_b, LANES), lambda i, j, k: (i, 0)),
     scratch_shapes=[
       pltpu.VMEM((block_b, block_v), jnp.float32),
-      pltpu.VMEM((block_b, 1), jnp.float32),
-      pltpu.VMEM((block_b, 1), jnp.float32),
+      pltpu.VMEM((block_b, LANES), jnp.float32),
+      pltpu.VMEM((block_b, LANES), jnp.float32),
     ],
   )
   out = pl.pallas_call(
     functools.partial(_kernel, precision=precision, num_k=num_k),
-    out_shape=jax.ShapeDtypeStruct((b, 1), jnp.float32),
+    out_shape=jax.ShapeDtypeStruct((b, LANES), jnp.float32),
     grid_spec=grid_spec,
     compiler_params=pltpu.CompilerParams(
       dimension_semantics=("parallel", "arbitrary", "arbitrary"),
