@@ -193,7 +193,8 @@ def _with_custom_vjp(op: Op, args: Any, config: Any) -> jax.Array:
 
   def run_fwd(arrays):
     out, residuals = op._fwd(rebuild(arrays), config)
-    return partitioning.vary(out, axes), (arrays, out, residuals)
+    out, residuals = partitioning.vary((out, residuals), axes)
+    return out, (arrays, out, residuals)
 
   def run_bwd(saved, dout):
     arrays, out, residuals = saved

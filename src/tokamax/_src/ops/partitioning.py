@@ -13,9 +13,11 @@ implementation on each device's shards:
 
 An axis sharded over devices that its label does not allow to split is replicated
 (gathered), with a one-time warning naming it. The gradient is partitioned the same
-way: each device recomputes its shard's forward pass and runs the backward pass on
-it; the cotangent of an array without a split label is summed over that label's
-devices.
+way: through `shard_map`, JAX differentiates the split call (the implementation's own
+backward pass on each shard; `vary` and `cotangent` type a kernel's outputs and sum
+the cotangents of arrays without a split label); through `custom_partitioning`, which
+JAX cannot differentiate, the backward pass is a second partitioned call that
+recomputes the shard's forward pass.
 """
 
 import contextlib
@@ -331,25 +333,18 @@ def _with_vjp(call: _Call, partition: Callable[[Callable, bool], Callable]) -> j
   return run(*leaves)
 
 
-def _shard_map(call: _Call, mesh, plan_: Plan, specs: list[PartitionSpec]) -> jax.Array:
-  """The call split by `plan_` over `mesh`, on operands sharded by `specs`."""
-  index = call.inexact()
+def _shard_map(call: _Call, mesh, plan_: Plan) -> jax.Array:
+  """The call split by `plan_` over `mesh`; JAX differentiates through `shard_map`.
 
-  def partition(make, backward):
-    in_specs = plan_.in_specs + ((plan_.out_spec,) if backward else ())
-    out_specs = tuple(plan_.in_specs[i] for i in index) if backward else plan_.out_spec
-    fn = jax.shard_map(
-      make(plan_), mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
-    )
-    reshard = functools.partial(_resharded, mesh)
-    if not backward:
-      return lambda *args: fn(*map(reshard, args, in_specs))
-    # Cotangents are sharded as their operands.
-    return lambda *args: tuple(
-      map(reshard, fn(*map(reshard, args, in_specs)), [specs[i] for i in index])
-    )
-
-  return _with_vjp(call, partition)
+  The implementation's own backward pass runs on each shard, on its residuals; the
+  cotangents of operands lacking a split label are summed by its custom VJP
+  (`op._with_custom_vjp`), from the varying mesh axes that `shard_map` tracks.
+  """
+  fn = jax.shard_map(
+    call.forward(plan_), mesh=mesh, in_specs=plan_.in_specs, out_specs=plan_.out_spec
+  )
+  leaves = jax.tree.leaves(call.args)
+  return fn(*map(functools.partial(_resharded, mesh), leaves, plan_.in_specs))
 
 
 def _resharded(mesh, x: jax.Array, spec: PartitionSpec) -> jax.Array:
@@ -493,7 +488,7 @@ def apply(op: Any, args: Any, run: Callable[[Any], jax.Array]) -> jax.Array:
   if kind == "known":
     shapes = [np.shape(x) for x in leaves]
     plan_ = plan(call.op_name, rule, rule.leaf_labels(args), shapes, specs, dict(mesh.shape))
-    return _shard_map(call, mesh, plan_, specs) if plan_.splits else run(args)
+    return _shard_map(call, mesh, plan_) if plan_.splits else run(args)
   if _uses_host_callbacks(op):
     # An interpreter's host callbacks cannot run inside XLA's partitioner: the call
     # is gathered (with explicit mesh axes it is split, above).
