@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from suites.core import kernel_sharding_checks
-from tokamax._src.ops import partitioning
+from tokamax._src.ops import partitioning, registry
 from tokamax._src.ops.attention import spec as attention_spec
 from tokamax._src.ops.normalization import spec as norm_spec
 from tokamax._src.ops.ragged_dot import spec as ragged_spec
@@ -35,6 +35,20 @@ def _plan(name, args, *specs):
   return partitioning.plan(
     name, rule, rule.leaf_labels(args), [x.shape for x in leaves], specs, MESH
   )
+
+
+def test_every_kernel_of_a_partitioned_op_is_partitioned():
+  """Kernels (not JAX-traceable) follow their op's rule; XLA and cuDNN are left to XLA."""
+  for spec in registry.SPECS.values():
+    if spec.name == "linear_softmax_cross_entropy_loss":
+      continue  # Its kernel is being written; it takes LOSS_RULE (kernel_sharding_checks).
+    assert spec.partitioning is not None, spec.name
+    for name in spec.implementation_names:
+      cls = spec.implementation_class_or_reason(name)
+      if isinstance(cls, str):
+        continue
+      partitioned = cls.partitioned if cls.partitioned is not None else not cls.differentiable
+      assert partitioned == (name not in ("xla", "xla_chunked", "cudnn")), (spec.name, name)
 
 
 def test_rows_split_and_an_unsplittable_axis_warns_once():

@@ -60,8 +60,8 @@ class Rule:
 
   Attributes:
     inputs: Array field name to the labels of its axes; a list of them, one per
-      leaf, for a field holding several arrays (e.g. a tuple of weights). Fields
-      not named (or None) are not partitioned; they must be None.
+      leaf, for a field holding several arrays (e.g. a tuple of weights). A field
+      not named has no axis that splits.
     output: The labels of the output's axes.
     split: The labels that may be split across devices.
     combine: How shards of an output that lacks a split label add up: "sum" or
