@@ -53,6 +53,9 @@ _MOSAIC_RAGGED = "suites/kernels/test_mosaic_ragged_dot.py"
 _MOSAIC_ATTENTION = "suites/kernels/test_attention_mosaic.py"
 _TPU_RAGGED = "suites/kernels/test_tpu_ragged_dot.py"
 _TPU_RAGGED_KERNEL = _RAGGED + "mosaic_tpu_kernel.py"
+_TPU_ATTENTION = "suites/kernels/test_tpu_attention.py"
+_TPU_ATTENTION_KERNEL = _ATTENTION + "mosaic_tpu_kernel.py"
+_TPU_ATTENTION_CASE = _TPU_ATTENTION + "::test_interpret_matches_reference_with_gradients"
 _TPU_LOSS = "suites/kernels/test_tpu_loss.py"
 _TPU_LOSS_KERNEL = _LOSS + "mosaic_tpu_kernel.py"
 
@@ -718,6 +721,84 @@ MUTATIONS: tuple[Mutation, ...] = (
     '  preference={"gpu": ("mosaic",)},',
     (_TPU_LOSS, "-k", "export_for_tpu_v5_has"),
     "implementation=None runs XLA on a TPU instead of the Mosaic TPU loss kernel.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_attention_window_skips_visible_block",
+    _TPU_ATTENTION_KERNEL,
+    "    key_lo = xp.maximum(key_lo, row_lo - left)",
+    "    key_lo = xp.maximum(key_lo, row_hi - left)",
+    (_TPU_ATTENTION, "-k", "block_ranges"),
+    "Mosaic TPU attention: a query block's first key block under a local window is taken"
+    " from its last row, so the forward and dq kernels skip keys its earlier rows see.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_attention_dkv_causal_range",
+    _TPU_ATTENTION_KERNEL,
+    "    row_lo = xp.maximum(row_lo, key_lo)",
+    "    row_lo = xp.maximum(row_lo, key_hi)",
+    (_TPU_ATTENTION_CASE + "[gqa_causal_f32]",),
+    "Mosaic TPU attention dk/dv: under a causal mask a key block's first query block is"
+    " taken from its last key, so it skips query rows that see its earlier keys.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_attention_no_rescale",
+    _TPU_ATTENTION_KERNEL,
+    "    acc_sc[...] = alpha * acc_sc[...] + _dot(",
+    "    acc_sc[...] = acc_sc[...] + _dot(",
+    (_TPU_ATTENTION_CASE + "[gqa_causal_f32]",),
+    "Mosaic TPU attention forward: the output accumulator is not rescaled when the running"
+    " max grows (online softmax).",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_attention_gqa_head",
+    _TPU_ATTENTION_KERNEL,
+    "    return bb, nn // g, kv_block(bb, i, j, *prefetch), 0",
+    "    return bb, nn % kh, kv_block(bb, i, j, *prefetch), 0",
+    (_TPU_ATTENTION_CASE + "[gqa_causal_f32]",),
+    "Mosaic TPU attention forward: query head n reads key/value head n % K instead of n // G.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_attention_dkv_one_group_head",
+    _TPU_ATTENTION_KERNEL,
+    "  @pl.when((g == 0) & (i == 0))",
+    "  @pl.when(i == 0)",
+    (_TPU_ATTENTION_CASE + "[gqa_causal_f32]",),
+    "Mosaic TPU attention dk/dv: the accumulators restart for each query head of a group"
+    " (GQA gradients keep only the last head's).",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_attention_soft_cap_grad",
+    _TPU_ATTENTION_KERNEL,
+    "    ds = ds * (1.0 - capped * capped)",
+    "    ds = ds * (1.0 - capped)",
+    (_TPU_ATTENTION_CASE + "[window_softcap_bf16_h128]",),
+    "Mosaic TPU attention backward: the soft cap's derivative 1 - tanh^2 taken as 1 - tanh.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_attention_bwd_ignores_mask",
+    _TPU_ATTENTION_KERNEL,
+    "  ok = _visible(i, j, q_len, kv_len, p, s.shape, mask_ref)",
+    "  ok = _visible(i, j, q_len, kv_len, p, s.shape)",
+    (_TPU_ATTENTION_CASE + "[bias_mask_full_causal_f32]",),
+    "Mosaic TPU attention backward: the boolean mask is left out when the probabilities are"
+    " recomputed (the keys it hides get gradients).",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_attention_physical_vmem",
+    _ATTENTION + "mosaic_tpu.py",
+    "  if need > chip.vmem_limit_bytes:",
+    "  if need > chip.vmem_bytes:",
+    (_TPU_ATTENTION + "::test_vmem_limit_is_the_target_chips",),
+    "Mosaic TPU attention: blocks checked against the whole VMEM instead of the scoped"
+    " limit the kernels ask Mosaic for.",
+  ),
+  Mutation(
+    "dot_product_attention.mosaic_not_the_tpu_kernel_on_tpu",
+    _ATTENTION + "spec.py",
+    '  platform_names={"mosaic": {"tpu": "mosaic_tpu"}},',
+    "  platform_names={},",
+    (_TPU_ATTENTION, "-k", "export_for_tpu_v5_has and features0-mosaic]"),
+    'implementation="mosaic" keeps naming the Mosaic GPU kernel on a TPU.',
   ),
   Mutation(
     "ragged_dot.rhs_transposed_drhs_operands",
