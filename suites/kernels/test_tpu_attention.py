@@ -152,6 +152,21 @@ def test_export_with_bias_and_mask():
   assert _export(fn, q, kv, kv, bias, mask).mlir_module().count("tpu_custom_call") == 3
 
 
+@pytest.mark.parametrize("bias_grad", [False, True])
+def test_xla_bias_gradient_only_when_the_bias_is_differentiated(bias_grad):
+  q = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16)
+  bias = jax.ShapeDtypeStruct((1, 2, 256, 256), jnp.float32)
+
+  def loss(q, k, v, bias):
+    out = tokamax.dot_product_attention(q, k, v, bias, implementation="mosaic_tpu")
+    return jnp.sum(out.astype(jnp.float32))
+
+  fn = jax.grad(loss, argnums=(0, 1, 2, 3) if bias_grad else (0, 1, 2))
+  text = _export(fn, q, q, q, bias).mlir_module()
+  assert text.count("tpu_custom_call") == 3
+  assert ("stablehlo.exponential" in text) == bias_grad
+
+
 def test_export_for_tpu_v5p_gqa_window():
   q = jax.ShapeDtypeStruct((1, 512, 4, 64), jnp.float32)
   kv = jax.ShapeDtypeStruct((1, 512, 1, 64), jnp.float32)

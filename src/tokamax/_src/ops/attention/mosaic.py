@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from tokamax._src.ops import kernel_ops
-from tokamax._src.ops.attention import mosaic_bwd, mosaic_fwd
+from tokamax._src.ops.attention import mosaic_bwd, mosaic_fwd, xla
 from tokamax._src.ops.attention import mosaic_common as common
 from tokamax._src.ops.attention import spec as attention_spec
 
@@ -391,14 +391,8 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
       for name, x in zip(outputs, res, strict=True):
         grads["key" if name == "dk" else "value"] = x[:, :s]
     if args.bias is not None:
-      grads["bias"] = self._xla_bias_grad(args, dout)
+      grads["bias"] = xla.bias_grad(args, dout)
     return grads
-
-  def _xla_bias_grad(self, args: attention_spec.AttentionArgs, dout: jax.Array) -> jax.Array:
-    """The bias cotangent through XLA (materialises [B,N,T,S]; dropped under jit when unused)."""
-    reference = self.spec.get("xla")
-    _, vjp = jax.vjp(lambda bias: reference.apply(dataclasses.replace(args, bias=bias)), args.bias)
-    return vjp(dout)[0]
 
 
 @functools.cache
