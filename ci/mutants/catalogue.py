@@ -698,6 +698,32 @@ MUTATIONS: tuple[Mutation, ...] = (
     " each tile's logits add the previous tiles'.",
   ),
   Mutation(
+    "kernels.mosaic_tpu_loss_dw_rows_unmasked",
+    _TPU_LOSS_KERNEL,
+    "  x = jnp.where(valid, x_ref[...], jnp.zeros((), x_ref.dtype))",
+    "  x = x_ref[...]",
+    (_TPU_LOSS, "-k", "interpret_matches"),
+    "Mosaic TPU loss backward (dweights): the undefined rows past B of a partial row tile"
+    " are multiplied in.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_loss_dx_label_columns",
+    _TPU_LOSS_KERNEL,
+    "  dl = _dlogits(x_ref[...], w, lse_ref, label_ref, g_ref, j * block_v, precision)",
+    "  dl = _dlogits(x_ref[...], w, lse_ref, label_ref, g_ref, 0, precision)",
+    (_TPU_LOSS, "-k", "interpret_matches"),
+    "Mosaic TPU loss backward (dx): every vocabulary tile numbers its columns from 0, so the"
+    " label's -1 lands in the wrong tiles.",
+  ),
+  Mutation(
+    "loss.mosaic_tpu_bwd_tail_dx_dropped",
+    _LOSS + "mosaic_tpu.py",
+    "    dx += jnp.matmul(dlogits, tail.T,",
+    "    dx += 0 * jnp.matmul(dlogits, tail.T,",
+    (_TPU_LOSS, "-k", "interpret_matches"),
+    "Mosaic TPU loss backward: dx misses the vocabulary columns past the last whole tile.",
+  ),
+  Mutation(
     "loss.mosaic_tpu_tail_one_tile_late",
     _LOSS + "mosaic_tpu.py",
     "  start = n_tiles * config.block_v",

@@ -24,9 +24,11 @@ from tokamax._src.ops.linear_softmax_cross_entropy_loss import (
 pytestmark = pytest.mark.op("linear_softmax_cross_entropy_loss", "mosaic_tpu")
 
 Config = mosaic_tpu.MosaicTpuLossConfig
-# 16-row tiles (a partial last one at odd B), 128-column tiles and K steps; backward chunks
-# of 128 columns (a partial last chunk at odd V).
-SMALL = Config(block_b=16, block_v=128, block_k=128, vocab_chunk_size=128)
+# 16-row tiles (a partial last one at odd B), 128-column tiles and K steps, forward and
+# backward kernels.
+SMALL = Config(block_b=16, block_v=128, block_k=128, bwd_block_b=16, bwd_block_v=128)
+# Backward tiles wider than V=300: the backward recomputes 128-column chunks in XLA.
+XLA_BACKWARD = Config(block_b=16, block_v=128, block_k=128, bwd_block_v=384, vocab_chunk_size=128)
 
 
 def _inputs(b, h, v, dtype, seed=0, scale=1.0):
@@ -47,6 +49,7 @@ def _inputs(b, h, v, dtype, seed=0, scale=1.0):
     (24, 32, 1003, "float32", "mean", None),
     # No tail: V is two whole tiles.
     (9, 128, 256, "bfloat16", "mean", SMALL),
+    (37, 256, 300, "float32", "sum", XLA_BACKWARD),
   ],
 )
 def test_interpret_matches_reference_with_gradients(b, h, v, dtype, reduction, config):
@@ -148,13 +151,13 @@ def test_export_for_tpu_v5_has_the_mosaic_tpu_call(implementation, dtype, v):
   def forward_backward(x, labels, w):
     return jax.value_and_grad(forward, argnums=(0, 2))(x, labels, w)
 
-  for fn in (forward, forward_backward):
+  for fn, calls in ((forward, 1), (forward_backward, 3)):
     exported = _export(fn, *shapes)
     text = exported.mlir_module()
     assert exported.platforms == ("tpu",)
-    # One kernel call (the forward's); the backward recomputes chunks in XLA.
-    assert text.count("tpu_custom_call") == 1, fn.__name__
-    # No [B, V] logits: the largest float32 array is a backward chunk of columns.
+    # The forward's kernel; the backward's dx and dweights kernels.
+    assert text.count("tpu_custom_call") == calls, fn.__name__
+    # No [B, V] logits (only the tails' [B, V % block_v]).
     assert f"tensor<{b}x{v}xf32>" not in text, fn.__name__
 
 
@@ -167,6 +170,26 @@ def test_export_for_tpu_v5p():
     device_kind="TPU v5",
   )
   assert "tpu_custom_call" in exported.mlir_module()
+
+
+def test_backward_in_xla_where_its_blocks_do_not_fit():
+  """H=65536: no backward tile with the whole H fits in v5e's VMEM; the forward splits H."""
+  b, h, v = 256, 65536, 1024
+  shapes = (
+    jax.ShapeDtypeStruct((b, h), jnp.bfloat16),
+    jax.ShapeDtypeStruct((b,), jnp.int32),
+    jax.ShapeDtypeStruct((h, v), jnp.bfloat16),
+  )
+  record = _record(b, h, v)
+  with export.abstract_tpu():
+    config = mosaic_tpu.MosaicTpuLoss()._get_heuristics_config(record)
+    assert mosaic_tpu.config_reason(record, config) is None
+    assert "VMEM" in mosaic_tpu.bwd_config_reason(record, config)
+  loss = lambda x, labels, w: api.linear_softmax_cross_entropy_loss(
+    x, labels, w, implementation="mosaic_tpu"
+  )
+  text = _export(jax.grad(loss, argnums=(0, 2)), *shapes).mlir_module()
+  assert text.count("tpu_custom_call") == 1
 
 
 def test_mosaic_keeps_naming_the_gpu_kernel():
@@ -230,6 +253,17 @@ def test_heuristic_blocks_fit_vmem(device_kind, dtype, b, h, v):
     assert mosaic_tpu.estimated_seconds(record, config) == best
     # Large shapes get large tiles (few grid steps, the weights streamed few times).
     assert config.block_b >= 256 and config.block_v >= 512
+    # The backward kernels' blocks fit too, and are their cost model's best.
+    assert mosaic_tpu.bwd_config_reason(record, config) is None
+    assert mosaic_tpu.bwd_vmem_bytes(record, config) <= chip.vmem_limit_bytes
+    bwd_best = min(
+      mosaic_tpu.bwd_estimated_seconds(record, Config(bwd_block_b=c.block_b, bwd_block_v=c.block_v))
+      for c in mosaic_tpu._candidates(record)
+      if mosaic_tpu.bwd_config_reason(record, Config(bwd_block_b=c.block_b, bwd_block_v=c.block_v))
+      is None
+    )
+    assert mosaic_tpu.bwd_estimated_seconds(record, config) == bwd_best
+    assert config.bwd_block_b >= 256 and config.bwd_block_v >= 256
   assert chip.name == ("v5e" if device_kind == "TPU v5 lite" else "v5p")
 
 

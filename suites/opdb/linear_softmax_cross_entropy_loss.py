@@ -36,11 +36,12 @@ _GPU = base.Matrix(
 )
 # TPU v5: the GPU shapes; the interpret shape runs the Mosaic TPU kernel in the TPU
 # interpreter (TOKAMAX_FAMILY=tpu_v5 on a CPU host) with its heuristic blocks: one row tile
-# (partial at bfloat16: 48 rows), one 512-column vocabulary tile and a 188-column tail in XLA.
+# (partial at bfloat16: 48 rows), one 512-column vocabulary tile and a 188-column tail in XLA,
+# forward and backward.
 # suites/kernels/test_tpu_loss.py covers several row and vocabulary tiles and K steps.
 # H is small for "large_logits" (logits in the thousands): from H=64 in float32 some dweights
-# exceed that case's bound, for chunked_xla too (the same recomputing backward): its
-# probabilities exp(logit - lse) carry the float32 rounding of such logits (~1e-3).
+# exceed that case's bound, for chunked_xla too (both backward passes recompute the logits):
+# the probabilities exp(logit - lse) carry the float32 rounding of such logits (~1e-3).
 _TPU = base.Matrix(
   shapes=_GPU.shapes,
   dtypes=("bfloat16", "float32"),

@@ -71,13 +71,8 @@ def _forward(args: spec.LossArgs, config: ChunkedLossConfig):
   return spec.reduce(args, lse - picked), lse
 
 
-def backward(args: spec.LossArgs, config: ChunkedLossConfig, lse, dout):
-  """Cotangents of x and weights from the log-sum-exp residuals, a chunk at a time.
-
-  dweights is written chunk by chunk into one buffer of the weights' dtype (the
-  output itself), so the temporaries stay one chunk's size.
-  """
-  chunks = _Chunks(args, config.vocab_chunk_size)
+def row_cotangents(args: spec.LossArgs, dout: jax.Array) -> jax.Array:
+  """The cotangent of each row's loss [B] (accumulation dtype) from the output's."""
   b = args.x.shape[0]
   if args.reduction == "sum":
     g = jnp.broadcast_to(dout, (b,))
@@ -85,8 +80,18 @@ def backward(args: spec.LossArgs, config: ChunkedLossConfig, lse, dout):
     g = jnp.broadcast_to(dout / b, (b,))
   else:
     g = dout
+  return g.astype(numerics.accumulation_dtype(args.x.dtype))
+
+
+def backward(args: spec.LossArgs, config: ChunkedLossConfig, lse, dout):
+  """Cotangents of x and weights from the log-sum-exp residuals, a chunk at a time.
+
+  dweights is written chunk by chunk into one buffer of the weights' dtype (the
+  output itself), so the temporaries stay one chunk's size.
+  """
+  chunks = _Chunks(args, config.vocab_chunk_size)
   acc = numerics.accumulation_dtype(args.x.dtype)
-  g = g.astype(acc)
+  g = row_cotangents(args, dout)
 
   def step(carry, i):
     dx, dw = carry

@@ -5,7 +5,10 @@ pass never writes the [B, V] logits; `mosaic_tpu_kernel.logsumexp` folds each
 (row tile, vocabulary tile) of x @ weights into a per-row online log-sum-exp
 in VMEM. The vocabulary columns past the last whole tile and the label's logit
 (a gather of B weight columns) are small XLA computations. The backward pass
-recomputes the logits a vocabulary chunk at a time (`chunked_xla`'s backward).
+(`mosaic_tpu_kernel.backward`) recomputes the logits tiles from the log-sum-exp
+in two kernels, dx and dweights, with the whole H in VMEM, and the tail's share
+in XLA; where its blocks do not fit in VMEM (very large H) it recomputes
+vocabulary chunks in XLA (`chunked_xla`'s backward).
 `implementation="mosaic"` keeps naming the Mosaic GPU kernel; this is
 "mosaic_tpu".
 
@@ -16,7 +19,9 @@ whose VMEM footprint (`vmem_bytes`) fits the target chip's limit (`tpu.Chip`,
 v5e or v5p), the one with the least roofline time: the weights streamed once
 per row tile, x once (or once per vocabulary tile when H takes several steps),
 the tail's logits in XLA, against MXU work, plus a fixed cost per grid step.
-It ranks blocks; it claims no timing.
+The backward's blocks are ranked the same way (the weights streamed once per
+row tile by the dx kernel, x once per vocabulary tile by the dweights kernel,
+two matmuls each). It ranks blocks; it claims no timing.
 """
 
 from __future__ import annotations
@@ -47,12 +52,17 @@ class MosaicTpuLossConfig:
     block_b: Rows per tile.
     block_v: Vocabulary columns per tile; V % block_v columns go to XLA.
     block_k: Contraction (of H) per step, dividing H.
-    vocab_chunk_size: Vocabulary columns per step of the backward pass.
+    bwd_block_b: Rows per tile of the backward kernels.
+    bwd_block_v: Vocabulary columns per tile of the backward kernels.
+    vocab_chunk_size: Vocabulary columns per step of the XLA backward, used
+      where the backward kernels' blocks do not fit.
   """
 
   block_b: int = 256
   block_v: int = 512
   block_k: int = 512
+  bwd_block_b: int = 256
+  bwd_block_v: int = 512
   vocab_chunk_size: int = 8192
 
 
@@ -69,24 +79,55 @@ def vmem_bytes(args: spec.LossArgs, config: MosaicTpuLossConfig) -> int:
   return inputs + tiles + columns
 
 
-def config_reason(args: spec.LossArgs, config: MosaicTpuLossConfig) -> str | None:
-  """Why `config` cannot compute `args` on the target chip, or None."""
-  h, v = args.weights.shape
-  bb, bv, bk = config.block_b, config.block_v, config.block_k
+def bwd_vmem_bytes(args: spec.LossArgs, config: MosaicTpuLossConfig) -> int:
+  """VMEM of the larger backward kernel: double-buffered x and weights blocks with
+  the whole H, three [block_b, 128] row blocks, three tile temporaries, and the dx
+  (float32 accumulator and output) or dweights (float32 accumulator) blocks."""
+  bb, bv = config.bwd_block_b, config.bwd_block_v
+  h = args.x.shape[1]
+  in_size = np.dtype(args.x.dtype).itemsize
+  inputs = 2 * (bb * h + h * bv) * in_size + 3 * 2 * 4 * bb * _LANES
+  temps = 3 * 4 * bb * bv
+  return inputs + temps + max(3 * 4 * bb * h, (4 + 2 * in_size) * h * bv)
+
+
+def _tile_reason(args: spec.LossArgs, bb: int, bv: int, prefix: str) -> str | None:
+  v = args.weights.shape[1]
   sublanes = 32 // np.dtype(args.x.dtype).itemsize
   if bb % sublanes:
-    return f"block_b={bb} must be a multiple of {sublanes} for {np.dtype(args.x.dtype).name}"
+    return (
+      f"{prefix}block_b={bb} must be a multiple of {sublanes} for {np.dtype(args.x.dtype).name}"
+    )
   if bv % _LANES:
-    return f"block_v={bv} must be a multiple of {_LANES}"
+    return f"{prefix}block_v={bv} must be a multiple of {_LANES}"
   if v < bv:
-    return f"V={v} is below one vocabulary tile (block_v={bv})"
-  if h % bk or (bk != h and bk % _LANES):
-    return f"block_k={bk} must divide H={h} and be a multiple of {_LANES} or H"
+    return f"V={v} is below one vocabulary tile ({prefix}block_v={bv})"
+  return None
+
+
+def _vmem_reason(need: int) -> str | None:
   chip = tpu.chip()
-  need = vmem_bytes(args, config)
   if need > chip.vmem_limit_bytes:
     return f"blocks need {need} bytes of VMEM, over the {chip.vmem_limit_bytes} used on {chip.name}"
   return None
+
+
+def config_reason(args: spec.LossArgs, config: MosaicTpuLossConfig) -> str | None:
+  """Why `config` cannot compute `args` on the target chip, or None."""
+  h = args.weights.shape[0]
+  bk = config.block_k
+  reason = _tile_reason(args, config.block_b, config.block_v, "")
+  if reason is not None:
+    return reason
+  if h % bk or (bk != h and bk % _LANES):
+    return f"block_k={bk} must divide H={h} and be a multiple of {_LANES} or H"
+  return _vmem_reason(vmem_bytes(args, config))
+
+
+def bwd_config_reason(args: spec.LossArgs, config: MosaicTpuLossConfig) -> str | None:
+  """Why the backward kernels cannot take `config` (then XLA computes the backward), or None."""
+  reason = _tile_reason(args, config.bwd_block_b, config.bwd_block_v, "bwd_")
+  return reason if reason is not None else _vmem_reason(bwd_vmem_bytes(args, config))
 
 
 def _candidates(args: spec.LossArgs) -> list[MosaicTpuLossConfig]:
@@ -119,9 +160,37 @@ def estimated_seconds(args: spec.LossArgs, config: MosaicTpuLossConfig) -> float
   return tpu.chip().seconds(flops, hbm, tiles_b * tiles_v * steps_k, in_size)
 
 
+def bwd_estimated_seconds(args: spec.LossArgs, config: MosaicTpuLossConfig) -> float:
+  """The cost model's time for the backward blocks of `config` (for ranking only)."""
+  b = args.x.shape[0]
+  h, v = args.weights.shape
+  bb, bv = config.bwd_block_b, config.bwd_block_v
+  in_size = np.dtype(args.x.dtype).itemsize
+  tiles_b, tiles_v = -(-b // bb), v // bv
+  kernel_v = tiles_v * bv
+  dx_hbm = (tiles_b * h * kernel_v + b * h) * in_size + 4 * b * h
+  dw_hbm = (tiles_v * tiles_b * bb * h + 2 * h * kernel_v) * in_size
+  tail_hbm = (3 * h * (v - kernel_v) + 2 * b * h) * in_size
+  # Each kernel: the logits and one gradient matmul; the tail: the logits and both.
+  flops = 8 * tiles_b * bb * h * kernel_v + 6 * b * h * (v - kernel_v)
+  steps = 2 * tiles_b * tiles_v
+  return tpu.chip().seconds(flops, dx_hbm + dw_hbm + tail_hbm, steps, in_size)
+
+
 def _ranked(args: spec.LossArgs) -> list[MosaicTpuLossConfig]:
   fitting = [c for c in _candidates(args) if config_reason(args, c) is None]
-  return sorted(fitting, key=lambda c: (estimated_seconds(args, c), dataclasses.astuple(c)))
+  ranked = sorted(fitting, key=lambda c: (estimated_seconds(args, c), dataclasses.astuple(c)))
+  bwd = [
+    dataclasses.replace(MosaicTpuLossConfig(), bwd_block_b=c.block_b, bwd_block_v=c.block_v)
+    for c in _candidates(args)
+    if c.block_k == args.x.shape[1]  # One per (block_b, block_v).
+  ]
+  bwd = [c for c in bwd if bwd_config_reason(args, c) is None]
+  if not bwd:  # Then the backward runs in XLA.
+    return ranked
+  best = min(bwd, key=lambda c: (bwd_estimated_seconds(args, c), dataclasses.astuple(c)))
+  fields = dict(bwd_block_b=best.bwd_block_b, bwd_block_v=best.bwd_block_v)
+  return [dataclasses.replace(c, **fields) for c in ranked]
 
 
 def logsumexp(
@@ -146,6 +215,43 @@ def logsumexp(
     tail = jnp.matmul(x, w[:, start:], precision=args.precision, preferred_element_type=jnp.float32)
     lse = jnp.logaddexp(lse, jax.nn.logsumexp(tail, axis=1))
   return lse
+
+
+def backward(
+  args: spec.LossArgs,
+  config: MosaicTpuLossConfig,
+  lse: jax.Array,
+  dout: jax.Array,
+  interpret: pltpu.InterpretParams | None = None,
+) -> dict[str, jax.Array]:
+  """Cotangents of x and weights: the backward kernels, the tail's columns in XLA."""
+  x, w = args.x, args.weights
+  v = w.shape[1]
+  g = chunked_xla.row_cotangents(args, dout)
+  n_tiles = v // config.bwd_block_v
+  dx, dw = kernel.backward(
+    x,
+    w,
+    args.labels,
+    lse,
+    g,
+    n_tiles=n_tiles,
+    precision=args.precision,
+    block_b=config.bwd_block_b,
+    block_v=config.bwd_block_v,
+    vmem_limit_bytes=tpu.chip().vmem_limit_bytes,
+    interpret=interpret,
+  )
+  start = n_tiles * config.bwd_block_v
+  if start < v:  # The columns past the last whole tile.
+    tail = w[:, start:]
+    logits = jnp.matmul(x, tail, precision=args.precision, preferred_element_type=jnp.float32)
+    hit = (start + jnp.arange(v - start))[None, :] == args.labels[:, None]
+    dlogits = ((jnp.exp(logits - lse[:, None]) - hit) * g[:, None]).astype(x.dtype)
+    dx += jnp.matmul(dlogits, tail.T, precision=args.precision, preferred_element_type=jnp.float32)
+    dw_tail = jnp.matmul(x.T, dlogits, precision=args.precision, preferred_element_type=jnp.float32)
+    dw = jnp.concatenate([dw, dw_tail.astype(w.dtype)], axis=1)
+  return {"x": dx.astype(x.dtype), "weights": dw}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -176,5 +282,7 @@ class MosaicTpuLoss(kernel_ops.MosaicTpuOp):
 
   def _bwd(self, args, config, out, residuals, dout):
     del out
-    chunks = chunked_xla.ChunkedLossConfig(min(config.vocab_chunk_size, args.weights.shape[1]))
-    return chunked_xla.backward(args, chunks, residuals, dout)
+    if bwd_config_reason(args, config) is not None:
+      chunks = chunked_xla.ChunkedLossConfig(min(config.vocab_chunk_size, args.weights.shape[1]))
+      return chunked_xla.backward(args, chunks, residuals, dout)
+    return backward(args, config, residuals, dout, self.interpret_params)

@@ -1,4 +1,4 @@
-"""Pallas Mosaic TPU kernel of the fused linear + softmax cross-entropy loss.
+"""Pallas Mosaic TPU kernels of the fused linear + softmax cross-entropy loss.
 
 `logsumexp` computes each row's log-sum-exp over the first `n_tiles`
 vocabulary tiles of x @ w without writing the [B, V] logits. The grid is
@@ -13,6 +13,10 @@ Pallas's TPU flash attention): lane-dense blocks, no [block_b, 1] layouts.
 Row tiles are independent ("parallel", split across the TensorCores of a v5p
 megacore); vocabulary tiles and contraction steps run in order. A partial last
 row tile computes rows past B from undefined data; they are not stored.
+
+`backward` recomputes the logits tiles from the log-sum-exp in two kernels (dx
+over the vocabulary tiles of a row tile, dw over the row tiles of a vocabulary
+tile), again without [B, V] arrays.
 """
 
 import functools
@@ -117,3 +121,136 @@ def logsumexp(
     name="tokamax_linear_softmax_cross_entropy_lse",
   )(x, w)
   return out[:, 0]
+
+
+def _dlogits(x, w, lse_ref, label_ref, g_ref, col0, precision):
+  """(softmax(x @ w) - onehot(label)) * g of one tile, in x's dtype (lse, label, g [rows, 128])."""
+  logits = lax.dot_general(
+    x, w, (((1,), (0,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
+  )
+  cols = col0 + lax.broadcasted_iota(jnp.int32, logits.shape, 1)
+  hit = (cols == label_ref[:, :1]).astype(jnp.float32)
+  return ((jnp.exp(logits - lse_ref[:, :1]) - hit) * g_ref[:, :1]).astype(x.dtype)
+
+
+def _dx_kernel(
+  x_ref, w_ref, lse_ref, label_ref, g_ref, dx_ref, acc_ref, *, precision, block_v: int
+):
+  j = pl.program_id(1)
+
+  @pl.when(j == 0)
+  def _():
+    acc_ref[...] = jnp.zeros_like(acc_ref)
+
+  w = w_ref[...]
+  dl = _dlogits(x_ref[...], w, lse_ref, label_ref, g_ref, j * block_v, precision)
+  acc_ref[...] += lax.dot_general(
+    dl, w, (((1,), (1,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
+  )
+
+  @pl.when(j == pl.num_programs(1) - 1)
+  def _():
+    dx_ref[...] = acc_ref[...].astype(dx_ref.dtype)
+
+
+def _dw_kernel(
+  x_ref, w_ref, lse_ref, label_ref, g_ref, dw_ref, acc_ref, *, precision, rows: int, block_v: int
+):
+  j, i = pl.program_id(0), pl.program_id(1)
+
+  @pl.when(i == 0)
+  def _():
+    acc_ref[...] = jnp.zeros_like(acc_ref)
+
+  # Rows past B (a partial last row tile) hold undefined data: zero them and their dlogits.
+  block_b = x_ref.shape[0]
+  valid = i * block_b + lax.broadcasted_iota(jnp.int32, (block_b, 1), 0) < rows
+  x = jnp.where(valid, x_ref[...], jnp.zeros((), x_ref.dtype))
+  dl = _dlogits(x, w_ref[...], lse_ref, label_ref, g_ref, j * block_v, precision)
+  dl = jnp.where(valid, dl, jnp.zeros((), dl.dtype))
+  acc_ref[...] += lax.dot_general(
+    x, dl, (((0,), (0,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
+  )
+
+  @pl.when(i == pl.num_programs(1) - 1)
+  def _():
+    dw_ref[...] = acc_ref[...].astype(dw_ref.dtype)
+
+
+def backward(
+  x: jax.Array,
+  w: jax.Array,
+  labels: jax.Array,
+  lse: jax.Array,
+  g: jax.Array,
+  *,
+  n_tiles: int,
+  precision,
+  block_b: int,
+  block_v: int,
+  vmem_limit_bytes: int,
+  interpret: pltpu.InterpretParams | None,
+) -> tuple[jax.Array, jax.Array]:
+  """dx [B, H] (float32) and dw [H, n_tiles * block_v] (w's dtype) over the first tiles.
+
+  Two kernels recompute each (row tile, vocabulary tile) of logits with the whole
+  H in VMEM: dx accumulates dlogits @ w_tile.T over the vocabulary tiles of a row
+  tile, dw accumulates x_tile.T @ dlogits over the row tiles of a vocabulary tile.
+
+  Args:
+    x: [B, H].
+    w: [H, V], V >= n_tiles * block_v; later columns are not read.
+    labels: int32 [B].
+    lse: float32 [B], the rows' log-sum-exp over all V columns.
+    g: float32 [B], the rows' loss cotangents.
+    n_tiles: Vocabulary tiles (at least 1).
+    precision: The matmul precision.
+    block_b: Rows per tile (a multiple of 8, 16 for 16-bit inputs).
+    block_v: Vocabulary columns per tile (a multiple of 128).
+    vmem_limit_bytes: Scoped VMEM that Mosaic may use.
+    interpret: The TPU interpreter's params, or None to compile.
+  """
+  b, h = x.shape
+  if n_tiles < 1 or n_tiles * block_v > w.shape[1]:
+    raise ValueError(f"{n_tiles} tiles of {block_v} do not fit V={w.shape[1]}")
+  rows = [
+    jnp.broadcast_to(a[:, None], (b, LANES))
+    for a in (lse.astype(jnp.float32), labels.astype(jnp.int32), g.astype(jnp.float32))
+  ]
+  n_rows = pl.cdiv(b, block_b)
+
+  def params(semantics):
+    return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=vmem_limit_bytes)
+
+  row_spec = lambda index: pl.BlockSpec((block_b, LANES), index)
+  dx = pl.pallas_call(
+    functools.partial(_dx_kernel, precision=precision, block_v=block_v),
+    out_shape=jax.ShapeDtypeStruct((b, h), jnp.float32),
+    grid=(n_rows, n_tiles),
+    in_specs=[
+      pl.BlockSpec((block_b, h), lambda i, j: (i, 0)),
+      pl.BlockSpec((h, block_v), lambda i, j: (0, j)),
+      *[row_spec(lambda i, j: (i, 0))] * 3,
+    ],
+    out_specs=pl.BlockSpec((block_b, h), lambda i, j: (i, 0)),
+    scratch_shapes=[pltpu.VMEM((block_b, h), jnp.float32)],
+    compiler_params=params(("parallel", "arbitrary")),
+    interpret=interpret,
+    name="tokamax_linear_softmax_cross_entropy_dx",
+  )(x, w, *rows)
+  dw = pl.pallas_call(
+    functools.partial(_dw_kernel, precision=precision, rows=b, block_v=block_v),
+    out_shape=jax.ShapeDtypeStruct((h, n_tiles * block_v), w.dtype),
+    grid=(n_tiles, n_rows),
+    in_specs=[
+      pl.BlockSpec((block_b, h), lambda j, i: (i, 0)),
+      pl.BlockSpec((h, block_v), lambda j, i: (0, j)),
+      *[row_spec(lambda j, i: (i, 0))] * 3,
+    ],
+    out_specs=pl.BlockSpec((h, block_v), lambda j, i: (0, j)),
+    scratch_shapes=[pltpu.VMEM((h, block_v), jnp.float32)],
+    compiler_params=params(("parallel", "arbitrary")),
+    interpret=interpret,
+    name="tokamax_linear_softmax_cross_entropy_dw",
+  )(x, w, *rows)
+  return dx, dw
