@@ -803,11 +803,20 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_tpu_attention_bwd_ignores_mask",
     _TPU_ATTENTION_KERNEL,
-    "  ok = _visible(i, j, q_len, kv_len, p, s.shape, mask_ref)",
-    "  ok = _visible(i, j, q_len, kv_len, p, s.shape)",
+    "  _visit((i >= first) & (i <= last), i, j, q_len, kv_len, p, mask_ref, accumulate)",
+    "  _visit((i >= first) & (i <= last), i, j, q_len, kv_len, p, None, accumulate)",
     (_TPU_ATTENTION_CASE + "[bias_mask_full_causal_f32]",),
-    "Mosaic TPU attention backward: the boolean mask is left out when the probabilities are"
+    "Mosaic TPU attention dk/dv: the boolean mask is left out when the probabilities are"
     " recomputed (the keys it hides get gradients).",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_attention_diagonal_block_unmasked",
+    _TPU_ATTENTION_KERNEL,
+    "    whole &= key_hi <= row_lo",
+    "    whole &= key_lo <= row_lo",
+    (_TPU_ATTENTION_CASE + "[gqa_causal_f32]",),
+    "Mosaic TPU attention: blocks on the causal diagonal count as whole and skip the"
+    " masking (rows see later keys).",
   ),
   Mutation(
     "kernels.mosaic_tpu_attention_physical_vmem",

@@ -70,7 +70,7 @@ def test_interpret_matches_reference_with_gradients(name):
 @pytest.mark.parametrize("seed", range(4))
 def test_block_ranges_cover_every_visible_pair(seed):
   """`kv_blocks` and `q_blocks` (what the kernels visit) hold every visible pair, and only
-  blocks that have one."""
+  blocks that have one; `_whole` (no masking) holds for the blocks with nothing hidden."""
   rng = np.random.default_rng(seed)
   t, s = int(rng.integers(1, 300)), int(rng.integers(1, 300))
   causal = bool(seed % 2)
@@ -86,10 +86,13 @@ def test_block_ranges_cover_every_visible_pair(seed):
   if window is not None:
     ok &= (keys >= rows - window[0]) & (keys <= rows + window[1])
   nq, nk = -(-t // p.block_q), -(-s // p.block_kv)
+  ok = np.pad(ok, ((0, nq * p.block_q - t), (0, nk * 128 - s)))  # Padding: never visible.
   pairs = np.zeros((nq, nk), bool)
   for i, j in itertools.product(range(nq), range(nk)):
-    rows_i, keys_j = slice(i * p.block_q, (i + 1) * p.block_q), slice(j * 128, (j + 1) * 128)
-    pairs[i, j] = ok[rows_i, keys_j].any()
+    block = ok[i * p.block_q : (i + 1) * p.block_q, j * 128 : (j + 1) * 128]
+    pairs[i, j] = block.any()
+    # Blocks that skip the masking are those whose every pair is visible.
+    assert bool(mosaic_tpu_kernel._whole(i, j, q_len, kv_len, p)) == block.all(), (i, j)
   for i in range(nq):
     first, last = (int(x) for x in mosaic_tpu_kernel.kv_blocks(i, q_len, kv_len, p))
     visited = np.zeros(nk, bool)

@@ -20,6 +20,10 @@ Blocks that no (row, key) pair of which is visible (causal, local window,
 lengths) are skipped: the kernel does nothing there and the index maps repeat
 the nearest visible block, so the pipeline fetches nothing new.
 
+Of the visited blocks, those that every mask leaves whole (all rows and keys
+within the lengths, on the visible side of the causal diagonal and inside the
+window, no mask plane) skip the masking.
+
 Row statistics (max, sum, log-sum-exp, delta) are [rows, 128] float32 arrays,
 the value repeated across the lanes.
 """
@@ -108,8 +112,9 @@ def _clamp(x, first, last, count: int):
   return jnp.clip(jnp.maximum(jnp.minimum(x, last), first), 0, count - 1)
 
 
-def _visible(i, j, q_len, kv_len, p: Params, shape, mask_ref=None):
+def _visible(i, j, q_len, kv_len, p: Params, mask_ref=None):
   """Which (row, key) pairs of query block i and key block j are visible: bool [bq, bk]."""
+  shape = (p.block_q, p.block_kv)
   rows = i * p.block_q + lax.broadcasted_iota(jnp.int32, shape, 0)
   keys = j * p.block_kv + lax.broadcasted_iota(jnp.int32, shape, 1)
   ok = (rows < q_len) & (keys < kv_len)
@@ -121,6 +126,29 @@ def _visible(i, j, q_len, kv_len, p: Params, shape, mask_ref=None):
   if mask_ref is not None:
     ok &= mask_ref[...] != 0
   return ok
+
+
+def _whole(i, j, q_len, kv_len, p: Params):
+  """Whether every (row, key) pair of query block i and key block j is visible (no plane)."""
+  row_lo, key_lo = i * p.block_q, j * p.block_kv
+  row_hi, key_hi = row_lo + p.block_q - 1, key_lo + p.block_kv - 1
+  whole = (row_hi < q_len) & (key_hi < kv_len)
+  if p.causal:
+    whole &= key_hi <= row_lo
+  if p.window is not None:
+    left, right = p.window
+    whole &= (key_lo >= row_hi - left) & (key_hi <= row_lo + right)
+  return whole
+
+
+def _visit(run, i, j, q_len, kv_len, p: Params, mask_ref, body) -> None:
+  """Runs `body(ok)` where `run`: `ok` the visibility mask, or None on whole blocks."""
+  if mask_ref is not None:
+    pl.when(run)(lambda: body(_visible(i, j, q_len, kv_len, p, mask_ref)))
+    return
+  whole = _whole(i, j, q_len, kv_len, p)
+  pl.when(run & ~whole)(lambda: body(_visible(i, j, q_len, kv_len, p)))
+  pl.when(run & whole)(lambda: body(None))
 
 
 def _logits(q, k, p: Params, bias_ref=None):
@@ -181,10 +209,10 @@ def _fwd_kernel(q_len_ref, kv_len_ref, q_ref, k_ref, v_ref, *refs, p):
     l_sc[...] = jnp.zeros_like(l_sc)
     acc_sc[...] = jnp.zeros_like(acc_sc)
 
-  @pl.when((j >= first) & (j <= last))
-  def _():
+  def accumulate(ok):
     s = _logits(q_ref[...], k_ref[...], p, bias_ref)
-    s = jnp.where(_visible(i, j, q_len, kv_len, p, s.shape, mask_ref), s, -jnp.inf)
+    if ok is not None:
+      s = jnp.where(ok, s, -jnp.inf)
     m_prev, l_prev = m_sc[:, :1], l_sc[:, :1]
     m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
@@ -194,6 +222,8 @@ def _fwd_kernel(q_len_ref, kv_len_ref, q_ref, k_ref, v_ref, *refs, p):
     m_sc[...] = _lanes(m_new)
     v = v_ref[...]
     acc_sc[...] = alpha * acc_sc[...] + _dot(probs.astype(v.dtype), v, ((1,), (0,)), p)
+
+  _visit((j >= first) & (j <= last), i, j, q_len, kv_len, p, mask_ref, accumulate)
 
   @pl.when(j == pl.num_programs(3) - 1)
   def _():
@@ -276,13 +306,13 @@ def forward(q, k, v, q_len, kv_len, planes, p: Params, *, vmem_limit_bytes: int,
   )(q_len, kv_len, q, k, v, *planes)
 
 
-def _probs_and_dlogits(i, j, q_len, kv_len, q, k, v, do, lse, delta, p: Params, planes):
-  """Probabilities P and the logits' cotangent dS (float32 [bq, bk])."""
-  bias_ref, mask_ref = planes
+def _probs_and_dlogits(ok, q, k, v, do, lse, delta, p: Params, bias_ref):
+  """Probabilities P and the logits' cotangent dS (float32 [bq, bk]); `ok` as `_visit`'s."""
   s = _logits(q, k, p, bias_ref)
   lse = jnp.where(lse == -jnp.inf, jnp.inf, lse)  # Rows that see nothing: P = 0.
-  ok = _visible(i, j, q_len, kv_len, p, s.shape, mask_ref)
-  probs = jnp.where(ok, jnp.exp(s - lse), 0.0)
+  probs = jnp.exp(s - lse)
+  if ok is not None:
+    probs = jnp.where(ok, probs, 0.0)
   dprobs = _dot(do, v, ((1,), (1,)), p)
   ds = probs * (dprobs - delta)
   if p.soft_cap is not None:
@@ -301,14 +331,14 @@ def _dq_kernel(q_len_ref, kv_len_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delt
   def _():
     dq_sc[...] = jnp.zeros_like(dq_sc)
 
-  @pl.when((j >= first) & (j <= last))
-  def _():
+  def accumulate(ok):
     k = k_ref[...]
     _, ds = _probs_and_dlogits(
-      i, j, q_len, kv_len, q_ref[...], k, v_ref[...], do_ref[...],
-      lse_ref[:, :1], delta_ref[:, :1], p, (bias_ref, mask_ref),
-    )  # fmt: skip
+      ok, q_ref[...], k, v_ref[...], do_ref[...], lse_ref[:, :1], delta_ref[:, :1], p, bias_ref
+    )
     dq_sc[...] += _dot(ds.astype(k.dtype), k, ((1,), (0,)), p)
+
+  _visit((j >= first) & (j <= last), i, j, q_len, kv_len, p, mask_ref, accumulate)
 
   @pl.when(j == pl.num_programs(3) - 1)
   def _():
@@ -337,15 +367,15 @@ def _dkv_kernel(
     dk_sc[...] = jnp.zeros_like(dk_sc)
     dv_sc[...] = jnp.zeros_like(dv_sc)
 
-  @pl.when((i >= first) & (i <= last))
-  def _():
+  def accumulate(ok):
     q, do = q_ref[...], do_ref[...]
     probs, ds = _probs_and_dlogits(
-      i, j, q_len, kv_len, q, k_ref[...], v_ref[...], do, lse_ref[:, :1], delta_ref[:, :1], p,
-      (bias_ref, mask_ref),
-    )  # fmt: skip
+      ok, q, k_ref[...], v_ref[...], do, lse_ref[:, :1], delta_ref[:, :1], p, bias_ref
+    )
     dv_sc[...] += _dot(probs.astype(do.dtype), do, ((0,), (0,)), p)
     dk_sc[...] += _dot(ds.astype(q.dtype), q, ((0,), (0,)), p)
+
+  _visit((i >= first) & (i <= last), i, j, q_len, kv_len, p, mask_ref, accumulate)
 
   @pl.when((g == pl.num_programs(3) - 1) & (i == pl.num_programs(4) - 1))
   def _():
