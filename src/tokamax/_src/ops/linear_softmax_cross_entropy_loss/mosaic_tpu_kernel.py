@@ -30,6 +30,11 @@ from jax.experimental.pallas import tpu as pltpu
 LANES = 128
 
 
+def _wide(a: jax.Array, width: int) -> jax.Array:
+  """Lane-replicated [rows, 128] values tiled to [rows, width] (as in Pallas flash attention)."""
+  return jnp.tile(a, (1, width // LANES))
+
+
 def _kernel(x_ref, w_ref, out_ref, acc_ref, max_ref, sum_ref, *, precision, num_k: int):
   j, k = pl.program_id(1), pl.program_id(2)
 
@@ -55,7 +60,7 @@ def _kernel(x_ref, w_ref, out_ref, acc_ref, max_ref, sum_ref, *, precision, num_
     logits = acc_ref[...]
     previous = max_ref[...]  # [block_b, 128], the lanes equal.
     top = jnp.maximum(previous, logits.max(axis=1, keepdims=True))
-    tile_sum = jnp.exp(logits - top[:, :1]).sum(axis=1, keepdims=True)
+    tile_sum = jnp.exp(logits - _wide(top, logits.shape[1])).sum(axis=1, keepdims=True)
     sum_ref[...] = sum_ref[...] * jnp.exp(previous - top) + tile_sum
     max_ref[...] = top
 
@@ -128,9 +133,11 @@ def _dlogits(x, w, lse_ref, label_ref, g_ref, col0, precision):
   logits = lax.dot_general(
     x, w, (((1,), (0,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
   )
+  width = logits.shape[1]
   cols = col0 + lax.broadcasted_iota(jnp.int32, logits.shape, 1)
-  hit = (cols == label_ref[:, :1]).astype(jnp.float32)
-  return ((jnp.exp(logits - lse_ref[:, :1]) - hit) * g_ref[:, :1]).astype(x.dtype)
+  hit = (cols == _wide(label_ref[...], width)).astype(jnp.float32)
+  p = jnp.exp(logits - _wide(lse_ref[...], width))
+  return ((p - hit) * _wide(g_ref[...], width)).astype(x.dtype)
 
 
 def _dx_kernel(
