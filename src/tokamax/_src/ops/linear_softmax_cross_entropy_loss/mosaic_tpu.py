@@ -46,7 +46,7 @@ _BLOCKS = (128, 256, 512, 1024, 2048)
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MosaicTpuLossConfig:
-  """Tiling of the forward kernel and the backward pass's vocabulary chunks.
+  """Tiling of the forward and backward kernels (and of the XLA backward's chunks).
 
   Attributes:
     block_b: Rows per tile.
@@ -256,7 +256,7 @@ def backward(
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MosaicTpuLoss(kernel_ops.MosaicTpuOp):
-  """Fused matmul + online log-sum-exp kernel forward; chunked recomputation backward."""
+  """Fused matmul + online log-sum-exp forward kernel; backward kernels recomputing the logits."""
 
   name = "mosaic_tpu"
   spec = spec.SPEC
