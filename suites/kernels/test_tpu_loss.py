@@ -1,10 +1,10 @@
-"""Mosaic TPU linear_softmax_cross_entropy_loss on CPU: the fused log-sum-exp kernel in
-Pallas's TPU interpreter against float64 references (forward and both gradients, odd B and
-V, large logits), the block cost model and its VMEM checks, and `jax.export` for a TPU v5
-from a CPU host.
+"""Mosaic TPU linear_softmax_cross_entropy_loss on CPU: the fused log-sum-exp kernel and the
+dx/dweights kernels in Pallas's TPU interpreter against float64 references (forward and both
+gradients, odd B and V, large logits), the block cost models and their VMEM checks, and
+`jax.export` for a TPU v5 from a CPU host.
 
-Not covered here (needs a TPU): Mosaic's own compilation of the lowered kernel (layouts,
-VMEM allocation) and its speed.
+Not covered here (needs a TPU): Mosaic's own compilation of the lowered kernels (layouts,
+VMEM allocation) and their speed.
 """
 
 import jax
@@ -12,7 +12,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness import compare, references
 from tokamax._src import export, tpu
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import (
   api,
@@ -20,6 +19,7 @@ from tokamax._src.ops.linear_softmax_cross_entropy_loss import (
   mosaic_tpu_kernel,
   spec,
 )
+from tokamax_harness import compare, references
 
 pytestmark = pytest.mark.op("linear_softmax_cross_entropy_loss", "mosaic_tpu")
 
