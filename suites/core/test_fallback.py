@@ -151,8 +151,8 @@ def test_fallback_with_another_implementations_vjp_is_caught(monkeypatch):
 
 def test_fallback_skipped_for_a_non_differentiable_forward_is_caught(monkeypatch):
   """`differentiable` ignored: JAX differentiates the forward itself and meets `_opaque`."""
-  buggy = _planted(op_lib.Op.apply, "if self.differentiable and", "if True and")
-  monkeypatch.setattr(op_lib.Op, "apply", buggy)
+  buggy = _planted(op_lib.Op._apply_unpartitioned, "if self.differentiable and", "if True and")
+  monkeypatch.setattr(op_lib.Op, "_apply_unpartitioned", buggy)
   with pytest.raises(TypeError, match="must not differentiate"):
     check_fallback("layer_norm", "plain")
 
