@@ -49,7 +49,7 @@ def _run_module(session, module: str, *args):
 @nox.session(python=PYTHON)
 def tests(session):
   """Everything that runs on a CPU machine: harness, core, kernels (interpret/compile), the CPU matrix."""
-  session.install("-e", TEST_EXTRAS)
+  session.install("-e", TEST_EXTRAS, "-e", "./harness")
   _pytest(session, "-q")
 
 

@@ -12,9 +12,9 @@ from typing import Any
 import jax
 
 from golden import golden
-from harness import hardware
 from suites import matrices, opdb
 from suites.matrices import checks
+from tokamax_harness import hardware
 
 BenchCase = matrices.BenchCase
 Case = matrices.Case

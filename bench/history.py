@@ -2,8 +2,8 @@
 
 `run` times the benchmark cases of a hardware family's matrix
 (`bench.cases.bench_cases`) through every implementation that compiles
-here, with the harness timer (`harness.timing`), the ops' cost model
-(`SPEC.cost`, via `harness.bench.measurement`), the compiled program's memory
+here, with the harness timer (`tokamax_harness.timing`), the ops' cost model
+(`SPEC.cost`, via `tokamax_harness.bench.measurement`), the compiled program's memory
 and the numerics drift against the high-precision reference (on the small
 golden-size inputs of the same op, feature and dtype; the forward output in
 both modes). `check` compares a run with earlier runs of the same thing and
@@ -56,8 +56,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench import cases as cases_lib
-from harness import bench, compare, grads, hardware, timing, tolerance
 from tokamax._src import benchmarking
+from tokamax_harness import bench, compare, grads, hardware, timing, tolerance
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HISTORY = os.path.join(ROOT, "bench", "history.jsonl")  # Tracked: the nightly's runs.

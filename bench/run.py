@@ -5,7 +5,7 @@ read through `bench.cases`) and each mode (forward, or a training step:
 forward and VJP), it times every implementation of the op that runs here and
 the anchors in the same process: the library's cuDNN implementation for
 attention, `jax.lax` for ragged_dot (the op database's anchors) and XLA for
-every op. Time is `harness.timing.device_time` (CUPTI kernel time on NVIDIA
+every op. Time is `tokamax_harness.timing.device_time` (CUPTI kernel time on NVIDIA
 GPUs, wallclock elsewhere), the median over rotated inputs.
 
   python -m bench.run [--family h100] [--ops OPS] [--impls IMPLS] [--only SUBSTRINGS]
@@ -36,8 +36,8 @@ import jax
 
 from bench import cases as cases_lib
 from bench import history, records
-from harness import bench as bench_lib
-from harness import hardware, timing
+from tokamax_harness import bench as bench_lib
+from tokamax_harness import hardware, timing
 
 # The anchor a record is compared with, per op: the first of these timed in the run.
 ANCHORS = {
@@ -338,7 +338,7 @@ def run(
     only: Substrings; a case runs if one is in its op, its id or its id with the mode.
     rounds: Interleaved rounds of every contender of a case.
     sweep: Also time each implementation's autotuning candidates.
-    iterations, warmup: Of `harness.timing.device_time`.
+    iterations, warmup: Of `tokamax_harness.timing.device_time`.
     rotations: Distinct input sets, used in turn.
     budget_s: Starts no new case after this many seconds.
     kernels: Also record per-kernel CUPTI times (GPU only).

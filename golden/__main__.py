@@ -12,7 +12,7 @@ import sys
 import tempfile
 
 from golden import golden
-from harness import hardware
+from tokamax_harness import hardware
 
 
 def main(argv=None) -> int:

@@ -5,7 +5,7 @@ output's raw bits, compressed) and `manifest.json` (jax version, device kind,
 commit, and per entry the case, the dtype and the harness tolerance it is
 checked with). `check` recomputes every (case, implementation) that runs here
 and compares it with its golden under the harness policy
-(`harness.tolerance`, `harness.compare`); `regenerate` writes new goldens and
+(`tokamax_harness.tolerance`, `tokamax_harness.compare`); `regenerate` writes new goldens and
 says what changed. An implementation that can run here but has no golden is
 MISSING (a failure), never a silent pass; a family with no goldens at all is
 reported as such.
@@ -25,10 +25,10 @@ from collections.abc import Callable, Iterable
 import jax
 import numpy as np
 
-from harness import bench, compare, hardware, tolerance
 from suites import matrices, opdb
 from suites.matrices import cases as cases_lib
 from suites.matrices import checks
+from tokamax_harness import bench, compare, hardware, tolerance
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 NPZ = "goldens.npz"

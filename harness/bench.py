@@ -14,7 +14,7 @@ from typing import Any
 
 import jax
 
-from harness import hardware, timing
+from . import hardware, timing
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ import dataclasses
 import jax
 import numpy as np
 
-from harness import tolerance as tolerance_lib
+from . import tolerance as tolerance_lib
 
 MAX_INDICES = 5
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import jax.test_util
 import numpy as np
 
-from harness import compare, references
+from . import compare, references
 
 
 def random_like(key: jax.Array, tree):

@@ -12,8 +12,6 @@ import os
 
 import jax
 
-from tokamax._src import device as device_lib
-
 FAMILIES = ("h100", "a100", "tpu_v5", "cpu")
 
 # Implementation families an implementation may belong to.
@@ -103,12 +101,21 @@ def _memory_bytes(dev: jax.Device) -> int | None:
   return None if not stats else stats.get("bytes_limit")
 
 
+def _compute_capability(dev: jax.Device) -> tuple[int, int] | None:
+  """The CUDA compute capability of an NVIDIA GPU, else None."""
+  value = getattr(dev, "compute_capability", None) if dev.platform == "gpu" else None
+  if value is None:
+    return None
+  major, minor = str(value).split(".")
+  return int(major), int(minor)
+
+
 @functools.cache
 def detect() -> Profile:
   """The profile of the default device; `TOKAMAX_FAMILY` overrides the family."""
-  dev = device_lib.default_device()
+  dev = jax.devices()[0]
   platform = dev.platform
-  cc = device_lib.compute_capability(dev)
+  cc = _compute_capability(dev)
   runnable = {XLA}
   if platform == "cpu":
     runnable.add(INTERPRET)

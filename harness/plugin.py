@@ -1,6 +1,6 @@
 """The pytest plugin: fixtures, markers, options, Hypothesis profiles, summary.
 
-Load it with `-p harness`. Fixtures: `hardware` (the `Profile`), `rng_key` (a
+Load it with `-p tokamax_harness`. Fixtures: `hardware` (the `Profile`), `rng_key` (a
 random key seeded from the test id), `interpret` (whether Pallas kernels run
 in interpret mode: on CPU). Markers: `requires(*features)` skips with the
 missing feature named; `long` runs only with `--run-long` (nightly); `gpu` and
@@ -14,7 +14,7 @@ import os
 import jax
 import pytest
 
-from harness import hardware, summary
+from . import hardware, summary
 
 # Features `requires(...)` understands, and the check each one makes.
 _FEATURES = {
@@ -49,7 +49,7 @@ def _register_hypothesis_profiles() -> None:
   hypothesis.settings.register_profile("harness-dev", max_examples=25, derandomize=False, **common)
 
 
-# Registered only: a project that loads `-p harness` keeps its own Hypothesis settings unless it
+# Registered only: a project that loads `-p tokamax_harness` keeps its own Hypothesis settings unless it
 # asks for one of these (`pytest_configure` below).
 _register_hypothesis_profiles()
 

@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from harness import hardware
+from . import hardware
 
 OTHER = ("(harness and other tests)", "")
 OWNER_PROPERTY = "tokamax_op"

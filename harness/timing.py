@@ -68,8 +68,10 @@ def cupti_times(fn: Callable, args_list: Sequence[tuple], iterations: int) -> li
 
   Runs are spread evenly over the argument tuples, so caches do not flatter.
   """
-  from tokamax._src import benchmarking
-
+  try:  # tokamax's CUPTI profiler; without tokamax installed, wallclock instead.
+    from tokamax._src import benchmarking
+  except ImportError:
+    return None
   if benchmarking.cupti_unavailable_reason() is not None:
     return None
   per_args = max(1, iterations // len(args_list))

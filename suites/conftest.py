@@ -15,8 +15,8 @@ import os
 
 import pytest
 
-from harness import hardware
 from suites import matrices, opdb
+from tokamax_harness import hardware
 
 
 def pytest_configure(config):

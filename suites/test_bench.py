@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from harness import bench, grads, timing
 from suites.matrices import checks
+from tokamax_harness import bench, grads, timing
 
 ROTATIONS = 3
 

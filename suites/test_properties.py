@@ -8,9 +8,9 @@ Profiles: `harness-ci` (derandomized, 12 examples, no deadline; the default) and
 import hypothesis
 from hypothesis import strategies as st
 
-from harness import hardware
 from suites import matrices, opdb
 from suites.matrices import checks
+from tokamax_harness import hardware
 
 
 def _native(op):

@@ -36,7 +36,7 @@ if [ -n "${DRY:-}" ]; then ITER=3; BUDGET_S=60; fi
     $PY -c "import triton; print('triton', triton.__version__)" 2>&1 | tail -1
     $PY -c "import jax_triton; print('jax_triton', jax_triton.__version__)" 2>&1 | tail -1
   } | tee "$OUT/env.txt"
-  FAMILY=$($PY -c "from harness import hardware; print(hardware.detect().family)")
+  FAMILY=$($PY -c "from tokamax_harness import hardware; print(hardware.detect().family)")
   echo "== goldens of family $FAMILY: regenerate, and what changed against the committed ones"
   t0=$SECONDS
   $PY -m golden --regen --jobs "${GOLDEN_JOBS:-5}" --out "$OUT/golden"

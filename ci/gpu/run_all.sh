@@ -55,7 +55,7 @@ step() {  # step NAME DEFAULT_SECONDS COMMAND...
 regen_goldens() {  # regen_goldens DIR: regenerates into golden/data, keeps a copy in DIR.
   python3 -m golden --regen --jobs "${GOLDEN_JOBS:-5}" ${GOLDEN_OPS:+--ops "$GOLDEN_OPS"} || return
   local family
-  family=$(python3 -c "from harness import hardware; print(hardware.detect().family)")
+  family=$(python3 -c "from tokamax_harness import hardware; print(hardware.detect().family)")
   cp -r "golden/data/$family" "$1/"
 }
 export -f regen_goldens  # `timeout` runs it through bash.

@@ -37,13 +37,13 @@ import jax.numpy as jnp
 import numpy as np
 
 import tokamax
-from harness import bench
 from tokamax._src import benchmarking, export
 from tokamax._src.autotuning import cache
 from tokamax._src.ops.attention import spec as attention_spec
 from tokamax._src.ops.gated_linear_unit import spec as glu_spec
 from tokamax._src.ops.normalization import spec as norm_spec
 from tokamax._src.ops.ragged_dot import spec as ragged_dot_spec
+from tokamax_harness import bench
 
 START = time.monotonic()
 RESULTS: dict = {"sections": {}, "errors": []}
@@ -153,7 +153,7 @@ def cuda_event_ms(fn, args, *, calls: int = 20, repeats: int = 5) -> tuple[float
 
 def harness_ms(fn, args) -> tuple[float, str] | None:
   try:
-    from harness import timing
+    from tokamax_harness import timing
   except Exception:
     return None
   t = timing.device_time(fn, [(args,)], warmup=2, iterations=20, method="auto")

@@ -18,7 +18,7 @@ def test_cache_dirs_fill(pytester, monkeypatch, tmp_path):
   monkeypatch.setenv("TOKAMAX_COMPILATION_CACHE", str(tmp_path / "cache"))
   monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
   pytester.makepyfile(test_inner=_TEST)
-  result = pytester.runpytest_subprocess("-p", "harness", "-p", "no:cacheprovider", "-s")
+  result = pytester.runpytest_subprocess("-p", "tokamax_harness", "-p", "no:cacheprovider", "-s")
   result.assert_outcomes(passed=1)
   result.stdout.fnmatch_lines([f"*compilation caches in {tmp_path / 'cache'}*"])
   result.stdout.fnmatch_lines([f"*TRITON_CACHE_DIR={tmp_path / 'cache' / 'triton'}*"])
@@ -29,6 +29,6 @@ def test_cache_dirs_fill(pytester, monkeypatch, tmp_path):
 def test_no_cache_without_the_variable(pytester, monkeypatch):
   monkeypatch.delenv("TOKAMAX_COMPILATION_CACHE", raising=False)
   pytester.makepyfile(test_inner=_TEST.replace('print("TRITON', '# print("TRITON'))
-  result = pytester.runpytest_subprocess("-p", "harness", "-p", "no:cacheprovider")
+  result = pytester.runpytest_subprocess("-p", "tokamax_harness", "-p", "no:cacheprovider")
   result.assert_outcomes(passed=1)
   assert "compilation caches" not in result.stdout.str()

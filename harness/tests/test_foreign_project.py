@@ -1,4 +1,7 @@
-"""`-p harness` in another project: its Hypothesis settings stay its own; no tokamax wording."""
+"""`-p tokamax_harness` in another project: its Hypothesis settings stay its own; no tokamax wording."""
+
+import pathlib
+import shutil
 
 import pytest
 
@@ -21,7 +24,7 @@ def foreign(pytester, monkeypatch):
 
 
 def _run(pytester, *args, plugin=True):
-  harness = ("-p", "harness") if plugin else ()
+  harness = ("-p", "tokamax_harness") if plugin else ()
   result = pytester.runpytest_subprocess(*harness, "-p", "no:cacheprovider", "-s", *args)
   result.assert_outcomes(passed=1)
   return result
@@ -50,6 +53,9 @@ def test_hypothesis_profile_option_wins(foreign):
 
 
 _BENCH = """
+import pathlib
+import shutil
+
 import pytest
 
 @pytest.mark.bench
@@ -60,7 +66,7 @@ def test_timed():
 
 def test_foreign_summary_has_no_tokamax_wording(foreign):
   foreign.makepyfile(test_bench=_BENCH)
-  result = foreign.runpytest_subprocess("-p", "harness", "-p", "no:cacheprovider", "-rs")
+  result = foreign.runpytest_subprocess("-p", "tokamax_harness", "-p", "no:cacheprovider", "-rs")
   result.assert_outcomes(passed=1, skipped=1)
   result.stdout.fnmatch_lines(["*= test summary =*", "*benchmark; run with --bench"])
   assert "tokamax summary" not in result.stdout.str()
@@ -72,6 +78,55 @@ def test_ini_options_set_title_and_bench_hint(foreign):
   foreign.makeini(
     "[pytest]\nharness_summary_title = proj summary\nharness_bench_hint = make bench\n"
   )
-  result = foreign.runpytest_subprocess("-p", "harness", "-p", "no:cacheprovider", "-rs")
+  result = foreign.runpytest_subprocess("-p", "tokamax_harness", "-p", "no:cacheprovider", "-rs")
   result.assert_outcomes(passed=1, skipped=1)
   result.stdout.fnmatch_lines(["*= proj summary =*", "*benchmark; run with --bench (make bench)*"])
+
+
+_STANDALONE = """
+import importlib
+import pkgutil
+import sys
+
+import jax
+import jax.numpy as jnp
+import pathlib
+import shutil
+
+import pytest
+
+import tokamax_harness
+from tokamax_harness import compare, references
+
+
+def test_the_harness_alone(hardware, rng_key):
+  assert sys.modules.get("tokamax") is None  # Blocked: the harness must not need it.
+  for m in pkgutil.iter_modules(tokamax_harness.__path__):
+    importlib.import_module("tokamax_harness." + m.name)
+  print("HARNESS_FROM", tokamax_harness.__file__)
+  x = jax.random.normal(rng_key, (8, 32))
+  mine = (x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(x.var(-1, keepdims=True) + 1e-6)
+  ref = references.layer_norm(x, jnp.ones(32), jnp.zeros(32))
+  compare.assert_close(mine, ref, dtype=jnp.float32, reduction_length=32)
+  with pytest.raises(AssertionError):
+    compare.assert_close(mine * 1.01, ref, dtype=jnp.float32, reduction_length=32)
+  assert hardware.platform == jax.default_backend()
+"""
+
+
+def test_installed_alone_under_its_own_name(pytester, monkeypatch, tmp_path):
+  """The harness's files as the package `tokamax_harness` (what `pip install ./harness`
+  installs), with tokamax blocked: every module imports, fixtures and comparators work."""
+  site = tmp_path / "site"
+  package = site / "tokamax_harness"
+  package.mkdir(parents=True)
+  source = pathlib.Path(__file__).resolve().parents[1]
+  for path in source.glob("*.py"):
+    shutil.copy(path, package / path.name)
+  (site / "sitecustomize.py").write_text("import sys\nsys.modules['tokamax'] = None\n")
+  monkeypatch.setenv("PYTHONPATH", str(site))
+  monkeypatch.delenv("TOKAMAX_HYPOTHESIS_PROFILE", raising=False)
+  pytester.makepyfile(test_alone=_STANDALONE)
+  result = pytester.runpytest_subprocess("-p", "tokamax_harness", "-p", "no:cacheprovider", "-s")
+  result.assert_outcomes(passed=1)
+  result.stdout.fnmatch_lines([f"*HARNESS_FROM {package}/__init__.py*"])

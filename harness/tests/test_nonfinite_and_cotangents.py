@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness import compare, grads, references, tolerance
 from suites import matrices
 from suites.matrices import checks
+from tokamax_harness import compare, grads, references, tolerance
 
 # Loose enough that only the finiteness rule can fail a comparison.
 LOOSE = tolerance.Tolerance(atol=1e30, rtol=1e30, fraction=0.0, outlier_factor=math.inf)

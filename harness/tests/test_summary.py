@@ -2,7 +2,7 @@
 
 import json
 
-from harness import summary
+from tokamax_harness import summary
 
 pytest_plugins = ["pytester"]
 
@@ -33,7 +33,7 @@ def _rows(doc: dict) -> dict:
 
 
 def _run(pytester, *args):
-  return pytester.runpytest_subprocess("-p", "harness", "-p", "no:cacheprovider", *args)
+  return pytester.runpytest_subprocess("-p", "tokamax_harness", "-p", "no:cacheprovider", *args)
 
 
 def test_junit_summary_matches_the_live_one(pytester):

@@ -1,6 +1,6 @@
 """The tolerance policy pinned: every row and rule, just below and just above its bound.
 
-The numbers below are written out here, not read from `harness.tolerance`:
+The numbers below are written out here, not read from `tokamax_harness.tolerance`:
 an error of 0.9x a row's bound must pass and one of 1.1x must fail, so a row
 loosened (or tightened) by more than 10% fails a test here. The same goes for
 the reduction-length scaling, the fraction rule (99% within the bound, all
@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pytest
 
-from harness import compare
+from tokamax_harness import compare
 
 BELOW, ABOVE = 0.9, 1.1
 FRACTION = 0.99

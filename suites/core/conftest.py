@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from harness import compare, plugin, references, tolerance
+from tokamax_harness import compare, plugin, references, tolerance
 
 # A float32 computation against the float64 reference, for O(1) random inputs: the
 # harness policy's float32 row widened for unknown reduction lengths (and for

@@ -30,7 +30,6 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import tokamax
-from harness import compare
 from tokamax._src import triton_call
 from tokamax._src.ops import partitioning
 from tokamax._src.ops.attention import mosaic as attention_mosaic
@@ -45,6 +44,7 @@ from tokamax._src.ops.normalization import xla as norm_xla
 from tokamax._src.ops.ragged_dot import mosaic as ragged_mosaic
 from tokamax._src.ops.ragged_dot import spec as ragged_spec
 from tokamax._src.ops.ragged_dot import xla as ragged_xla
+from tokamax_harness import compare
 
 AXES = ("data", "model")
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import tokamax
-from harness import references
 from suites.core.conftest import assert_matches
 from tokamax._src import triton_call
+from tokamax_harness import references
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness import references
+from tokamax_harness import references
 
 
 @pytest.mark.parametrize("dtype", (np.float16, jnp.bfloat16, np.float32))

@@ -8,7 +8,7 @@ import pytest
 
 from golden import __main__ as golden_cli
 from golden import golden
-from harness import hardware
+from tokamax_harness import hardware
 
 FAMILY = hardware.detect().family
 
@@ -133,9 +133,9 @@ def _committed_families() -> list[str]:
 @pytest.mark.parametrize("family", _committed_families())
 def test_committed_goldens_are_whole_and_agree_with_the_reference(family):
   """Every family's goldens (made on its hardware) against the reference computed here."""
-  from harness import compare, tolerance
   from suites.matrices import cases as cases_lib
   from suites.matrices import checks
+  from tokamax_harness import compare, tolerance
 
   manifest, arrays = golden.load(family)
   for field in ("family", "device_kind", "jax_version", "commit", "date", "entries"):

@@ -6,7 +6,7 @@ import pytest
 
 from bench import cases as bench_cases
 from bench import history
-from harness import timing
+from tokamax_harness import timing
 
 FIELDS = (
   "commit",

@@ -21,11 +21,11 @@ import pytest
 import triton
 
 import tokamax
-from harness import compare
 from suites import opdb
 from tokamax._src import device, triton_call
 from tokamax._src.ops.attention import spec
 from tokamax._src.ops.attention import triton as attention_triton
+from tokamax_harness import compare
 
 # The summary counts these under the op and implementation they check.
 pytestmark = pytest.mark.op("dot_product_attention", "triton")

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 import tokamax
-from harness import compare, references
 from suites import opdb
 from tokamax._src.ops.ragged_dot import spec as rd_spec
+from tokamax_harness import compare, references
 
 pytestmark = pytest.mark.gpu
 HIGHEST = jax.lax.Precision.HIGHEST

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 
-from harness import compare, references
 from suites import opdb
 from tokamax._src.ops import kernel_ops
 from tokamax._src.ops.gated_linear_unit import api, mosaic, spec
+from tokamax_harness import compare, references
 
 # The summary counts these under the op and implementation they check.
 pytestmark = pytest.mark.op("gated_linear_unit", "mosaic")

@@ -11,8 +11,8 @@ import pytest
 from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from harness import compare, references
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import api, mosaic, spec
+from tokamax_harness import compare, references
 
 pytestmark = pytest.mark.op("linear_softmax_cross_entropy_loss", "mosaic")
 

@@ -16,9 +16,9 @@ import pytest
 from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from harness import compare, references
 from suites import opdb
 from tokamax._src.ops.ragged_dot import api, mosaic, mosaic_drhs, mosaic_fwd, spec
+from tokamax_harness import compare, references
 
 # The summary counts these under the op and implementation they check.
 pytestmark = pytest.mark.op("ragged_dot", "mosaic")

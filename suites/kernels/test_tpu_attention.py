@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import tokamax
-from harness import compare, references
 from suites import opdb
 from tokamax._src import export, tpu
 from tokamax._src.ops.attention import mosaic_tpu, mosaic_tpu_kernel, spec
+from tokamax_harness import compare, references
 
 # The summary counts these under the op and implementation they check.
 pytestmark = pytest.mark.op("dot_product_attention", "mosaic_tpu")

@@ -14,12 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness import compare, references
 from suites import opdb
 from suites.kernels import interpreted
 from tokamax._src import triton_call
 from tokamax._src.ops.gated_linear_unit import api, spec
 from tokamax._src.ops.gated_linear_unit import triton as glu_triton
+from tokamax_harness import compare, references
 
 # The summary counts these under the op and implementation they check.
 pytestmark = pytest.mark.op("gated_linear_unit", "triton")

@@ -13,12 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness import compare, references
 from suites import opdb
 from suites.kernels import interpreted
 from tokamax._src import triton_call
 from tokamax._src.ops.normalization import api, spec
 from tokamax._src.ops.normalization import triton as norm_triton
+from tokamax_harness import compare, references
 
 # The summary counts these under the op and implementation they check.
 pytestmark = pytest.mark.op("layer_norm", "triton")

@@ -12,13 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness import compare, references
 from suites import opdb
 from suites.kernels import interpreted
 from suites.opdb import kernel_cases
 from tokamax._src import triton_call
 from tokamax._src.ops.ragged_dot import api, spec
 from tokamax._src.ops.ragged_dot import triton as rd_triton
+from tokamax_harness import compare, references
 
 # The summary counts these under the op and implementation they check.
 pytestmark = pytest.mark.op("ragged_dot", "triton")

@@ -5,8 +5,8 @@ from typing import Any
 
 import jax
 
-from harness import grads, references
 from suites import opdb
+from tokamax_harness import grads, references
 
 NATIVE = "native"  # Implementations compiled for the hardware at hand.
 INTERPRET = "interpret"  # Kernels in interpret mode on CPU: small shapes.

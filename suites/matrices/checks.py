@@ -10,9 +10,9 @@ import dataclasses
 import jax
 import pytest
 
-from harness import compare, grads, tolerance
-from harness import plugin as harness_plugin
 from suites.matrices import cases as cases_lib
+from tokamax_harness import compare, grads, tolerance
+from tokamax_harness import plugin as harness_plugin
 
 
 def case_key(case: cases_lib.Case) -> jax.Array:

@@ -13,8 +13,8 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from harness import hardware
 from tokamax._src.ops import op as op_lib
+from tokamax_harness import hardware
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Implementation:
   Attributes:
     op: The op's name (`SPEC.name`).
     name: The implementation's name in `SPEC.implementations`.
-    family: Its implementation family (see `harness.hardware`).
+    family: Its implementation family (see `tokamax_harness.hardware`).
     instance: The `Op` to call, or None if it cannot run here.
     reason: Why it cannot run here, or None.
     interpret: Whether it runs in interpret mode (CPU; small shapes only).

@@ -3,9 +3,9 @@
 import jax
 from hypothesis import strategies as st
 
-from harness import references
 from suites.opdb import base
 from suites.opdb import kernel_cases as kc
+from tokamax_harness import references
 
 _BIAS_SHAPES = {"full": "bnts", "heads": "1n1s", "batch": "b1ts"}
 _MASK_SHAPES = {"full": "bnts", "keys": "b11s", "rows": "11ts", "empty_rows": "b1ts"}

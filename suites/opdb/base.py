@@ -95,7 +95,7 @@ class OpInfo:
   Attributes:
     name: The op's `SPEC.name`.
     build: (draw, shape, dtype, features) -> Built, arguments of the public signature.
-    reference: (args, kwargs) -> the independent reference's value (`harness.references`).
+    reference: (args, kwargs) -> the independent reference's value (`tokamax_harness.references`).
     reduction_length: (shape, features) -> the length of the longest reduction.
     has_matmul: Whether the op is matmul-based (float32 tolerance on accelerators).
     features: Feature variants (name -> builder flags); the first two get goldens

@@ -4,9 +4,9 @@ import jax
 import jax.numpy as jnp
 from hypothesis import strategies as st
 
-from harness import references
 from suites.opdb import base
 from suites.opdb import kernel_cases as kc
+from tokamax_harness import references
 
 # Every activation an implementation accepts by name is a feature, so each kernel is checked
 # with each.

@@ -3,9 +3,9 @@
 import jax.numpy as jnp
 from hypothesis import strategies as st
 
-from harness import references
 from suites.opdb import base
 from suites.opdb import kernel_cases as kc
+from tokamax_harness import references
 
 
 def build(d: base.Draw, shape: dict, dtype: str, f: dict) -> base.Built:

@@ -3,8 +3,8 @@
 import jax
 from hypothesis import strategies as st
 
-from harness import references
 from suites.opdb import base
+from tokamax_harness import references
 
 
 def build(d: base.Draw, shape: dict, dtype: str, f: dict) -> base.Built:

@@ -5,10 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import strategies as st
 
-from harness import references
 from suites.opdb import base
 from suites.opdb import kernel_cases as kc
 from tokamax._src.ops.ragged_dot import spec
+from tokamax_harness import references
 
 
 def _group_sizes(d: base.Draw, m: int, g: int, f: dict) -> np.ndarray:
