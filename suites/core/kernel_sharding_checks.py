@@ -31,14 +31,12 @@ from jax.sharding import PartitionSpec as P
 
 import tokamax
 from tokamax._src import triton_call
-from tokamax._src.ops import partitioning
 from tokamax._src.ops.attention import mosaic as attention_mosaic
 from tokamax._src.ops.attention import spec as attention_spec
 from tokamax._src.ops.attention import xla as attention_xla
 from tokamax._src.ops.gated_linear_unit import mosaic as glu_mosaic
 from tokamax._src.ops.gated_linear_unit import spec as glu_spec
 from tokamax._src.ops.gated_linear_unit import xla as glu_xla
-from tokamax._src.ops.linear_softmax_cross_entropy_loss import spec as loss_spec
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import xla as loss_xla
 from tokamax._src.ops.normalization import xla as norm_xla
 from tokamax._src.ops.ragged_dot import mosaic as ragged_mosaic
@@ -48,20 +46,11 @@ from tokamax_harness import compare
 
 AXES = ("data", "model")
 
-# The declaration the loss's OpSpec would take (`partitioning=LOSS_RULE`): rows split,
-# a reduced loss combined over them; a vocabulary-sharded `weights` is gathered. Checked
-# here on a copy of the spec, through the XLA implementation.
-LOSS_RULE = lambda a: partitioning.Rule(
-  {"x": ("b", "h"), "labels": ("b",), "weights": ("h", "v")},
-  ("b",) if a.reduction == "none" else (),
-  frozenset("b"),
-  a.reduction,
-)
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _PartitionedLoss(loss_xla.XlaLoss):
-  spec = dataclasses.replace(loss_spec.SPEC, partitioning=LOSS_RULE, _cache={})
+  """The XLA loss partitioned like the loss's kernels, by the op's rule."""
+
   partitioned = True
 
 

@@ -40,15 +40,14 @@ def _plan(name, args, *specs):
 def test_every_kernel_of_a_partitioned_op_is_partitioned():
   """Kernels (not JAX-traceable) follow their op's rule; XLA and cuDNN are left to XLA."""
   for spec in registry.SPECS.values():
-    if spec.name == "linear_softmax_cross_entropy_loss":
-      continue  # Its kernel is being written; it takes LOSS_RULE (kernel_sharding_checks).
     assert spec.partitioning is not None, spec.name
     for name in spec.implementation_names:
       cls = spec.implementation_class_or_reason(name)
       if isinstance(cls, str):
         continue
       partitioned = cls.partitioned if cls.partitioned is not None else not cls.differentiable
-      assert partitioned == (name not in ("xla", "xla_chunked", "cudnn")), (spec.name, name)
+      xla_level = ("xla", "xla_chunked", "chunked_xla", "cudnn")
+      assert partitioned == (name not in xla_level), (spec.name, name)
 
 
 def test_rows_split_and_an_unsplittable_axis_warns_once():

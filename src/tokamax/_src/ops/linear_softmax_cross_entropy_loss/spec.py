@@ -7,6 +7,7 @@ from jaxtyping import Array, Float, Int
 
 from tokamax._src import arguments, validation
 from tokamax._src.ops import op
+from tokamax._src.ops import partitioning as partitioning_lib
 
 REDUCTIONS = ("sum", "mean", "none")
 
@@ -66,6 +67,17 @@ def cost(args: LossArgs) -> op.Cost:
   return op.Cost(flops=2.0 * b * h * v, bytes=float(itemsize * (b * h + h * v)))
 
 
+def partitioning(args: LossArgs) -> partitioning_lib.Rule:
+  """Rows split; a reduced loss is summed or averaged over them. A vocabulary-sharded
+  `weights` is gathered (the log-sum-exp is not combined across vocabulary shards)."""
+  return partitioning_lib.Rule(
+    {"x": ("b", "h"), "labels": ("b",), "weights": ("h", "v")},
+    ("b",) if args.reduction == "none" else (),
+    frozenset("b"),
+    args.reduction,
+  )
+
+
 def _random_labels(args: LossArgs, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
   """Integer inputs for timing: uniform labels over the vocabulary."""
   return rng.integers(0, args.weights.shape[1], shape, np.int32)
@@ -83,5 +95,6 @@ SPEC = op.OpSpec(
   # "mosaic" names the Mosaic GPU kernel on every platform; the TPU one is "mosaic_tpu".
   preference={"gpu": ("mosaic",), "tpu": ("mosaic_tpu",)},
   cost=cost,
+  partitioning=partitioning,
   integer_inputs={"labels": _random_labels},
 )
