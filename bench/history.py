@@ -22,10 +22,14 @@ such runs there is no timing verdict ("no baseline yet"). Otherwise, with
   limit  = max(threshold, K x spread)   (threshold 5%, K = 3),
 the measurement is SLOWER when
   (a) its median exceeds base x (1 + limit), and
-  (b) where the record carries its fastest sample (`device_time_min_ms`, the
-      minimum over its iterations and input rotations), that fastest sample is
-      also slower than base: the slowdown holds across its samples, not only
-      in their middle.
+  (b) where the record and its baseline carry their fastest samples
+      (`device_time_min_ms`, the minimum over iterations and input rotations),
+      the record's fastest exceeds the median of the baseline runs' fastest by
+      the threshold: the slowdown holds across its samples, not only in their
+      middle (a slow stretch of a loaded host inflates a median, not a minimum).
+Wallclock measurements span at least MIN_SECONDS (short calls get more
+iterations). On a CPU host the nightly times single-threaded XLA
+(`ci/nightly.sh`), whose run-to-run spread is a few percent.
 A quiet baseline (spread near 0) thus flags anything past the threshold; a
 noisy one (a loaded CPU host) flags only what stands K spreads out. DRIFT is
 judged against any baseline (one earlier run suffices): the error against the
@@ -87,10 +91,17 @@ IDENTITY = (
 Timer = Callable[[Callable, Sequence[tuple]], timing.Timing]
 
 
+# Wallclock measurements (CPU) span at least this long: short calls get more samples.
+MIN_SECONDS = 0.3
+# XLA_FLAGS of the nightly's CPU timings: single-threaded XLA, whose times vary a few percent
+# between runs (multi-threaded ones switch between modes up to 2x apart on a small host).
+CPU_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+
 def default_timer(iterations: int = 30, warmup: int = 3) -> Timer:
-  """The harness timer (CUPTI kernel time on NVIDIA GPUs, else wallclock)."""
+  """The harness timer (CUPTI kernel time on NVIDIA GPUs, else wallclock of >= MIN_SECONDS)."""
   return lambda fn, args_list: timing.device_time(
-    fn, args_list, warmup=warmup, iterations=iterations
+    fn, args_list, warmup=warmup, iterations=iterations, min_seconds=MIN_SECONDS
   )
 
 
@@ -407,8 +418,11 @@ def verdict(
   now = record["device_time_median_ms"]
   slower = now > base * (1.0 + limit)
   fastest = record.get("device_time_min_ms")
-  if slower and fastest is not None:
-    slower = fastest > base  # The slowdown holds across the record's samples.
+  past_fastest = [h["device_time_min_ms"] for h in past if h.get("device_time_min_ms")]
+  if slower and fastest is not None and past_fastest:
+    # The slowdown holds across the record's samples: its fastest one is slower than the
+    # baseline runs' fastest by the threshold too (a slow stretch inflates a median only).
+    slower = fastest > statistics.median(past_fastest) * (1.0 + threshold)
   return Verdict(slower, base, spread, limit, len(meds))
 
 

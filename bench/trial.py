@@ -9,13 +9,19 @@ alarm), with a planted slowdown of one op (`--op`, its times multiplied by
 (1 + `--small`: it must not be flagged). The measured run is then appended to
 the history, as the nightly appends it.
 
+  XLA_FLAGS="$(python -c 'from bench import history; print(history.CPU_XLA_FLAGS)')" \
   python -m bench.trial [--baseline 5] [--runs 10] [--op layer_norm] [--slow 0.2]
-                        [--small 0.03] [--out FILE.json]
+                        [--small 0.03] [--out FILE.json] [--records FILE.jsonl]
+
+(on a CPU host the nightly times with those flags; without them the trial warns).
 """
 
 import argparse
 import json
+import os
 import sys
+
+import jax
 
 from bench import history
 
@@ -92,6 +98,10 @@ def main(argv=None) -> int:
   parser.add_argument("--out", default=None, help="write the per-run counts here (JSON)")
   parser.add_argument("--records", default=None, help="append every measured record here")
   args = parser.parse_args(argv)
+  if jax.default_backend() == "cpu" and history.CPU_XLA_FLAGS not in os.environ.get(
+    "XLA_FLAGS", ""
+  ):
+    print(f"bench.trial: multi-threaded CPU timings; the nightly sets {history.CPU_XLA_FLAGS}")
   timer = history.default_timer(iterations=args.iterations)
 
   def measure():

@@ -6,6 +6,7 @@ the wallclock around `jax.block_until_ready` after warm-up.
 """
 
 import dataclasses
+import math
 import statistics
 import time
 import warnings
@@ -15,6 +16,7 @@ import jax
 
 CUPTI = "cupti"
 WALLCLOCK = "wallclock"
+MAX_ITERATIONS = 2000  # The most wallclock iterations `min_seconds` asks for.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +90,7 @@ def device_time(
   warmup: int = 3,
   iterations: int = 30,
   method: str = "auto",
+  min_seconds: float = 0.0,
 ) -> Timing:
   """Times `fn(*args)` over `args_list`, rotating through it.
 
@@ -99,6 +102,9 @@ def device_time(
     iterations: Timed runs; the median is reported.
     method: "cupti", "wallclock", or "auto" (CUPTI on GPU, falling back to
       wallclock, with the reason kept in `Timing.fallback_reason`).
+    min_seconds: Wallclock only: more iterations (up to MAX_ITERATIONS) where
+      `iterations` calls would take less, so that short calls get enough
+      samples for a stable median and minimum.
 
   Returns:
     The timing.
@@ -107,7 +113,9 @@ def device_time(
     raise ValueError("`args_list` must hold at least one argument tuple.")
   args_list = [a if isinstance(a, tuple) else (a,) for a in args_list]
   for i in range(max(warmup, 1)):
+    start = time.perf_counter()
     _run(fn, args_list[i % len(args_list)])
+    last = time.perf_counter() - start
   if method == "auto":
     method = CUPTI if jax.default_backend() == "gpu" else WALLCLOCK
   reason = None
@@ -123,4 +131,6 @@ def device_time(
     method = WALLCLOCK
   if method != WALLCLOCK:
     raise ValueError(f"unknown timing method {method!r}.")
+  if min_seconds > 0 and last > 0:
+    iterations = max(iterations, min(MAX_ITERATIONS, math.ceil(min_seconds / last)))
   return Timing(tuple(wallclock_times(fn, args_list, iterations)), WALLCLOCK, reason)
