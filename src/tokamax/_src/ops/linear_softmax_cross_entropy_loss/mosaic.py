@@ -39,7 +39,7 @@ class MosaicLossConfig:
   block_n: int = 256
   num_stages: int = 4
   grid_tile_m: int = 32
-  vocab_chunk_size: int = 8192
+  vocab_chunk_size: int = 4096
 
 
 def _kernel_config(dtype, config: MosaicLossConfig) -> mosaic_kernel.MosaicLossKernelConfig:
