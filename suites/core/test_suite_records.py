@@ -1,0 +1,34 @@
+"""The committed GPU suite records (suites/records/<device>/suite_<commit>.json) are whole runs."""
+
+import glob
+import json
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FILES = sorted(glob.glob(os.path.join(ROOT, "suites", "records", "*", "suite_*.json")))
+FIELDS = ("commit", "device", "wall_s", "workers", "command", "collected", "ran", "rows")
+
+
+def test_the_latest_suite_record_is_cited_by_the_docs():
+  if not FILES:
+    pytest.skip("no GPU suite record committed yet (ci/gpu/suite_record.py makes one)")
+  with open(os.path.join(ROOT, "docs", "perf.md")) as f:
+    perf = f.read()
+  assert any(os.path.relpath(p, ROOT) in perf for p in FILES), "docs/perf.md cites none"
+
+
+@pytest.mark.parametrize("path", [os.path.relpath(p, ROOT) for p in FILES])
+def test_suite_record_is_a_whole_green_run(path):
+  with open(os.path.join(ROOT, path)) as f:
+    record = json.load(f)
+  missing = [k for k in FIELDS if k not in record]
+  assert not missing, f"{path} lacks {missing}"
+  assert os.path.basename(path) == f"suite_{record['commit'][:7]}.json"
+  assert record["ran"] == record["collected"] > 0, "not every collected test ran"
+  failed = {
+    f"{r['op']} [{r['implementation']}]": r["failed"] for r in record["rows"] if r["failed"]
+  }
+  assert not failed, f"failures: {failed}"
+  assert sum(r["passed"] for r in record["rows"]) > 0
