@@ -241,6 +241,30 @@ def _compiler_params(parallel: int, arbitrary: int, vmem_limit_bytes: int):
   )
 
 
+def _query_major_maps(p: Params, g: int, nk: int):
+  """Index maps of a (B, N, query block, key block) grid: (q_map, kv_map, coords).
+
+  Key blocks outside a query block's visible range repeat the nearest visible one (no new
+  DMA); `coords` gives (b, n, query block, key block) for the bias and mask planes. `g`
+  query heads share a K/V head.
+  """
+
+  def kv_block(bb, i, j, q_len_ref, kv_len_ref):
+    first, last = kv_blocks(i, q_len_ref[bb], kv_len_ref[bb], p)
+    return _clamp(j, first, last, nk)
+
+  def q_map(bb, nn, i, j, *_):
+    return bb, nn, i, 0
+
+  def kv_map(bb, nn, i, j, *prefetch):
+    return bb, nn // g, kv_block(bb, i, j, *prefetch), 0
+
+  def coords(bb, nn, i, j, *prefetch):
+    return bb, nn, i, kv_block(bb, i, j, *prefetch)
+
+  return q_map, kv_map, coords
+
+
 def forward(q, k, v, q_len, kv_len, planes, p: Params, *, vmem_limit_bytes: int, interpret):
   """Attention output [B, N, T, hv] and log-sum-exp [B, N, T, LANES] (-inf: no key seen).
 
@@ -261,19 +285,7 @@ def forward(q, k, v, q_len, kv_len, planes, p: Params, *, vmem_limit_bytes: int,
   bq, bk = p.block_q, p.block_kv
   nq, nk = t // bq, s // bk
 
-  def kv_block(bb, i, j, q_len_ref, kv_len_ref):
-    first, last = kv_blocks(i, q_len_ref[bb], kv_len_ref[bb], p)
-    return _clamp(j, first, last, nk)
-
-  def kv_map(bb, nn, i, j, *prefetch):
-    return bb, nn // g, kv_block(bb, i, j, *prefetch), 0
-
-  def q_map(bb, nn, i, j, *_):
-    return bb, nn, i, 0
-
-  def coords(bb, nn, i, j, *prefetch):
-    return bb, nn, i, kv_block(bb, i, j, *prefetch)
-
+  q_map, kv_map, coords = _query_major_maps(p, g, nk)
   grid_spec = pltpu.PrefetchScalarGridSpec(
     num_scalar_prefetch=2,
     grid=(b, n, nq, nk),
@@ -402,18 +414,7 @@ def backward(
   common = dict(interpret=interpret)
 
   # dq: like the forward, grid (B, N, query blocks, key blocks).
-  def dq_kv_block(bb, i, j, q_len_ref, kv_len_ref):
-    first, last = kv_blocks(i, q_len_ref[bb], kv_len_ref[bb], p)
-    return _clamp(j, first, last, nk)
-
-  def dq_kv_map(bb, nn, i, j, *prefetch):
-    return bb, nn // g, dq_kv_block(bb, i, j, *prefetch), 0
-
-  def dq_q_map(bb, nn, i, j, *_):
-    return bb, nn, i, 0
-
-  def dq_coords(bb, nn, i, j, *prefetch):
-    return bb, nn, i, dq_kv_block(bb, i, j, *prefetch)
+  dq_q_map, dq_kv_map, dq_coords = _query_major_maps(p, g, nk)
 
   dq = pl.pallas_call(
     functools.partial(_dq_kernel, p=p),
