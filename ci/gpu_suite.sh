@@ -19,6 +19,7 @@
 #                   no gemm autotuning while testing numerics; "" keeps XLA's autotuning)
 #   TEST_TIMEOUT    per test, where pytest-timeout is installed
 #   TOKAMAX_ALLOW_CPU=1  run on a host without a GPU (to check this script; the CPU matrix runs)
+#   SUITE_HOST_CHECKS=1  also the host-only checks (marker host_only), which the CPU suite runs
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-${TOKAMAX_RESULTS_DIR:-bench/out}/gpu_run}"
@@ -69,8 +70,12 @@ fi
 if python3 -c "import pytest_timeout" 2>/dev/null; then PARALLEL+=(--timeout "${TEST_TIMEOUT:-240}"); fi
 echo "gpu_suite: $workers workers (${cores} cores, ${gpu_gib} GiB GPU), memory fraction" \
   "${fraction:-default}, compile caches ${TOKAMAX_COMPILATION_CACHE:-off}, ${TEST_ENV[0]}" | tee -a "$OUT/device.txt"
+# Not the host-only checks (kernels in their interpreters, TPU exports: the CPU suite's), unless
+# SUITE_HOST_CHECKS=1.
+MARKERS="not bench"
+if [ "${SUITE_HOST_CHECKS:-0}" != 1 ]; then MARKERS="not bench and not host_only"; fi
 # SIGINT, so that pytest still writes the summary and junit of what ran when time is up.
-env "${TEST_ENV[@]}" timeout -s INT -k 30 "${SUITE_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider -m "not bench" "${PARALLEL[@]}" \
+env "${TEST_ENV[@]}" timeout -s INT -k 30 "${SUITE_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider -m "$MARKERS" "${PARALLEL[@]}" \
   --summary-json="$OUT/summary.json" --summary-md="$OUT/summary.md" \
   -o junit_family=xunit2 --junitxml="$OUT/junit.xml" "$@" 2>&1 | tee "$OUT/log.txt"
 status=${PIPESTATUS[0]}

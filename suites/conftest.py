@@ -21,6 +21,11 @@ from tokamax_harness import hardware
 
 def pytest_configure(config):
   config.addinivalue_line("markers", "matrix(kind): parametrize with the hardware matrix's cases")
+  config.addinivalue_line(
+    "markers",
+    "host_only: a check on the host CPU whatever the accelerator (kernels in their interpreters,"
+    " TPU exports); the CPU suite runs it, the GPU suite (ci/gpu_suite.sh) deselects it",
+  )
 
 
 def _long_enabled(config) -> bool:

@@ -168,6 +168,7 @@ def _run_case(name: str) -> tuple[dict, str]:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.host_only
 def test_interpret_matches_xla(name):
   res, stdout = _run_case(name)
   assert res["finite"]

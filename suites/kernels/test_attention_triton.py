@@ -287,11 +287,13 @@ INTERPRET_CASES = opdb.get("dot_product_attention").kernel_cases["triton:interpr
 
 
 @pytest.mark.parametrize("case", INTERPRET_CASES)
+@pytest.mark.host_only
 def test_interpreted(case):
   config = attention_triton.TritonAttentionConfig(**INTERPRET_CASES[case].config)
   _check_interpreted(dict(seed=_seed(case)) | _case_kw(INTERPRET_CASES[case]), config)
 
 
+@pytest.mark.host_only
 def test_interpreted_heuristic_blocks():
   """The heuristic's (large) blocks, with partly visible and skipped blocks of each kind."""
   kw = dict(b=2, t=300, s=333, n=2, k=1, h=64, dtype=jnp.float32, is_causal=True)

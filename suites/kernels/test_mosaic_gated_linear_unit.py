@@ -40,6 +40,7 @@ CASES = opdb.get("gated_linear_unit").kernel_cases["mosaic"]
     for case in CASES.values()
   ],
 )
+@pytest.mark.host_only
 def test_interpret_matches_reference_with_gradients(
   shape, tuple_weights, activation, backward, config, capfd
 ):

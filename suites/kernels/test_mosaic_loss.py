@@ -35,6 +35,7 @@ def _inputs(b, h, v, seed=0, scale=1.0):
     (130, 256, 385, 30.0),  # Logits in the hundreds: the tile maxima must be kept.
   ],
 )
+@pytest.mark.host_only
 def test_interpret_matches_reference_with_gradients(b, h, v, scale, capfd):
   x, labels, w = _inputs(b, h, v, seed=b + v, scale=scale)
   impl = mosaic.MosaicLoss(interpret=True, config=SMALL)
@@ -60,6 +61,7 @@ def test_interpret_matches_reference_with_gradients(b, h, v, scale, capfd):
   assert compare.relative_error(dw, ref_dw) < 1e-2
 
 
+@pytest.mark.host_only
 def test_the_kernel_alone_gives_each_tiles_logsumexp():
   x, _, w = _inputs(130, 128, 512)
   config = mosaic.mosaic_kernel.MosaicLossKernelConfig(block_n=128, num_stages=2, grid_tile_m=2)

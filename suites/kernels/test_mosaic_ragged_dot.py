@@ -39,6 +39,7 @@ CASES = opdb.get("ragged_dot").kernel_cases["mosaic"]
 @pytest.mark.parametrize(
   "case", list(CASES.values()), ids=lambda case: f"{case.layout}-{case.m}-{case.group_offset}"
 )
+@pytest.mark.host_only
 def test_interpret_matches_reference_with_gradients(case, capfd):
   layout, m, k, n, g, offset = case.layout, case.m, case.k, case.n, case.groups, case.group_offset
   rng = np.random.default_rng(m)
@@ -75,6 +76,7 @@ def test_interpret_matches_reference_with_gradients(case, capfd):
 
 
 @pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.host_only
 def test_interpret_two_cta_clusters(transpose, capfd):
   m, k, n, g = 400, 256, 128, 4
   rng = np.random.default_rng(2)
@@ -97,6 +99,7 @@ def test_interpret_two_cta_clusters(transpose, capfd):
   assert compare.relative_error(out, ref) < 1e-5
 
 
+@pytest.mark.host_only
 def test_interpret_preferred_element_type():
   m, k, n, g = 64, 128, 64, 2
   rng = np.random.default_rng(1)
@@ -207,6 +210,7 @@ def test_platform_reason():
 
 
 @pytest.mark.parametrize("chunk_align", [8, 64])
+@pytest.mark.host_only
 def test_interpret_drhs_chunks_at_group_starts(chunk_align, capfd):
   """The drhs kernel with group starts off multiples of 64, groups of 1-7 rows, empty groups."""
   m, k, n = 336, 128, 64

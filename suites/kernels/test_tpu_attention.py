@@ -24,6 +24,7 @@ from tokamax_harness import compare, references
 pytestmark = [
   pytest.mark.op("dot_product_attention", "mosaic_tpu"),
   pytest.mark.usefixtures("on_cpu"),
+  pytest.mark.host_only,
 ]
 
 # `kernel_cases.AttentionKernelCase`s (in the op database).

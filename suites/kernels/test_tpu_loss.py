@@ -25,6 +25,7 @@ from tokamax_harness import compare, references
 pytestmark = [
   pytest.mark.op("linear_softmax_cross_entropy_loss", "mosaic_tpu"),
   pytest.mark.usefixtures("on_cpu"),
+  pytest.mark.host_only,
 ]
 
 Config = mosaic_tpu.MosaicTpuLossConfig

@@ -21,7 +21,11 @@ from tokamax_harness import compare, references
 
 # The summary counts these under the op and implementation they check.
 # On any host the TPU kernels run in the TPU interpreter, on the host CPU.
-pytestmark = [pytest.mark.op("ragged_dot", "mosaic_tpu"), pytest.mark.usefixtures("on_cpu")]
+pytestmark = [
+  pytest.mark.op("ragged_dot", "mosaic_tpu"),
+  pytest.mark.usefixtures("on_cpu"),
+  pytest.mark.host_only,
+]
 
 # `kernel_cases.RaggedDotKernelCase`s (in the op database).
 CASES = opdb.get("ragged_dot").kernel_cases["mosaic_tpu"]

@@ -194,6 +194,7 @@ def _interpreted_errors(case) -> dict:
 
 
 @pytest.mark.parametrize("case", CASES)
+@pytest.mark.host_only
 def test_interpreted_kernels_match_float64_reference(case):
   interpreted.assert_errors_within_bound(_interpreted_errors(case))
 
