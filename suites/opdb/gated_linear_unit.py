@@ -38,6 +38,18 @@ def reference(args: tuple, kwargs: dict):
   return references.gated_linear_unit(*args, activation=kwargs["activation"])
 
 
+def _plain_jnp(args: tuple, kwargs: dict):
+  """A GLU as a user writes it in jnp (one einsum over fused weights): #24's yardstick."""
+  x, weights = args
+  if isinstance(weights, tuple):
+    gate, up = (jnp.einsum("...k,kn->...n", x, w) for w in weights)
+  else:
+    both = jnp.einsum("...k,kjn->...jn", x, weights)
+    gate, up = both[..., 0, :], both[..., 1, :]
+  activation = kwargs["activation"]
+  return (gate if activation is None else activation(gate)) * up
+
+
 def _sizes():
   return st.fixed_dictionaries(
     dict(m=st.integers(1, 40), k=st.integers(1, 80), n=st.integers(1, 80))
@@ -176,5 +188,6 @@ INFO = base.OpInfo(
     base.TPU_V5: _GPU_BENCH,
   },
   sizes=_sizes,
+  anchors={"jnp": _plain_jnp},
   kernel_cases=_KERNEL_CASES,
 )

@@ -1,5 +1,6 @@
 """layer_norm (LayerNorm and RMSNorm) in the op database."""
 
+import jax
 import jax.numpy as jnp
 from hypothesis import strategies as st
 
@@ -24,6 +25,23 @@ def build(d: base.Draw, shape: dict, dtype: str, f: dict) -> base.Built:
   }
   diff = (0,) + ((1,) if scale is not None else ()) + ((2,) if offset is not None else ())
   return base.Built((x, scale, offset), kwargs, diff, ("x", "scale", "offset"))
+
+
+def _plain_jnp(args: tuple, kwargs: dict):
+  """LayerNorm/RMSNorm as a user writes it in jnp (statistics in float32): #24's yardstick."""
+  x, scale, offset = args
+  axis, eps = kwargs["axis"], kwargs["epsilon"]
+  x32 = x.astype(jnp.float32)
+  if kwargs["subtract_mean"]:
+    x32 = x32 - x32.mean(axis, keepdims=True)
+  y = x32 * jax.lax.rsqrt((x32 * x32).mean(axis, keepdims=True) + eps)
+  shape = [1] * x.ndim
+  shape[axis] = x.shape[axis]
+  if scale is not None:
+    y = y * (scale.astype(jnp.float32) + kwargs["scale_offset"]).reshape(shape)
+  if offset is not None:
+    y = y + offset.astype(jnp.float32).reshape(shape)
+  return y.astype(x.dtype)
 
 
 def _sizes():
@@ -118,5 +136,6 @@ INFO = base.OpInfo(
     base.TPU_V5: _GPU_BENCH,
   },
   sizes=_sizes,
+  anchors={"jnp": _plain_jnp},
   kernel_cases=_KERNEL_CASES,
 )

@@ -1,6 +1,7 @@
 """linear_softmax_cross_entropy_loss in the op database."""
 
 import jax
+import jax.numpy as jnp
 from hypothesis import strategies as st
 
 from suites.opdb import base
@@ -21,6 +22,14 @@ def build(d: base.Draw, shape: dict, dtype: str, f: dict) -> base.Built:
 
 def reference(args: tuple, kwargs: dict):
   return references.linear_softmax_cross_entropy_loss(*args, reduction=kwargs["reduction"])
+
+
+def _plain_jnp(args: tuple, kwargs: dict):
+  """The loss as a user writes it in jnp (float32 logits, log_softmax): #24's yardstick."""
+  x, labels, w = args
+  logits = jnp.matmul(x, w, preferred_element_type=jnp.float32)
+  per_row = -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=-1)[:, 0]
+  return {"sum": per_row.sum, "mean": per_row.mean}.get(kwargs["reduction"], lambda: per_row)()
 
 
 def _sizes():
@@ -96,6 +105,7 @@ INFO = base.OpInfo(
     base.TPU_V5: _GPU_BENCH,
   },
   sizes=_sizes,
+  anchors={"jnp": _plain_jnp},
   # Vocabulary chunks of 128: V=1003 and V=130 end in a partial chunk (107 and 2 columns).
   config_variants={"chunked_xla": {"v128": {"vocab_chunk_size": 128}}},
 )
