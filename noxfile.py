@@ -23,26 +23,26 @@ def _pytest(session, *args):
   session.run("python", "-m", "pytest", *args, *session.posargs, env={"PYTHONPATH": "src:."})
 
 
-def _project_python(session) -> str:
-  """The interpreter of the sessions that install nothing: $TOKAMAX_PYTHON, else the README's
-  .venv, else `python`; the session stops with one line if it cannot import jax."""
+def _project_python(session) -> tuple[str, str]:
+  """The interpreter of the sessions that install nothing ($TOKAMAX_PYTHON, else the README's
+  .venv, else `python`) and its jax backend; one line and a stop if it cannot import jax."""
   python = os.environ.get("TOKAMAX_PYTHON") or (
     ".venv/bin/python" if os.path.exists(".venv/bin/python") else "python"
   )
-  probe = session.run(
-    python, "-c", "import jax", silent=True, success_codes=range(256), external=True
-  )
-  if probe is None or "Error" in str(probe):
+  probe = "import jax; print('backend', jax.default_backend())"
+  out = session.run(python, "-c", probe, silent=True, success_codes=range(256), external=True)
+  lines = [line for line in str(out).splitlines() if line.startswith("backend ")]
+  if not lines:
     session.error(
       f"{session.name} needs the project's environment ({python} cannot import jax): run "
-      "`python3.12 -m venv .venv && .venv/bin/pip install -e '.[test,triton]'` first, or set "
-      "TOKAMAX_PYTHON to an interpreter that has it"
+      "`python3.12 -m venv .venv && .venv/bin/pip install -e '.[test,triton]' -e ./harness` "
+      "first, or set TOKAMAX_PYTHON to an interpreter that has it"
     )
-  return python
+  return python, lines[-1].split()[1]
 
 
 def _run_module(session, module: str, *args):
-  python = _project_python(session)
+  python, _ = _project_python(session)
   session.run(python, "-m", module, *args, env={"PYTHONPATH": "src:."}, external=True)
 
 
@@ -60,10 +60,7 @@ def gpu_tests(session):
   pytest-xdist workers sized to the host and one set of compile caches (see ci/gpu_suite.sh for
   SUITE_WORKERS, TOKAMAX_COMPILATION_CACHE, ...); summary, JUnit and log in RESULTS/gpu_run.
   """
-  python = _project_python(session)
-  probe = "import jax; print(jax.default_backend())"
-  found = session.run(python, "-c", probe, silent=True, success_codes=range(256), external=True)
-  backend = str(found).strip().splitlines()[-1] if str(found).strip() else "nothing"
+  python, backend = _project_python(session)
   if backend != "gpu":
     session.error(
       f"no GPU here (jax.default_backend(): {backend!r}). gpu_tests needs an NVIDIA GPU and "
@@ -86,10 +83,8 @@ def gpu_tests(session):
 @nox.session(venv_backend="none")
 def tpu_tests(session):
   """The TPU suite (tpu_v5 matrix) on a TPU host; elsewhere the TPU kernels in their interpreter."""
-  python = _project_python(session)
-  probe = "import jax; print(jax.default_backend())"
-  found = session.run(python, "-c", probe, silent=True, external=True)
-  on_tpu = str(found).strip().splitlines()[-1] == "tpu"
+  python, backend = _project_python(session)
+  on_tpu = backend == "tpu"
   paths = [] if on_tpu else sorted(glob.glob("suites/kernels/test_tpu_*.py"))
   if not on_tpu:
     session.log("no TPU here: the TPU kernels in Pallas's TPU interpreter and exported for TPU")

@@ -47,13 +47,6 @@ from tokamax_harness import compare
 AXES = ("data", "model")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _PartitionedLoss(loss_xla.XlaLoss):
-  """The XLA loss partitioned like the loss's kernels, by the op's rule."""
-
-  partitioned = True
-
-
 def _partitioned(cls):
   """The XLA implementation `cls`, partitioned by its op's rule like a kernel."""
   return dataclasses.dataclass(frozen=True, kw_only=True)(
@@ -205,12 +198,12 @@ def cases() -> dict[str, Case]:
       explicit=False,
     ),
     "loss/xla/rows_sum_vocabulary_replicated": _case(
-      _loss(_PartitionedLoss(), 16, 32, 24, "sum"),
+      _loss(_partitioned(loss_xla.XlaLoss), 16, 32, 24, "sum"),
       [ROWS, P(None, "model"), ROWS],
       warns="axis 1 (v) of `weights`",
     ),
     "loss/xla/auto_rows_mean": _case(
-      _loss(_PartitionedLoss(), 16, 32, 24, "mean"), [ROWS, P(), ROWS], explicit=False
+      _loss(_partitioned(loss_xla.XlaLoss), 16, 32, 24, "mean"), [ROWS, P(), ROWS], explicit=False
     ),
   }
 

@@ -45,10 +45,14 @@ def num_sms(interpret: bool = False) -> int:
   return int(count) if count else DEFAULT_NUM_SMS
 
 
+def swizzle_elems(dtype) -> int:
+  """Elements of `dtype` in the 128-byte swizzle span: the contraction depth of a tile row."""
+  return _SWIZZLE // jnp.dtype(dtype).itemsize
+
+
 def transforms(dtype) -> tuple:
   """TMA tiling and swizzle of an operand tile whose rows span 128 bytes."""
-  elems = _SWIZZLE // jnp.dtype(dtype).itemsize
-  return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(_SWIZZLE))
+  return (plgpu.TilingTransform((8, swizzle_elems(dtype))), plgpu.SwizzleTransform(_SWIZZLE))
 
 
 def columns_reason(config: Any, n: int) -> str | None:

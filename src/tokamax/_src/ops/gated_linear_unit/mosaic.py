@@ -54,7 +54,7 @@ class MosaicGluConfig:
 def _kernel_config(x_dtype, config: MosaicGluConfig) -> mosaic_kernel.MosaicGluKernelConfig:
   return mosaic_kernel.MosaicGluKernelConfig(
     block_n=config.block_n,
-    block_k=128 // np.dtype(x_dtype).itemsize,
+    block_k=gemm.swizzle_elems(x_dtype),
     num_stages=config.num_stages,
     epi_n=config.epi_n,
     grid_tile_m=config.grid_tile_m,

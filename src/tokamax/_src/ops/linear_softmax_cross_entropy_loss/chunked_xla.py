@@ -83,6 +83,13 @@ def row_cotangents(args: spec.LossArgs, dout: jax.Array) -> jax.Array:
   return g.astype(numerics.accumulation_dtype(args.x.dtype))
 
 
+def logit_cotangents(args: spec.LossArgs, logits, first_column, lse, g) -> jax.Array:
+  """The cotangent of logits [B, C] (columns from `first_column` on), in x's dtype:
+  (softmax - onehot(labels)) x the rows' cotangents `g`."""
+  hit = (first_column + jnp.arange(logits.shape[1]))[None, :] == args.labels[:, None]
+  return ((jnp.exp(logits - lse[:, None]) - hit) * g[:, None]).astype(args.x.dtype)
+
+
 def backward(args: spec.LossArgs, config: ChunkedLossConfig, lse, dout):
   """Cotangents of x and weights from the log-sum-exp residuals, a chunk at a time.
 
@@ -96,8 +103,7 @@ def backward(args: spec.LossArgs, config: ChunkedLossConfig, lse, dout):
   def step(carry, i):
     dx, dw = carry
     logits, start, w, repeated = chunks.logits(args, i)
-    hit = (start + jnp.arange(chunks.size))[None, :] == args.labels[:, None]
-    dlogits = ((jnp.exp(logits - lse[:, None]) - hit) * g[:, None]).astype(args.x.dtype)
+    dlogits = logit_cotangents(args, logits, start, lse, g)
     # Repeated columns: their dweights again (the same values), but dx only once.
     dx = dx + jnp.matmul(
       jnp.where(repeated, jnp.zeros((), dlogits.dtype), dlogits), w.T, preferred_element_type=acc

@@ -45,22 +45,15 @@ class MosaicLossConfig:
 def _kernel_config(dtype, config: MosaicLossConfig) -> mosaic_kernel.MosaicLossKernelConfig:
   return mosaic_kernel.MosaicLossKernelConfig(
     block_n=config.block_n,
-    block_k=128 // np.dtype(dtype).itemsize,
+    block_k=gemm.swizzle_elems(dtype),
     num_stages=config.num_stages,
     grid_tile_m=config.grid_tile_m,
   )
 
 
-def label_logits(args: spec.LossArgs) -> jax.Array:
-  """float32 [B]: each row's logit at its label, from the B gathered weight columns."""
-  columns = jnp.take(args.weights, args.labels, axis=1)  # [H, B]
-  return jnp.einsum(
-    "bh,hb->b", args.x, columns, precision=args.precision, preferred_element_type=jnp.float32
-  )
-
-
-def logsumexp(x: jax.Array, w: jax.Array, config: MosaicLossConfig, interpret=None) -> jax.Array:
-  """float32 [B]: log-sum-exp of each row of x @ w, without the [B, V] logits."""
+def logsumexp(args: spec.LossArgs, config: MosaicLossConfig, interpret=None) -> jax.Array:
+  """float32 [B]: log-sum-exp of each row of x @ weights, without the [B, V] logits."""
+  x, w = args.x, args.weights
   b, v = x.shape[0], w.shape[1]
   kernel_config = _kernel_config(x.dtype, config)
   n_tiles = v // config.block_n
@@ -68,22 +61,17 @@ def logsumexp(x: jax.Array, w: jax.Array, config: MosaicLossConfig, interpret=No
   padded = jnp.pad(x, ((0, rows), (0, 0))) if rows else x
   # The kernel's TMA tiling needs V to be a multiple of its 128-byte swizzle span: for other
   # V (50257) it reads a padded copy (its tiles never reach the padding).
-  align = 128 // np.dtype(w.dtype).itemsize
+  align = gemm.swizzle_elems(w.dtype)
   w_kernel = jnp.pad(w, ((0, 0), (0, -v % align))) if v % align else w
-  parts = [
-    mosaic_kernel.tile_logsumexp(
-      padded,
-      w_kernel,
-      n_tiles=n_tiles,
-      config=kernel_config,
-      num_sms=gemm.num_sms(interpret is not None),
-      interpret=interpret,
-    )[:, :b]
-  ]
-  if v % config.block_n:  # The columns past the last whole tile.
-    tail = jnp.matmul(x, w[:, n_tiles * config.block_n :], preferred_element_type=jnp.float32)
-    parts.append(jax.nn.logsumexp(tail, axis=1)[None])
-  return jax.nn.logsumexp(jnp.concatenate(parts), axis=0)
+  tiles = mosaic_kernel.tile_logsumexp(
+    padded,
+    w_kernel,
+    n_tiles=n_tiles,
+    config=kernel_config,
+    num_sms=gemm.num_sms(interpret is not None),
+    interpret=interpret,
+  )[:, :b]
+  return spec.with_tail_columns(args, jax.nn.logsumexp(tiles, axis=0), n_tiles * config.block_n)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -107,7 +95,7 @@ class MosaicLoss(kernel_ops.MosaicGpuOp):
 
   def _get_heuristics_config(self, args: spec.LossArgs) -> MosaicLossConfig:
     h, v = args.weights.shape
-    block_k = 128 // np.dtype(args.x.dtype).itemsize
+    block_k = gemm.swizzle_elems(args.x.dtype)
     return MosaicLossConfig(
       block_n=256 if v >= 256 else 128, num_stages=min(4, max(2, h // block_k))
     )
@@ -124,8 +112,8 @@ class MosaicLoss(kernel_ops.MosaicGpuOp):
     }
 
   def _fwd(self, args: spec.LossArgs, config: MosaicLossConfig):
-    lse = logsumexp(args.x, args.weights, config, self.interpret_params)
-    return spec.reduce(args, lse - label_logits(args)), lse
+    lse = logsumexp(args, config, self.interpret_params)
+    return spec.reduce(args, lse - spec.label_logits(args)), lse
 
   def _bwd(self, args, config, out, residuals, dout):
     del out

@@ -36,7 +36,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from tokamax._src import tpu
 from tokamax._src.ops import kernel_ops
-from tokamax._src.ops.linear_softmax_cross_entropy_loss import chunked_xla, mosaic, spec
+from tokamax._src.ops.linear_softmax_cross_entropy_loss import chunked_xla, spec
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import mosaic_tpu_kernel as kernel
 
 _DTYPES = ("bfloat16", "float32")
@@ -210,11 +210,7 @@ def logsumexp(
     vmem_limit_bytes=tpu.chip().vmem_limit_bytes,
     interpret=interpret,
   )
-  start = n_tiles * config.block_v
-  if start < w.shape[1]:  # The columns past the last whole tile.
-    tail = jnp.matmul(x, w[:, start:], precision=args.precision, preferred_element_type=jnp.float32)
-    lse = jnp.logaddexp(lse, jax.nn.logsumexp(tail, axis=1))
-  return lse
+  return spec.with_tail_columns(args, lse, n_tiles * config.block_v)
 
 
 def backward(
@@ -246,8 +242,7 @@ def backward(
   if start < v:  # The columns past the last whole tile.
     tail = w[:, start:]
     logits = jnp.matmul(x, tail, precision=args.precision, preferred_element_type=jnp.float32)
-    hit = (start + jnp.arange(v - start))[None, :] == args.labels[:, None]
-    dlogits = ((jnp.exp(logits - lse[:, None]) - hit) * g[:, None]).astype(x.dtype)
+    dlogits = chunked_xla.logit_cotangents(args, logits, start, lse, g)
     dx += jnp.matmul(dlogits, tail.T, precision=args.precision, preferred_element_type=jnp.float32)
     dw_tail = jnp.matmul(x.T, dlogits, precision=args.precision, preferred_element_type=jnp.float32)
     dw = jnp.concatenate([dw, dw_tail.astype(w.dtype)], axis=1)
@@ -278,7 +273,7 @@ class MosaicTpuLoss(kernel_ops.MosaicTpuOp):
 
   def _fwd(self, args: spec.LossArgs, config: MosaicTpuLossConfig):
     lse = logsumexp(args, config, self.interpret_params)
-    return spec.reduce(args, lse - mosaic.label_logits(args)), lse
+    return spec.reduce(args, lse - spec.label_logits(args)), lse
 
   def _bwd(self, args, config, out, residuals, dout):
     del out

@@ -60,6 +60,25 @@ def reduce(args: LossArgs, per_row: jax.Array) -> jax.Array:
   return per_row
 
 
+def label_logits(args: LossArgs) -> jax.Array:
+  """float32 [B]: each row's logit at its label, from the B gathered weight columns."""
+  columns = jnp.take(args.weights, args.labels, axis=1)  # [H, B]
+  return jnp.einsum(
+    "bh,hb->b", args.x, columns, precision=args.precision, preferred_element_type=jnp.float32
+  )
+
+
+def with_tail_columns(args: LossArgs, lse: jax.Array, start: int) -> jax.Array:
+  """`lse` [B] of columns [0, start) combined with the columns from `start` on (in XLA): the
+  vocabulary past a kernel's last whole tile."""
+  if start >= args.weights.shape[1]:
+    return lse
+  tail = jnp.matmul(
+    args.x, args.weights[:, start:], precision=args.precision, preferred_element_type=jnp.float32
+  )
+  return jnp.logaddexp(lse, jax.nn.logsumexp(tail, axis=1))
+
+
 def cost(args: LossArgs) -> op.Cost:
   b, h = args.x.shape
   v = args.weights.shape[1]

@@ -44,7 +44,7 @@ class MosaicRaggedDotConfig:
 
 
 def _kernel_config(args: spec.RaggedDotArgs, config: MosaicRaggedDotConfig):
-  block = 128 // np.dtype(args.lhs.dtype).itemsize
+  block = gemm.swizzle_elems(args.lhs.dtype)
   if args.layout == spec.RAGGED_CONTRACTING:
     return mosaic_drhs.MosaicRaggedDotDrhsConfig(
       block_n=config.block_n, block_m=block, num_stages=config.num_stages, epi_n=config.epi_n
