@@ -58,6 +58,7 @@ _TPU_ATTENTION_KERNEL = _ATTENTION + "mosaic_tpu_kernel.py"
 _TPU_ATTENTION_CASE = _TPU_ATTENTION + "::test_interpret_matches_reference_with_gradients"
 _TPU_LOSS = "suites/kernels/test_tpu_loss.py"
 _TPU_LOSS_KERNEL = _LOSS + "mosaic_tpu_kernel.py"
+_KERNEL_SHARDING = "suites/core/test_kernel_sharding.py"
 
 MUTATIONS: tuple[Mutation, ...] = (
   # --- The harness itself ------------------------------------------------------
@@ -391,8 +392,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "loss.label_off_by_one",
     "src/tokamax/_src/ops/linear_softmax_cross_entropy_loss/xla.py",
-    "    picked = jnp.take_along_axis(logits, args.labels[:, None], axis=-1)[:, 0]",
-    "    picked = jnp.take_along_axis(logits, args.labels[:, None] - 1, axis=-1)[:, 0]",
+    "    picked = jnp.take_along_axis(logits, columns[:, None], axis=-1)[:, 0]",
+    "    picked = jnp.take_along_axis(logits, columns[:, None] - 1, axis=-1)[:, 0]",
     _matrix("test_forward and cross_entropy and xla] and sum- and float32"),
     "The label's logit is gathered one column to the left.",
   ),
@@ -747,6 +748,33 @@ MUTATIONS: tuple[Mutation, ...] = (
     '  preference={"gpu": ("mosaic",)},',
     (_TPU_LOSS, "-k", "export_for_tpu_v5_has"),
     "implementation=None runs XLA on a TPU instead of the Mosaic TPU loss kernel.",
+  ),
+  Mutation(
+    "loss.vocabulary_shards_add_log_sum_exps",
+    _LOSS + "spec.py",
+    "  lse = top + jnp.log(jax.lax.psum(jnp.exp(lse - top), shard.axes))",
+    "  lse = jax.lax.psum(lse, shard.axes)",
+    (_KERNEL_SHARDING, "-k", "vocabulary"),
+    "Loss on vocabulary-sharded weights: the shards' log-sum-exps are added instead of"
+    " combined by a log-sum-exp.",
+  ),
+  Mutation(
+    "loss.vocabulary_shard_labels_misplaced",
+    _LOSS + "spec.py",
+    '  first = shards["v"].index() * args.weights.shape[1]',
+    '  first = shards["v"].index()',
+    (_KERNEL_SHARDING, "-k", "vocabulary"),
+    "Loss on vocabulary-sharded weights: a shard's labels are not counted from its first"
+    " column, so the label logits (and their -1 in the backward) land in the wrong shard.",
+  ),
+  Mutation(
+    "loss.vocabulary_foreign_labels_held",
+    _LOSS + "spec.py",
+    "  held = (args.labels >= 0) & (args.labels < v)",
+    "  held = args.labels >= 0",
+    (_KERNEL_SHARDING, "-k", "vocabulary"),
+    "Loss on vocabulary-sharded weights: a label past the shard's columns takes its last"
+    " column's logit instead of none.",
   ),
   Mutation(
     "kernels.mosaic_tpu_attention_window_skips_visible_block",

@@ -6,7 +6,8 @@ all-gather unless the case shards an axis the op cannot split (then one warning
 names it). Triton kernels run in Triton's interpreter (float32) on arrays with explicit mesh
 axes; the `auto_` cases run the same partitioning through XLA's partitioner
 (`custom_partitioning`, automatic mesh axes) with the XLA implementation as the
-kernel, since interpreters' host callbacks cannot run inside it. Mosaic GPU kernels,
+kernel, since interpreters' host callbacks cannot run inside it. The Mosaic TPU loss
+runs in Pallas's TPU interpreter (explicit mesh axes). Mosaic GPU kernels,
 whose interpreter cannot run sharded, are lowered for CUDA on sharded operands
 (`Lowering`): their calls take shards and nothing is gathered.
 
@@ -37,6 +38,10 @@ from tokamax._src.ops.attention import xla as attention_xla
 from tokamax._src.ops.gated_linear_unit import mosaic as glu_mosaic
 from tokamax._src.ops.gated_linear_unit import spec as glu_spec
 from tokamax._src.ops.gated_linear_unit import xla as glu_xla
+from tokamax._src.ops.linear_softmax_cross_entropy_loss import chunked_xla as loss_chunked
+from tokamax._src.ops.linear_softmax_cross_entropy_loss import mosaic as loss_mosaic
+from tokamax._src.ops.linear_softmax_cross_entropy_loss import mosaic_tpu as loss_tpu
+from tokamax._src.ops.linear_softmax_cross_entropy_loss import spec as loss_spec
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import xla as loss_xla
 from tokamax._src.ops.normalization import xla as norm_xla
 from tokamax._src.ops.ragged_dot import mosaic as ragged_mosaic
@@ -129,6 +134,19 @@ def _case(call, specs, **kw) -> Case:
 
 ROWS_ALL, ROWS = P(AXES), P("data")
 HEADS = P("data", None, "model", None)
+VOCAB = P(None, "model")
+# The loss's chunked backward: 5-column chunks, the last overlapping (12 columns a shard).
+CHUNKED_LOSS = _partitioned(loss_chunked.ChunkedXlaLoss).with_config(
+  loss_chunked.ChunkedLossConfig(5)
+)
+# The Mosaic TPU loss in its interpreter: on each of 2 vocabulary shards one 128-column tile
+# and a 64-column tail (XLA's), forward and backward; 8-row tiles.
+TPU_LOSS = loss_tpu.MosaicTpuLoss(
+  interpret=True,
+  config=loss_tpu.MosaicTpuLossConfig(
+    block_b=8, block_v=128, block_k=32, bwd_block_b=8, bwd_block_v=128
+  ),
+)
 
 
 def cases() -> dict[str, Case]:
@@ -197,13 +215,39 @@ def cases() -> dict[str, Case]:
       [ROWS, P("model"), P()],
       explicit=False,
     ),
-    "loss/xla/rows_sum_vocabulary_replicated": _case(
+    "loss/xla/rows_sum_features_replicated": _case(
       _loss(_partitioned(loss_xla.XlaLoss), 16, 32, 24, "sum"),
-      [ROWS, P(None, "model"), ROWS],
-      warns="axis 1 (v) of `weights`",
+      [P("data", "model"), P(), ROWS],
+      warns="axis 1 (h) of `x`",
     ),
     "loss/xla/auto_rows_mean": _case(
       _loss(_partitioned(loss_xla.XlaLoss), 16, 32, 24, "mean"), [ROWS, P(), ROWS], explicit=False
+    ),
+    "loss/xla/vocabulary_sum": _case(
+      _loss(_partitioned(loss_xla.XlaLoss), 16, 32, 24, "sum"), [P(), VOCAB, P()]
+    ),
+    "loss/xla/rows_and_vocabulary_mean": _case(
+      _loss(_partitioned(loss_xla.XlaLoss), 16, 32, 24, "mean"), [ROWS, VOCAB, ROWS]
+    ),
+    "loss/xla/auto_rows_and_vocabulary_none": _case(
+      _loss(_partitioned(loss_xla.XlaLoss), 16, 32, 24, "none"),
+      [ROWS, VOCAB, ROWS],
+      explicit=False,
+    ),
+    "loss/chunked_xla/rows_and_vocabulary_none": _case(
+      _loss(CHUNKED_LOSS, 16, 32, 24, "none"), [ROWS, VOCAB, ROWS]
+    ),
+    "loss/chunked_xla/vocabulary_mean": _case(
+      _loss(CHUNKED_LOSS, 16, 32, 24, "mean"), [P(), VOCAB, P()]
+    ),
+    "loss/chunked_xla/auto_rows_and_vocabulary_sum": _case(
+      _loss(CHUNKED_LOSS, 16, 32, 24, "sum"), [ROWS, VOCAB, ROWS], explicit=False
+    ),
+    "loss/mosaic_tpu/rows_and_vocabulary_sum": _case(
+      _loss(TPU_LOSS, 32, 32, 384, "sum"), [ROWS, VOCAB, ROWS]
+    ),
+    "loss/mosaic_tpu/vocabulary_none": _case(
+      _loss(TPU_LOSS, 16, 32, 384, "none"), [P(), VOCAB, P()]
     ),
   }
 
@@ -301,6 +345,7 @@ def lowerings() -> dict[str, Lowering]:
   x, w = ((512, 256), bf16, ROWS), ((256, 2, 256), bf16, P(None, None, "model"))
   q, kv = ((4, 128, 4, 64), bf16, HEADS), ((4, 128, 2, 64), bf16, HEADS)
   rhs, sizes = ((4, 256, 256), bf16, P("model")), ((4,), i32, P())
+  vocab = ((256, 1024), bf16, VOCAB)
   return {
     "gated_linear_unit/mosaic/rows_and_columns": Lowering(
       glu_mosaic.MosaicGatedLinearUnit(),
@@ -322,6 +367,13 @@ def lowerings() -> dict[str, Lowering]:
       (x, rhs, sizes),
       "tensor<2x256x256xbf16>",
       "tensor<4x256x256xbf16>",
+    ),
+    "loss/mosaic/rows_and_vocabulary": Lowering(
+      loss_mosaic.MosaicLoss(),
+      lambda x, labels, w: loss_spec.canonicalize(x, labels, w),
+      (x, ((512,), i32, ROWS), vocab),
+      "tensor<256x512xbf16>",
+      "tensor<256x1024xbf16>",
     ),
   }
 

@@ -16,6 +16,7 @@ from jax.sharding import PartitionSpec as P
 from suites.core import kernel_sharding_checks
 from tokamax._src.ops import partitioning, registry
 from tokamax._src.ops.attention import spec as attention_spec
+from tokamax._src.ops.linear_softmax_cross_entropy_loss import spec as loss_spec
 from tokamax._src.ops.normalization import spec as norm_spec
 from tokamax._src.ops.ragged_dot import spec as ragged_spec
 
@@ -23,6 +24,7 @@ MESH = {"data": 4, "model": 2}
 NAMES = [*kernel_sharding_checks.cases(), *kernel_sharding_checks.lowerings()]
 _SPECS = {
   attention_spec.AttentionArgs: attention_spec,
+  loss_spec.LossArgs: loss_spec,
   norm_spec.NormArgs: norm_spec,
   ragged_spec.RaggedDotArgs: ragged_spec,
 }
@@ -89,11 +91,26 @@ def test_expert_parallel_groups_sum_the_output():
   assert plan.grad_sums[0] == ("model",)  # lhs meets only its devices' groups
 
 
+def test_vocabulary_shards_add_their_shares_of_the_loss():
+  x, labels, w = jnp.ones((16, 8)), jnp.zeros(16, jnp.int32), jnp.ones((8, 24))
+  args = loss_spec.canonicalize(x, labels, w, reduction="mean")
+  plan = _plan("test_loss", args, P("data"), P("data"), P(None, "model"))
+  assert plan.in_specs == (P(("data",), None), P(("data",)), P(None, ("model",)))
+  assert plan.out_sums == ("model",) and plan.out_means == ("data",) and plan.mean_count == 4
+  assert plan.grad_sums[0] == ("model",)  # x meets only its devices' columns
+
+
 @pytest.fixture(scope="module")
-def results() -> dict[str, str | None]:
+def results(request) -> dict[str, str | None]:
+  """The checks of the selected cases, in one subprocess."""
+  selected = [
+    item.callspec.params["name"]
+    for item in request.session.items
+    if item.module is request.module and hasattr(item, "callspec")
+  ]
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
   run = subprocess.run(
-    [sys.executable, "-m", "suites.core.kernel_sharding_checks"],
+    [sys.executable, "-m", "suites.core.kernel_sharding_checks", *selected],
     cwd=Path(__file__).resolve().parents[2],
     env=env,
     capture_output=True,

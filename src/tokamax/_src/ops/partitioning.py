@@ -11,6 +11,11 @@ implementation on each device's shards:
 - otherwise under `jax.jit`, through `jax.experimental.custom_partitioning`: XLA's
   partitioner hands the operand shardings to the same planner.
 
+Where a split label is missing from the output (the rows of a reduced loss, the groups
+of expert parallelism, a loss's vocabulary), the rule declares per label how the
+shards' outputs combine, summed or averaged; an implementation may first combine values
+across the shards itself (the loss's log-sum-exp over vocabulary shards).
+
 An axis sharded over devices that its label does not allow to split is replicated
 (gathered), with a one-time warning naming it. The gradient is partitioned the same
 way: through `shard_map`, JAX differentiates the split call (the implementation's own
@@ -64,9 +69,10 @@ class Rule:
       not named has no axis that splits.
     output: The labels of the output's axes.
     split: The labels that may be split across devices.
-    combine: How shards of an output that lacks a split label add up: "sum" or
-      "mean" (e.g. a loss reduced over rows); not read when every split label is
-      in the output.
+    combine: How the shards of a split label missing from the output combine
+      their outputs: "sum" or "mean" (e.g. a loss reduced over rows); one for
+      every such label, or a mapping from label to it. Not read for labels in
+      the output.
     localize: Maps the record of one shard to what the implementation computes
       there (e.g. global group sizes to the shard's), given the `Shard` of each
       split label.
@@ -75,8 +81,14 @@ class Rule:
   inputs: Mapping[str, Labels | list[Labels]]
   output: Labels
   split: frozenset[str]
-  combine: str | None = None
+  combine: str | Mapping[str, str] | None = None
   localize: Callable[[Any, Mapping[str, Shard]], Any] | None = None
+
+  def combine_of(self, label: str) -> str | None:
+    """How the shards of `label` combine outputs that lack it."""
+    if isinstance(self.combine, Mapping):
+      return self.combine.get(label)
+    return self.combine
 
   def leaf_labels(self, args: Any) -> list[tuple[str, Labels]]:
     """(field, labels) for every array leaf of `args`, in `jax.tree.leaves` order."""
@@ -131,11 +143,17 @@ class Plan:
   in_specs: tuple[PartitionSpec, ...]
   out_spec: PartitionSpec
   grad_sums: tuple[tuple[str, ...], ...]  # Per leaf: mesh axes its cotangent sums over.
-  out_sums: tuple[str, ...]  # Mesh axes the output combines over.
+  out_sums: tuple[str, ...]  # Mesh axes the output is summed over.
+  out_means: tuple[str, ...] = ()  # Mesh axes the output is averaged over.
 
   @property
   def splits(self) -> bool:
     return bool(self.shards)
+
+  @property
+  def mean_count(self) -> int:
+    """The shards that the output is averaged over."""
+    return math.prod(s.count for s in self.shards.values() if set(s.axes) <= set(self.out_means))
 
 
 def _factor_sizes(leaf_labels, shapes) -> dict[str, int]:
@@ -187,19 +205,28 @@ def plan(
   def spec_of(labels: Labels) -> PartitionSpec:
     return PartitionSpec(*(factors.get(_major(label)) for label in labels))
 
-  def sums(labels: Labels) -> tuple[str, ...]:
+  def sums(labels: Labels, how: str | None = None) -> tuple[str, ...]:
     present = {_major(label) for label in labels}
-    return tuple(a for f, axes in factors.items() if f not in present for a in axes)
+    return tuple(
+      a
+      for f, axes in factors.items()
+      if f not in present and how in (None, rule.combine_of(f))
+      for a in axes
+    )
 
-  out_sums = sums(rule.output)
-  if out_sums and rule.combine not in ("sum", "mean"):
-    raise ValueError(f"{op_name}: the output lacks a split label and the rule has no `combine`")
+  missing = [f for f in factors if f not in {_major(label) for label in rule.output}]
+  for f in missing:
+    if rule.combine_of(f) not in ("sum", "mean"):
+      raise ValueError(
+        f"{op_name}: the output lacks split label {f!r} and the rule has no `combine`"
+      )
   return Plan(
     shards={f: Shard(axes, math.prod(mesh_shape[a] for a in axes)) for f, axes in factors.items()},
     in_specs=tuple(spec_of(labels) for _, labels in leaf_labels),
     out_spec=spec_of(rule.output),
     grad_sums=tuple(sums(labels) for _, labels in leaf_labels),
-    out_sums=out_sums,
+    out_sums=sums(rule.output, "sum"),
+    out_means=sums(rule.output, "mean"),
   )
 
 
@@ -207,6 +234,20 @@ def vma(x: Any) -> frozenset[str]:
   """The manual mesh axes `x` varies over (inside `shard_map`)."""
   manual = getattr(jax.typeof(x), "manual_axis_type", None)
   return frozenset(getattr(manual, "varying", ()))
+
+
+def record_vma(args: Any) -> frozenset[str]:
+  """The manual mesh axes that any array of the record `args` varies over."""
+  return frozenset().union(*map(vma, jax.tree.leaves(arguments.array_fields(args))))
+
+
+def kernel_output(shape: tuple[int, ...], dtype: Any, *inputs: jax.Array) -> jax.ShapeDtypeStruct:
+  """A kernel's output type (`pallas_call(out_shape=...)`): inside `shard_map`, varying
+  over the mesh axes that its inputs vary over."""
+  axes = frozenset().union(*map(vma, inputs))
+  return jax.ShapeDtypeStruct(
+    shape, dtype, manual_axis_type=jax.sharding.ManualAxisType(varying=axes)
+  )
 
 
 def vary(out: Any, axes: frozenset[str]) -> Any:
@@ -266,8 +307,9 @@ class _Call:
       with _local():
         out = self.run(self.record(leaves, plan_))
       if plan_ is not None and plan_.out_sums:
-        combine = jax.lax.psum if self.rule.combine == "sum" else jax.lax.pmean
-        out = combine(out, plan_.out_sums)
+        out = jax.lax.psum(out, plan_.out_sums)
+      if plan_ is not None and plan_.out_means:
+        out = jax.lax.pmean(out, plan_.out_means)
       return out
 
     return local
@@ -282,10 +324,8 @@ class _Call:
 
     def local(*leaves_and_dout):
       *leaves, dout = leaves_and_dout
-      if plan_ is not None and plan_.out_sums and self.rule.combine == "mean":
-        dout = dout / math.prod(
-          s.count for s in plan_.shards.values() if set(s.axes) <= set(plan_.out_sums)
-        )
+      if plan_ is not None and plan_.out_means:
+        dout = dout / plan_.mean_count
 
       def fn(floats):
         full = list(leaves)

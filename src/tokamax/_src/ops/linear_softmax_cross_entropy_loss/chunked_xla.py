@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from tokamax._src import numerics
-from tokamax._src.ops import op
+from tokamax._src.ops import op, partitioning
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import spec
 
 
@@ -66,9 +66,9 @@ def _forward(args: spec.LossArgs, config: ChunkedLossConfig):
 
   acc = numerics.accumulation_dtype(args.x.dtype)
   init = (jnp.full((b,), -jnp.inf, acc), jnp.zeros((b,), acc), jnp.zeros((b,), acc))
+  init = partitioning.vary(init, partitioning.record_vma(args))  # Inside shard_map.
   (m, s, picked), _ = jax.lax.scan(step, init, jnp.arange(chunks.count))
-  lse = m + jnp.log(s)
-  return spec.reduce(args, lse - picked), lse
+  return spec.loss(args, m + jnp.log(s), picked)
 
 
 def row_cotangents(args: spec.LossArgs, dout: jax.Array) -> jax.Array:
@@ -113,6 +113,7 @@ def backward(args: spec.LossArgs, config: ChunkedLossConfig, lse, dout):
     return (dx, dw), None
 
   init = (jnp.zeros(args.x.shape, acc), jnp.zeros(args.weights.shape, args.weights.dtype))
+  init = partitioning.vary(init, partitioning.record_vma(args))
   (dx, dw), _ = jax.lax.scan(step, init, jnp.arange(chunks.count))
   return {"x": dx.astype(args.x.dtype), "weights": dw}
 

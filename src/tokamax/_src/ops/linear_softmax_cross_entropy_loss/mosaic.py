@@ -113,7 +113,7 @@ class MosaicLoss(kernel_ops.MosaicGpuOp):
 
   def _fwd(self, args: spec.LossArgs, config: MosaicLossConfig):
     lse = logsumexp(args, config, self.interpret_params)
-    return spec.reduce(args, lse - spec.label_logits(args)), lse
+    return spec.loss(args, lse, spec.label_logits(args))
 
   def _bwd(self, args, config, out, residuals, dout):
     del out

@@ -273,7 +273,7 @@ class MosaicTpuLoss(kernel_ops.MosaicTpuOp):
 
   def _fwd(self, args: spec.LossArgs, config: MosaicTpuLossConfig):
     lse = logsumexp(args, config, self.interpret_params)
-    return spec.reduce(args, lse - spec.label_logits(args)), lse
+    return spec.loss(args, lse, spec.label_logits(args))
 
   def _bwd(self, args, config, out, residuals, dout):
     del out

@@ -27,6 +27,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from tokamax._src.ops import partitioning
+
 LANES = 128
 
 
@@ -116,7 +118,7 @@ def logsumexp(
   )
   out = pl.pallas_call(
     functools.partial(_kernel, precision=precision, num_k=num_k),
-    out_shape=jax.ShapeDtypeStruct((b, LANES), jnp.float32),
+    out_shape=partitioning.kernel_output((b, LANES), jnp.float32, x, w),
     grid_spec=grid_spec,
     compiler_params=pltpu.CompilerParams(
       dimension_semantics=("parallel", "arbitrary", "arbitrary"),
@@ -232,7 +234,7 @@ def backward(
   row_spec = lambda index: pl.BlockSpec((block_b, LANES), index)
   dx = pl.pallas_call(
     functools.partial(_dx_kernel, precision=precision, block_v=block_v),
-    out_shape=jax.ShapeDtypeStruct((b, h), jnp.float32),
+    out_shape=partitioning.kernel_output((b, h), jnp.float32, x, w, *rows),
     grid=(n_rows, n_tiles),
     in_specs=[
       pl.BlockSpec((block_b, h), lambda i, j: (i, 0)),
@@ -247,7 +249,7 @@ def backward(
   )(x, w, *rows)
   dw = pl.pallas_call(
     functools.partial(_dw_kernel, precision=precision, rows=b, block_v=block_v),
-    out_shape=jax.ShapeDtypeStruct((h, n_tiles * block_v), w.dtype),
+    out_shape=partitioning.kernel_output((h, n_tiles * block_v), w.dtype, x, w, *rows),
     grid=(n_tiles, n_rows),
     in_specs=[
       pl.BlockSpec((block_b, h), lambda j, i: (i, 0)),

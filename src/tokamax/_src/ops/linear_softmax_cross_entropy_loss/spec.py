@@ -1,5 +1,7 @@
 """The linear_softmax_cross_entropy_loss op: cross entropy of softmax(x @ W)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +23,9 @@ class LossArgs:
   weights: Float[Array, "H V"]
   reduction: str = arguments.static()
   precision: object = arguments.static()
+  # On one shard of a call on vocabulary-sharded `weights` (set by `partitioning`): the
+  # devices the vocabulary is split over; `labels` then count from the shard's first column.
+  vocab_shard: partitioning_lib.Shard | None = arguments.static(None)
 
 
 def canonicalize(x, labels, weights, *, reduction="sum", precision=None) -> LossArgs:
@@ -60,12 +65,43 @@ def reduce(args: LossArgs, per_row: jax.Array) -> jax.Array:
   return per_row
 
 
+def label_columns(args: LossArgs) -> tuple[jax.Array, jax.Array]:
+  """Each row's label as a column of `weights` (clipped into them), and whether they hold
+  it (on a vocabulary shard, another shard may)."""
+  v = args.weights.shape[1]
+  held = (args.labels >= 0) & (args.labels < v)
+  return jnp.clip(args.labels, 0, v - 1), held
+
+
 def label_logits(args: LossArgs) -> jax.Array:
-  """float32 [B]: each row's logit at its label, from the B gathered weight columns."""
-  columns = jnp.take(args.weights, args.labels, axis=1)  # [H, B]
-  return jnp.einsum(
-    "bh,hb->b", args.x, columns, precision=args.precision, preferred_element_type=jnp.float32
+  """float32 [B]: each row's logit at its label, from the B gathered weight columns (0
+  where `weights` does not hold the label)."""
+  columns, held = label_columns(args)
+  logits = jnp.einsum(
+    "bh,hb->b",
+    args.x,
+    jnp.take(args.weights, columns, axis=1),  # [H, B]
+    precision=args.precision,
+    preferred_element_type=jnp.float32,
   )
+  return jnp.where(held, logits, 0.0)
+
+
+def loss(args: LossArgs, lse: jax.Array, label_logit: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The output and each row's log-sum-exp over the vocabulary, from the rows' log-sum-exp
+  and label logit [B] over the columns of `weights`.
+
+  On a vocabulary shard (`vocab_shard`) the log-sum-exps combine over the shards and the
+  output is the shard's share of the loss, which `partitioning` sums: an even share of the
+  log-sum-exp less the label's logit where the shard holds the label.
+  """
+  shard = args.vocab_shard
+  if shard is None:
+    return reduce(args, lse - label_logit), lse
+  lse = partitioning_lib.vary(lse, partitioning_lib.record_vma(args))  # A kernel's is untyped.
+  top = jax.lax.pmax(jax.lax.stop_gradient(lse), shard.axes)
+  lse = top + jnp.log(jax.lax.psum(jnp.exp(lse - top), shard.axes))
+  return reduce(args, lse / shard.count - label_logit), lse
 
 
 def with_tail_columns(args: LossArgs, lse: jax.Array, start: int) -> jax.Array:
@@ -86,14 +122,24 @@ def cost(args: LossArgs) -> op.Cost:
   return op.Cost(flops=2.0 * b * h * v, bytes=float(itemsize * (b * h + h * v)))
 
 
+def _localize(args: LossArgs, shards) -> LossArgs:
+  """One vocabulary shard's labels, counted from its first column (see `loss`)."""
+  if "v" not in shards:
+    return args
+  first = shards["v"].index() * args.weights.shape[1]
+  return dataclasses.replace(args, labels=args.labels - first, vocab_shard=shards["v"])
+
+
 def partitioning(args: LossArgs) -> partitioning_lib.Rule:
-  """Rows split; a reduced loss is summed or averaged over them. A vocabulary-sharded
-  `weights` is gathered (the log-sum-exp is not combined across vocabulary shards)."""
+  """Rows split; a reduced loss is summed or averaged over them. The vocabulary splits
+  too: each shard's output is its share of the loss (`loss`), and the shares add up."""
+  combine = {"v": "sum"} if args.reduction == "none" else {"b": args.reduction, "v": "sum"}
   return partitioning_lib.Rule(
     {"x": ("b", "h"), "labels": ("b",), "weights": ("h", "v")},
     ("b",) if args.reduction == "none" else (),
-    frozenset("b"),
-    args.reduction,
+    frozenset(("b", "v")),
+    combine,
+    _localize,
   )
 
 

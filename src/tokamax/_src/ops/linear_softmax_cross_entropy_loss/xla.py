@@ -24,6 +24,7 @@ class XlaLoss(op.Op):
       precision=args.precision,
       preferred_element_type=numerics.accumulation_dtype(args.x.dtype),
     )
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    picked = jnp.take_along_axis(logits, args.labels[:, None], axis=-1)[:, 0]
-    return spec.reduce(args, lse - picked), None
+    columns, held = spec.label_columns(args)
+    picked = jnp.take_along_axis(logits, columns[:, None], axis=-1)[:, 0]
+    out, _ = spec.loss(args, jax.nn.logsumexp(logits, axis=-1), jnp.where(held, picked, 0.0))
+    return out, None
