@@ -255,8 +255,10 @@ SCRIPT = r"""
     const rows = DATA.table.filter((t) => t.device_kind === device);
     el("h2", {}, main, "Latest value per series against its baseline");
     el("p", {class: "empty"}, main,
-       "SLOWER: the latest median past max(threshold, 3 robust spreads) of the baseline " +
-       "runs' median and its fastest sample slower than that median (bench.history's rule); " +
+       "SLOWER: the latest median past max(threshold, 3 x noise) of the baseline runs' " +
+       "median, three rounds in four past the threshold and its ratio to its anchor past " +
+       "the baseline's likewise (bench.history's rule; noise: the baseline's spread, the " +
+       "rounds' standard error, the timer's floor); " +
        "no verdict with fewer than 3 baseline runs.");
     table(main, rows);
     document.body.dataset.regressed = String(rows.filter((t) => t.status === "SLOWER").length);

@@ -10,31 +10,52 @@ both modes). `check` compares a run with earlier runs of the same thing and
 flags slowdowns that stand out of the baseline's noise, and drift past
 tolerance.
 
+How a run measures (`run`): every measurement is compiled first, then timed in
+`CPU_ROUNDS` (10) interleaved rounds on a CPU backend (1 elsewhere), each on
+fresh input buffers, so that a slow stretch of the host or an unlucky memory
+placement is one round of many; a record's time (`device_time_median_ms`) is
+the median of its round medians (`device_time_rounds_ms`). Each case's first
+anchor (`bench.cases.anchors`: plain jnp, jax.nn, jax.lax) is timed in the
+same rounds and rides on the case's records (`anchor`, `anchor_rounds_ms`):
+this cloud host's own speed drifts by up to 20% over minutes, unevenly across
+ops, and moves an op and its anchor alike. On a CPU backend
+the time is the process's CPU time (`timing.CPUTIME`, rounds of at least
+MIN_SECONDS): a neighbour on a shared host stretches wallclock (2-4x under a
+test run on this 2-core host), not the CPU time spent; the nightly times
+single-threaded XLA (`CPU_XLA_FLAGS`, `ci/nightly.sh`). On NVIDIA GPUs it is
+CUPTI kernel time.
+
 The regression rule (`verdict`). The baseline of a measurement is the last
 `WINDOW` (10) earlier runs with the same identity (`IDENTITY`: device kind and
-host, timer method, op, implementation, case, shape, dtype, mode; a CUPTI
-time is never compared with a wallclock one). With fewer than `MIN_RUNS` (3)
-such runs there is no timing verdict ("no baseline yet"). Otherwise, with
+host, timer method, op, implementation, case, shape, dtype, mode; times of
+different timers are never compared). With fewer than `MIN_RUNS` (3) such runs
+there is no timing verdict ("no baseline yet"). Otherwise, with
   base   = the median of the baseline runs' medians,
-  spread = 1.4826 x median(|run median - base|) / base   (the robust, MAD-based
-           relative spread of the baseline's own runs; 1.4826 makes it a
-           standard deviation for normal noise),
-  limit  = max(threshold, K x spread)   (threshold 5%, K = 3),
+  noise  = the largest of (`noise`): the baseline runs' robust relative spread
+           (1.4826 x median(|run median - base|) / base, a standard deviation for
+           normal noise); the standard error of this record's median from its
+           rounds' spread; and the timer's floor `NOISE_FLOOR` (3% for CPU and
+           wallclock times, none for CUPTI: five baseline runs can look quieter
+           than the host is),
+  limit  = max(threshold, K x noise)   (threshold 5%, K = 3; 9% on a CPU host),
 the measurement is SLOWER when
   (a) its median exceeds base x (1 + limit), and
-  (b) where the record and its baseline carry their fastest samples
-      (`device_time_min_ms`, the minimum over iterations and input rotations),
-      the record's fastest exceeds the median of the baseline runs' fastest by
-      the threshold: the slowdown holds across its samples, not only in their
-      middle (a slow stretch of a loaded host inflates a median, not a minimum).
-Wallclock measurements span at least MIN_SECONDS (short calls get more
-iterations). On a CPU host the nightly times single-threaded XLA
-(`ci/nightly.sh`), whose run-to-run spread is a few percent.
-A quiet baseline (spread near 0) thus flags anything past the threshold; a
-noisy one (a loaded CPU host) flags only what stands K spreads out. DRIFT is
-judged against any baseline (one earlier run suffices): the error against the
-reference is past tolerance while the baseline's was not, or grew by more
-than `DRIFT_MARGIN` tolerance bounds.
+  (b) the slowdown holds across its rounds: their lower quartile exceeds
+      base x (1 + threshold) (a few slow rounds of a loaded host inflate a
+      median, not three rounds in four). Records without rounds (older runs)
+      need their fastest sample (`device_time_min_ms`) past the baseline runs'
+      fastest by the threshold instead.
+  (c) where the record and at least MIN_RUNS baseline runs carry the anchor's
+      rounds: the op's time over its anchor's (the median of per-round ratios)
+      exceeds the baseline runs' ratio by the same rule (limit from the
+      ratios' noise): the host's drift moves both and is not a regression; a
+      change that slows the anchor alike (a JAX or XLA upgrade) is not flagged.
+Measured with `python -m bench.trial` on this 2-core CPU host (figures in
+bench/results/cpu/nightly_trial_*.json): no false alarm in ten runs on
+unchanged code, a planted 20% slowdown flagged in every run, a planted 3% not.
+DRIFT is judged against any baseline (one earlier run suffices): the error
+against the reference is past tolerance while the baseline's was not, or grew
+by more than `DRIFT_MARGIN` tolerance bounds.
 
 Where runs go: `run` appends to bench/out/history.jsonl (ignored by git) and
 checks against the tracked bench/history.jsonl plus that local file;
@@ -48,6 +69,7 @@ checks against the tracked bench/history.jsonl plus that local file;
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -67,7 +89,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HISTORY = os.path.join(ROOT, "bench", "history.jsonl")  # Tracked: the nightly's runs.
 LOCAL_HISTORY = os.path.join(ROOT, "bench", "out", "history.jsonl")  # Ignored: local runs.
 THRESHOLD = 0.05  # The least slowdown (of the baseline median) that fails the check.
-NOISE_K = 3.0  # ... or this many robust spreads of the baseline, if larger.
+NOISE_K = 3.0  # ... or this many noise spreads (`noise`), if larger.
+# The least relative noise assumed of one run's median, per timing method (bench.trial on
+# a 2-core CPU host); CUPTI kernel times have none assumed.
+NOISE_FLOOR = {"cputime": 0.03, "wallclock": 0.03}
 DRIFT_MARGIN = 1.0  # Drift growing by more than one tolerance bound fails it.
 WINDOW = 10  # The baseline: this many earlier runs at most.
 MIN_RUNS = 3  # Fewer baseline runs than this: no timing verdict.
@@ -91,18 +116,28 @@ IDENTITY = (
 Timer = Callable[[Callable, Sequence[tuple]], timing.Timing]
 
 
-# Wallclock measurements (CPU) span at least this long: short calls get more samples.
-MIN_SECONDS = 0.3
+# Wallclock rounds (CPU) span at least this long: short calls get more samples.
+MIN_SECONDS = 0.15
+# Interleaved timing rounds per measurement on a CPU backend (fresh input buffers each).
+CPU_ROUNDS = 10
+ROUND_ITERATIONS = 5  # Timed calls per round at least (more where MIN_SECONDS asks).
 # XLA_FLAGS of the nightly's CPU timings: single-threaded XLA, whose times vary a few percent
 # between runs (multi-threaded ones switch between modes up to 2x apart on a small host).
 CPU_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 
-def default_timer(iterations: int = 30, warmup: int = 3) -> Timer:
-  """The harness timer (CUPTI kernel time on NVIDIA GPUs, else wallclock of >= MIN_SECONDS)."""
-  return lambda fn, args_list: timing.device_time(
-    fn, args_list, warmup=warmup, iterations=iterations, min_seconds=MIN_SECONDS
-  )
+def default_timer(iterations: int = ROUND_ITERATIONS, warmup: int = 3) -> Timer:
+  """The harness timer: CUPTI kernel time on NVIDIA GPUs, the process's CPU time on a CPU
+  backend (a busy neighbour on a shared host stretches wallclock, not it), else wallclock;
+  host-timed rounds span >= MIN_SECONDS."""
+
+  def timer(fn, args_list):
+    method = timing.CPUTIME if jax.default_backend() == "cpu" else "auto"
+    return timing.device_time(
+      fn, args_list, warmup=warmup, iterations=iterations, method=method, min_seconds=MIN_SECONDS
+    )
+
+  return timer
 
 
 # --- measuring ----------------------------------------------------------------
@@ -219,6 +254,23 @@ def shape_key(shape: dict) -> str:
   )
 
 
+@dataclasses.dataclass
+class _Job:
+  """One measurement being taken: its compiled program and its rounds' timings."""
+
+  label: str
+  case: cases_lib.Case
+  mode: str
+  impl_name: str
+  compiled: object
+  call_args: Callable[[], list]  # Fresh input buffers (rotations) for one round.
+  cost: object
+  info: dict  # Drift and run fields.
+  timings: list | None = dataclasses.field(default_factory=list)  # None: failed.
+  anchor: "_Job | None" = None  # The op's anchor, timed in the same rounds.
+  is_anchor: bool = False
+
+
 def run(
   family: str | None = None,
   *,
@@ -229,11 +281,18 @@ def run(
   timer: Timer | None = None,
   override: Callable | None = None,
   rotations: int = 2,
+  rounds: int | None = None,
+  with_anchors: bool = True,
   budget_s: float | None = None,
   log: Callable[[str], None] = print,
   sink: Callable[[dict], None] | None = None,
 ) -> list[dict]:
   """Measures the family's benchmark cases through every native implementation here.
+
+  Every measurement is compiled first; then `rounds` rounds time each in turn,
+  on fresh input buffers each round, so that a slow stretch of the host or an
+  unlucky memory placement is one round of many rather than a whole
+  measurement. A record's time is the median of its round medians.
 
   Args:
     family: The matrix whose `BENCH` to run (default: the hardware's).
@@ -242,8 +301,14 @@ def run(
     override: (case, impl) -> callable run instead of `impl` (tests plant
       slowdowns and numerics changes with it).
     rotations: Distinct input sets, used in turn.
-    budget_s: Starts no new measurement after this many seconds.
+    rounds: Interleaved timing rounds (default: `CPU_ROUNDS` on a CPU
+      backend, where host timing is noisy, else 1).
+    with_anchors: Also time each case's first anchor (`bench.cases.anchors`)
+      in the same rounds; records carry it (`anchor_rounds_ms`), so that the
+      check can tell the host's drift from the op's.
+    budget_s: Starts no new measurement (or round) after this many seconds.
     log: Where progress and skips go.
+    sink: Gets each record as it is made.
 
   Returns:
     One record per measurement (see `record`).
@@ -251,11 +316,13 @@ def run(
   profile = hardware.detect()
   family = family or profile.family
   timer = timer or default_timer()
+  if rounds is None:
+    rounds = CPU_ROUNDS if jax.default_backend() == "cpu" else 1
   env = bench.environment()
   run_id = os.environ.get("TOKAMAX_RUN_ID") or f"{env['commit'][:12]}@{env['date']}"
   start = time.monotonic()
-  records = []
-  inputs: dict = {}
+  over_budget = lambda: budget_s is not None and time.monotonic() - start > budget_s
+  jobs = []
   drifts: dict = {}
   ops = list(ops) if ops else None
   for op in cases_lib.OPS:
@@ -266,21 +333,20 @@ def run(
       case, mode = bcase.case, bcase.mode
       if (features and case.feature not in features) or (modes and mode not in modes):
         continue
+      args_list = None  # Large inputs: one case's at a time.
+      n_before = len(jobs)
       for impl in impls:
         if implementations and impl.name not in implementations:
           continue
         label = f"{op}[{impl.name}] {case.id} {mode}"
-        if budget_s is not None and time.monotonic() - start > budget_s:
+        if over_budget():
           log(f"SKIP {label}: past the {budget_s:g} s budget")
           continue
         if impl.reason is not None:
           log(f"SKIP {label}: {impl.reason}")
           continue
-        if case.id not in inputs:
-          inputs.clear()  # Large inputs: keep one case's at a time.
-          key = cases_lib.case_key(case)
-          inputs[case.id] = [case.make_args(jax.random.fold_in(key, i)) for i in range(rotations)]
-        args_list = inputs[case.id]
+        make_args = functools.partial(_inputs, case, rotations)
+        args_list = args_list or make_args()
         try:
           reason = impl.unsupported_reason(*args_list[0])
         except Exception as e:
@@ -290,7 +356,7 @@ def run(
           continue
         fn = override(case, impl) if override else impl
         try:
-          rec = _measure(case, mode, impl.name, fn, args_list, timer)
+          job = _prepare(label, case, mode, impl.name, fn, args_list, make_args)
           dkey = (case.id, impl.name)
           if dkey not in drifts:
             try:
@@ -298,63 +364,132 @@ def run(
             except Exception as e:  # Timing stands; the drift is reported as unknown.
               log(f"drift of {label} failed: {type(e).__name__}: {str(e)[:300]}")
               drifts[dkey] = {"drift_ratio": None, "drift_ok": None, "drift_error": str(e)[:300]}
-          rec.update(drifts[dkey])
+          job.info.update(drifts[dkey])
         except Exception as e:
           log(f"ERROR {label}: {type(e).__name__}: {str(e)[:300]}")
           continue
-        rec.update(
-          run_id=run_id,
-          commit=env["commit"],
-          date=env["date"],
-          jax_version=env["jax_version"],
-          platform=profile.platform,
-          host=host() if profile.platform == "cpu" else None,
-        )
-        records.append(rec)
-        if sink is not None:  # Written as it comes, so that a run cut short keeps it.
-          sink(rec)
-        log(
-          f"{label}: {rec['device_time_median_ms']:.4g} ms"
-          + (f", {rec['tflops_per_s']:.4g} TFLOP/s" if rec.get("tflops_per_s") else "")
-          + (f", {rec['gb_per_s']:.4g} GB/s" if rec.get("gb_per_s") else "")
-          + (
-            f", drift {rec['drift_ratio']:.3g} of tolerance"
-            if rec["drift_ratio"] is not None
-            else ""
-          )
-        )
+        jobs.append(job)
+      timed = with_anchors and len(jobs) > n_before
+      anchor = _anchor_job(case, mode, rotations, args_list) if timed else None
+      for job in jobs[n_before:] if anchor else ():
+        job.anchor = anchor
+      jobs += [anchor] if anchor else []
+  for i in range(rounds):
+    if i and over_budget():
+      log(f"past the {budget_s:g} s budget after {i} of {rounds} rounds")
+      break
+    shift = i % max(len(jobs), 1)  # Each round starts at another measurement.
+    for job in jobs[shift:] + jobs[:shift]:
+      if job.timings is None:
+        continue
+      try:
+        job.timings.append(timer(job.compiled, job.call_args()))
+      except Exception as e:
+        log(f"ERROR {job.label}: {type(e).__name__}: {str(e)[:300]}")
+        job.timings = None
+  records = []
+  for job in jobs:
+    if not job.timings or job.is_anchor:
+      continue
+    rec = _record(job)
+    rec.update(job.info)
+    if job.anchor is not None and job.anchor.timings:
+      rec.update(
+        anchor=job.anchor.impl_name,
+        anchor_rounds_ms=[t.median_ms for t in job.anchor.timings],
+        anchor_median_ms=statistics.median(t.median_ms for t in job.anchor.timings),
+      )
+    rec.update(
+      run_id=run_id,
+      commit=env["commit"],
+      date=env["date"],
+      jax_version=env["jax_version"],
+      platform=profile.platform,
+      host=host() if profile.platform == "cpu" else None,
+    )
+    records.append(rec)
+    if sink is not None:
+      sink(rec)
+    log(
+      f"{job.label}: {rec['device_time_median_ms']:.4g} ms"
+      + (f", {rec['tflops_per_s']:.4g} TFLOP/s" if rec.get("tflops_per_s") else "")
+      + (f", {rec['gb_per_s']:.4g} GB/s" if rec.get("gb_per_s") else "")
+      + (f", drift {rec['drift_ratio']:.3g} of tolerance" if rec["drift_ratio"] is not None else "")
+    )
   return records
 
 
-def _measure(case, mode, impl_name, fn, args_list, timer) -> dict:
+def _anchor_job(case, mode, rotations, args_list) -> _Job | None:
+  """The first of the op's anchors (a plain jnp or jax formulation), or None."""
+  for name, anchor in cases_lib.anchors(case.op).items():
+    fn = lambda *a, _anchor=anchor, **k: _anchor(a, k)
+    make_args = functools.partial(_inputs, case, rotations)
+    try:
+      job = _prepare(
+        f"{case.op}[{name}] {case.id} {mode}", case, mode, name, fn, args_list, make_args
+      )
+    except Exception:  # An anchor that cannot run this case: none.
+      return None
+    return dataclasses.replace(job, is_anchor=True)
+  return None
+
+
+def _inputs(case: cases_lib.Case, rotations: int) -> list[tuple[tuple, dict]]:
+  """The case's `rotations` input sets (the same values every call, in fresh buffers)."""
+  key = cases_lib.case_key(case)
+  return [case.make_args(jax.random.fold_in(key, i)) for i in range(rotations)]
+
+
+def _prepare(label, case, mode, impl_name, fn, args_list, make_args) -> _Job:
+  """Compiles one measurement; its inputs are remade (fresh buffers) for every round."""
   splits = [_split(case, a, k) for a, k in args_list]
   f = benchmark_fn(case, fn, splits[0], mode)
-  values = [s.values() for s in splits]
-  cotangent = None
-  if mode == "fwd_bwd":
-    out = jax.eval_shape(lambda v: benchmark_fn(case, fn, splits[0], "fwd")(v), values[0])
-    keys = jax.random.split(cases_lib.case_key(case), len(values))
-    cotangents = [jax.random.normal(k, out.shape, out.dtype) for k in keys]
-  else:
-    cotangents = [cotangent] * len(values)
-  # One argument (a tuple): tokamax's CUPTI timer calls the compiled program with one.
-  call_args = [((v, c),) for v, c in zip(values, cotangents, strict=True)]
-  compiled = jax.jit(lambda a: f(*a)).lower(*call_args[0]).compile()
-  result = timer(compiled, call_args)
+
+  def call_args(args_list=None):
+    splits = [_split(case, a, k) for a, k in (args_list or make_args())]
+    values = [s.values() for s in splits]
+    cotangents = [None] * len(values)
+    if mode == "fwd_bwd":
+      out = jax.eval_shape(lambda v: benchmark_fn(case, fn, splits[0], "fwd")(v), values[0])
+      keys = jax.random.split(cases_lib.case_key(case), len(values))
+      cotangents = [jax.random.normal(k, out.shape, out.dtype) for k in keys]
+    # One argument (a tuple): tokamax's CUPTI timer calls the compiled program with one.
+    return [((v, c),) for v, c in zip(values, cotangents, strict=True)]
+
+  first = call_args(args_list)
+  compiled = jax.jit(lambda a: f(*a)).lower(*first[0]).compile()
   args, kwargs = args_list[0]
-  m = bench.measurement(
+  job = _Job(label, case, mode, impl_name, compiled, call_args, case.cost(args, kwargs), {})
+  job.info["peak_memory_bytes"] = benchmarking._peak_memory_bytes(compiled)
+  return job
+
+
+def _record(job: _Job) -> dict:
+  """The record of a measurement's rounds: all samples pooled, the median of round medians."""
+  pooled = timing.Timing(
+    tuple(t for r in job.timings for t in r.times_s),
+    job.timings[0].method,
+    job.timings[0].fallback_reason,
+  )
+  case = job.case
+  rec = bench.measurement(
     op=case.op,
-    implementation=impl_name,
+    implementation=job.impl_name,
     case=case.feature,
-    mode=mode,
+    mode=job.mode,
     shapes=case.shape_dict,
     dtype=case.dtype,
-    result=result,
-    cost=case.cost(args, kwargs),
-  )
-  rec = m.as_dict()
+    result=pooled,
+    cost=job.cost,
+  ).as_dict()
+  rounds_ms = [t.median_ms for t in job.timings]
+  median = statistics.median(rounds_ms)
+  rec["device_time_median_ms"] = median
+  rec["device_time_rounds_ms"] = rounds_ms
+  for field in ("tflops_per_s", "gb_per_s"):  # Rates at that median.
+    if rec.get(field):
+      rec[field] *= pooled.median_ms / median
   rec["shape_key"] = shape_key(case.shape_dict)
-  rec["peak_memory_bytes"] = benchmarking._peak_memory_bytes(compiled)
   return rec
 
 
@@ -392,9 +527,26 @@ class Verdict:
 
   slower: bool | None  # None: fewer than MIN_RUNS baseline runs.
   baseline_ms: float | None
-  spread: float | None  # Relative robust spread of the baseline runs.
+  spread: float | None  # The relative noise of one run's median (see `noise`).
   limit: float | None  # The slowdown allowed: max(threshold, k x spread).
   runs: int
+
+
+def _rel_spread(values: Sequence[float]) -> float:
+  """The MAD-based relative spread of `values` (a standard deviation for normal noise)."""
+  mid = statistics.median(values)
+  return MAD_TO_SIGMA * statistics.median(abs(v - mid) for v in values) / mid if mid > 0 else 0.0
+
+
+def noise(record: dict, meds: Sequence[float]) -> float:
+  """The relative noise of a run's median: the largest of the baseline runs' spread, the
+  standard error of the record's median from its rounds, and the timer's floor."""
+  rounds = record.get("device_time_rounds_ms") or ()
+  own = 0.0
+  if len(rounds) >= MIN_RUNS:  # The median's standard error: 1.2533 sigma / sqrt(n).
+    own = 1.2533 * _rel_spread(rounds) / len(rounds) ** 0.5
+  floor = NOISE_FLOOR.get(record.get("device_time_method"), 0.0)
+  return max(_rel_spread(meds), own, floor)
 
 
 def verdict(
@@ -412,18 +564,45 @@ def verdict(
   base = statistics.median(meds)
   if len(meds) < min_runs:
     return Verdict(None, base, None, None, len(meds))
-  mad = statistics.median(abs(m - base) for m in meds)
-  spread = MAD_TO_SIGMA * mad / base if base > 0 else 0.0
+  spread = noise(record, meds)
   limit = max(threshold, k * spread)
-  now = record["device_time_median_ms"]
-  slower = now > base * (1.0 + limit)
-  fastest = record.get("device_time_min_ms")
-  past_fastest = [h["device_time_min_ms"] for h in past if h.get("device_time_min_ms")]
-  if slower and fastest is not None and past_fastest:
-    # The slowdown holds across the record's samples: its fastest one is slower than the
-    # baseline runs' fastest by the threshold too (a slow stretch inflates a median only).
-    slower = fastest > statistics.median(past_fastest) * (1.0 + threshold)
+  slower = record["device_time_median_ms"] > base * (1.0 + limit)
+  ratios = _anchor_ratios(record)
+  past_ratios = [
+    statistics.median(rs)
+    for h in past
+    if h.get("anchor") == record.get("anchor") and (rs := _anchor_ratios(h))
+  ]
+  if slower and ratios and len(past_ratios) >= min_runs:
+    # The op slowed against its anchor, timed in the same rounds: the host's drift, which
+    # moves both, is not a regression of the op.
+    ratio = {"device_time_median_ms": statistics.median(ratios), "device_time_rounds_ms": ratios}
+    ratio_limit = max(threshold, k * noise(dict(record, **ratio), past_ratios))
+    slower = ratio["device_time_median_ms"] > statistics.median(past_ratios) * (1 + ratio_limit)
+  rounds = record.get("device_time_rounds_ms")
+  if slower and rounds and len(rounds) >= MIN_RUNS:
+    # The slowdown holds across the rounds: three in four are past the threshold.
+    slower = _quantile(rounds, 0.25) > base * (1.0 + threshold)
+  elif slower and record.get("device_time_min_ms") is not None:
+    # Records without rounds: the fastest sample is slower than the baseline runs' fastest
+    # by the threshold too (a slow stretch of a loaded host inflates a median only).
+    past_fastest = [h["device_time_min_ms"] for h in past if h.get("device_time_min_ms")]
+    if past_fastest:
+      slower = record["device_time_min_ms"] > statistics.median(past_fastest) * (1.0 + threshold)
   return Verdict(slower, base, spread, limit, len(meds))
+
+
+def _anchor_ratios(record: dict) -> list[float]:
+  """Per round, the record's time over its anchor's (none without an anchor)."""
+  ours, theirs = record.get("device_time_rounds_ms"), record.get("anchor_rounds_ms")
+  if not ours or not theirs or len(ours) != len(theirs):
+    return []
+  return [o / a for o, a in zip(ours, theirs, strict=True) if a > 0]
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+  """The `q` quantile of `values` (linear interpolation)."""
+  return float(np.quantile(np.asarray(values, dtype=np.float64), q))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -459,10 +638,11 @@ def check(
 ) -> list[Row]:
   """Each record against the earlier runs of the same thing on the same device kind.
 
-  A record is SLOWER by the rule of the module docstring (`verdict`: past
-  max(`threshold`, `k` robust spreads) of the last `window` earlier runs, its
-  fastest sample slower than their median too; "no baseline yet" with fewer
-  than 3); DRIFT when its error against the reference is past tolerance (the
+  A record is SLOWER by the rule of the module docstring (`verdict`: its
+  median past max(`threshold`, `k` x `noise`) of the median of the last
+  `window` earlier runs, three in four of its rounds past the threshold too,
+  and its ratio to its anchor past the baseline's ratio likewise;
+  "no baseline yet" with fewer than 3); DRIFT when its error against the reference is past tolerance (the
   comparator fails or exceeds every bound) while the baseline's was not, or
   grew by more than `drift_margin` tolerance bounds. "new": no earlier run.
   """
@@ -538,8 +718,9 @@ def table(rows: Sequence[Row], *, threshold: float = THRESHOLD) -> str:
   failed = [r for r in rows if r.failed]
   lines.append(
     f"{len(failed)} of {len(rows)} measurements regressed (slowdown: the median past "
-    f"max({100 * threshold:g}%, {NOISE_K:g} robust spreads of the baseline runs) = limit, "
-    f"and the fastest sample slower than the baseline median; drift in tolerance bounds; "
+    f"max({100 * threshold:g}%, {NOISE_K:g} x noise) = limit, noise the largest of the "
+    f"baseline runs' spread, the rounds' standard error and the timer's floor, and three "
+    f"rounds in four past the threshold; drift in tolerance bounds; "
     f"{sum(r.status == NO_BASELINE for r in rows)} with no baseline yet "
     f"(fewer than {MIN_RUNS} earlier runs))"
   )
@@ -582,7 +763,7 @@ def main(argv=None) -> int:
   parser.add_argument("--impls", default=None, help="comma-separated")
   parser.add_argument("--features", default=None, help="comma-separated")
   parser.add_argument("--modes", default=None, help="comma-separated: fwd,fwd_bwd")
-  parser.add_argument("--iterations", type=int, default=30)
+  parser.add_argument("--iterations", type=int, default=ROUND_ITERATIONS)
   parser.add_argument("--warmup", type=int, default=3)
   parser.add_argument("--budget-s", type=float, default=None)
   args = parser.parse_intermixed_args(argv)

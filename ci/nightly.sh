@@ -28,7 +28,9 @@ step() {  # step NAME COMMAND...: runs it, logs it, remembers a failure.
 }
 step suites "$PY" -m pytest -q --run-long --summary-md "$LOG_DIR/$STAMP-summary.md" ${SUITES:-suites}
 step golden "$PY" -m golden
-# CPU timings single-threaded (bench.history.CPU_XLA_FLAGS; CPU-only flags, inert on a GPU).
+# CPU timings single-threaded (bench.history.CPU_XLA_FLAGS; CPU-only flags, inert on a GPU), as
+# the process's CPU time in 10 interleaved rounds with each op's anchor (bench.history.run;
+# about a minute on 2 cores).
 BENCH_FLAGS=$("$PY" -c "from bench import history; print(history.CPU_XLA_FLAGS)" 2>/dev/null)
 step bench env XLA_FLAGS="${XLA_FLAGS:-} $BENCH_FLAGS" "$PY" -m bench.history run --append-tracked \
   --check --threshold "${BENCH_THRESHOLD:-0.05}"

@@ -2,7 +2,9 @@
 
 On NVIDIA GPUs the time is the kernel time that CUPTI reports (through
 `tokamax.benchmarking`'s timer). Elsewhere, or where CUPTI cannot load, it is
-the wallclock around `jax.block_until_ready` after warm-up.
+the wallclock around `jax.block_until_ready` after warm-up, or with
+`method="cputime"` the process's CPU time around it (all its threads; on a
+shared CPU host a busy neighbour stretches wallclock, not the CPU time spent).
 """
 
 import dataclasses
@@ -16,6 +18,7 @@ import jax
 
 CUPTI = "cupti"
 WALLCLOCK = "wallclock"
+CPUTIME = "cputime"  # The process's CPU time: wallclock less the time other processes took.
 MAX_ITERATIONS = 2000  # The most wallclock iterations `min_seconds` asks for.
 
 
@@ -55,13 +58,15 @@ def _run(fn: Callable, args) -> None:
   jax.block_until_ready(fn(*args))
 
 
-def wallclock_times(fn: Callable, args_list: Sequence[tuple], iterations: int) -> list[float]:
+def wallclock_times(
+  fn: Callable, args_list: Sequence[tuple], iterations: int, clock: Callable = time.perf_counter
+) -> list[float]:
   times = []
   for i in range(iterations):
     args = args_list[i % len(args_list)]
-    start = time.perf_counter()
+    start = clock()
     _run(fn, args)
-    times.append(time.perf_counter() - start)
+    times.append(clock() - start)
   return times
 
 
@@ -100,9 +105,10 @@ def device_time(
       so that caches do not flatter); used in turn.
     warmup: Untimed runs first (compilation, autotuning).
     iterations: Timed runs; the median is reported.
-    method: "cupti", "wallclock", or "auto" (CUPTI on GPU, falling back to
+    method: "cupti", "wallclock", "cputime" (the process's CPU time, for a
+      CPU backend on a shared host), or "auto" (CUPTI on GPU, falling back to
       wallclock, with the reason kept in `Timing.fallback_reason`).
-    min_seconds: Wallclock only: more iterations (up to MAX_ITERATIONS) where
+    min_seconds: Wallclock and CPU time only: more iterations (up to MAX_ITERATIONS) where
       `iterations` calls would take less, so that short calls get enough
       samples for a stable median and minimum.
 
@@ -129,8 +135,9 @@ def device_time(
       return Timing(tuple(times), CUPTI)
     warnings.warn(f"device_time fell back to wallclock: {reason}", stacklevel=2)
     method = WALLCLOCK
-  if method != WALLCLOCK:
+  if method not in (WALLCLOCK, CPUTIME):
     raise ValueError(f"unknown timing method {method!r}.")
   if min_seconds > 0 and last > 0:
     iterations = max(iterations, min(MAX_ITERATIONS, math.ceil(min_seconds / last)))
-  return Timing(tuple(wallclock_times(fn, args_list, iterations)), WALLCLOCK, reason)
+  clock = time.process_time if method == CPUTIME else time.perf_counter
+  return Timing(tuple(wallclock_times(fn, args_list, iterations, clock)), method, reason)
