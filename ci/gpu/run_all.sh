@@ -13,6 +13,8 @@
 #             jax.lax and XLA in the same process), records in bench/records.py's schema;
 #             BENCH_ARGS go to it, e.g. "--only causal --rounds 4", "--sweep", "--kernels"
 #             (per-kernel CUPTI times), "--hlo DIR"; PTXAS=1 logs ptxas's register/spill report
+#   step      the README example's training step (python -m bench.step: xla, None and plain
+#             jnp in one process), records in bench/records.py's schema
 #   regen     regenerate the goldens in place (GOLDEN_OPS: comma-separated ops, default all; one
 #             process per op), so that a later suite step checks them; copies in regen/<family>/
 #   golden    goldens and one benchmark-history run (ci/gpu/golden_and_bench.sh; bring them home
@@ -67,6 +69,7 @@ for s in ${STEPS:-suite bench golden tooling}; do
       bash ci/gpu_suite.sh ${SUITE_ARGS:-} ${SUITE_K:+-k "$SUITE_K"} ;;
     bench) step bench 200 env ${PTXAS:+MOSAIC_GPU_DUMP_PTXAS=1} python3 -m bench.run --family h100 \
       --budget-s $((${BENCH_S:-200} - 40)) --out "$WORK/bench/records.json" ${BENCH_ARGS:-} ;;
+    step) step step 60 python3 -m bench.step --out "$WORK/step/records.json" ;;
     golden) step golden 150 env OUT="$WORK/golden" bash ci/gpu/golden_and_bench.sh ;;
     tooling) step tooling 90 python3 ci/gpu/tooling.py --out "$WORK/tooling" --budget-s "${TOOLING_S:-90}" \
       --skip "${TOOLING_SKIP:-autotune,default_cache}" ;;

@@ -6,11 +6,11 @@ import jax
 import jax.numpy as jnp
 
 from tokamax._src.ops import op
-from tokamax._src.ops.attention import spec
+from tokamax._src.ops.attention import spec, xla_chunked
 
 
 def attend(args: spec.AttentionArgs) -> tuple[jax.Array, jax.Array]:
-  """Returns the output [B,T,N,h] and the log-sum-exp [B,N,T] (-inf where nothing is visible)."""
+  """Returns the output [B,T,N,h] and the log-sum-exp [B,K,G,T] (-inf where nothing is visible)."""
   q, k, v = args.query, args.key, args.value
   b, t, n, _ = q.shape
   s = k.shape[1]
@@ -29,7 +29,7 @@ def attend(args: spec.AttentionArgs) -> tuple[jax.Array, jax.Array]:
     precision=args.precision,
     preferred_element_type=logits.dtype,
   )
-  lse = (jnp.log(denom) + safe_max)[..., 0].reshape(b, n, t)
+  lse = (jnp.log(denom) + safe_max)[..., 0]
   return out.reshape(b, t, n, v.shape[-1]).astype(q.dtype), lse
 
 
@@ -47,4 +47,10 @@ class XlaAttention(op.Op):
   spec = spec.SPEC
 
   def _fwd(self, args, config):
-    return attend(args)[0], None
+    return attend(args)
+
+  def _bwd(self, args, config, out, residuals, dout):
+    # The analytic backward from the log-sum-exp, as one key chunk: its cotangent GEMMs run
+    # in the inputs' dtype (JAX's own derivative of `attend` multiplies in float32).
+    whole = xla_chunked.ChunkedConfig(kv_chunk_size=args.key.shape[1])
+    return xla_chunked.backward(args, whole, out, residuals, dout)

@@ -103,7 +103,9 @@ def _forward(args: spec.AttentionArgs, config: ChunkedConfig):
   return out, lse
 
 
-def _backward(args: spec.AttentionArgs, config: ChunkedConfig, out, lse, dout):
+def backward(args: spec.AttentionArgs, config: ChunkedConfig, out, lse, dout) -> dict:
+  """Cotangents of query, key, value (and bias) from the output and its log-sum-exp
+  [B,K,G,T], recomputing the logits a key chunk at a time."""
   q = args.query
   b, t, n, h = q.shape
   kh, hv = args.key.shape[2], args.value.shape[-1]
@@ -178,7 +180,7 @@ class XlaChunkedAttention(op.Op):
     return _forward(args, config)
 
   def _bwd(self, args, config, out, residuals, dout):
-    return _backward(args, config, out, residuals, dout)
+    return backward(args, config, out, residuals, dout)
 
   def _get_heuristics_config(self, args):
     return ChunkedConfig(kv_chunk_size=min(512, args.key.shape[1]))

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from tokamax._src import numerics
 from tokamax._src.ops import op
-from tokamax._src.ops.linear_softmax_cross_entropy_loss import spec
+from tokamax._src.ops.linear_softmax_cross_entropy_loss import chunked_xla, spec
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -18,13 +18,26 @@ class XlaLoss(op.Op):
   spec = spec.SPEC
 
   def _fwd(self, args, config):
-    logits = jnp.matmul(
-      args.x,
-      args.weights,
-      precision=args.precision,
-      preferred_element_type=numerics.accumulation_dtype(args.x.dtype),
-    )
+    logits = _matmul(args, args.x, args.weights)
     columns, held = spec.label_columns(args)
     picked = jnp.take_along_axis(logits, columns[:, None], axis=-1)[:, 0]
-    out, _ = spec.loss(args, jax.nn.logsumexp(logits, axis=-1), jnp.where(held, picked, 0.0))
-    return out, None
+    out, lse = spec.loss(args, jax.nn.logsumexp(logits, axis=-1), jnp.where(held, picked, 0.0))
+    return out, (logits, lse)
+
+  def _bwd(self, args, config, out, residuals, dout):
+    # The logits' cotangent in x's dtype feeds both GEMMs (JAX's own derivative multiplies
+    # the float32 one: twice the time on the H200).
+    logits, lse = residuals
+    g = chunked_xla.row_cotangents(args, dout)
+    dlogits = chunked_xla.logit_cotangents(args, logits, 0, lse, g)
+    return {
+      "x": _matmul(args, dlogits, args.weights.T).astype(args.x.dtype),
+      "weights": _matmul(args, args.x.T, dlogits).astype(args.weights.dtype),
+    }
+
+
+def _matmul(args: spec.LossArgs, a: jax.Array, b: jax.Array) -> jax.Array:
+  """`a @ b` at the call's precision, accumulated in float32 or wider."""
+  return jnp.matmul(
+    a, b, precision=args.precision, preferred_element_type=numerics.accumulation_dtype(a.dtype)
+  )
