@@ -80,16 +80,15 @@ SPEC = op.OpSpec(
 )
 
 
-def reference(args: NormArgs, variance: jax.Array | None = None) -> jax.Array:
-  """Plain jnp LayerNorm/RMSNorm with statistics in at least float32 (`variance`: given)."""
+def reference(args: NormArgs) -> jax.Array:
+  """Plain jnp LayerNorm/RMSNorm with statistics in at least float32."""
   x = args.x
   stat_dtype = np.promote_types(x.dtype, np.float32)
   xf = x.astype(stat_dtype)
   if args.subtract_mean:
     xf = xf - xf.mean(axis=args.axis, keepdims=True)
-  if variance is None:
-    variance = (xf * xf).mean(axis=args.axis, keepdims=True)
-  y = xf * jax.lax.rsqrt(variance + args.epsilon)
+  var = (xf * xf).mean(axis=args.axis, keepdims=True)
+  y = xf * jax.lax.rsqrt(var + args.epsilon)
   shape = [1] * x.ndim
   shape[args.axis] = x.shape[args.axis]
   if args.scale is not None:
