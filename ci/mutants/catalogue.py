@@ -447,19 +447,36 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Mosaic loss kernel: exp2 of unscaled logits (the log2(e) factor dropped).",
   ),
   Mutation(
+    "loss.mosaic_label_tile_offset",
+    _LOSS + "mosaic_kernel.py",
+    "    hit = cols + ni * bn == lax.broadcast_in_dim(",
+    "    hit = cols == lax.broadcast_in_dim(",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "interpret or tile"),
+    "Mosaic loss kernel: the label's column compared within the tile, not the vocabulary"
+    " (every tile picks a logit).",
+  ),
+  Mutation(
+    "loss.tail_label_column",
+    _LOSS + "spec.py",
+    "    column = jnp.clip(args.labels - start, 0, v - start - 1)",
+    "    column = jnp.clip(args.labels - start + 1, 0, v - start - 1)",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "interpret"),
+    "The label's logit past a kernel's last whole tile read one column off.",
+  ),
+  Mutation(
     "loss.mosaic_tiles_maxed",
     _LOSS + "mosaic.py",
-    "jax.nn.logsumexp(tiles, axis=0)",
-    "tiles.max(axis=0)",
+    "jax.nn.logsumexp(lse_tiles[:, :b], axis=0)",
+    "lse_tiles[:, :b].max(axis=0)",
     ("suites/kernels/test_mosaic_loss.py", "-k", "interpret"),
     "Mosaic loss: the tiles' log-sum-exps are combined by a max instead of a log-sum-exp.",
   ),
   Mutation(
     "loss.mosaic_tail_one_tile_late",
     _LOSS + "mosaic.py",
-    "axis=0), n_tiles * config.block_n)",
-    "axis=0), (n_tiles + 1) * config.block_n)",
-    _matrix("cross_entropy and mosaic] and sum-"),
+    "(args, lse, n_tiles * config.block_n, label_tiles",
+    "(args, lse, (n_tiles + 1) * config.block_n, label_tiles",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "interpret"),
     "Mosaic loss: the vocabulary columns past the last whole tile are skipped.",
   ),
   # --- Interpreted kernels ---------------------------------------------------------
@@ -679,6 +696,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_TPU_RAGGED, "-k", "interpret_matches and ragged_contracting"),
     "Mosaic TPU ragged dot drhs: tiles a group covers only in part are used unmasked (the"
     " neighbouring groups' rows add to its gradient).",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_ragged_drhs_output_untyped",
+    _TPU_RAGGED_KERNEL,
+    "    out_shape=partitioning.kernel_output((num_groups, k, n), out_dtype, *prefetch, lhs, rhs),",
+    "    out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),",
+    (_KERNEL_SHARDING, "-k", "ragged_dot and mosaic_tpu"),
+    "Mosaic TPU ragged_dot: the rhs gradient's kernel output is a plain ShapeDtypeStruct,"
+    " untyped for shard_map, so the gradient fails on sharded arrays (explicit mesh axes).",
   ),
   Mutation(
     "kernels.mosaic_tpu_ragged_physical_vmem",

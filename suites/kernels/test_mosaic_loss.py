@@ -62,18 +62,34 @@ def test_interpret_matches_reference_with_gradients(b, h, v, scale, capfd):
 
 
 @pytest.mark.host_only
-def test_the_kernel_alone_gives_each_tiles_logsumexp():
-  x, _, w = _inputs(130, 128, 512)
+def test_the_kernel_alone_gives_each_tiles_logsumexp_and_label_logit():
+  x, labels, w = _inputs(130, 128, 512)
+  # Labels in each of the three kernel tiles, in the tail the kernel leaves to XLA (>= 384),
+  # outside the weights (another vocabulary shard's), and -1 on the padding rows.
+  labels = labels.at[:4].set(jnp.array([0, 383, 400, -5])).at[4].set(600)
   config = mosaic.mosaic_kernel.MosaicLossKernelConfig(block_n=128, num_stages=2, grid_tile_m=2)
   padded = jnp.pad(x, ((0, 126), (0, 0)))
-  got = mosaic.mosaic_kernel.tile_logsumexp(
-    padded, w, n_tiles=3, config=config, num_sms=2, interpret=plgpu.InterpretGPUParams()
-  )[:, :130]
+  padded_labels = jnp.pad(labels, (0, 126), constant_values=-1)
+  lse, picked = mosaic.mosaic_kernel.tile_stats(
+    padded,
+    w,
+    padded_labels,
+    n_tiles=3,
+    config=config,
+    num_sms=2,
+    interpret=plgpu.InterpretGPUParams(),
+  )
   logits = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
   tiles = logits[:, :384].reshape(130, 3, 128)
   top = tiles.max(-1, keepdims=True)
   want = (top[..., 0] + np.log(np.exp(tiles - top).sum(-1))).T
-  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(lse)[:, :130], want, rtol=1e-5, atol=1e-5)
+  want_picked = np.zeros((3, 130))
+  for row, label in enumerate(np.asarray(labels)):
+    if 0 <= label < 384:
+      want_picked[label // 128, row] = logits[row, label]
+  np.testing.assert_allclose(np.asarray(picked)[:, :130], want_picked, rtol=1e-5, atol=1e-5)
+  assert np.all(np.asarray(picked)[:, 130:] == 0)
 
 
 @pytest.mark.parametrize(

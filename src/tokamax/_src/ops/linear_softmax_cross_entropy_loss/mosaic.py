@@ -1,13 +1,12 @@
 """linear_softmax_cross_entropy_loss with a fused Pallas Mosaic GPU kernel (Hopper, sm_90).
 
-The forward pass never writes the [B, V] logits: `mosaic_kernel.tile_logsumexp`
+The forward pass never writes the [B, V] logits: `mosaic_kernel.tile_stats`
 reduces each (row tile, vocabulary tile) of x @ weights to its per-row
-log-sum-exp in the GEMM's epilogue, and XLA combines the tiles. Vocabulary
-columns past the last whole tile and the label's logit (a gather of B weight
-columns) are small XLA computations. A vocabulary that is not a multiple of 64
-columns (V=50257) costs a padded copy of the weights. The backward pass recomputes the logits a
-vocabulary chunk at a time (`chunked_xla`'s backward), so that no [B, V] array
-exists there either.
+log-sum-exp and the logit at its label in the GEMM's epilogue, and XLA combines
+the tiles. Vocabulary columns past the last whole tile are a small XLA matmul. A
+vocabulary that is not a multiple of 64 columns (V=50257) costs a padded copy of
+the weights. The backward pass recomputes the logits a vocabulary chunk at a time
+(`chunked_xla`'s backward), so that no [B, V] array exists there either.
 """
 
 from __future__ import annotations
@@ -51,27 +50,33 @@ def _kernel_config(dtype, config: MosaicLossConfig) -> mosaic_kernel.MosaicLossK
   )
 
 
-def logsumexp(args: spec.LossArgs, config: MosaicLossConfig, interpret=None) -> jax.Array:
-  """float32 [B]: log-sum-exp of each row of x @ weights, without the [B, V] logits."""
+def row_stats(
+  args: spec.LossArgs, config: MosaicLossConfig, interpret=None
+) -> tuple[jax.Array, jax.Array]:
+  """float32 [B] each: the log-sum-exp of each row of x @ weights and its label's logit (0
+  where `weights` does not hold the label), without the [B, V] logits."""
   x, w = args.x, args.weights
   b, v = x.shape[0], w.shape[1]
   kernel_config = _kernel_config(x.dtype, config)
   n_tiles = v // config.block_n
   rows = -b % kernel_config.block_m  # Whole row tiles: the padding rows are dropped.
   padded = jnp.pad(x, ((0, rows), (0, 0))) if rows else x
+  labels = jnp.pad(args.labels, (0, rows), constant_values=-1) if rows else args.labels
   # The kernel's TMA tiling needs V to be a multiple of its 128-byte swizzle span: for other
   # V (50257) it reads a padded copy (its tiles never reach the padding).
   align = gemm.swizzle_elems(w.dtype)
   w_kernel = jnp.pad(w, ((0, 0), (0, -v % align))) if v % align else w
-  tiles = mosaic_kernel.tile_logsumexp(
+  lse_tiles, label_tiles = mosaic_kernel.tile_stats(
     padded,
     w_kernel,
+    labels,
     n_tiles=n_tiles,
     config=kernel_config,
     num_sms=gemm.num_sms(interpret is not None),
     interpret=interpret,
-  )[:, :b]
-  return spec.with_tail_columns(args, jax.nn.logsumexp(tiles, axis=0), n_tiles * config.block_n)
+  )
+  lse = jax.nn.logsumexp(lse_tiles[:, :b], axis=0)
+  return spec.with_tail_columns(args, lse, n_tiles * config.block_n, label_tiles[:, :b].sum(0))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -112,8 +117,7 @@ class MosaicLoss(kernel_ops.MosaicGpuOp):
     }
 
   def _fwd(self, args: spec.LossArgs, config: MosaicLossConfig):
-    lse = logsumexp(args, config, self.interpret_params)
-    return spec.loss(args, lse, spec.label_logits(args))
+    return spec.loss(args, *row_stats(args, config, self.interpret_params))
 
   def _bwd(self, args, config, out, residuals, dout):
     del out

@@ -5,8 +5,9 @@ warp-specialised GEMM of `mosaic_gemm` over
 (row tile, vocabulary tile) work items of `x @ weights`, with an epilogue in
 place of the store of the logits tile, so that no [B, V] logits reach HBM:
 
-- `tile_logsumexp`: each tile's per-row log-sum-exp (float32 [tiles, B]); the
-  caller combines the tiles (a few MB).
+- `tile_stats`: each tile's per-row log-sum-exp and the logit at each row's label
+  where the tile holds it (float32 [tiles, B] each); the caller combines the tiles
+  (a few MB), so the label's logit needs no gather of weight columns.
 """
 
 import dataclasses
@@ -58,7 +59,7 @@ def config_reason(config: MosaicLossKernelConfig, h: int, in_itemsize: int) -> s
     return f"H={h} must be a multiple of block_k={config.block_k}"
   if h // config.block_k < config.num_stages:
     return f"H={h} gives fewer than num_stages={config.num_stages} steps of {config.block_k}"
-  epilogue = WG_ROWS * 4  # One float32 per row: the tile's log-sum-exp.
+  epilogue = 2 * WG_ROWS * 4  # Two float32 per row: the tile's log-sum-exp and label logit.
   return gemm.tile_reason(config, "block_k", in_itemsize) or gemm.smem_reason(
     config, smem_bytes(config, in_itemsize, epilogue)
   )
@@ -135,46 +136,54 @@ def _gemm_items(
   return gemm.kernel(kernel, out_type, num_sms=num_sms, interpret=interpret)
 
 
-def _padded_rows(b: int, config: MosaicLossKernelConfig) -> int:
-  return pl.cdiv(b, config.block_m) * config.block_m
-
-
-def tile_logsumexp(
+def tile_stats(
   x: jax.Array,
   w: jax.Array,
+  labels: jax.Array,
   *,
   n_tiles: int,
   config: MosaicLossKernelConfig,
   num_sms: int,
   interpret=None,
-) -> jax.Array:
-  """Per-row log-sum-exp of each of the first `n_tiles` vocabulary tiles of x @ w.
+) -> tuple[jax.Array, jax.Array]:
+  """Per-row log-sum-exp and label logit of each of the first `n_tiles` vocabulary tiles.
 
   Args:
-    x: [B, H].
+    x: [B, H], B a multiple of block_m.
     w: [H, V], V >= n_tiles * block_n.
+    labels: int32 [B]: each row's column of `w` (any other value matches no tile).
     n_tiles: Column tiles of width block_n.
     config: Tiling.
     num_sms: Persistent CTAs.
     interpret: Pallas interpret parameters, or None.
 
   Returns:
-    float32 [n_tiles, B].
+    float32 [n_tiles, B] each: the tiles' log-sum-exps, and the logit at the row's label
+    in the tile that holds it (0 in the others).
   """
   b = x.shape[0]
-  rows = _padded_rows(b, config)
+  bn = config.block_n
+  row_layout = plgpu.Layout.WGMMA.reduce(1)
 
-  def epilogue(logits, row0, mi, ni, lse_smem, extra_refs, out_refs):
-    del mi, extra_refs
-    (out_ref,) = out_refs
+  def epilogue(logits, row0, mi, ni, stats_smem, extra_refs, out_refs):
+    del mi
+    (labels_ref,) = extra_refs
+    lse_ref, picked_ref = out_refs
     top = logits.max(axis=1)
     shifted = (logits - lax.broadcast_in_dim(top, logits.shape, [0])) * _LOG2E
     lse = top + jnp.log(jnp.exp2(shifted).sum(axis=1))
-    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The previous item's store.
-    lse_smem[...] = lse
+    row_labels = plgpu.load(labels_ref.at[pl.ds(row0, WG_ROWS)], layout=row_layout, optimized=False)
+    cols = plgpu.broadcasted_iota(jnp.int32, logits.shape, 1, layout=plgpu.Layout.WGMMA)
+    hit = cols + ni * bn == lax.broadcast_in_dim(row_labels, logits.shape, [0])
+    picked = jnp.where(hit, logits, 0.0).sum(axis=1)
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The previous item's stores.
+    stats_smem[0] = lse
+    stats_smem[1] = picked
     plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(lse_smem, out_ref.at[ni, pl.ds(row0, WG_ROWS)])
+    plgpu.copy_smem_to_gmem(stats_smem.at[0], lse_ref.at[ni, pl.ds(row0, WG_ROWS)])
+    plgpu.copy_smem_to_gmem(stats_smem.at[1], picked_ref.at[ni, pl.ds(row0, WG_ROWS)])
 
+  stat = jax.ShapeDtypeStruct((n_tiles, b), jnp.float32)
   call = _gemm_items(
     x,
     w,
@@ -182,9 +191,9 @@ def tile_logsumexp(
     col_tile0=None,
     config=config,
     num_sms=num_sms,
-    out_type=jax.ShapeDtypeStruct((n_tiles, rows), jnp.float32),
-    scratch=plgpu.SMEM((NUM_COMPUTE_WGS, WG_ROWS), jnp.float32),
+    out_type=(stat, stat),
+    scratch=plgpu.SMEM((NUM_COMPUTE_WGS, 2, WG_ROWS), jnp.float32),
     epilogue=epilogue,
     interpret=interpret,
   )
-  return call(x, w, jnp.zeros((1,), jnp.int32))[:, :b]
+  return call(x, w, jnp.zeros((1,), jnp.int32), labels.astype(jnp.int32))

@@ -210,7 +210,7 @@ def logsumexp(
     vmem_limit_bytes=tpu.chip().vmem_limit_bytes,
     interpret=interpret,
   )
-  return spec.with_tail_columns(args, lse, n_tiles * config.block_v)
+  return spec.with_tail_columns(args, lse, n_tiles * config.block_v)[0]
 
 
 def backward(

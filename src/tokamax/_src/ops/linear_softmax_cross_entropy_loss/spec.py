@@ -104,15 +104,25 @@ def loss(args: LossArgs, lse: jax.Array, label_logit: jax.Array) -> tuple[jax.Ar
   return reduce(args, lse / shard.count - label_logit), lse
 
 
-def with_tail_columns(args: LossArgs, lse: jax.Array, start: int) -> jax.Array:
+def with_tail_columns(
+  args: LossArgs, lse: jax.Array, start: int, label_logit: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array | None]:
   """`lse` [B] of columns [0, start) combined with the columns from `start` on (in XLA): the
-  vocabulary past a kernel's last whole tile."""
-  if start >= args.weights.shape[1]:
-    return lse
+  vocabulary past a kernel's last whole tile; and `label_logit` [B] of columns [0, start)
+  with the label's logit where the tail holds it (None stays None)."""
+  v = args.weights.shape[1]
+  if start >= v:
+    return lse, label_logit
   tail = jnp.matmul(
     args.x, args.weights[:, start:], precision=args.precision, preferred_element_type=jnp.float32
   )
-  return jnp.logaddexp(lse, jax.nn.logsumexp(tail, axis=1))
+  lse = jnp.logaddexp(lse, jax.nn.logsumexp(tail, axis=1))
+  if label_logit is not None:
+    in_tail = (args.labels >= start) & (args.labels < v)
+    column = jnp.clip(args.labels - start, 0, v - start - 1)
+    picked = jnp.take_along_axis(tail, column[:, None], axis=1)[:, 0]
+    label_logit = label_logit + jnp.where(in_tail, picked, 0.0)
+  return lse, label_logit
 
 
 def cost(args: LossArgs) -> op.Cost:
