@@ -6,8 +6,8 @@ all-gather unless the case shards an axis the op cannot split (then one warning
 names it). Triton kernels run in Triton's interpreter (float32) on arrays with explicit mesh
 axes; the `auto_` cases run the same partitioning through XLA's partitioner
 (`custom_partitioning`, automatic mesh axes) with the XLA implementation as the
-kernel, since interpreters' host callbacks cannot run inside it. The Mosaic TPU loss
-runs in Pallas's TPU interpreter (explicit mesh axes). Mosaic GPU kernels,
+kernel, since interpreters' host callbacks cannot run inside it. The Mosaic TPU loss,
+ragged_dot and attention run in Pallas's TPU interpreter (explicit mesh axes). Mosaic GPU kernels,
 whose interpreter cannot run sharded, are lowered for CUDA on sharded operands
 (`Lowering`): their calls take shards and nothing is gathered.
 
@@ -33,6 +33,7 @@ from jax.sharding import PartitionSpec as P
 import tokamax
 from tokamax._src import triton_call
 from tokamax._src.ops.attention import mosaic as attention_mosaic
+from tokamax._src.ops.attention import mosaic_tpu as attention_tpu
 from tokamax._src.ops.attention import spec as attention_spec
 from tokamax._src.ops.attention import xla as attention_xla
 from tokamax._src.ops.gated_linear_unit import mosaic as glu_mosaic
@@ -45,6 +46,7 @@ from tokamax._src.ops.linear_softmax_cross_entropy_loss import spec as loss_spec
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import xla as loss_xla
 from tokamax._src.ops.normalization import xla as norm_xla
 from tokamax._src.ops.ragged_dot import mosaic as ragged_mosaic
+from tokamax._src.ops.ragged_dot import mosaic_tpu as ragged_tpu
 from tokamax._src.ops.ragged_dot import spec as ragged_spec
 from tokamax._src.ops.ragged_dot import xla as ragged_xla
 from tokamax_harness import compare
@@ -147,6 +149,10 @@ TPU_LOSS = loss_tpu.MosaicTpuLoss(
     block_b=8, block_v=128, block_k=32, bwd_block_b=8, bwd_block_v=128
   ),
 )
+# The Mosaic TPU ragged_dot and attention in their interpreter, at the blocks of their own
+# heuristics for each shard's shapes.
+TPU_RAGGED = ragged_tpu.MosaicTpuRaggedDot(interpret=True)
+TPU_ATTENTION = attention_tpu.MosaicTpuAttention(interpret=True)
 
 
 def cases() -> dict[str, Case]:
@@ -248,6 +254,18 @@ def cases() -> dict[str, Case]:
     ),
     "loss/mosaic_tpu/vocabulary_none": _case(
       _loss(TPU_LOSS, 16, 32, 384, "none"), [P(), VOCAB, P()]
+    ),
+    "ragged_dot/mosaic_tpu/rows": _case(
+      _ragged(TPU_RAGGED, jnp.float32, 32, 32, 8, (9, 0, 14, 6)), [ROWS, P(), P()]
+    ),
+    "ragged_dot/mosaic_tpu/rows_and_groups": _case(
+      _ragged(TPU_RAGGED, jnp.float32, 32, 32, 8, (9, 0, 14, 6)), [ROWS, P("model"), P()]
+    ),
+    "attention/mosaic_tpu/batch": _case(
+      _attention(TPU_ATTENTION, jnp.float32, 4, 16, 2, 2, 64, is_causal=True), [ROWS] * 3
+    ),
+    "attention/mosaic_tpu/batch_and_kv_heads": _case(
+      _attention(TPU_ATTENTION, jnp.float32, 4, 16, 4, 2, 64, is_causal=True), [HEADS] * 3
     ),
   }
 

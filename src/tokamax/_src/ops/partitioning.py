@@ -243,7 +243,12 @@ def record_vma(args: Any) -> frozenset[str]:
 
 def kernel_output(shape: tuple[int, ...], dtype: Any, *inputs: jax.Array) -> jax.ShapeDtypeStruct:
   """A kernel's output type (`pallas_call(out_shape=...)`): inside `shard_map`, varying
-  over the mesh axes that its inputs vary over."""
+  over the mesh axes that its inputs vary over.
+
+  Every Mosaic TPU `pallas_call` types its outputs here: under `shard_map` (which checks
+  them) a plain `ShapeDtypeStruct` fails. Mosaic GPU's `plgpu.kernel` skips that check
+  and Triton's calls are untyped; `vary` types their outputs.
+  """
   axes = frozenset().union(*map(vma, inputs))
   return jax.ShapeDtypeStruct(
     shape, dtype, manual_axis_type=jax.sharding.ManualAxisType(varying=axes)

@@ -31,11 +31,12 @@ the value repeated across the lanes.
 import dataclasses
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+
+from tokamax._src.ops import partitioning
 
 LANES = 128
 
@@ -305,17 +306,18 @@ def forward(q, k, v, q_len, kv_len, planes, p: Params, *, vmem_limit_bytes: int,
       pltpu.VMEM((bq, hv), jnp.float32),
     ],
   )
+  operands = (q_len, kv_len, q, k, v, *planes)
   return pl.pallas_call(
     functools.partial(_fwd_kernel, p=p),
     out_shape=(
-      jax.ShapeDtypeStruct((b, n, t, hv), q.dtype),
-      jax.ShapeDtypeStruct((b, n, t, LANES), jnp.float32),
+      partitioning.kernel_output((b, n, t, hv), q.dtype, *operands),
+      partitioning.kernel_output((b, n, t, LANES), jnp.float32, *operands),
     ),
     grid_spec=grid_spec,
     compiler_params=_compiler_params(3, 1, vmem_limit_bytes),
     interpret=interpret,
     name="tokamax_flash_attention_fwd",
-  )(q_len, kv_len, q, k, v, *planes)
+  )(*operands)
 
 
 def _probs_and_dlogits(ok, q, k, v, do, lse, delta, p: Params, bias_ref):
@@ -412,13 +414,15 @@ def backward(
   bq, bk = p.block_q, p.block_kv
   nq, nk = t // bq, s // bk
   common = dict(interpret=interpret)
+  operands = (q_len, kv_len, q, k, v, do, lse, delta, *planes)
+  output = lambda x: partitioning.kernel_output(x.shape, x.dtype, *operands)
 
   # dq: like the forward, grid (B, N, query blocks, key blocks).
   dq_q_map, dq_kv_map, dq_coords = _query_major_maps(p, g, nk)
 
   dq = pl.pallas_call(
     functools.partial(_dq_kernel, p=p),
-    out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+    out_shape=output(q),
     grid_spec=pltpu.PrefetchScalarGridSpec(
       num_scalar_prefetch=2,
       grid=(b, n, nq, nk),
@@ -437,7 +441,7 @@ def backward(
     compiler_params=_compiler_params(3, 1, vmem_limit_bytes),
     name="tokamax_flash_attention_dq",
     **common,
-  )(q_len, kv_len, q, k, v, do, lse, delta, *planes)
+  )(*operands)
 
   # dk/dv: grid (B, K, key blocks, query heads of the group, query blocks).
   def dkv_q_block(bb, j, i, q_len_ref, kv_len_ref):
@@ -455,7 +459,7 @@ def backward(
 
   dk, dv = pl.pallas_call(
     functools.partial(_dkv_kernel, p=p),
-    out_shape=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
+    out_shape=(output(k), output(v)),
     grid_spec=pltpu.PrefetchScalarGridSpec(
       num_scalar_prefetch=2,
       grid=(b, kh, nk, g, nq),
@@ -477,5 +481,5 @@ def backward(
     compiler_params=_compiler_params(3, 2, vmem_limit_bytes),
     name="tokamax_flash_attention_dkv",
     **common,
-  )(q_len, kv_len, q, k, v, do, lse, delta, *planes)
+  )(*operands)
   return dq, dk, dv

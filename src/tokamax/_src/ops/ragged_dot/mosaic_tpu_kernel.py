@@ -33,6 +33,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from tokamax._src.ops import partitioning
+
 # Kinds of `grouped_matmul` work items.
 _DEAD, _ZERO, _COMPUTE = 0, 1, 2
 
@@ -215,7 +217,7 @@ def grouped_matmul(
   )
   return pl.pallas_call(
     kernel,
-    out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
+    out_shape=partitioning.kernel_output((m, n), out_dtype, *prefetch, lhs, rhs),
     grid_spec=grid_spec,
     compiler_params=pltpu.CompilerParams(
       dimension_semantics=("parallel", "arbitrary", "arbitrary"),
@@ -341,7 +343,7 @@ def transposed_grouped_matmul(
   )
   return pl.pallas_call(
     kernel,
-    out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
+    out_shape=partitioning.kernel_output((num_groups, k, n), out_dtype, *prefetch, lhs, rhs),
     grid_spec=grid_spec,
     compiler_params=pltpu.CompilerParams(
       dimension_semantics=("parallel", "parallel", "arbitrary"),
