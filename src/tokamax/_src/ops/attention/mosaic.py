@@ -391,7 +391,7 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
       for name, x in zip(outputs, res, strict=True):
         grads["key" if name == "dk" else "value"] = x[:, :s]
     if args.bias is not None:
-      grads["bias"] = xla.bias_grad(args, dout)
+      grads["bias"] = xla.bias_grad(args, out, dout)
     return grads
 
 

@@ -266,7 +266,7 @@ class MosaicTpuAttention(kernel_ops.MosaicTpuOp):
       "value": jnp.swapaxes(dv[:, :, :s], 1, 2),
     }
     if args.bias is not None:
-      grads["bias"] = xla.bias_grad(args, dout)
+      grads["bias"] = xla.bias_grad(args, out, dout)
     return grads
 
 

@@ -33,10 +33,18 @@ def attend(args: spec.AttentionArgs) -> tuple[jax.Array, jax.Array]:
   return out.reshape(b, t, n, v.shape[-1]).astype(q.dtype), lse
 
 
-def bias_grad(args: spec.AttentionArgs, dout: jax.Array) -> jax.Array:
-  """The bias cotangent through XLA (materialises [B,N,T,S]; dropped under jit when unused)."""
-  _, vjp = jax.vjp(lambda bias: attend(dataclasses.replace(args, bias=bias))[0], args.bias)
-  return vjp(dout)[0]
+def bias_grad(args: spec.AttentionArgs, out: jax.Array, dout: jax.Array) -> jax.Array:
+  """The bias cotangent, for kernels without one: the analytic backward's ds from the
+  recomputed log-sum-exp (materialises [B,N,T,S]; its dq, dk, dv are dropped under jit)."""
+  _, lse = attend(args)
+  return _backward(args, out, lse, dout)["bias"]
+
+
+def _backward(args: spec.AttentionArgs, out, lse, dout) -> dict:
+  # The analytic backward from the log-sum-exp, as one key chunk: its cotangent GEMMs run
+  # in the inputs' dtype (JAX's own derivative of `attend` multiplies in float32).
+  whole = xla_chunked.ChunkedConfig(kv_chunk_size=args.key.shape[1])
+  return xla_chunked.backward(args, whole, out, lse, dout)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -50,7 +58,4 @@ class XlaAttention(op.Op):
     return attend(args)
 
   def _bwd(self, args, config, out, residuals, dout):
-    # The analytic backward from the log-sum-exp, as one key chunk: its cotangent GEMMs run
-    # in the inputs' dtype (JAX's own derivative of `attend` multiplies in float32).
-    whole = xla_chunked.ChunkedConfig(kv_chunk_size=args.key.shape[1])
-    return xla_chunked.backward(args, whole, out, residuals, dout)
+    return _backward(args, out, residuals, dout)

@@ -123,8 +123,16 @@ def backward(args: spec.AttentionArgs, config: ChunkedConfig, out, lse, dout) ->
     dq, dbias = carry
     logits, k, v = chunks.logits(args, q, i)
     p = jnp.exp(logits - lse_safe)
-    dv = jnp.einsum("bkgts,btkgh->bskh", p.astype(do.dtype), do, preferred_element_type=acc_dtype)
-    dp = jnp.einsum("btkgh,bskh->bkgts", do, v, preferred_element_type=acc_dtype)
+    dv = jnp.einsum(
+      "bkgts,btkgh->bskh",
+      p.astype(do.dtype),
+      do,
+      precision=args.precision,
+      preferred_element_type=acc_dtype,
+    )
+    dp = jnp.einsum(
+      "btkgh,bskh->bkgts", do, v, precision=args.precision, preferred_element_type=acc_dtype
+    )
     ds = p * (dp - delta[..., None])
     if args.soft_cap is not None:
       capped = jnp.where(jnp.isfinite(logits), logits, 0.0) / args.soft_cap
@@ -132,9 +140,13 @@ def backward(args: spec.AttentionArgs, config: ChunkedConfig, out, lse, dout) ->
     if dbias is not None:
       dbias = _accumulate_bias(dbias, ds, i * chunks.size, chunks.size)
     ds_c = ds.astype(q.dtype)
-    dq = dq + jnp.einsum("bkgts,bskh->btkgh", ds_c, k, preferred_element_type=acc_dtype)
+    dq = dq + jnp.einsum(
+      "bkgts,bskh->btkgh", ds_c, k, precision=args.precision, preferred_element_type=acc_dtype
+    )
     qg = q.reshape(b, t, kh, g, h)
-    dk = jnp.einsum("bkgts,btkgh->bskh", ds_c, qg, preferred_element_type=acc_dtype)
+    dk = jnp.einsum(
+      "bkgts,btkgh->bskh", ds_c, qg, precision=args.precision, preferred_element_type=acc_dtype
+    )
     return (dq, dbias), (dk * args.scale, dv)
 
   dbias0 = None if bias is None else jnp.zeros(bias.shape, acc_dtype)

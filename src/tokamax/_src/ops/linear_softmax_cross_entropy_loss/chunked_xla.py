@@ -106,9 +106,12 @@ def backward(args: spec.LossArgs, config: ChunkedLossConfig, lse, dout):
     dlogits = logit_cotangents(args, logits, start, lse, g)
     # Repeated columns: their dweights again (the same values), but dx only once.
     dx = dx + jnp.matmul(
-      jnp.where(repeated, jnp.zeros((), dlogits.dtype), dlogits), w.T, preferred_element_type=acc
+      jnp.where(repeated, jnp.zeros((), dlogits.dtype), dlogits),
+      w.T,
+      precision=args.precision,
+      preferred_element_type=acc,
     )
-    dw_chunk = jnp.matmul(args.x.T, dlogits, preferred_element_type=acc)
+    dw_chunk = jnp.matmul(args.x.T, dlogits, precision=args.precision, preferred_element_type=acc)
     dw = jax.lax.dynamic_update_slice_in_dim(dw, dw_chunk.astype(dw.dtype), start, 1)
     return (dx, dw), None
 
