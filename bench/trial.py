@@ -19,6 +19,7 @@ the history, as the nightly appends it.
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -117,7 +118,9 @@ def results(result: dict) -> list[dict]:
         "op": r["op"],
         "implementation": r["implementation"],
         "case": f"{r['shape_key']} {r['case']}",
-        "shape": r["shapes"],
+        "shape": {
+          k: int(math.prod(v)) if isinstance(v, list | tuple) else v for k, v in r["shapes"].items()
+        },
         "dtype": r["dtype"],
         "mode": r["mode"],
         "median_ms": statistics.median(meds),
@@ -206,7 +209,8 @@ def main(argv=None) -> int:
     with open(args.out, "w") as f:
       json.dump({**result, "summary": line}, f, indent=1)
   if args.results:
-    note = f"bench.trial (the nightly regression check on unchanged code): {line}"
+    how = f"runs replayed from {os.path.basename(args.replay)}" if args.replay else "measured"
+    note = f"bench.trial (the nightly regression check on unchanged code; {how}): {line}"
     records.write(args.results, results(result), note=note)
   op = args.op
   runs = result["runs"]

@@ -13,7 +13,7 @@ def _records(ms_by_op, run):
       "implementation": "xla",
       "case": "c",
       "shape_key": "n=1",
-      "shapes": {"n": 1},
+      "shapes": {"n": 1, "rows": (2, 3)},
       "dtype": "float32",
       "mode": "fwd",
       "device_kind": "cpu",
@@ -94,3 +94,4 @@ def test_replay_judges_recorded_runs(tmp_path, capsys):
   assert recs["ragged_dot"].median_ms == 2.0 and recs["ragged_dot"].extra["flagged"] == 0
   assert recs["layer_norm"].extra["run_medians_ms"] == [1.0, 1.005, 0.995]
   assert len(recs["layer_norm"].extra["baseline_medians_ms"]) == 3
+  assert recs["layer_norm"].shape == {"n": 1, "rows": 6}  # Dimension tuples: their product.
