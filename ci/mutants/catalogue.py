@@ -165,8 +165,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "dispatch.fallback_zeros",
     _OP,
-    "      (grads,) = vjp(dout)",
-    "      (grads,) = vjp(jax.tree.map(jax.numpy.zeros_like, dout))",
+    "      return vjp(dout)\n",
+    "      return vjp(jax.tree.map(jax.numpy.zeros_like, dout))\n",
     (_FALLBACK, "-k", "layer_norm-plain"),
     "The XLA gradient fallback returns zeros.",
   ),
@@ -445,6 +445,16 @@ MUTATIONS: tuple[Mutation, ...] = (
     "    shifted = logits - lax.broadcast_in_dim(top, logits.shape, [0])",
     ("suites/kernels/test_mosaic_loss.py", "-k", "interpret or tile"),
     "Mosaic loss kernel: exp2 of unscaled logits (the log2(e) factor dropped).",
+  ),
+  Mutation(
+    "dispatch.fallback_cotangent_summed_twice",
+    _OP,
+    "      return vjp(dout)\n",
+    "      (g,) = vjp(dout)\n"
+    "      return (jax.tree.map(lambda g, v: partitioning.cotangent(g, v, axes), g, vmas),)\n",
+    (_KERNEL_SHARDING, "-k", "ragged_dot and mosaic and interpret"),
+    "The XLA gradient fallback's cotangents, which JAX already summed over the mesh axes an"
+    " input does not vary over, summed again (x the shard count) under shard_map.",
   ),
   Mutation(
     "loss.mosaic_label_tile_offset",

@@ -224,15 +224,8 @@ GPU_LOSS = loss_mosaic.MosaicLoss(
 GPU_ATTENTION = attention_mosaic.MosaicAttention(interpret=True)
 
 
-# Cases that fail for a known reason (test_kernel_sharding marks them xfail, strict).
-KNOWN_FAILURES = {
-  "ragged_dot/mosaic/interpret_rows_and_groups": (
-    "the Mosaic GPU ragged_dot's sharded gradients are multiplied by the shard count of the "
-    "axis they are summed over: drhs 4x with rows over 'data' (4), dlhs 2x with groups over "
-    "'model' (2); the forward matches. Each device's drhs kernel, called alone inside "
-    "shard_map, matches its shard; Mosaic TPU's ragged_dot on the same path sums right"
-  ),
-}
+# Cases expected to fail (a strict xfail each, with the reason), until their bug is fixed.
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def cases() -> dict[str, Case]:

@@ -199,13 +199,14 @@ def _with_custom_vjp(op: Op, args: Any, config: Any) -> jax.Array:
   def run_bwd(saved, dout):
     arrays, out, residuals = saved
     record = rebuild(arrays)
-    if op._bwd_unsupported_reason(record) is None:
-      _record(op, record, "vjp")
-      grads = op._bwd(record, config, out, residuals, dout)
-    else:
+    if op._bwd_unsupported_reason(record) is not None:
+      # JAX's derivative of the XLA implementation: cotangents typed (and summed over the
+      # mesh axes an input does not vary over) by JAX itself.
       reference = op.spec.get("xla")
       _, vjp = jax.vjp(lambda a: reference.apply(rebuild(a)), arrays)
-      (grads,) = vjp(dout)
+      return vjp(dout)
+    _record(op, record, "vjp")
+    grads = op._bwd(record, config, out, residuals, dout)
     grads = {
       name: (
         grads[name]
