@@ -374,6 +374,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     " reads (forward unchanged).",
   ),
   Mutation(
+    "glu.cpu_backward_halves_swapped",
+    "src/tokamax/_src/ops/gated_linear_unit/spec.py",
+    "  halves = [d[..., j, :] for j in range(2)]",
+    "  halves = [d[..., 1 - j, :] for j in range(2)]",
+    _matrix("test_vjp and gated_linear_unit and xla] and swiglu and float32"),
+    "The CPU backward of the fused projection pairs each half's cotangent with the other"
+    " half's weights (forward unchanged).",
+  ),
+  Mutation(
     "ragged_dot.group_offset_ignored",
     "src/tokamax/_src/ops/ragged_dot/spec.py",
     "  if args.group_offset is None:\n    return args.group_sizes, None",

@@ -1,5 +1,6 @@
 """The gated_linear_unit op: activation(x @ w_gate) * (x @ w_up)."""
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -90,13 +91,52 @@ SPEC = op.OpSpec(
 )
 
 
+def _both_halves(precision, x: jax.Array, weights: jax.Array) -> jax.Array:
+  """x @ [K, 2, N] weights -> [..., 2, N]."""
+  return jnp.einsum("...k,kjn->...jn", x, weights, precision=precision)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _both_halves_split_backward(precision, x: jax.Array, weights: jax.Array) -> jax.Array:
+  """`_both_halves` whose backward multiplies each half apart: on the CPU, JAX's derivative
+  of the one matmul took 1.46x the forward+backward of these (SwiGLU 256x512x1024)."""
+  return _both_halves(precision, x, weights)
+
+
+def _split_fwd(precision, x, weights):
+  return _both_halves(precision, x, weights), (x, weights)
+
+
+def _split_bwd(precision, saved, d):
+  x, weights = saved
+  halves = [d[..., j, :] for j in range(2)]
+  dx = sum(
+    jnp.einsum("...n,kn->...k", dj, weights[:, j], precision=precision)
+    for j, dj in enumerate(halves)
+  )
+  rows = x.reshape(-1, x.shape[-1])
+  dw = jnp.stack(
+    [jnp.matmul(rows.T, dj.reshape(-1, dj.shape[-1]), precision=precision) for dj in halves],
+    axis=1,
+  )
+  return dx.astype(x.dtype), dw.astype(weights.dtype)
+
+
+_both_halves_split_backward.defvjp(_split_fwd, _split_bwd)
+
+
 def reference(args: GluArgs) -> jax.Array:
   """The gate and up projections (one matmul for [K, 2, N] weights) and the gate, in XLA."""
   if isinstance(args.weights, tuple):
     dot = lambda w: jnp.einsum("...k,kn->...n", args.x, w, precision=args.precision)
     gate, up = (dot(w) for w in args.weights)
   else:  # One matmul over both halves: faster than two on the H200 (0.72x at M=2048).
-    both = jnp.einsum("...k,kjn->...jn", args.x, args.weights, precision=args.precision)
+    both = jax.lax.platform_dependent(
+      args.x,
+      args.weights,
+      cpu=functools.partial(_both_halves_split_backward, args.precision),
+      default=functools.partial(_both_halves, args.precision),
+    )
     gate, up = both[..., 0, :], both[..., 1, :]
   if args.activation is not None:
     gate = args.activation(gate)
