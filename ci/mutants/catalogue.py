@@ -417,9 +417,9 @@ MUTATIONS: tuple[Mutation, ...] = (
   ),
   Mutation(
     "loss.label_off_by_one",
-    "src/tokamax/_src/ops/linear_softmax_cross_entropy_loss/xla.py",
-    "    picked = jnp.take_along_axis(logits, columns[:, None], axis=-1)[:, 0]",
-    "    picked = jnp.take_along_axis(logits, columns[:, None] - 1, axis=-1)[:, 0]",
+    "src/tokamax/_src/ops/linear_softmax_cross_entropy_loss/spec.py",
+    "  picked = jnp.take_along_axis(logits, columns[:, None], axis=-1)[:, 0]",
+    "  picked = jnp.take_along_axis(logits, columns[:, None] - 1, axis=-1)[:, 0]",
     _matrix("test_forward and cross_entropy and xla] and sum- and float32"),
     "The label's logit is gathered one column to the left.",
   ),
@@ -477,10 +477,11 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "loss.tail_label_column",
     _LOSS + "spec.py",
-    "    column = jnp.clip(args.labels - start, 0, v - start - 1)",
-    "    column = jnp.clip(args.labels - start + 1, 0, v - start - 1)",
+    "  return jnp.clip(args.labels - start, 0, v - start - 1), held",
+    "  return jnp.clip(args.labels - start + 1, 0, v - start - 1), held",
     ("suites/kernels/test_mosaic_loss.py", "-k", "interpret"),
-    "The label's logit past a kernel's last whole tile read one column off.",
+    "The label's column one off wherever logits are picked from columns (the XLA forward,"
+    " and the Mosaic kernel's tail past its last whole tile).",
   ),
   Mutation(
     "loss.mosaic_tiles_maxed",
@@ -832,8 +833,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "loss.vocabulary_foreign_labels_held",
     _LOSS + "spec.py",
-    "  held = (args.labels >= 0) & (args.labels < v)",
-    "  held = args.labels >= 0",
+    "  held = (args.labels >= start) & (args.labels < v)",
+    "  held = args.labels >= start",
     (_KERNEL_SHARDING, "-k", "vocabulary"),
     "Loss on vocabulary-sharded weights: a label past the shard's columns takes its last"
     " column's logit instead of none.",

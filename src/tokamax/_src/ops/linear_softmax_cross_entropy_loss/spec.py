@@ -65,12 +65,20 @@ def reduce(args: LossArgs, per_row: jax.Array) -> jax.Array:
   return per_row
 
 
-def label_columns(args: LossArgs) -> tuple[jax.Array, jax.Array]:
-  """Each row's label as a column of `weights` (clipped into them), and whether they hold
-  it (on a vocabulary shard, another shard may)."""
+def label_columns(args: LossArgs, start: int = 0) -> tuple[jax.Array, jax.Array]:
+  """Each row's label as a column of `weights[:, start:]` (clipped into them), and whether
+  they hold it (on a vocabulary shard, another shard may; past a kernel's tiles, the tail)."""
   v = args.weights.shape[1]
-  held = (args.labels >= 0) & (args.labels < v)
-  return jnp.clip(args.labels, 0, v - 1), held
+  held = (args.labels >= start) & (args.labels < v)
+  return jnp.clip(args.labels - start, 0, v - start - 1), held
+
+
+def picked_logits(args: LossArgs, logits: jax.Array, start: int = 0) -> jax.Array:
+  """[B]: each row's logit at its label from `logits` [B, C] of columns [start, V) (0 where
+  they do not hold the label)."""
+  columns, held = label_columns(args, start)
+  picked = jnp.take_along_axis(logits, columns[:, None], axis=-1)[:, 0]
+  return jnp.where(held, picked, 0.0)
 
 
 def label_logits(args: LossArgs) -> jax.Array:
@@ -118,10 +126,7 @@ def with_tail_columns(
   )
   lse = jnp.logaddexp(lse, jax.nn.logsumexp(tail, axis=1))
   if label_logit is not None:
-    in_tail = (args.labels >= start) & (args.labels < v)
-    column = jnp.clip(args.labels - start, 0, v - start - 1)
-    picked = jnp.take_along_axis(tail, column[:, None], axis=1)[:, 0]
-    label_logit = label_logit + jnp.where(in_tail, picked, 0.0)
+    label_logit = label_logit + picked_logits(args, tail, start)
   return lse, label_logit
 
 

@@ -19,9 +19,7 @@ class XlaLoss(op.Op):
 
   def _fwd(self, args, config):
     logits = _matmul(args, args.x, args.weights)
-    columns, held = spec.label_columns(args)
-    picked = jnp.take_along_axis(logits, columns[:, None], axis=-1)[:, 0]
-    out, lse = spec.loss(args, jax.nn.logsumexp(logits, axis=-1), jnp.where(held, picked, 0.0))
+    out, lse = spec.loss(args, jax.nn.logsumexp(logits, axis=-1), spec.picked_logits(args, logits))
     return out, (logits, lse)
 
   def _bwd(self, args, config, out, residuals, dout):
