@@ -37,6 +37,11 @@ def implementations(op: str, profile: hardware.Profile) -> list[Implementation]:
   return golden.implementations(op, profile)
 
 
+def spec(op: str) -> Any:
+  """The op's `OpSpec`: calling it with `implementation=None` is what users get."""
+  return opdb.get(op).spec
+
+
 def anchors(op: str) -> dict[str, Anchor]:
   """Functions outside the library that the runner times beside the op (e.g. jax.lax)."""
   return dict(opdb.get(op).anchors)

@@ -3,6 +3,7 @@
 For each benchmark case of a hardware family (the op database's `bench` calls,
 read through `bench.cases`) and each mode (forward, or a training step:
 forward and VJP), it times every implementation of the op that runs here and
+`implementation=None` (contender "None": the pick, forward and gradient) and
 the anchors in the same process: the library's cuDNN implementation for
 attention, `jax.lax` for ragged_dot (the op database's anchors) and XLA for
 every op. Time is `tokamax_harness.timing.device_time` (CUPTI kernel time on NVIDIA
@@ -45,6 +46,8 @@ ANCHORS = {
   "ragged_dot": ("jax.lax", "xla"),
 }
 DEFAULT_ANCHORS = ("xla",)
+# The contender that calls the public op with `implementation=None` (what it picks here).
+AUTO = "None"
 
 
 @dataclasses.dataclass
@@ -100,6 +103,10 @@ def _with_config(impl: cases_lib.Implementation, config: Any) -> Callable:
   return lambda *a, **k: instance(*a, **k)
 
 
+def _auto_fn(spec: Any) -> Callable:
+  return lambda *a, **k: spec(*a, implementation=None, **k)
+
+
 def _anchor_fn(anchor: cases_lib.Anchor) -> Callable:
   return lambda *a, **k: anchor(a, k)
 
@@ -141,6 +148,8 @@ def contenders(
         log(f"SKIP sweep of {op}[{impl.name}] {bcase.id}: {type(e).__name__}: {str(e)[:200]}")
         configs = []
       out += [Contender(impl.name, _with_config(impl, c), config_dict(c)) for c in configs]
+  if out and (wanted is None or AUTO in wanted):
+    out.append(Contender(AUTO, _auto_fn(cases_lib.spec(op))))
   for name, anchor in cases_lib.anchors(op).items():
     if wanted is None or name in wanted or name in anchor_names:
       out.append(Contender(name, _anchor_fn(anchor)))
@@ -258,6 +267,8 @@ def case_records(
       "anchors_ms": anchors_ms,
       "feature": case.feature,
     }
+    if c.name == AUTO:
+      extra.update(_against_fastest(bcase.op, plain, median))
     against = anchor if anchor is not None and c is not anchor else None
     if c.kernels_ms is not None:
       extra["kernels_ms"] = c.kernels_ms
@@ -295,6 +306,23 @@ def case_records(
       )
     )
   return out
+
+
+def _against_fastest(op: str, plain: dict[str, Contender], auto_ms: float) -> dict[str, Any]:
+  """`implementation=None` against the fastest named implementation timed in the same run."""
+  named = {
+    n: statistics.median(c.rounds_ms)
+    for n, c in plain.items()
+    if n in cases_lib.spec(op).implementations
+  }
+  if not named:
+    return {}
+  fastest = min(named, key=named.get)
+  return {
+    "fastest": fastest,
+    "fastest_ms": named[fastest],
+    "ratio_to_fastest": auto_ms / named[fastest],
+  }
 
 
 def flat_shape(shape: dict) -> dict[str, int]:

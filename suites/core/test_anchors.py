@@ -1,6 +1,8 @@
 """The benchmark anchors (functions outside the library timed beside it) compute the op: each
 agrees with the op's independent reference on the features the benchmarks time."""
 
+import dataclasses
+
 import jax.numpy as jnp
 import pytest
 
@@ -15,9 +17,10 @@ def _cases():
   for op in opdb.OPS:
     info = opdb.get(op)
     features = {call.feature for calls in info.bench.values() for call in calls}
-    for case in golden.cases("cpu", [op]):
-      if case.dtype != "float32" or case.feature not in features:
-        continue
+    f32 = [c for c in golden.cases("cpu", [op]) if c.dtype == "float32"]
+    # Features only benchmarks use (bias and mask planes) at the golden shape.
+    bench_only = [dataclasses.replace(f32[0], feature=f) for f in sorted(info.bench_features)]
+    for case in [c for c in f32 if c.feature in features] + bench_only:
       for name, anchor in info.anchors.items():
         out.append(pytest.param(case, anchor, id=f"{op}-{name}-{case.id}"))
   return out

@@ -26,6 +26,15 @@ def test_runner_writes_valid_records_on_cpu(tmp_path):
   assert "xla" not in {r.implementation for r in recs}
   assert any(r.config for r in recs), "--sweep timed no autotuning candidate"
   assert any(r.implementation == "jax.nn" for r in recs), "the op database's anchor is missing"
+  # implementation=None is timed beside the named ones and compared with the fastest of them.
+  auto = [r for r in recs if r.implementation == run_lib.AUTO]
+  assert auto and all(r.extra["fastest"] in ("xla", "xla_chunked") for r in auto)
+  for r in auto:
+    same = [x for x in recs if x.case == r.case and not x.config]
+    named = [x for x in same if x.implementation == r.extra["fastest"]]
+    fastest_ms = named[0].median_ms if named else r.anchor_ms
+    assert r.extra["fastest_ms"] == fastest_ms
+    assert r.extra["ratio_to_fastest"] == pytest.approx(r.median_ms / fastest_ms)
 
 
 def test_config_dict_is_json():

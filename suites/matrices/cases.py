@@ -51,7 +51,9 @@ class Case:
 
   @property
   def features(self) -> dict:
-    return self.info.features[self.feature]
+    if self.feature in self.info.features:
+      return self.info.features[self.feature]
+    return self.info.bench_features[self.feature]
 
   @property
   def spec(self):

@@ -7,8 +7,14 @@ from suites.opdb import base
 from suites.opdb import kernel_cases as kc
 from tokamax_harness import references
 
-_BIAS_SHAPES = {"full": "bnts", "heads": "1n1s", "batch": "b1ts"}
-_MASK_SHAPES = {"full": "bnts", "keys": "b11s", "rows": "11ts", "empty_rows": "b1ts"}
+_BIAS_SHAPES = {"full": "bnts", "heads": "1n1s", "batch": "b1ts", "heads_plane": "1nts"}
+_MASK_SHAPES = {
+  "full": "bnts",
+  "keys": "b11s",
+  "rows": "11ts",
+  "empty_rows": "b1ts",
+  "batch_plane": "b1ts",
+}
 
 
 def _plane(layout: str, dims: dict) -> tuple[int, ...]:
@@ -95,6 +101,10 @@ _GPU_BENCH = (
   base.BenchCall(dict(b=2, t=8192, s=8192, n=8, k=8, h=256), "bfloat16", "causal"),
   base.BenchCall(dict(b=1, t=16384, s=16384, n=16, k=16, h=128), "bfloat16", "causal"),
   base.BenchCall(dict(_ANCHOR_SHAPE, k=8), "bfloat16", "causal"),
+  # Issue 18's bias and mask planes: bias [1, N, T, S], mask [B, 1, T, S], and both.
+  base.BenchCall(_ANCHOR_SHAPE, "bfloat16", "bias_plane"),
+  base.BenchCall(_ANCHOR_SHAPE, "bfloat16", "mask_plane"),
+  base.BenchCall(_ANCHOR_SHAPE, "bfloat16", "bias_mask_planes"),
 )
 
 # Kernel cases (`kernel_cases`): Mosaic GPU cases run in the interpreter with race
@@ -604,4 +614,9 @@ INFO = base.OpInfo(
   config_variants={"xla_chunked": {"kv16": {"kv_chunk_size": 16}}},
   anchors={"jax.nn": _jax_nn},
   kernel_cases=_KERNEL_CASES,
+  bench_features={
+    "bias_plane": {"bias": "heads_plane"},
+    "mask_plane": {"mask": "batch_plane"},
+    "bias_mask_planes": {"bias": "heads_plane", "mask": "batch_plane"},
+  },
 )

@@ -110,6 +110,7 @@ class OpInfo:
       runner: name -> (args, kwargs) -> output.
     kernel_cases: Implementation (optionally ":purpose") -> {case name -> case}:
       the kernel tests' own cases as data (`suites.opdb.kernel_cases` types).
+    bench_features: Features only benchmark calls use (the matrices do not expand them).
   """
 
   name: str
@@ -125,6 +126,7 @@ class OpInfo:
   config_variants: Mapping[str, Mapping[str, dict]] = dataclasses.field(default_factory=dict)
   anchors: Mapping[str, Callable[[tuple, dict], Any]] = dataclasses.field(default_factory=dict)
   kernel_cases: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+  bench_features: Mapping[str, dict] = dataclasses.field(default_factory=dict)
 
   @property
   def spec(self):
