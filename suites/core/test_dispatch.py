@@ -157,3 +157,13 @@ def test_cudnn_names_a_bias_or_mask_broadcast_over_positions(what):
   full = jax.ShapeDtypeStruct((2, 4, 16, 16), extra.dtype)
   record = jax.eval_shape(lambda q, x: attention_spec.canonicalize(q, q, q, **{what: x}), q, full)
   assert attention_spec.SPEC.get("cudnn")._unsupported_reason(record) is None
+
+
+def test_attention_with_a_bias_tries_triton_first_on_a_gpu(inputs):
+  q = inputs.normal((1, 8, 2, 16))
+  plain = attention_spec.canonicalize(q, q, q)
+  biased = attention_spec.canonicalize(q, q, q, bias=inputs.normal((1, 2, 8, 8)))
+  spec = attention_spec.SPEC
+  assert spec.default_order("gpu", plain) == ("mosaic", "cudnn", "triton", "xla")
+  assert spec.default_order("gpu", biased) == ("triton", "mosaic", "cudnn", "xla")
+  assert spec.default_order("tpu", biased) == ("mosaic_tpu", "xla")

@@ -46,6 +46,12 @@ def opaque_implementation(spec: op_lib.OpSpec) -> op_lib.Op:
       out, residuals = super()._fwd(args, config)
       return jax.tree.map(_opaque, out), residuals
 
+    def _fwd_primal(self, args, config):
+      return jax.tree.map(_opaque, super()._fwd_primal(args, config))
+
+    def _bwd_unsupported_reason(self, args):
+      return "forward only"  # Whatever `_bwd` the XLA implementation has.
+
   return Opaque()
 
 

@@ -21,6 +21,8 @@ CASES = {
   ),
   "epsilon": dict(shape=(4, 16), epsilon=0.3),
   "vector": dict(shape=(50,)),
+  # A mean that dwarfs the spread: one-pass variances (E[x^2] - E[x]^2) cancel there.
+  "large_mean": dict(shape=(6, 64), mean=100.0),
 }
 
 
@@ -31,7 +33,7 @@ def test_forward_and_gradient(name, impl, inputs):
   shape = case.pop("shape")
   axis = case.pop("axis", -1)
   with_scale, with_offset = case.pop("scale", True), case.pop("offset", True)
-  x = inputs.normal(shape, 2.0) + 0.5
+  x = inputs.normal(shape, 2.0) + 0.5 + case.pop("mean", 0.0)
   d = shape[axis]
   params = {}
   if with_scale:

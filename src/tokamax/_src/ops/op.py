@@ -268,6 +268,8 @@ class OpSpec:
     implementations: Implementation name to "module:Class", imported lazily.
     preference: Platform to the names that `implementation=None` tries, in
       order; "xla" is always tried last.
+    reorder: (record, platform, names) -> names: `preference` for one call, where
+      measurements found another implementation faster for its features.
     platform_names: Name to {platform: the implementation it names there};
       e.g. "mosaic" names the Mosaic TPU kernel ("mosaic_tpu") on a TPU.
     cost: Floating-point operations and bytes of one forward call.
@@ -290,6 +292,7 @@ class OpSpec:
     str, Callable[[Any, tuple[int, ...], np.random.Generator], np.ndarray]
   ] = dataclasses.field(default_factory=dict)
   partitioning: Callable[[Any], "partitioning.Rule"] | None = None
+  reorder: Callable[[Any, str, tuple[str, ...]], tuple[str, ...]] | None = None
   _cache: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   def __hash__(self) -> int:
@@ -315,15 +318,18 @@ class OpSpec:
       self._cache[name] = self.implementation_class(name)()
     return self._cache[name]
 
-  def default_order(self, platform: str | None = None) -> tuple[str, ...]:
+  def default_order(self, platform: str | None = None, record: Any = None) -> tuple[str, ...]:
+    """What `implementation=None` tries on `platform` (for `record`, where given)."""
     platform = platform or device_lib.platform()
-    names = [n for n in self.preference.get(platform, ()) if n != "xla"]
+    names = tuple(n for n in self.preference.get(platform, ()) if n != "xla")
+    if record is not None and self.reorder is not None:
+      names = self.reorder(record, platform, names)
     return (*names, "xla")
 
-  def resolve(self, implementation: Any) -> list[Any]:
-    """The candidates for `implementation`, in the order they are tried."""
+  def resolve(self, implementation: Any, record: Any = None) -> list[Any]:
+    """The candidates for `implementation` (for `record`, where given), in the order tried."""
     if implementation is None:
-      return list(self.default_order())
+      return list(self.default_order(record=record))
     if isinstance(implementation, str | Op) or callable(implementation):
       implementation = [implementation]
     if isinstance(implementation, Sequence) and implementation:
@@ -342,11 +348,11 @@ class OpSpec:
 
   def __call__(self, *args, implementation: Any = None, **kwargs) -> jax.Array:
     """Validates the arguments and runs the first implementation that supports them."""
-    candidates = self.resolve(implementation)
-    for c in candidates:  # Unknown names fail before anything runs.
+    for c in self.resolve(implementation):  # Unknown names fail before anything runs.
       if isinstance(c, str):
         self.implementation_class_or_reason(c)
     record = self.canonicalize(*args, **kwargs)
+    candidates = self.resolve(implementation, record)
     return dispatch(self, candidates, record, args, kwargs)
 
   def implementation_class_or_reason(self, name: str) -> type[Op] | str:

@@ -82,19 +82,34 @@ SPEC = op.OpSpec(
 
 def reference(args: NormArgs) -> jax.Array:
   """Plain jnp LayerNorm/RMSNorm with statistics in at least float32."""
-  x = args.x
-  stat_dtype = np.promote_types(x.dtype, np.float32)
-  xf = x.astype(stat_dtype)
+  xf = args.x.astype(stat_dtype(args))
   if args.subtract_mean:
     xf = xf - xf.mean(axis=args.axis, keepdims=True)
   var = (xf * xf).mean(axis=args.axis, keepdims=True)
-  y = xf * jax.lax.rsqrt(var + args.epsilon)
-  shape = [1] * x.ndim
-  shape[args.axis] = x.shape[args.axis]
-  if args.scale is not None:
-    y = y * (args.scale.astype(stat_dtype) + args.scale_offset).reshape(shape)
-  elif args.scale_offset:
-    y = y * (1.0 + args.scale_offset)
+  return affine(args, xf * jax.lax.rsqrt(var + args.epsilon))
+
+
+def stat_dtype(args: NormArgs) -> np.dtype:
+  """The dtype of the statistics: x's, at least float32."""
+  return np.promote_types(args.x.dtype, np.float32)
+
+
+def _along_axis(args: NormArgs, v: jax.Array) -> jax.Array:
+  shape = [1] * args.x.ndim
+  shape[args.axis] = args.x.shape[args.axis]
+  return v.astype(stat_dtype(args)).reshape(shape)
+
+
+def effective_scale(args: NormArgs) -> jax.Array | float:
+  """What the normalized x is multiplied by: scale + scale_offset, broadcast along the axis."""
+  if args.scale is None:
+    return 1.0 + args.scale_offset
+  return _along_axis(args, args.scale) + args.scale_offset
+
+
+def affine(args: NormArgs, normalized: jax.Array) -> jax.Array:
+  """The output from the normalized x (in the statistics' dtype): scaled, offset, cast."""
+  y = normalized * effective_scale(args)
   if args.offset is not None:
-    y = y + args.offset.astype(stat_dtype).reshape(shape)
-  return y.astype(x.dtype)
+    y = y + _along_axis(args, args.offset)
+  return y.astype(args.x.dtype)
