@@ -166,7 +166,9 @@ def backward(
     out_shape=(
       jax.ShapeDtypeStruct(k.shape, k.dtype),
       jax.ShapeDtypeStruct(v.shape, v.dtype),
-      jax.ShapeDtypeStruct((b, n, t, s) if has_bias else (1,), jnp.float32),
+      # In the bias's dtype: half the bytes of float32 for a bf16 bias, which the sum
+      # over broadcast dims reads back (then in float32).
+      jax.ShapeDtypeStruct((b, n, t, s) if has_bias else (1,), _dbias_dtype(args)),
     ),
     grid=(cdiv(s, config.bwd_block_outer) * kh * b,),
     BLOCK_M=config.bwd_block_inner,
@@ -188,12 +190,16 @@ def backward(
   return {"query": dq, "key": dk, "value": dv, "bias": _reduce_dbias(args, dbias)}
 
 
+def _dbias_dtype(args: spec.AttentionArgs) -> jnp.dtype:
+  return jnp.float32 if args.bias is None else args.bias.dtype
+
+
 def _reduce_dbias(args: spec.AttentionArgs, dbias: jax.Array) -> jax.Array | None:
-  """Sums the full [B,N,T,S] logits gradient over the bias's broadcast dims."""
+  """Sums the full [B,N,T,S] logits gradient over the bias's broadcast dims (in float32)."""
   if args.bias is None:
     return None
   axes = tuple(i for i, d in enumerate(args.bias.shape) if d == 1 and dbias.shape[i] != 1)
-  return jnp.sum(dbias, axis=axes, keepdims=True).astype(args.bias.dtype)
+  return jnp.sum(dbias, axis=axes, keepdims=True, dtype=jnp.float32).astype(args.bias.dtype)
 
 
 # -- Configs --------------------------------------------------------------------

@@ -600,7 +600,7 @@ def dkdv_kernel(
 
   dK and dV accumulate in registers over every query head that shares the key
   head, so the result is deterministic. With `HAS_DBIAS`, writes the logits'
-  gradient to every element of dbias [B,N,T,S] (float32), zeros where no
+  gradient to every element of dbias [B,N,T,S] (the bias dtype), zeros where no
   query row sees the key.
   """
   NUM_N: tl.constexpr = (S + BLOCK_N - 1) // BLOCK_N
