@@ -195,6 +195,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     "`implementation=None` reorders attention for a mask instead of a bias.",
   ),
   Mutation(
+    "dispatch.gradient_preference_ignored",
+    _OP,
+    "      if gradient:\n",
+    "      if not gradient:\n",
+    ("suites/core/test_dispatch.py", "-k", "gradient_preference"),
+    "`implementation=None` differentiates through the forward's pick, not the gradient's.",
+  ),
+  Mutation(
+    "loss.materialized_logits_limit",
+    _LOSS + "spec.py",
+    "  logits_bytes = 4 * args.x.shape[0] * args.weights.shape[1]",
+    "  logits_bytes = 2 * args.x.shape[0] * args.weights.shape[1]",
+    ("suites/core/test_dispatch.py", "-k", "logits_fit"),
+    "The loss's logits counted as 2-byte values: XLA chosen where float32 logits exceed the limit.",
+  ),
+  Mutation(
     "dispatch.unknown_name_unchecked",
     _OP,
     "      if isinstance(c, str):\n        self.implementation_class_or_reason(c)",

@@ -9,8 +9,10 @@ import pytest
 
 import tokamax
 from suites.core.conftest import assert_matches, references
+from tokamax._src.ops import op as op_lib
 from tokamax._src.ops import registry
 from tokamax._src.ops.attention import spec as attention_spec
+from tokamax._src.ops.linear_softmax_cross_entropy_loss import spec as loss_spec
 from tokamax._src.ops.normalization import spec as norm_spec
 from tokamax._src.ops.normalization import xla as norm_xla
 
@@ -167,3 +169,56 @@ def test_attention_with_a_bias_tries_triton_first_on_a_gpu(inputs):
   assert spec.default_order("gpu", plain) == ("mosaic", "cudnn", "triton", "xla")
   assert spec.default_order("gpu", biased) == ("triton", "mosaic", "cudnn", "xla")
   assert spec.default_order("tpu", biased) == ("mosaic_tpu", "xla")
+
+
+def test_none_differentiates_through_the_gradient_preference(inputs):
+  """The value alone comes from the forward's pick; under differentiation, forward and
+  backward come from `gradient_preference`'s (here chunked_xla, then xla)."""
+  spec = dataclasses.replace(
+    loss_spec.SPEC,
+    preference={"cpu": ("chunked_xla",)},
+    gradient_preference=lambda args, platform: ("xla",) if platform == "cpu" else (),
+    _cache={},
+  )
+  x, w = inputs.normal((16, 8)), inputs.normal((8, 40))
+  labels = jnp.arange(16, dtype=jnp.int32) % 40
+  run = lambda x, w: spec(x, labels, w, reduction="mean")
+  reference = lambda x, w: references.linear_softmax_cross_entropy_loss(
+    x, labels, w, reduction="mean"
+  )
+  token = op_lib.RECORDED_CALLS.set([])
+  try:
+    value = jax.jit(run)(x, w)
+    forward_only = [(op.name, mode) for op, _, mode in op_lib.RECORDED_CALLS.get()]
+    op_lib.RECORDED_CALLS.get().clear()
+    value_too, grads = jax.jit(jax.value_and_grad(run, argnums=(0, 1)))(x, w)
+    differentiated = {(op.name, mode) for op, _, mode in op_lib.RECORDED_CALLS.get()}
+  finally:
+    op_lib.RECORDED_CALLS.reset(token)
+  assert forward_only == [("chunked_xla", "forward")]
+  assert differentiated == {("xla", "forward"), ("xla", "vjp")}
+  ref_value, ref_grads = references.high_precision_vjp(reference, (x, w), np.float32(1.0))
+  assert_matches(value, ref_value)
+  assert_matches(value_too, ref_value)
+  assert_matches(grads[0], ref_grads[0])
+  assert_matches(grads[1], ref_grads[1])
+
+
+def test_loss_differentiates_through_xla_on_a_gpu_while_its_logits_fit():
+  def args(b, v):
+    x = jax.ShapeDtypeStruct((b, 64), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((64, v), jnp.bfloat16)
+    return loss_spec.LossArgs(
+      x=x,
+      labels=jax.ShapeDtypeStruct((b,), jnp.int32),
+      weights=w,
+      reduction="sum",
+      precision=None,
+    )
+
+  limit = loss_spec.MATERIALIZED_LOGITS_LIMIT
+  fits, too_big = args(8192, 131072), args(limit // (4 * 4096) + 1, 4096)
+  assert loss_spec.gradient_preference(fits, "gpu") == ("xla",)
+  assert loss_spec.gradient_preference(args(limit // (4 * 4096), 4096), "gpu") == ("xla",)
+  assert loss_spec.gradient_preference(too_big, "gpu") == ()
+  assert loss_spec.gradient_preference(fits, "tpu") == ()

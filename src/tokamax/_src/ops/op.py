@@ -270,6 +270,9 @@ class OpSpec:
       order; "xla" is always tried last.
     reorder: (record, platform, names) -> names: `preference` for one call, where
       measurements found another implementation faster for its features.
+    gradient_preference: (record, platform) -> the names that `implementation=None`
+      tries under differentiation, where another implementation's forward and
+      backward together beat the forward's pick (empty: the forward's pick).
     platform_names: Name to {platform: the implementation it names there};
       e.g. "mosaic" names the Mosaic TPU kernel ("mosaic_tpu") on a TPU.
     cost: Floating-point operations and bytes of one forward call.
@@ -293,6 +296,7 @@ class OpSpec:
   ] = dataclasses.field(default_factory=dict)
   partitioning: Callable[[Any], "partitioning.Rule"] | None = None
   reorder: Callable[[Any, str, tuple[str, ...]], tuple[str, ...]] | None = None
+  gradient_preference: Callable[[Any, str], tuple[str, ...]] | None = None
   _cache: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   def __hash__(self) -> int:
@@ -353,6 +357,10 @@ class OpSpec:
         self.implementation_class_or_reason(c)
     record = self.canonicalize(*args, **kwargs)
     candidates = self.resolve(implementation, record)
+    if implementation is None and self.gradient_preference is not None:
+      gradient = self.gradient_preference(record, device_lib.platform())
+      if gradient:
+        return dispatch_split(self, candidates, gradient, record, args, kwargs)
     return dispatch(self, candidates, record, args, kwargs)
 
   def implementation_class_or_reason(self, name: str) -> type[Op] | str:
@@ -360,6 +368,48 @@ class OpSpec:
       return self.implementation_class(name)
     except ImportError as e:
       return f"not available ({e})"
+
+
+def _first_supported(spec: OpSpec, names: Sequence[str], record: Any) -> Op | None:
+  for name in names:
+    if isinstance(spec.implementation_class_or_reason(name), str):
+      continue
+    candidate = spec.get(name)
+    if candidate.unsupported_reason(record) is None:
+      return candidate
+  return None
+
+
+def dispatch_split(
+  spec: OpSpec,
+  candidates: list[Any],
+  gradient: Sequence[str],
+  record: Any,
+  args: tuple,
+  kwargs: dict,
+) -> Any:
+  """Like `dispatch`, but under differentiation the first of `gradient` that supports
+  `record` computes the forward and backward; the value alone stays the forward's pick's."""
+  forward = _first_supported(spec, [c for c in candidates if isinstance(c, str)], record)
+  differentiated = _first_supported(spec, gradient, record)
+  if forward is None or differentiated is None or forward is differentiated:
+    return dispatch(spec, candidates, record, args, kwargs)
+  arrays = arguments_lib.array_fields(record)
+  rebuild = lambda arrays: dataclasses.replace(record, **arrays)
+
+  @jax.custom_vjp
+  def run(arrays):
+    return forward.apply(rebuild(arrays))
+
+  def run_fwd(arrays):
+    # The whole VJP (a pytree of residuals) of the implementation that differentiates.
+    return jax.vjp(lambda a: differentiated.apply(rebuild(a)), arrays)
+
+  def run_bwd(vjp, dout):
+    return vjp(dout)
+
+  run.defvjp(run_fwd, run_bwd)
+  return spec.finalize(record, run(arrays))
 
 
 def dispatch(spec: OpSpec, candidates: list[Any], record: Any, args: tuple, kwargs: dict) -> Any:

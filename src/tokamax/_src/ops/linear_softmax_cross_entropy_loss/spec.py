@@ -163,6 +163,24 @@ def _random_labels(args: LossArgs, shape: tuple[int, ...], rng: np.random.Genera
   return rng.integers(0, args.weights.shape[1], shape, np.int32)
 
 
+# Bytes of float32 [B, V] logits up to which `implementation=None` differentiates through XLA.
+MATERIALIZED_LOGITS_LIMIT = 8 * 2**30
+
+
+def gradient_preference(args: LossArgs, platform: str) -> tuple[str, ...]:
+  """XLA under differentiation on a GPU while its float32 logits fit the limit.
+
+  Keeping the logits costs three GEMMs for forward and backward; the kernels
+  recompute them in a fourth (H200, B8192 H4096 V131072 bf16: 42.1 against
+  60.0 ms, bench/results/h200/bench_run_748cea4.json). Above the limit, the
+  kernels' few hundred megabytes win.
+  """
+  logits_bytes = 4 * args.x.shape[0] * args.weights.shape[1]
+  if platform == "gpu" and logits_bytes <= MATERIALIZED_LOGITS_LIMIT:
+    return ("xla",)
+  return ()
+
+
 SPEC = op.OpSpec(
   name="linear_softmax_cross_entropy_loss",
   canonicalize=canonicalize,
@@ -174,6 +192,7 @@ SPEC = op.OpSpec(
   },
   # "mosaic" names the Mosaic GPU kernel on every platform; the TPU one is "mosaic_tpu".
   preference={"gpu": ("mosaic",), "tpu": ("mosaic_tpu",)},
+  gradient_preference=gradient_preference,
   cost=cost,
   partitioning=partitioning,
   integer_inputs={"labels": _random_labels},
