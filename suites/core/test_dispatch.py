@@ -176,8 +176,8 @@ def test_none_differentiates_through_the_gradient_preference(inputs):
   backward come from `gradient_preference`'s (here chunked_xla, then xla)."""
   spec = dataclasses.replace(
     loss_spec.SPEC,
-    preference={"cpu": ("chunked_xla",)},
-    gradient_preference=lambda args, platform: ("xla",) if platform == "cpu" else (),
+    preference={jax.default_backend(): ("chunked_xla",)},
+    gradient_preference=lambda args, platform: ("xla",),
     _cache={},
   )
   x, w = inputs.normal((16, 8)), inputs.normal((8, 40))

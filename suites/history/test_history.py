@@ -67,6 +67,7 @@ def baseline_history(tmp_path_factory):
   return path
 
 
+@pytest.mark.requires("cpu")  # The CPU timer and its interleaved rounds.
 def test_records_have_every_field():
   recs = history.run(
     "cpu", ops=["layer_norm"], modes=["fwd", "fwd_bwd"], timer=history.default_timer(iterations=2)
