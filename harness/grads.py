@@ -54,7 +54,8 @@ def assert_vjp_close(
   has_matmul: bool = False,
   names: tuple[str, ...] | None = None,
 ) -> None:
-  """Asserts `fn`'s VJP matches `reference`'s (at high precision) for a random cotangent.
+  """Asserts `fn`'s VJP, and the value it comes with, match `reference`'s (at high
+  precision) for a random cotangent.
 
   Args:
     fn: The function under test, of the differentiable `primals`.
@@ -67,11 +68,11 @@ def assert_vjp_close(
     has_matmul: Whether float32 matmuls are involved.
     names: Names of the primals, for reports.
   """
-  out = jax.eval_shape(fn, *primals)
-  cotangent = random_like(key, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out))
-  _, grads = vjp(fn, primals, cotangent)
-  _, ref_grads = references.high_precision_vjp(reference, widen(primals), widen(cotangent))
-  plain_grads = vjp(plain, primals, cotangent)[1] if plain is not None else None
+  shape = jax.eval_shape(fn, *primals)
+  cotangent = random_like(key, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape))
+  out, grads = vjp(fn, primals, cotangent)
+  ref_out, ref_grads = references.high_precision_vjp(reference, widen(primals), widen(cotangent))
+  plain_out, plain_grads = vjp(plain, primals, cotangent) if plain is not None else (None, None)
   names = tuple(names or ())
   if len(names) > len(primals):
     raise ValueError(f"{len(names)} names {names} for {len(primals)} primals")
@@ -81,6 +82,17 @@ def assert_vjp_close(
     if len(got) != len(primals):
       raise AssertionError(f"{what} gave {len(got)} cotangents for {len(primals)} primals")
   failures = []
+  try:  # The value a training step sees: an implementation's forward under differentiation.
+    compare.assert_close(
+      out,
+      ref_out,
+      plain=plain_out,
+      reduction_length=reduction_length,
+      has_matmul=has_matmul,
+      name="the value under differentiation",
+    )
+  except AssertionError as e:
+    failures.append(str(e))
   for i, name in enumerate(names):
     try:
       compare.assert_close(

@@ -373,6 +373,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     "LayerNorm's analytic backward forgets the mean's share of dx.",
   ),
   Mutation(
+    "layer_norm.rms_forward_rule_centres",
+    "src/tokamax/_src/ops/normalization/xla.py",
+    "    if not args.subtract_mean:\n      return spec.reference(args), None\n",
+    "",
+    (_FALLBACK, "-k", "layer_norm-rms"),
+    "The XLA forward rule subtracts the mean for RMSNorm (value under differentiation wrong).",
+  ),
+  Mutation(
+    "grads.value_under_differentiation_unchecked",
+    _GRADS,
+    '      name="the value under differentiation",\n    )\n  except AssertionError as e:\n'
+    "    failures.append(str(e))",
+    '      name="the value under differentiation",\n    )\n  except AssertionError as e:\n'
+    "    del e",
+    ("harness/tests/test_teeth.py", "-k", "wrong_value"),
+    "assert_vjp_close ignores the value that comes with the VJP.",
+  ),
+  Mutation(
     "layer_norm.one_pass_unshifted",
     "src/tokamax/_src/ops/normalization/xla.py",
     "  shift = jax.lax.slice_in_dim(xf, 0, 1, axis=args.axis)",

@@ -102,9 +102,13 @@ def make_copy(root: pathlib.Path, dest: pathlib.Path, source: str) -> None:
     return
   for name in _tracked_files(root):
     src = root / name
-    if not src.is_file() or src.is_symlink():
-      continue  # Deleted in the working tree, or a link.
     target = dest / name
+    if src.is_symlink():  # As a link (src/tokamax_harness -> ../harness), as git archive does.
+      target.parent.mkdir(parents=True, exist_ok=True)
+      target.symlink_to(os.readlink(src))
+      continue
+    if not src.is_file():
+      continue  # Deleted in the working tree.
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(src, target)
 

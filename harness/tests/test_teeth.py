@@ -78,7 +78,14 @@ def layer_norm(x, scale, offset, *, bug=None, axis=-1, epsilon=1e-6, **unused):
     mean = xf.mean(-1, keepdims=True)
     rstd = jax.lax.rsqrt(((xf - mean) ** 2).mean(-1, keepdims=True) + epsilon)
     xhat = (xf - mean) * rstd
-    return (xhat * scale + offset).astype(x.dtype), (xhat, rstd, scale)
+    y = xhat * scale + offset
+    return y.astype(x.dtype), (xhat, rstd, scale)
+
+  def fwd_rule(x, scale, offset):
+    y, residuals = fwd(x, scale, offset)
+    if bug == "wrong_value_under_grad":  # What a training step's loss would see.
+      y = (y.astype(jnp.float32) * 1.01).astype(x.dtype)
+    return y, residuals
 
   def bwd(res, g):
     xhat, rstd, scale = res
@@ -95,7 +102,7 @@ def layer_norm(x, scale, offset, *, bug=None, axis=-1, epsilon=1e-6, **unused):
       g.sum(axes).astype(scale.dtype),
     )
 
-  norm.defvjp(fwd, bwd)
+  norm.defvjp(fwd_rule, bwd)
   return norm(x, scale, offset)
 
 
@@ -168,6 +175,15 @@ def test_dropped_gradient_term_is_caught():
   checks.check_forward(case, buggy)  # The forward pass is right ...
   with pytest.raises(AssertionError, match="dx"):  # ... the gradient is not.
     checks.check_vjp(case, buggy)
+
+
+def test_wrong_value_under_differentiation_is_caught():
+  """A custom VJP whose forward rule (not its primal) is off: only `jax.vjp` sees it."""
+  case = _case("layer_norm", "plain")
+  buggy = _named(layer_norm, "wrong_value_under_grad", bug="wrong_value_under_grad")
+  checks.check_forward(case, buggy)  # The value alone is right ...
+  with pytest.raises(AssertionError, match="the value under differentiation"):
+    checks.check_vjp(case, buggy)  # ... the value a training step sees is not.
 
 
 def test_masked_rows_are_checked():
