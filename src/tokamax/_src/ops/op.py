@@ -370,14 +370,20 @@ class OpSpec:
       return f"not available ({e})"
 
 
+def _supporting(spec: OpSpec, candidate: str | Op, record: Any) -> Op | str:
+  """The implementation `candidate` (a name or an Op) if it supports `record`, else why not."""
+  if isinstance(candidate, str):
+    cls = spec.implementation_class_or_reason(candidate)
+    if isinstance(cls, str):
+      return f"{candidate}: {cls}"
+    candidate = spec.get(candidate)
+  reason = candidate.unsupported_reason(record)
+  return candidate if reason is None else f"{candidate.name}: {reason}"
+
+
 def _first_supported(spec: OpSpec, names: Sequence[str], record: Any) -> Op | None:
-  for name in names:
-    if isinstance(spec.implementation_class_or_reason(name), str):
-      continue
-    candidate = spec.get(name)
-    if candidate.unsupported_reason(record) is None:
-      return candidate
-  return None
+  picks = (_supporting(spec, name, record) for name in names)
+  return next((pick for pick in picks if isinstance(pick, Op)), None)
 
 
 def dispatch_split(
@@ -390,7 +396,7 @@ def dispatch_split(
 ) -> Any:
   """Like `dispatch`, but under differentiation the first of `gradient` that supports
   `record` computes the forward and backward; the value alone stays the forward's pick's."""
-  forward = _first_supported(spec, [c for c in candidates if isinstance(c, str)], record)
+  forward = _first_supported(spec, candidates, record)
   differentiated = _first_supported(spec, gradient, record)
   if forward is None or differentiated is None or forward is differentiated:
     return dispatch(spec, candidates, record, args, kwargs)
@@ -416,17 +422,11 @@ def dispatch(spec: OpSpec, candidates: list[Any], record: Any, args: tuple, kwar
   """Runs the first candidate that supports `record`; else one error with every reason."""
   reasons = []
   for candidate in candidates:
-    if isinstance(candidate, str):
-      cls = spec.implementation_class_or_reason(candidate)
-      if isinstance(cls, str):
-        reasons.append(f"{candidate}: {cls}")
-        continue
-      candidate = spec.get(candidate)
-    if isinstance(candidate, Op):
-      reason = candidate.unsupported_reason(record)
-      if reason is None:
-        return spec.finalize(record, candidate.apply(record))
-      reasons.append(f"{candidate.name}: {reason}")
+    if isinstance(candidate, str | Op):
+      pick = _supporting(spec, candidate, record)
+      if isinstance(pick, Op):
+        return spec.finalize(record, pick.apply(record))
+      reasons.append(pick)
       continue
     try:
       return candidate(*args, **kwargs)

@@ -168,7 +168,9 @@ def backward(
       jax.ShapeDtypeStruct(v.shape, v.dtype),
       # In the bias's dtype: half the bytes of float32 for a bf16 bias, which the sum
       # over broadcast dims reads back (then in float32).
-      jax.ShapeDtypeStruct((b, n, t, s) if has_bias else (1,), _dbias_dtype(args)),
+      jax.ShapeDtypeStruct((b, n, t, s), args.bias.dtype)
+      if has_bias
+      else jax.ShapeDtypeStruct((1,), jnp.float32),
     ),
     grid=(cdiv(s, config.bwd_block_outer) * kh * b,),
     BLOCK_M=config.bwd_block_inner,
@@ -188,10 +190,6 @@ def backward(
     **constants,
   )
   return {"query": dq, "key": dk, "value": dv, "bias": _reduce_dbias(args, dbias)}
-
-
-def _dbias_dtype(args: spec.AttentionArgs) -> jnp.dtype:
-  return jnp.float32 if args.bias is None else args.bias.dtype
 
 
 def _reduce_dbias(args: spec.AttentionArgs, dbias: jax.Array) -> jax.Array | None:

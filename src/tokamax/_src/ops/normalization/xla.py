@@ -3,6 +3,7 @@
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from tokamax._src.ops import op
@@ -21,7 +22,7 @@ def one_pass_statistics(
   d = xf - shift
   m1 = d.mean(axis=args.axis, keepdims=True)
   m2 = (d * d).mean(axis=args.axis, keepdims=True)
-  variance = jax.numpy.maximum(m2 - m1 * m1, 0.0)
+  variance = jnp.maximum(m2 - m1 * m1, 0.0)
   return shift + m1, jax.lax.rsqrt(variance + args.epsilon)
 
 
