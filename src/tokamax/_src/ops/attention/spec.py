@@ -274,13 +274,7 @@ def logits_and_mask(
   b, tq, n, h = q.shape
   kh = k.shape[2]
   qg = q.reshape(b, tq, kh, n // kh, h)
-  logits = jnp.einsum(
-    "btkgh,bskh->bkgts",
-    qg,
-    k,
-    precision=args.precision,
-    preferred_element_type=numerics.accumulation_dtype(q.dtype),
-  )
+  logits = row_products(qg, k, args.precision, numerics.accumulation_dtype(q.dtype))
   logits = logits * args.scale
   if bias is not None:
     logits = logits + _grouped(bias.astype(logits.dtype), kh)
@@ -290,6 +284,19 @@ def logits_and_mask(
   if mask is not None:
     ok = mask if ok is None else ok & mask
   return logits, None if ok is None else _grouped(ok, kh)
+
+
+def row_products(x: jax.Array, y: jax.Array, precision, dtype) -> jax.Array:
+  """x [B,T,K,G,H] . y [B,S,K,H] over H as [B,K,G,T,S].
+
+  An explicit dot_general: `jnp.einsum` may swap the operands, and XLA then lays the
+  product out with T minor, which turns the softmax's row reductions into column ones
+  and keeps XLA's GPU softmax fusion from forming (1.47x the forward time on the H200).
+  """
+  x = jnp.transpose(x, (0, 2, 3, 1, 4))
+  return jax.lax.dot_general(
+    x, y, (((4,), (3,)), ((0, 1), (0, 2))), precision=precision, preferred_element_type=dtype
+  )
 
 
 def _grouped(x: jax.Array, kh: int) -> jax.Array:

@@ -17,11 +17,14 @@ def attend(args: spec.AttentionArgs) -> tuple[jax.Array, jax.Array]:
   logits, ok = spec.logits_and_mask(args, q, k, args.bias, args.mask, jnp.arange(t), jnp.arange(s))
   if ok is not None:
     logits = jnp.where(ok, logits, -jnp.inf)
-  row_max = jnp.max(logits, axis=-1, keepdims=True)
-  safe_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-  unnormalized = jnp.exp(logits - jax.lax.stop_gradient(safe_max))
+  # A finite floor instead of selects on the row max and sum: XLA's GPU softmax fusion
+  # forms only around elementwise ops. A row that sees no key gets exp(-inf) = 0 and a
+  # zero sum; any other row's sum is >= 1.
+  floor = jnp.finfo(logits.dtype).min
+  row_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True, initial=floor))
+  unnormalized = jnp.exp(logits - row_max)
   denom = jnp.sum(unnormalized, axis=-1, keepdims=True)
-  probs = unnormalized / jnp.where(denom == 0, 1.0, denom)
+  probs = unnormalized / jnp.maximum(denom, jnp.finfo(logits.dtype).tiny)
   out = jnp.einsum(
     "bkgts,bskh->btkgh",
     probs.astype(v.dtype),
@@ -29,7 +32,7 @@ def attend(args: spec.AttentionArgs) -> tuple[jax.Array, jax.Array]:
     precision=args.precision,
     preferred_element_type=logits.dtype,
   )
-  lse = (jnp.log(denom) + safe_max)[..., 0]
+  lse = jnp.where(denom > 0, jnp.log(denom) + row_max, -jnp.inf)[..., 0]
   return out.reshape(b, t, n, v.shape[-1]).astype(q.dtype), lse
 
 

@@ -130,9 +130,7 @@ def backward(args: spec.AttentionArgs, config: ChunkedConfig, out, lse, dout) ->
       precision=args.precision,
       preferred_element_type=acc_dtype,
     )
-    dp = jnp.einsum(
-      "btkgh,bskh->bkgts", do, v, precision=args.precision, preferred_element_type=acc_dtype
-    )
+    dp = spec.row_products(do, v, args.precision, acc_dtype)
     ds = p * (dp - delta[..., None])
     if args.soft_cap is not None:
       capped = jnp.where(jnp.isfinite(logits), logits, 0.0) / args.soft_cap
