@@ -161,14 +161,26 @@ def test_cudnn_names_a_bias_or_mask_broadcast_over_positions(what):
   assert attention_spec.SPEC.get("cudnn")._unsupported_reason(record) is None
 
 
-def test_attention_with_a_bias_tries_triton_first_on_a_gpu(inputs):
+def test_attention_with_a_bias_or_mask_reorders_on_a_gpu(inputs):
+  """A bias: Triton first, forward and backward. A mask alone: cuDNN's forward, but the
+  deterministic Mosaic kernels under differentiation."""
   q = inputs.normal((1, 8, 2, 16))
+  bias = inputs.normal((1, 2, 8, 8))
+  mask = jnp.tril(jnp.ones((8, 8), bool))[None, None]
   plain = attention_spec.canonicalize(q, q, q)
-  biased = attention_spec.canonicalize(q, q, q, bias=inputs.normal((1, 2, 8, 8)))
+  biased = attention_spec.canonicalize(q, q, q, bias=bias)
+  masked = attention_spec.canonicalize(q, q, q, mask=mask)
+  both = attention_spec.canonicalize(q, q, q, bias=bias, mask=mask)
   spec = attention_spec.SPEC
   assert spec.default_order("gpu", plain) == ("mosaic", "cudnn", "triton", "xla")
   assert spec.default_order("gpu", biased) == ("triton", "mosaic", "cudnn", "xla")
+  assert spec.default_order("gpu", both) == ("triton", "mosaic", "cudnn", "xla")
+  assert spec.default_order("gpu", masked) == ("cudnn", "mosaic", "triton", "xla")
   assert spec.default_order("tpu", biased) == ("mosaic_tpu", "xla")
+  assert spec.default_order("tpu", masked) == ("mosaic_tpu", "xla")
+  assert attention_spec.gradient_preference(masked, "gpu")[0] == "mosaic"
+  for record, platform in ((plain, "gpu"), (biased, "gpu"), (both, "gpu"), (masked, "tpu")):
+    assert attention_spec.gradient_preference(record, platform) == ()
 
 
 def test_none_differentiates_through_the_gradient_preference(inputs):

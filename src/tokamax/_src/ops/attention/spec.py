@@ -241,9 +241,27 @@ def reorder(args: AttentionArgs, platform: str, names: tuple[str, ...]) -> tuple
   """With a bias, Triton first on a GPU: its forward and its in-kernel bias gradient measured
   fastest there (H200, B4 T4096 N32 H128 bf16, bias [1,N,T,S]: forward 3.32 ms against Mosaic's
   3.60, forward+backward 16.3 against 30.3; bench/results/h200/bench_run_748cea4.json)."""
-  if platform == "gpu" and args.bias is not None and "triton" in names:
-    return ("triton", *(n for n in names if n != "triton"))
+  if platform == "gpu" and args.bias is not None:
+    return _first("triton", names)
+  if platform == "gpu" and args.mask is not None:
+    # A mask alone: cuDNN's forward measured 4% faster than Mosaic's (3.43 against 3.56 ms at
+    # [B,1,T,S], bench_run_12c65b5.json and bench_run_748cea4.json); its backward is not
+    # deterministic, so `gradient_preference` keeps Mosaic under differentiation.
+    return _first("cudnn", names)
   return names
+
+
+def gradient_preference(args: AttentionArgs, platform: str) -> tuple[str, ...]:
+  """Under differentiation, the forward's pick except where `reorder` put cuDNN first: the
+  deterministic kernels then, Mosaic first (a mask [B,1,T,S]: 11.4 ms forward+backward
+  against cuDNN's 12.5, bench_run_12c65b5.json)."""
+  if platform == "gpu" and args.bias is None and args.mask is not None:
+    return ("mosaic", "triton", "xla")
+  return ()
+
+
+def _first(name: str, names: tuple[str, ...]) -> tuple[str, ...]:
+  return (name, *(n for n in names if n != name)) if name in names else names
 
 
 SPEC = op.OpSpec(
@@ -259,6 +277,7 @@ SPEC = op.OpSpec(
   },
   preference={"gpu": ("mosaic", "cudnn", "triton"), "tpu": ("mosaic_tpu",)},
   reorder=reorder,
+  gradient_preference=gradient_preference,
   platform_names={"mosaic": {"tpu": "mosaic_tpu"}},
   cost=cost,
   finalize=finalize,
