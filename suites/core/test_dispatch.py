@@ -12,6 +12,7 @@ from suites.core.conftest import assert_matches, references
 from tokamax._src.ops import op as op_lib
 from tokamax._src.ops import registry
 from tokamax._src.ops.attention import spec as attention_spec
+from tokamax._src.ops.gated_linear_unit import spec as glu_spec
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import spec as loss_spec
 from tokamax._src.ops.normalization import spec as norm_spec
 from tokamax._src.ops.normalization import xla as norm_xla
@@ -181,6 +182,22 @@ def test_attention_with_a_bias_or_mask_reorders_on_a_gpu(inputs):
   assert attention_spec.gradient_preference(masked, "gpu")[0] == "mosaic"
   for record, platform in ((plain, "gpu"), (biased, "gpu"), (both, "gpu"), (masked, "tpu")):
     assert attention_spec.gradient_preference(record, platform) == ()
+
+
+def test_gated_linear_unit_with_few_rows_tries_triton_first_on_a_gpu(inputs):
+  """Triton's forward for decode-sized calls; Mosaic's forward and backward under
+  differentiation."""
+  w = jax.ShapeDtypeStruct((64, 2, 32), jnp.bfloat16)
+  record = lambda m: jax.eval_shape(
+    lambda x, w: glu_spec.canonicalize(x, w), jax.ShapeDtypeStruct((m, 64), jnp.bfloat16), w
+  )
+  few, many = record(glu_spec.TRITON_FORWARD_ROWS), record(glu_spec.TRITON_FORWARD_ROWS + 1)
+  spec = glu_spec.SPEC
+  assert spec.default_order("gpu", few) == ("triton", "mosaic", "xla")
+  assert spec.default_order("gpu", many) == ("mosaic", "triton", "xla")
+  assert glu_spec.gradient_preference(few, "gpu")[0] == "mosaic"
+  assert glu_spec.gradient_preference(many, "gpu") == ()
+  assert glu_spec.gradient_preference(few, "tpu") == ()
 
 
 def test_none_differentiates_through_the_gradient_preference(inputs):

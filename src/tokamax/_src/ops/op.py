@@ -370,6 +370,11 @@ class OpSpec:
       return f"not available ({e})"
 
 
+def move_first(name: str, names: tuple[str, ...]) -> tuple[str, ...]:
+  """`names` with `name` first, where it is one of them (for `OpSpec.reorder` rules)."""
+  return (name, *(n for n in names if n != name)) if name in names else names
+
+
 def _supporting(spec: OpSpec, candidate: str | Op, record: Any) -> Op | str:
   """The implementation `candidate` (a name or an Op) if it supports `record`, else why not."""
   if isinstance(candidate, str):

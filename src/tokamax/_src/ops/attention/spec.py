@@ -242,12 +242,12 @@ def reorder(args: AttentionArgs, platform: str, names: tuple[str, ...]) -> tuple
   fastest there (H200, B4 T4096 N32 H128 bf16, bias [1,N,T,S]: forward 3.32 ms against Mosaic's
   3.60, forward+backward 16.3 against 30.3; bench/results/h200/bench_run_748cea4.json)."""
   if platform == "gpu" and args.bias is not None:
-    return _first("triton", names)
+    return op.move_first("triton", names)
   if platform == "gpu" and args.mask is not None:
     # A mask alone: cuDNN's forward measured 4% faster than Mosaic's (3.43 against 3.56 ms at
     # [B,1,T,S], bench_run_12c65b5.json and bench_run_748cea4.json); its backward is not
     # deterministic, so `gradient_preference` keeps Mosaic under differentiation.
-    return _first("cudnn", names)
+    return op.move_first("cudnn", names)
   return names
 
 
@@ -258,10 +258,6 @@ def gradient_preference(args: AttentionArgs, platform: str) -> tuple[str, ...]:
   if platform == "gpu" and args.bias is None and args.mask is not None:
     return ("mosaic", "triton", "xla")
   return ()
-
-
-def _first(name: str, names: tuple[str, ...]) -> tuple[str, ...]:
-  return (name, *(n for n in names if n != name)) if name in names else names
 
 
 SPEC = op.OpSpec(
