@@ -244,9 +244,9 @@ def reorder(args: AttentionArgs, platform: str, names: tuple[str, ...]) -> tuple
   if platform == "gpu" and args.bias is not None:
     return op.move_first("triton", names)
   if platform == "gpu" and args.mask is not None:
-    # A mask alone: cuDNN's forward measured 4% faster than Mosaic's (3.43 against 3.56 ms at
-    # [B,1,T,S], bench_run_12c65b5.json and bench_run_748cea4.json); its backward is not
-    # deterministic, so `gradient_preference` keeps Mosaic under differentiation.
+    # A mask alone: cuDNN's forward measured 4-7% faster than Mosaic's (3.33 against 3.56 ms at
+    # [B,1,T,S] in three rounds, bench_run_b72b094.json); its backward is not deterministic, so
+    # `gradient_preference` keeps Mosaic under differentiation.
     return op.move_first("cudnn", names)
   return names
 

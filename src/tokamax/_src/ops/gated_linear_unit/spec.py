@@ -82,9 +82,9 @@ TRITON_FORWARD_ROWS = 128
 
 
 def reorder(args: GluArgs, platform: str, names: tuple[str, ...]) -> tuple[str, ...]:
-  """Few rows: Triton's forward first on a GPU (H200, M128 K4096 N14336 bf16: 0.0600 ms against
-  Mosaic's 0.0627, three interleaved rounds; M2048 and M8192: Mosaic;
-  bench/results/h200/bench_run_7af72e4.json)."""
+  """Few rows: Triton's forward first on a GPU (H200, M128 K4096 N14336 bf16: 0.0603 ms against
+  Mosaic's 0.0628 in three interleaved rounds, bench/results/h200/bench_run_b72b094.json; M2048
+  and M8192: Mosaic, bench_run_7af72e4.json)."""
   return op.move_first("triton", names) if _few_rows_on_gpu(args, platform) else names
 
 
