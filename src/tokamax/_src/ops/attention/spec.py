@@ -238,9 +238,10 @@ def partitioning(args: AttentionArgs) -> partitioning_lib.Rule:
 
 
 def reorder(args: AttentionArgs, platform: str, names: tuple[str, ...]) -> tuple[str, ...]:
-  """With a bias, Triton first on a GPU: its forward and its in-kernel bias gradient measured
+  """On a GPU: with a bias, Triton first, whose forward and in-kernel bias gradient measured
   fastest there (H200, B4 T4096 N32 H128 bf16, bias [1,N,T,S]: forward 3.32 ms against Mosaic's
-  3.60, forward+backward 16.3 against 30.3; bench/results/h200/bench_run_748cea4.json)."""
+  3.60, forward+backward 16.3 against 30.3; bench/results/h200/bench_run_748cea4.json); with a
+  mask alone, cuDNN's forward first."""
   if platform == "gpu" and args.bias is not None:
     return op.move_first("triton", names)
   if platform == "gpu" and args.mask is not None:
