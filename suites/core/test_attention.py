@@ -150,3 +150,38 @@ def test_chunked_any_chunk_size(chunk, inputs):
   op = xla_chunked.XlaChunkedAttention(config=xla_chunked.ChunkedConfig(kv_chunk_size=chunk))
   out = tokamax.dot_product_attention(q, k, v, is_causal=True, implementation=op)
   assert_matches(out, references.high_precision(references.attention)(q, k, v, is_causal=True))
+
+
+def _equations(jaxpr):
+  """Every equation of `jaxpr` and of the jaxprs nested in its equations' parameters."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, tuple | list) else (param,):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          yield from _equations(inner)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_xla_logits_come_out_of_their_matmul_with_keys_minor(is_causal):
+  """The logits' dot_general itself yields [B,K,G,T,S]: with `jnp.einsum`'s operand order it
+  yields [B,K,S,T,G] and a transpose, XLA lays the logits out with T minor, and its GPU softmax
+  fusion does not form (1.47x the forward time on the H200; numerics cannot see it)."""
+  b, t, s, n, kh, h = 2, 8, 16, 4, 2, 32
+  q = jax.ShapeDtypeStruct((b, t, n, h), jnp.float32)
+  kv = jax.ShapeDtypeStruct((b, s, kh, h), jnp.float32)
+  run = lambda q, k, v: tokamax.dot_product_attention(
+    q, k, v, is_causal=is_causal, implementation="xla"
+  )
+  for jaxpr in (
+    jax.make_jaxpr(run)(q, kv, kv),
+    jax.make_jaxpr(jax.grad(lambda *a: run(*a).sum()))(q, kv, kv),
+  ):
+    shapes = [
+      tuple(v.aval.shape)
+      for eqn in _equations(jaxpr.jaxpr)
+      if eqn.primitive.name == "dot_general"
+      for v in eqn.outvars
+    ]
+    assert (b, kh, n // kh, t, s) in shapes, shapes
