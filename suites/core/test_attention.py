@@ -9,6 +9,7 @@ import pytest
 
 import tokamax
 from suites.core.conftest import assert_matches, references
+from tokamax._src import jaxprs
 
 IMPLEMENTATIONS = ("xla", "xla_chunked", None)
 
@@ -152,17 +153,6 @@ def test_chunked_any_chunk_size(chunk, inputs):
   assert_matches(out, references.high_precision(references.attention)(q, k, v, is_causal=True))
 
 
-def _equations(jaxpr):
-  """Every equation of `jaxpr` and of the jaxprs nested in its equations' parameters."""
-  for eqn in jaxpr.eqns:
-    yield eqn
-    for param in eqn.params.values():
-      for sub in param if isinstance(param, tuple | list) else (param,):
-        inner = getattr(sub, "jaxpr", sub)
-        if hasattr(inner, "eqns"):
-          yield from _equations(inner)
-
-
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_xla_logits_come_out_of_their_matmul_with_keys_minor(is_causal):
   """The logits' dot_general itself yields [B,K,G,T,S]: with `jnp.einsum`'s operand order it
@@ -180,7 +170,7 @@ def test_xla_logits_come_out_of_their_matmul_with_keys_minor(is_causal):
   ):
     shapes = [
       tuple(v.aval.shape)
-      for eqn in _equations(jaxpr.jaxpr)
+      for eqn in jaxprs.equations(jaxpr.jaxpr)
       if eqn.primitive.name == "dot_general"
       for v in eqn.outvars
     ]

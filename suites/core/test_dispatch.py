@@ -180,6 +180,7 @@ def test_attention_with_a_bias_or_mask_reorders_on_a_gpu(inputs):
   assert spec.default_order("tpu", biased) == ("mosaic_tpu", "xla")
   assert spec.default_order("tpu", masked) == ("mosaic_tpu", "xla")
   assert attention_spec.gradient_preference(masked, "gpu")[0] == "mosaic"
+  assert "cudnn" not in attention_spec.gradient_preference(masked, "gpu")  # Deterministic.
   for record, platform in ((plain, "gpu"), (biased, "gpu"), (both, "gpu"), (masked, "tpu")):
     assert attention_spec.gradient_preference(record, platform) == ()
 

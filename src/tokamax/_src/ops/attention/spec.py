@@ -244,7 +244,7 @@ def reorder(args: AttentionArgs, platform: str, names: tuple[str, ...]) -> tuple
   mask alone, cuDNN's forward first."""
   if platform == "gpu" and args.bias is not None:
     return op.move_first("triton", names)
-  if platform == "gpu" and args.mask is not None:
+  if _mask_alone_on_gpu(args, platform):
     # A mask alone: cuDNN's forward measured 4-7% faster than Mosaic's (3.33 against 3.56 ms at
     # [B,1,T,S] in three rounds, bench_run_b72b094.json); its backward is not deterministic, so
     # `gradient_preference` keeps Mosaic under differentiation.
@@ -256,9 +256,13 @@ def gradient_preference(args: AttentionArgs, platform: str) -> tuple[str, ...]:
   """Under differentiation, the forward's pick except where `reorder` put cuDNN first: the
   deterministic kernels then, Mosaic first (a mask [B,1,T,S]: 11.4 ms forward+backward
   against cuDNN's 12.5, bench_run_12c65b5.json)."""
-  if platform == "gpu" and args.bias is None and args.mask is not None:
-    return ("mosaic", "triton", "xla")
+  if _mask_alone_on_gpu(args, platform):
+    return tuple(n for n in SPEC.default_order(platform) if n != "cudnn")
   return ()
+
+
+def _mask_alone_on_gpu(args: AttentionArgs, platform: str) -> bool:
+  return platform == "gpu" and args.bias is None and args.mask is not None
 
 
 SPEC = op.OpSpec(

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tokamax._src import jaxprs
 from tokamax._src.ops import kernel_ops
 from tokamax._src.ops import mosaic_gemm as gemm
 from tokamax._src.ops.gated_linear_unit import mosaic_kernel, spec
@@ -76,16 +77,7 @@ def _config_reason(args: spec.GluArgs, config: MosaicGluConfig, save_residuals: 
 
 def _primitives(jaxpr) -> set:
   """Every primitive of a jaxpr, nested jaxprs included."""
-  prims = set()
-  for eqn in jaxpr.eqns:
-    prims.add(eqn.primitive)
-    for param in eqn.params.values():
-      for sub in param if isinstance(param, tuple | list) else (param,):
-        if isinstance(sub, jax.extend.core.ClosedJaxpr):
-          prims |= _primitives(sub.jaxpr)
-        elif isinstance(sub, jax.extend.core.Jaxpr):
-          prims |= _primitives(sub)
-  return prims
+  return {eqn.primitive for eqn in jaxprs.equations(jaxpr)}
 
 
 @functools.lru_cache(maxsize=64)

@@ -89,9 +89,9 @@ def reorder(args: GluArgs, platform: str, names: tuple[str, ...]) -> tuple[str, 
 
 
 def gradient_preference(args: GluArgs, platform: str) -> tuple[str, ...]:
-  """Where `reorder` put Triton first, Mosaic's forward and backward under differentiation
-  (M128: 0.223 ms against Triton's 0.243, bench/results/h200/bench_run_748cea4.json)."""
-  return ("mosaic", "triton", "xla") if _few_rows_on_gpu(args, platform) else ()
+  """Where `reorder` put Triton first, the usual order (Mosaic's forward and backward) under
+  differentiation (M128: 0.223 ms against Triton's 0.243, bench/results/h200/bench_run_748cea4.json)."""
+  return SPEC.default_order(platform) if _few_rows_on_gpu(args, platform) else ()
 
 
 def _few_rows_on_gpu(args: GluArgs, platform: str) -> bool:
