@@ -1,10 +1,13 @@
 """linear_softmax_cross_entropy_loss against the float64 reference."""
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import tokamax
 from suites.core.conftest import assert_matches, references
+from tokamax._src import numerics
 
 SHAPES = {"small": (8, 16, 50), "vocab_50257": (6, 8, 50257), "one_row": (1, 4, 3)}
 
@@ -33,3 +36,30 @@ def test_forward_and_gradient(shape, reduction, impl, inputs):
   dx, dw = jax.vjp(run, x, w)[1](dout)
   assert_matches(dx, ref_grads[0], what="dx")
   assert_matches(dw, ref_grads[1], what="dweights")
+
+
+@pytest.mark.parametrize("impl", ("xla", "chunked_xla"))
+@pytest.mark.parametrize("shape", ("small", "vocab_50257"))
+def test_one_pass_statistics_as_on_a_gpu(shape, impl, inputs, monkeypatch):
+  """The GPU's one-pass row max and sum (a CPU computes two passes) through the op."""
+  monkeypatch.setattr(numerics, "row_max_and_sum", numerics._one_pass)
+  test_forward_and_gradient(shape, "sum", impl, inputs)
+
+
+@pytest.mark.parametrize("form", (numerics._one_pass, numerics._two_passes), ids=("one", "two"))
+def test_row_max_and_sum_give_the_log_sum_exp(form):
+  """Both forms against float64 numpy: wide and narrow rows, impossible columns, a row that
+  sees nothing (-inf), and a single column."""
+  rng = np.random.default_rng(7)
+  rows = rng.normal(size=(6, 1000)) * np.array([1, 30, 300, 1e-3, 1, 1])[:, None]
+  rows[4, ::3] = -np.inf
+  rows[5] = -np.inf
+  row_max, total = jax.jit(form)(jnp.asarray(rows, jnp.float32))
+  lse = np.asarray(row_max + jnp.log(total), np.float64)
+  rows = rows.astype(np.float32).astype(np.float64)
+  top = rows[:5].max(-1, keepdims=True)
+  expected = np.log(np.exp(rows[:5] - top).sum(-1)) + top[:, 0]
+  np.testing.assert_allclose(lse[:5], expected, rtol=2e-6, atol=1e-6)
+  assert lse[5] == -np.inf
+  single_max, single_total = form(jnp.array([[3.0]]))
+  assert float(single_max[0] + jnp.log(single_total[0])) == 3.0

@@ -58,8 +58,9 @@ def _forward(args: spec.LossArgs, config: ChunkedLossConfig):
     m, s, picked = carry
     logits, start, _, repeated = chunks.logits(args, i)
     logits = jnp.where(repeated, -jnp.inf, logits)
-    m_new = jnp.maximum(m, logits.max(-1))
-    s = s * jnp.exp(m - m_new) + jnp.exp(logits - m_new[:, None]).sum(-1)
+    m_chunk, s_chunk = numerics.row_max_and_sum(logits)
+    m_new = jnp.maximum(m, m_chunk)
+    s = s * jnp.exp(m - m_new) + s_chunk * jnp.exp(m_chunk - m_new)
     hit = (start + jnp.arange(chunks.size))[None, :] == args.labels[:, None]
     picked = picked + jnp.where(hit & ~repeated, logits, 0.0).sum(-1)
     return (m_new, s, picked), None

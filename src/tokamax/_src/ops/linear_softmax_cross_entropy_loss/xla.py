@@ -19,7 +19,8 @@ class XlaLoss(op.Op):
 
   def _fwd(self, args, config):
     logits = _matmul(args, args.x, args.weights)
-    out, lse = spec.loss(args, jax.nn.logsumexp(logits, axis=-1), spec.picked_logits(args, logits))
+    row_max, total = numerics.row_max_and_sum(logits)
+    out, lse = spec.loss(args, row_max + jnp.log(total), spec.picked_logits(args, logits))
     return out, (logits, lse)
 
   def _bwd(self, args, config, out, residuals, dout):
