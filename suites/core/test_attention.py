@@ -175,3 +175,39 @@ def test_xla_logits_come_out_of_their_matmul_with_keys_minor(is_causal):
       for v in eqn.outvars
     ]
     assert (b, kh, n // kh, t, s) in shapes, shapes
+
+
+POSITIONAL_CASES = [c for c in CASES if c.is_causal or c.window is not None]
+
+
+@pytest.mark.parametrize("case", POSITIONAL_CASES, ids=lambda c: c.name)
+def test_xla_query_blocks_match_the_reference(case, inputs, monkeypatch):
+  """Causal or windowed calls in blocks of 5 query rows, each over only the keys it can see
+  (the forward; under differentiation the implementation computes one block)."""
+  from tokamax._src.ops.attention import xla
+
+  monkeypatch.setattr(xla, "QUERY_BLOCK_ROWS", 5)
+  test_forward_and_gradient(case, "xla", inputs)
+
+
+@pytest.mark.parametrize(
+  ("t", "s", "causal", "window", "expected"),
+  [
+    (20, 20, True, None, [(0, 5, 0, 5), (5, 10, 0, 10), (10, 15, 0, 15), (15, 20, 0, 20)]),
+    (12, 30, True, None, [(0, 5, 0, 5), (5, 10, 0, 10), (10, 12, 0, 12)]),
+    (20, 20, False, (3, 1), [(0, 5, 0, 6), (5, 10, 2, 11), (10, 15, 7, 16), (15, 20, 12, 20)]),
+    (15, 4, False, (0, 0), [(0, 5, 0, 4), (5, 10, 3, 4), (10, 15, 3, 4)]),
+    (20, 20, False, None, [(0, 20, 0, 20)]),
+    (9, 9, True, None, [(0, 9, 0, 9)]),
+  ],
+)
+def test_xla_query_blocks_cover_the_visible_keys(t, s, causal, window, expected, monkeypatch):
+  """Each block's key range is exactly the keys its rows may see (numerics cannot tell a block
+  that computes every key, only the time can); fewer than two blocks' rows stay one block."""
+  from tokamax._src.ops.attention import spec, xla
+
+  monkeypatch.setattr(xla, "QUERY_BLOCK_ROWS", 5)
+  q = jnp.zeros((1, t, 2, 8))
+  kv = jnp.zeros((1, s, 2, 8))
+  args = spec.canonicalize(q, kv, kv, is_causal=causal, local_window_size=window)
+  assert xla.query_blocks(args) == expected
