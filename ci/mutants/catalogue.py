@@ -1045,6 +1045,48 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton LayerNorm forward: epsilon added outside the square root (visible only for a"
     " large epsilon).",
   ),
+  Mutation(
+    "attention.query_blocks_miss_their_diagonal",
+    _ATTENTION + "xla.py",
+    "      s1 = min(s1, t1)\n",
+    "      s1 = min(s1, t1 - 1)\n",
+    ("suites/core/test_attention.py", "-k", "query_blocks"),
+    "XLA attention's causal query blocks stop one key short: each block's last row misses"
+    " its own key.",
+  ),
+  Mutation(
+    "attention.query_blocks_never",
+    _ATTENTION + "xla.py",
+    "  if not (args.is_causal or args.local_window) or t < 2 * QUERY_BLOCK_ROWS:",
+    "  if True:",
+    ("suites/core/test_attention.py", "-k", "cover_the_visible_keys"),
+    "XLA attention computes every key for every query again: right values, 1.45x the causal"
+    " forward's time on the H200.",
+  ),
+  Mutation(
+    "attention.query_blocks_window_left_edge",
+    _ATTENTION + "xla.py",
+    "      s0, s1 = max(s0, t0 - left), min(s1, t1 + right)",
+    "      s0, s1 = max(s0, t0 - left + 1), min(s1, t1 + right)",
+    ("suites/core/test_attention.py", "-k", "query_blocks"),
+    "Windowed query blocks start one key late: each block's first row misses its leftmost key.",
+  ),
+  Mutation(
+    "numerics.one_pass_sum_not_rescaled",
+    "src/tokamax/_src/numerics.py",
+    "    return jnp.maximum(m_a, m_b), jnp.where(m_a >= m_b, s_a + s_b * weight, s_a * weight + s_b)",
+    "    return jnp.maximum(m_a, m_b), jnp.where(m_a >= m_b, s_a + s_b, s_a * weight + s_b)",
+    ("suites/core/test_loss.py", "-k", "one_pass or row_max"),
+    "The GPU's one-pass log-sum-exp adds a smaller max's sum without rescaling it.",
+  ),
+  Mutation(
+    "numerics.one_pass_nan_for_empty_rows",
+    "src/tokamax/_src/numerics.py",
+    "    weight = jnp.where(m_a == m_b, 1.0, jnp.exp(-jnp.abs(m_a - m_b))).astype(s_a.dtype)",
+    "    weight = jnp.exp(-jnp.abs(m_a - m_b)).astype(s_a.dtype)",
+    ("suites/core/test_loss.py", "-k", "row_max"),
+    "The one-pass reduction combines two -inf maxes into nan (a row that sees nothing).",
+  ),
 )
 
 
