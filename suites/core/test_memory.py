@@ -18,9 +18,9 @@ def test_chunked_attention_memory_at_8k(mode, inputs):
   q, k, v = (inputs.normal((1, t, 1, 32)) for _ in range(3))
 
   def fn(impl):
-    attend = lambda q, k, v: tokamax.dot_product_attention(
-      q, k, v, is_causal=True, implementation=impl
-    )
+    # Not causal: a causal forward of `xla` computes query blocks of its visible keys only
+    # (on the H200 its peak was 35 MiB here, against 18 for xla_chunked).
+    attend = lambda q, k, v: tokamax.dot_product_attention(q, k, v, implementation=impl)
     if mode == "forward":
       return attend
     return jax.grad(lambda q, k, v: (attend(q, k, v) * v).sum(), argnums=(0, 1, 2))
