@@ -13,7 +13,7 @@ GPUs, wallclock elsewhere), the median over rotated inputs.
                       [--modes fwd,fwd_bwd] [--rounds N] [--sweep] [--out FILE]
 
 `--rounds N` times all contenders of a case in turn N times (interleaved, for
-noisy pairs); a record's time is the median of its round medians, and
+noisy pairs; odd rounds in reverse order); a record's time is the median of its round medians, and
 `extra.ratio_median_of_rounds` the median of the per-round ratios to the
 anchor. `--sweep` also times each implementation's autotuning candidates
 (`_get_autotuning_configs` on the bound arguments, through `with_config`).
@@ -193,6 +193,13 @@ def _file_name(*parts: str) -> str:
   return re.sub(r"[^A-Za-z0-9_.=-]+", "_", "-".join(parts))[:200]
 
 
+def round_order(contenders_: Sequence[Any], r: int) -> list[Any]:
+  """The order of round r: reversed on odd rounds, so that over two rounds no contender always
+  runs after another (a GEMM-bound call slows whatever follows it as the clock drops: the same
+  loss program timed right after itself measured 1.05x, h200/bench_run_7c77bdc.json)."""
+  return list(contenders_[::-1] if r % 2 else contenders_)
+
+
 def time_case(
   bcase: cases_lib.BenchCase,
   contenders_: list[Contender],
@@ -223,7 +230,7 @@ def time_case(
         f.write(c.compiled.as_text())
   live = [c for c in contenders_ if c.error is None]
   for r in range(rounds):
-    for c in live:
+    for c in round_order(live, r):
       if c.error is not None:
         continue
       try:

@@ -1087,6 +1087,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/core/test_loss.py", "-k", "row_max"),
     "The one-pass reduction combines two -inf maxes into nan (a row that sees nothing).",
   ),
+  Mutation(
+    "bench.rounds_in_one_order",
+    "bench/run.py",
+    "  return list(contenders_[::-1] if r % 2 else contenders_)",
+    "  return list(contenders_)",
+    ("suites/history/test_bench_run.py", "-k", "alternate"),
+    "bench.run times every round in the same order (a contender always after the same one).",
+  ),
 )
 
 

@@ -3,6 +3,7 @@
 import dataclasses
 import enum
 import json
+import types
 
 import pytest
 
@@ -49,3 +50,29 @@ def test_config_dict_is_json():
 
   assert run_lib.config_dict(Config()) == {"block": 64, "kind": "A", "pair": [1, 2]}
   json.dumps(run_lib.config_dict(Config()))
+
+
+def test_rounds_alternate_the_order_of_contenders(monkeypatch):
+  """Odd rounds run the contenders in reverse, so that no contender always follows another."""
+  timed = []
+
+  class Compiled:
+    def __init__(self, name):
+      self.name = name
+
+    def memory_analysis(self):
+      return None
+
+  def fake_time(compiled, calls, **kwargs):
+    timed.append(compiled.name)
+    return types.SimpleNamespace(median_ms=1.0, method="fake")
+
+  monkeypatch.setattr(run_lib, "_compile", lambda bcase, c, args_list: (Compiled(c.name), [()]))
+  monkeypatch.setattr(run_lib.timing, "device_time", fake_time)
+  contenders = [run_lib.Contender(name, fn=None) for name in ("a", "b", "c")]
+  bcase = types.SimpleNamespace(op="op", id="case")
+  ran = run_lib.time_case(
+    bcase, contenders, [()], rounds=3, iterations=1, warmup=1, log=lambda _: None
+  )
+  assert timed == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
+  assert [c.rounds_ms for c in ran] == [[1.0] * 3] * 3
