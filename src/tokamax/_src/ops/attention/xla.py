@@ -10,7 +10,7 @@ from tokamax._src.ops.attention import spec, xla_chunked
 
 # Query rows per block where visibility comes from positions (causal, a window): each block
 # computes the logits of the keys it can see and no others. H200, bf16, causal forward
-# (bench/results/h200/attention_xla_blocks_<commit>.json): B4 T4096 N32 H128 7.40 ms
+# (bench/results/h200/attention_xla_blocks_d3c9e04.json): B4 T4096 N32 H128 7.40 ms
 # against 10.70 in one block; 512 rows were faster at H128 and slower at H256 T8192.
 QUERY_BLOCK_ROWS = 1024
 
