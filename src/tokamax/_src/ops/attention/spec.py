@@ -319,6 +319,14 @@ def row_products(x: jax.Array, y: jax.Array, precision, dtype) -> jax.Array:
   )
 
 
+def slice_unless_broadcast(x: jax.Array | None, axis: int, start, size: int) -> jax.Array | None:
+  """`size` entries of `x` along `axis` from `start`; `x` itself where that axis is broadcast
+  (size 1) or `x` is None."""
+  if x is None or x.shape[axis] == 1:
+    return x
+  return jax.lax.dynamic_slice_in_dim(x, start, size, axis)
+
+
 def _grouped(x: jax.Array, kh: int) -> jax.Array:
   """[B|1, N|1, T, S] -> [B|1, K|1, G|1, T, S]."""
   b, n, t, s = x.shape

@@ -24,8 +24,6 @@ def attend(args: spec.AttentionArgs, blocked: bool = True) -> tuple[jax.Array, j
   """
   t, s = args.query.shape[1], args.key.shape[1]
   blocks = query_blocks(args) if blocked else [(0, t, 0, s)]
-  if len(blocks) == 1:
-    return _attend_block(args, *blocks[0])
   outs, lses = zip(*(_attend_block(args, *block) for block in blocks), strict=True)
   return jnp.concatenate(outs, axis=1), jnp.concatenate(lses, axis=-1)
 
@@ -54,10 +52,12 @@ def query_blocks(args: spec.AttentionArgs) -> list[tuple[int, int, int, int]]:
 
 
 def _attend_block(args: spec.AttentionArgs, t0: int, t1: int, s0: int, s1: int):
-  t, s = args.query.shape[1], args.key.shape[1]
   q = args.query[:, t0:t1]
   k, v = args.key[:, s0:s1], args.value[:, s0:s1]
-  bias, mask = (_rows_and_columns(x, t, s, t0, t1, s0, s1) for x in (args.bias, args.mask))
+  bias, mask = (
+    spec.slice_unless_broadcast(spec.slice_unless_broadcast(x, 2, t0, t1 - t0), 3, s0, s1 - s0)
+    for x in (args.bias, args.mask)
+  )
   logits, ok = spec.logits_and_mask(args, q, k, bias, mask, jnp.arange(t0, t1), jnp.arange(s0, s1))
   if ok is not None:
     logits = jnp.where(ok, logits, -jnp.inf)
@@ -74,15 +74,6 @@ def _attend_block(args: spec.AttentionArgs, t0: int, t1: int, s0: int, s1: int):
   lse = jnp.where(total > 0, jnp.log(total) + row_max, -jnp.inf)[..., 0]
   b, _, n, _ = q.shape
   return out.reshape(b, t1 - t0, n, v.shape[-1]).astype(q.dtype), lse
-
-
-def _rows_and_columns(x, t: int, s: int, t0: int, t1: int, s0: int, s1: int):
-  """x [B|1, N|1, T|1, S|1] at query rows [t0, t1) and key columns [s0, s1)."""
-  if x is None:
-    return None
-  if x.shape[2] == t:
-    x = x[:, :, t0:t1]
-  return x[..., s0:s1] if x.shape[3] == s else x
 
 
 def _row_max_and_sum(logits: jax.Array, fused: bool) -> tuple[jax.Array, jax.Array, jax.Array]:

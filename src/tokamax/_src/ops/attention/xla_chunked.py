@@ -35,12 +35,6 @@ def _pad_s(x: jax.Array | None, axis: int, length: int) -> jax.Array | None:
   return jnp.pad(x, pad)
 
 
-def _chunk(x: jax.Array | None, axis: int, start, size: int) -> jax.Array | None:
-  if x is None or x.shape[axis] == 1:
-    return x
-  return jax.lax.dynamic_slice_in_dim(x, start, size, axis)
-
-
 class _Chunks:
   """The padded key-side arrays and the per-chunk slices of them."""
 
@@ -57,14 +51,18 @@ class _Chunks:
 
   def logits(self, args: spec.AttentionArgs, q: jax.Array, i):
     start = i * self.size
-    k = _chunk(self.key, 1, start, self.size)
+    k = spec.slice_unless_broadcast(self.key, 1, start, self.size)
     k_pos = start + jnp.arange(self.size)
-    bias = _chunk(self.bias, 3, start, self.size)
-    mask = _chunk(self.mask, 3, start, self.size)
+    bias = spec.slice_unless_broadcast(self.bias, 3, start, self.size)
+    mask = spec.slice_unless_broadcast(self.mask, 3, start, self.size)
     logits, ok = spec.logits_and_mask(args, q, k, bias, mask, jnp.arange(q.shape[1]), k_pos)
     in_range = k_pos < self.s
     ok = in_range if ok is None else ok & in_range
-    return jnp.where(ok, logits, -jnp.inf), k, _chunk(self.value, 1, start, self.size)
+    return (
+      jnp.where(ok, logits, -jnp.inf),
+      k,
+      spec.slice_unless_broadcast(self.value, 1, start, self.size),
+    )
 
 
 def _forward(args: spec.AttentionArgs, config: ChunkedConfig):
