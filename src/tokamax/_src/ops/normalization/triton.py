@@ -221,7 +221,9 @@ class TritonLayerNorm(kernel_ops.TritonOp):
     # 16-warp program of D=8192 needs 52 registers, so only two fit an SM (~32 KB
     # of loads in flight; 1.9 TB/s on the H200), against four with 8 warps.
     num_warps = int(np.clip(block_d // 512, 1, 8)) if block_d < 32768 else 16
-    block_m = int(np.clip(2048 // block_d, 1, 16))
+    # D=4096 takes two rows: 3.99 against 3.84 TB/s for one at 16384x4096
+    # (h200/layer_norm_triton_ab_335b460.json; D=8192 is best with one).
+    block_m = 2 if block_d == 4096 else int(np.clip(2048 // block_d, 1, 16))
     # Backward: without prefetch it kept only ~32 KB of loads in flight per SM
     # (ptxas: 63-114 registers, 1-2 programs per SM) and ran at ~1.75 TB/s on the
     # H200. Prefetching the next rows doubles that at 16 elements per thread
