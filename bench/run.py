@@ -275,7 +275,7 @@ def case_records(
       "feature": case.feature,
     }
     if c.name == AUTO:
-      extra.update(_against_fastest(bcase.op, plain, median))
+      extra.update(_against_fastest(bcase.op, bcase.mode, plain, median))
     against = anchor if anchor is not None and c is not anchor else None
     if c.kernels_ms is not None:
       extra["kernels_ms"] = c.kernels_ms
@@ -315,21 +315,36 @@ def case_records(
   return out
 
 
-def _against_fastest(op: str, plain: dict[str, Contender], auto_ms: float) -> dict[str, Any]:
-  """`implementation=None` against the fastest named implementation timed in the same run."""
+def _against_fastest(
+  op: str, mode: str, plain: dict[str, Contender], auto_ms: float
+) -> dict[str, Any]:
+  """`implementation=None` against the fastest named implementation timed in the same run.
+
+  In a training step the rivals are the implementations with deterministic gradients, the
+  ones `None` may pick there; a faster nondeterministic one is named beside them.
+  """
+  spec = cases_lib.spec(op)
   named = {
-    n: statistics.median(c.rounds_ms)
-    for n, c in plain.items()
-    if n in cases_lib.spec(op).implementations
+    n: statistics.median(c.rounds_ms) for n, c in plain.items() if n in spec.implementations
   }
-  if not named:
+  nondeterministic = {
+    n for n in named if mode == "fwd_bwd" and spec.implementation_class(n).nondeterministic_gradients
+  }
+  rivals = {n: ms for n, ms in named.items() if n not in nondeterministic}
+  if not rivals:
     return {}
-  fastest = min(named, key=named.get)
-  return {
+  fastest = min(rivals, key=rivals.get)
+  out = {
     "fastest": fastest,
-    "fastest_ms": named[fastest],
-    "ratio_to_fastest": auto_ms / named[fastest],
+    "fastest_ms": rivals[fastest],
+    "ratio_to_fastest": auto_ms / rivals[fastest],
   }
+  if nondeterministic:
+    quickest = min(nondeterministic, key=named.get)
+    if named[quickest] < rivals[fastest]:
+      out["fastest_nondeterministic"] = quickest
+      out["ratio_to_fastest_nondeterministic"] = auto_ms / named[quickest]
+  return out
 
 
 def flat_shape(shape: dict) -> dict[str, int]:

@@ -1095,6 +1095,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/history/test_bench_run.py", "-k", "alternate"),
     "bench.run times every round in the same order (a contender always after the same one).",
   ),
+  Mutation(
+    "bench.nondeterministic_rival",
+    "bench/run.py",
+    "  rivals = {n: ms for n, ms in named.items() if n not in nondeterministic}",
+    "  rivals = dict(named)",
+    ("suites/history/test_bench_run.py", "-k", "fastest"),
+    "bench.run holds None's training step to cuDNN, whose nondeterministic backward None never picks.",
+  ),
 )
 
 

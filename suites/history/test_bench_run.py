@@ -76,3 +76,30 @@ def test_rounds_alternate_the_order_of_contenders(monkeypatch):
   )
   assert timed == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
   assert [c.rounds_ms for c in ran] == [[1.0] * 3] * 3
+
+
+@pytest.mark.parametrize(
+  ("mode", "fastest", "ratio", "nondeterministic"),
+  [
+    # A forward: cuDNN is a rival like any other.
+    ("fwd", "cudnn", 8.0 / 7.0, None),
+    # A training step: `None` keeps deterministic gradients, so Mosaic is the rival and the
+    # faster cuDNN is named beside it.
+    ("fwd_bwd", "mosaic", 8.0 / 7.5, ("cudnn", 8.0 / 7.0)),
+  ],
+)
+def test_none_is_held_to_the_fastest_implementation_it_may_pick(mode, fastest, ratio, nondeterministic):
+  plain = {
+    name: run_lib.Contender(name, fn=None, rounds_ms=[ms, ms])
+    for name, ms in (("cudnn", 7.0), ("mosaic", 7.5), ("xla", 20.0), ("jax.nn", 6.0))
+  }
+  got = run_lib._against_fastest("dot_product_attention", mode, plain, 8.0)
+  assert got["fastest"] == fastest  # jax.nn is an anchor, not an implementation.
+  assert got["ratio_to_fastest"] == pytest.approx(ratio)
+  if nondeterministic is None:
+    assert "fastest_nondeterministic" not in got
+  else:
+    assert (got["fastest_nondeterministic"], got["ratio_to_fastest_nondeterministic"]) == (
+      nondeterministic[0],
+      pytest.approx(nondeterministic[1]),
+    )
