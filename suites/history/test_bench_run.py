@@ -88,7 +88,9 @@ def test_rounds_alternate_the_order_of_contenders(monkeypatch):
     ("fwd_bwd", "mosaic", 8.0 / 7.5, ("cudnn", 8.0 / 7.0)),
   ],
 )
-def test_none_is_held_to_the_fastest_implementation_it_may_pick(mode, fastest, ratio, nondeterministic):
+def test_none_is_held_to_the_fastest_implementation_it_may_pick(
+  mode, fastest, ratio, nondeterministic
+):
   plain = {
     name: run_lib.Contender(name, fn=None, rounds_ms=[ms, ms])
     for name, ms in (("cudnn", 7.0), ("mosaic", 7.5), ("xla", 20.0), ("jax.nn", 6.0))

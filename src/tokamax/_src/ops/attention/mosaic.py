@@ -81,11 +81,29 @@ class MosaicAttentionConfig:
         raise ValueError(f"`{name}` must be at least 1, got {getattr(self, name)}.")
 
 
-def smem_bytes(config: MosaicAttentionConfig, head_dim: int, itemsize: int = 2) -> int:
-  """Shared memory of the forward kernel for `config`."""
-  q = mosaic_fwd.NUM_CONSUMERS * BLOCK_Q * head_dim * itemsize
+def smem_bytes(
+  config: MosaicAttentionConfig, head_dim: int, itemsize: int = 2, staged: tuple[int, ...] = ()
+) -> int:
+  """Shared memory of the forward kernel for `config`.
+
+  `staged` holds the itemsizes of the bias and mask planes the kernel streams
+  through shared memory (`staged_itemsizes`).
+  """
+  rows = mosaic_fwd.NUM_CONSUMERS * BLOCK_Q
+  q = rows * head_dim * itemsize
   kv = 2 * config.num_stages * config.block_kv * head_dim * itemsize
-  return q + kv + mosaic_fwd.NUM_CONSUMERS * BLOCK_Q * 4
+  extras = config.num_stages * rows * config.block_kv * sum(staged)
+  return q + kv + extras + rows * 4
+
+
+def staged_itemsizes(args: attention_spec.AttentionArgs) -> tuple[int, ...]:
+  """Itemsizes of the bias and mask planes the forward kernel may stage in shared memory."""
+  staged = []
+  if common.is_full_plane(args.bias):
+    staged.append(args.bias.dtype.itemsize)
+  if common.is_full_plane(args.mask):
+    staged.append(1)  # The kernel takes the mask as int8.
+  return tuple(staged)
 
 
 def _bwd_passes(head_dim: int) -> tuple[tuple[str, ...], ...]:
@@ -271,6 +289,16 @@ def _pad(x: jax.Array, axis: int, length: int, value: float = 0.0) -> jax.Array:
   return jnp.pad(x, widths, constant_values=value)
 
 
+def _stages_extras(config: MosaicAttentionConfig, h: int, args) -> bool:
+  """Whether the forward streams full bias and mask planes through shared memory.
+
+  Where their slots do not fit beside the key/value pipeline, the consumers load
+  them from global memory instead.
+  """
+  staged = staged_itemsizes(args)
+  return smem_bytes(config, h, staged=staged) <= _SMEM_BYTES
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MosaicAttention(kernel_ops.MosaicGpuOp):
   """Warp-specialised flash attention in Pallas Mosaic GPU."""
@@ -296,7 +324,8 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
     # H64 with long keys takes 256-key blocks (fewer softmax rescales per row);
     # unmasked H128 overlaps each consumer's next Q.K^T with its softmax, without
     # the schedule barrier; causal shapes and H256 stay serial, where the overlap
-    # was slower (docs/perf.md, Attention).
+    # was slower (docs/perf.md, Attention). Staged bias and mask tiles take
+    # smaller key blocks where two slots of them do not fit.
     h = args.query.shape[-1]
     s = args.key.shape[1]
     if h > 128 or s <= 64:
@@ -310,6 +339,8 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
     config = MosaicAttentionConfig(
       block_kv=block_kv, num_stages=2, schedule_barrier=not overlap, overlap_qk=overlap
     )
+    while config.block_kv > 64 and not _stages_extras(config, h, args):
+      config = dataclasses.replace(config, block_kv=config.block_kv // 2)
     return bwd_config(config, _BWD_HEURISTICS[h])
 
   def _get_autotuning_configs(
@@ -349,6 +380,7 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
       masking=masking,
       schedule_barrier=config.schedule_barrier,
       overlap_qk=config.overlap_qk,
+      stage_extras=_stages_extras(config, q.shape[-1], args),
     )
     out, lse = mosaic_fwd.forward(
       params,

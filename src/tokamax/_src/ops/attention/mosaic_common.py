@@ -208,6 +208,17 @@ def extra_refs(refs, bias, mask) -> tuple:
   return bias_ref, mask_ref
 
 
+def is_full_plane(x) -> bool:
+  """Whether a bias or mask [B|1, N|1, R|1, C|1] varies over both R and C."""
+  return x is not None and x.shape[2] > 1 and x.shape[3] > 1
+
+
+def plane_of(ref, batch, head):
+  """The [R|1, C|1] slice of a bias or mask ref [B|1, N|1, R|1, C|1] at (batch, head)."""
+  b, n = ref.shape[:2]
+  return ref.at[batch if b > 1 else 0, head if n > 1 else 0]
+
+
 def extra_planes(refs, batch, head, r0, rows: int) -> list:
   """(plane, row values) of the bias and mask refs (`extra_refs`) for a held block.
 
@@ -217,10 +228,7 @@ def extra_planes(refs, batch, head, r0, rows: int) -> list:
   """
   planes = []
   for ref in refs:
-    plane = None
-    if ref is not None:
-      b, n = ref.shape[:2]
-      plane = ref.at[batch if b > 1 else 0, head if n > 1 else 0]
+    plane = None if ref is None else plane_of(ref, batch, head)
     planes.append((plane, extra_rows(plane, r0, rows)))
   return planes
 

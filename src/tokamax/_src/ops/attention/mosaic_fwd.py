@@ -22,9 +22,11 @@ backward pass gets zero probabilities there).
 
 An optional bias (any float dtype) and mask (int8, nonzero = visible) have the
 layout [B|1, N|1, T|1, S|1] with T and S padded like q and k, and not both T
-and S broadcast. Consumers load their tiles straight from global memory into
-registers (issued before the Q.K^T matmul so the loads overlap it); a dim of
-size 1 is broadcast in registers, so nothing is materialised at [B,N,T,S].
+and S broadcast. With `stage_extras`, a plane that varies over both T and S is
+streamed like the keys: the producer copies each consumer's [block_q, block_kv]
+tile by TMA into the step's slot, and the consumer loads it from shared memory.
+Otherwise consumers load their tiles from global memory into registers, a dim
+of size 1 broadcast there, so nothing is materialised at [B,N,T,S].
 """
 
 import dataclasses
@@ -53,6 +55,7 @@ class FwdParams:
   masking: common.Masking
   schedule_barrier: bool = True
   overlap_qk: bool = False
+  stage_extras: bool = True
   consumer_registers: int = 232
   producer_registers: int = 40
 
@@ -75,12 +78,13 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
   c = p.scale * common.LOG2E
 
   extras = tuple(x for x in (bias, mask) if x is not None)
+  staged = tuple(p.stage_extras and common.is_full_plane(x) for x in (bias, mask))
 
   def body(q_ref, k_ref, v_ref, len_ref, *refs):
     refs_bm = common.extra_refs(refs, bias, mask)
     o_ref, lse_ref, smem, bars = refs[len(extras) :]
-    qo_smem, k_smem, v_smem, lse_smem, p_smem = smem
-    q_bar, k_bar, v_bar, k_free, v_free, sched, *turn = bars
+    qo_smem, k_smem, v_smem, lse_smem, p_smem, x_smem = smem
+    q_bar, k_bar, v_bar, k_free, v_free, sched, x_bars, *turn = bars
     turn = turn[0] if turn else None
     wg = lax.axis_index("wg")
     qt = common.query_tile(
@@ -107,9 +111,26 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
       def slot_of(kv_step):
         return lax.rem(kv_step - tile_lo, jnp.int32(stages))
 
+      def x_bar(bar, kv_step):
+        return bar.at[slot_of(kv_step) * NUM_CONSUMERS + wg]
+
       def tiles(kv_step):
-        # Issued before the matmul, so that their latency hides behind it.
-        return common.extra_tiles(planes, r0, kv_step, bq, bkv)
+        """(bias tile, mask tile), each None when absent; issued before the matmul."""
+        out = []
+        for (plane, values), smem_x, bar in zip(planes, x_smem, x_bars, strict=True):
+          if smem_x is None:
+            out.append(common.extra_tile(plane, values, r0, kv_step, bq, bkv))
+          else:
+            plgpu.barrier_wait(x_bar(bar, kv_step))
+            tile = smem_x.at[slot_of(kv_step), wg]
+            out.append(plgpu.load(tile, layout=plgpu.Layout.WGMMA))
+        return tuple(out)
+
+      def skip_tiles(kv_step):
+        # A step this consumer skips still completes its staged tiles' barriers.
+        for bar in x_bars:
+          if bar is not None:
+            plgpu.barrier_wait(x_bar(bar, kv_step))
 
       def softmax(kv_step, s, m_i, l_i, bias_tile, mask_tile, *, masked: bool):
         """(bf16 probabilities, new max, new sum, factor that rescales the output)."""
@@ -199,6 +220,7 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
       def skip(kv_step, carry):
         # Steps the other consumer needs: keep the barriers' phases in step.
         slot = slot_of(kv_step)
+        skip_tiles(kv_step)
         plgpu.barrier_wait(k_bar.at[slot])
         rendezvous()
         plgpu.barrier_arrive(k_free.at[slot])
@@ -301,6 +323,7 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
 
         def skip_turn(kv_step, carry):
           slot = slot_of(kv_step)
+          skip_tiles(kv_step)
           plgpu.barrier_wait(k_bar.at[slot])
           turn_wait()
           plgpu.barrier_arrive(k_free.at[slot])
@@ -350,6 +373,14 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
           plgpu.barrier_wait(k_free.at[slot])
 
         plgpu.copy_gmem_to_smem(k_ref.at[rows], k_smem.at[slot], k_bar.at[slot])
+        # The staged tiles share the key slot's release: consumers load them first.
+        for ref, smem_x, bar in zip(refs_bm, x_smem, x_bars, strict=True):
+          if smem_x is None:
+            continue
+          plane = common.plane_of(ref, batch, head)
+          for c in range(NUM_CONSUMERS):
+            src = plane.at[pl.ds(tile_r0 + c * bq, bq), pl.ds(kv_step * bkv, bkv)]
+            plgpu.copy_gmem_to_smem(src, smem_x.at[slot, c], bar.at[slot * NUM_CONSUMERS + c])
 
         @pl.when(i >= stages)
         def _():
@@ -373,6 +404,14 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
     plgpu.SMEM((NUM_CONSUMERS, bq, bkv), dtype, transforms=common.smem_transforms(dtype, bkv))
     if interpret
     else None,
+    tuple(
+      plgpu.SMEM(
+        (stages, NUM_CONSUMERS, bq, bkv), x.dtype, transforms=common.smem_transforms(x.dtype, bkv)
+      )
+      if st
+      else None
+      for x, st in zip((bias, mask), staged, strict=True)
+    ),
   )
   bars = (
     plgpu.Barrier(num_barriers=NUM_CONSUMERS),
@@ -381,6 +420,7 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
     plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
     plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
     plgpu.Barrier(num_arrivals=NUM_CONSUMERS),
+    tuple(plgpu.Barrier(num_barriers=stages * NUM_CONSUMERS) if st else None for st in staged),
     # `overlap_qk`: consumer i may issue its matmuls of a step when turn[i] completes.
     *([plgpu.Barrier(num_barriers=NUM_CONSUMERS)] if p.overlap_qk else []),
   )

@@ -237,32 +237,24 @@ def partitioning(args: AttentionArgs) -> partitioning_lib.Rule:
   )
 
 
-def reorder(args: AttentionArgs, platform: str, names: tuple[str, ...]) -> tuple[str, ...]:
-  """On a GPU: with a bias, Triton first, whose forward and in-kernel bias gradient measured
-  fastest there (H200, B4 T4096 N32 H128 bf16, bias [1,N,T,S]: forward 3.32 ms against Mosaic's
-  3.60, forward+backward 16.3 against 30.3; bench/results/h200/bench_run_748cea4.json); with a
-  mask alone, cuDNN's forward first."""
-  if platform == "gpu" and args.bias is not None:
-    return op.move_first("triton", names)
-  if _mask_alone_on_gpu(args, platform):
-    # A mask alone: cuDNN's forward measured 4-7% faster than Mosaic's (3.33 against 3.56 ms at
-    # [B,1,T,S] in three rounds, bench_run_b72b094.json); its backward is not deterministic, so
-    # `gradient_preference` keeps Mosaic under differentiation.
-    return op.move_first("cudnn", names)
-  return names
-
-
 def gradient_preference(args: AttentionArgs, platform: str) -> tuple[str, ...]:
-  """Under differentiation, the forward's pick except where `reorder` put cuDNN first: the
-  deterministic kernels then, Mosaic first (a mask [B,1,T,S]: 11.4 ms forward+backward
-  against cuDNN's 12.5, bench_run_12c65b5.json)."""
-  if _mask_alone_on_gpu(args, platform):
-    return tuple(n for n in SPEC.default_order(platform) if n != "cudnn")
-  return ()
+  """The names `implementation=None` differentiates through on a GPU with a bias or mask.
 
-
-def _mask_alone_on_gpu(args: AttentionArgs, platform: str) -> bool:
-  return platform == "gpu" and args.bias is None and args.mask is not None
+  The forward keeps the default order there: Mosaic's, which streams bias and mask
+  planes through shared memory, measured fastest (H200, B4 T4096 N32 H128 bf16,
+  bench/results/h200/attention_staged_fwd_363862e.json: bias [1,N,T,S] 2.48 ms, mask [B,1,T,S]
+  2.19, both 2.88, against cuDNN's 3.59, 3.33 and 6.30). Under differentiation, with a
+  bias, Triton first: its backward writes the bias gradient in the kernel, where
+  Mosaic's takes it from XLA over [B,N,T,S] (forward+backward 14.5 ms against 30.5,
+  bench_run_12c65b5.json). With a mask alone, the deterministic kernels, Mosaic first
+  (11.4 ms against cuDNN's 12.5). Elsewhere the forward's pick ().
+  """
+  if platform != "gpu" or (args.bias is None and args.mask is None):
+    return ()
+  names = SPEC.default_order(platform)
+  if args.bias is not None:
+    return op.move_first("triton", names)
+  return tuple(n for n in names if n != "cudnn")
 
 
 SPEC = op.OpSpec(
@@ -277,7 +269,6 @@ SPEC = op.OpSpec(
     "mosaic_tpu": "tokamax._src.ops.attention.mosaic_tpu:MosaicTpuAttention",
   },
   preference={"gpu": ("mosaic", "cudnn", "triton"), "tpu": ("mosaic_tpu",)},
-  reorder=reorder,
   gradient_preference=gradient_preference,
   platform_names={"mosaic": {"tpu": "mosaic_tpu"}},
   cost=cost,
