@@ -324,11 +324,11 @@ def _against_fastest(
   ones `None` may pick there; a faster nondeterministic one is named beside them.
   """
   spec = cases_lib.spec(op)
-  named = {
-    n: statistics.median(c.rounds_ms) for n, c in plain.items() if n in spec.implementations
-  }
+  named = {n: statistics.median(c.rounds_ms) for n, c in plain.items() if n in spec.implementations}
   nondeterministic = {
-    n for n in named if mode == "fwd_bwd" and spec.implementation_class(n).nondeterministic_gradients
+    n
+    for n in named
+    if mode == "fwd_bwd" and spec.implementation_class(n).nondeterministic_gradients
   }
   rivals = {n: ms for n, ms in named.items() if n not in nondeterministic}
   if not rivals:
