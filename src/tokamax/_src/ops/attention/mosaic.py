@@ -87,7 +87,7 @@ def smem_bytes(
   """Shared memory of the forward kernel for `config`.
 
   `staged` holds the itemsizes of the bias and mask planes the kernel streams
-  through shared memory (`staged_itemsizes`).
+  through shared memory (`_staged_itemsizes`).
   """
   rows = mosaic_fwd.NUM_CONSUMERS * BLOCK_Q
   q = rows * head_dim * itemsize
@@ -96,7 +96,7 @@ def smem_bytes(
   return q + kv + extras + rows * 4
 
 
-def staged_itemsizes(args: attention_spec.AttentionArgs) -> tuple[int, ...]:
+def _staged_itemsizes(args: attention_spec.AttentionArgs) -> tuple[int, ...]:
   """Itemsizes of the bias and mask planes the forward kernel may stage in shared memory."""
   staged = []
   if common.is_full_plane(args.bias):
@@ -289,14 +289,14 @@ def _pad(x: jax.Array, axis: int, length: int, value: float = 0.0) -> jax.Array:
   return jnp.pad(x, widths, constant_values=value)
 
 
-def _stages_extras(config: MosaicAttentionConfig, h: int, args) -> bool:
+def _stages_extras(config: MosaicAttentionConfig, args: attention_spec.AttentionArgs) -> bool:
   """Whether the forward streams full bias and mask planes through shared memory.
 
   Where their slots do not fit beside the key/value pipeline, the consumers load
   them from global memory instead.
   """
-  staged = staged_itemsizes(args)
-  return smem_bytes(config, h, staged=staged) <= _SMEM_BYTES
+  staged = _staged_itemsizes(args)
+  return smem_bytes(config, args.query.shape[-1], staged=staged) <= _SMEM_BYTES
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -339,7 +339,7 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
     config = MosaicAttentionConfig(
       block_kv=block_kv, num_stages=2, schedule_barrier=not overlap, overlap_qk=overlap
     )
-    while config.block_kv > 64 and not _stages_extras(config, h, args):
+    while config.block_kv > 64 and not _stages_extras(config, args):
       config = dataclasses.replace(config, block_kv=config.block_kv // 2)
     return bwd_config(config, _BWD_HEURISTICS[h])
 
@@ -380,7 +380,7 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
       masking=masking,
       schedule_barrier=config.schedule_barrier,
       overlap_qk=config.overlap_qk,
-      stage_extras=_stages_extras(config, q.shape[-1], args),
+      stage_extras=_stages_extras(config, args),
     )
     out, lse = mosaic_fwd.forward(
       params,

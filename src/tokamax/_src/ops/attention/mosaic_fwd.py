@@ -80,6 +80,10 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
   extras = tuple(x for x in (bias, mask) if x is not None)
   staged = tuple(p.stage_extras and common.is_full_plane(x) for x in (bias, mask))
 
+  def staged_barrier(bar, slot, consumer):
+    """The barrier of one consumer's staged tile in a pipeline slot."""
+    return bar.at[slot * NUM_CONSUMERS + consumer]
+
   def body(q_ref, k_ref, v_ref, len_ref, *refs):
     refs_bm = common.extra_refs(refs, bias, mask)
     o_ref, lse_ref, smem, bars = refs[len(extras) :]
@@ -112,7 +116,7 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
         return lax.rem(kv_step - tile_lo, jnp.int32(stages))
 
       def x_bar(bar, kv_step):
-        return bar.at[slot_of(kv_step) * NUM_CONSUMERS + wg]
+        return staged_barrier(bar, slot_of(kv_step), wg)
 
       def tiles(kv_step):
         """(bias tile, mask tile), each None when absent; issued before the matmul."""
@@ -380,7 +384,7 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
           plane = common.plane_of(ref, batch, head)
           for c in range(NUM_CONSUMERS):
             src = plane.at[pl.ds(tile_r0 + c * bq, bq), pl.ds(kv_step * bkv, bkv)]
-            plgpu.copy_gmem_to_smem(src, smem_x.at[slot, c], bar.at[slot * NUM_CONSUMERS + c])
+            plgpu.copy_gmem_to_smem(src, smem_x.at[slot, c], staged_barrier(bar, slot, c))
 
         @pl.when(i >= stages)
         def _():

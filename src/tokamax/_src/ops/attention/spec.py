@@ -245,9 +245,9 @@ def gradient_preference(args: AttentionArgs, platform: str) -> tuple[str, ...]:
   bench/results/h200/attention_staged_fwd_363862e.json: bias [1,N,T,S] 2.48 ms, mask [B,1,T,S]
   2.19, both 2.88, against cuDNN's 3.59, 3.33 and 6.30). Under differentiation, with a
   bias, Triton first: its backward writes the bias gradient in the kernel, where
-  Mosaic's takes it from XLA over [B,N,T,S] (forward+backward 14.5 ms against 30.5,
-  bench_run_12c65b5.json). With a mask alone, the deterministic kernels, Mosaic first
-  (11.4 ms against cuDNN's 12.5). Elsewhere the forward's pick ().
+  Mosaic's takes it from XLA over [B,N,T,S] (forward+backward 14.5 ms against 25.2,
+  bench_run_2ccd979.json). With a mask alone, the deterministic kernels, Mosaic first
+  (10.5 ms against Triton's 13.2 and cuDNN's 12.6). Elsewhere the forward's pick ().
   """
   if platform != "gpu" or (args.bias is None and args.mask is None):
     return ()
