@@ -255,7 +255,8 @@ def autotune_step(out_dir: str, dry: bool, budget_s: float) -> dict:
   ]
   log("ops found:", found)
   t = time.monotonic()
-  result = tokamax.autotune(step, *arrays, timeout_s=90, time_budget_s=budget_s, iterations=5)
+  with tokamax.config.override(use_default_cache=False):  # Tune, never read the shipped file.
+    result = tokamax.autotune(step, *arrays, timeout_s=90, time_budget_s=budget_s, iterations=5)
   tune_s = time.monotonic() - t
   result.dump(os.path.join(out_dir, "step_autotuning.json"))
   fn, fn_args = tokamax.standardize_function(step, *arrays, seed=None)
@@ -397,6 +398,7 @@ def benchmark_functions(dry: bool):
   q = sds((4, 4096 // s, 32 // min(s, 8), 128), bf16)
   x = sds((16384 // s, 4096 // s), bf16)
   d = sds((4096 // s,), bf16)
+  wide_x, wide_d = sds((4096 // s, 8192 // s), bf16), sds((8192 // s,), bf16)
   gx, gw = sds((8192 // s, 4096 // s), bf16), sds((4096 // s, 2, 14336 // s), bf16)
   lhs, rhs = sds((16384 // s, 4096 // s), bf16), sds((8, 4096 // s, 2048 // s), bf16)
   sizes = jnp.asarray(ragged_dot_spec.generate_ragged_dot_group_sizes(16384 // s, 8, seed=0))
@@ -404,6 +406,11 @@ def benchmark_functions(dry: bool):
     "attention": (lambda q: tokamax.dot_product_attention(q, q, q), (q,)),
     "attention_causal": (lambda q: tokamax.dot_product_attention(q, q, q, is_causal=True), (q,)),
     "layer_norm": (lambda x, d: tokamax.layer_norm(x, d, d), (x, d)),
+    "layer_norm_wide": (lambda x, d: tokamax.layer_norm(x, d, d), (wide_x, wide_d)),
+    "rms_norm_wide": (
+      lambda x, d: tokamax.layer_norm(x, d, None, subtract_mean=False),
+      (wide_x, wide_d),
+    ),
     "swiglu": (lambda x, w: tokamax.gated_linear_unit(x, w, activation=jax.nn.swish), (gx, gw)),
     "ragged_dot": (lambda a, b: tokamax.ragged_dot(a, b, sizes), (lhs, rhs)),
   }
@@ -424,7 +431,8 @@ def default_cache(out_dir: str, dry: bool, deadline_s: float) -> dict:
     if left < 30:
       log("default cache: out of time before", name)
       break
-    result = tokamax.autotune(f, *args, timeout_s=60, time_budget_s=left - 25, iterations=5)
+    with tokamax.config.override(use_default_cache=False):
+      result = tokamax.autotune(f, *args, timeout_s=60, time_budget_s=left - 25, iterations=5)
     merged = result if merged is None else merged.merge(result)
     done.append({"function": name, "entries": len(result)})
     log("default cache:", name, len(result), "entries")

@@ -59,8 +59,11 @@ def attention_only(q):
   return tokamax.dot_product_attention(q, q, q, implementation="xla_chunked")
 
 
-def chunk_result(chunk: int, q) -> tokamax.AutotuningResult:
-  """A result fixing the attention key chunk of `attention_only(q)`."""
+def chunk_result(chunk: int, q, heuristic: int | dict | None = None) -> tokamax.AutotuningResult:
+  """A result fixing the attention key chunk of `attention_only(q)`.
+
+  `heuristic`: the heuristics' config (or key chunk) when it was tuned.
+  """
   (bound,) = api.get_bound_args(attention_only, q)
   data = api.AutotuningData(
     op=bound.op.spec.name,
@@ -68,6 +71,9 @@ def chunk_result(chunk: int, q) -> tokamax.AutotuningResult:
     key=bound.key,
     mode="forward",
     config=json.dumps({"kv_chunk_size": chunk}),
+    heuristic=None
+    if heuristic is None
+    else json.dumps(heuristic if isinstance(heuristic, dict) else {"kv_chunk_size": heuristic}),
   )
   return tokamax.AutotuningResult(jax.devices()[0].device_kind, (data,))
 
@@ -265,6 +271,7 @@ def test_cache_miss_options():
     with tokamax.config.override(cache_miss="autotune"):
       lowered = f.lower(q).as_text()
     (data,) = cache._TUNED_ON_MISS.values()
+    assert json.loads(data.heuristic) == {"kv_chunk_size": 384}  # min(512, 384), as traced above.
     chunk = json.loads(data.config)["kv_chunk_size"]
     assert {json.loads(c)["kv_chunk_size"] for c, _ in data.timings_ms} == {128, 256, 384}
     assert trip_counts(lowered) == [-(-384 // chunk)]
@@ -278,7 +285,7 @@ def test_default_cache(monkeypatch, tmp_path):
   q = make_inputs()[0]
   kind = jax.devices()[0].device_kind
   assert cache.file_name("NVIDIA H200") == "NVIDIA_H200.json"
-  chunk_result(64, q).dump(tmp_path / cache.file_name(kind))
+  chunk_result(64, q, heuristic=S).dump(tmp_path / cache.file_name(kind))
   monkeypatch.setattr(cache, "DATA_DIR", tmp_path)
   cache.default_result.cache_clear()
   try:
@@ -288,6 +295,24 @@ def test_default_cache(monkeypatch, tmp_path):
       assert trip_counts(f.lower(q).as_text()) == [1]
     with chunk_result(128, q):  # An entered result comes first.
       assert trip_counts(f.lower(q).as_text()) == [2]
+  finally:
+    cache.default_result.cache_clear()
+
+
+@pytest.mark.parametrize("heuristic", [None, 128], ids=["not_recorded", "another_heuristic"])
+def test_default_cache_skips_entries_tuned_under_other_heuristics(monkeypatch, tmp_path, heuristic):
+  """A shipped entry tuned when the heuristics chose otherwise predates them: heuristics win."""
+  q = make_inputs()[0]
+  chunk_result(64, q, heuristic=heuristic).dump(
+    tmp_path / cache.file_name(jax.devices()[0].device_kind)
+  )
+  monkeypatch.setattr(cache, "DATA_DIR", tmp_path)
+  cache.default_result.cache_clear()
+  try:
+    f = jax.jit(lambda q: attention_only(q))
+    assert trip_counts(f.lower(q).as_text()) == [1]  # The heuristic chunk (S), not the entry's.
+    with chunk_result(64, q, heuristic=heuristic):  # An entered result is taken as it is.
+      assert trip_counts(f.lower(q).as_text()) == [4]
   finally:
     cache.default_result.cache_clear()
 
@@ -302,7 +327,8 @@ def test_default_cache_skips_entries_of_an_older_config(monkeypatch, tmp_path):
     unroll: int = 1  # A field the shipped entry predates.
 
   monkeypatch.setattr(xla_chunked.XlaChunkedAttention, "config_cls", NewerConfig)
-  chunk_result(64, q).dump(tmp_path / cache.file_name(kind))
+  heuristic = {"kv_chunk_size": S, "unroll": 1}  # Current: only the missing field is stale.
+  chunk_result(64, q, heuristic=heuristic).dump(tmp_path / cache.file_name(kind))
   monkeypatch.setattr(cache, "DATA_DIR", tmp_path)
   cache.default_result.cache_clear()
   try:
@@ -319,6 +345,7 @@ def test_shipped_default_caches_load():
     result = tokamax.AutotuningResult.load(path)
     assert path.name == cache.file_name(result.device_kind)
     assert all(d.config is not None for d in result.data)
+    assert all(d.heuristic is not None for d in result.data), "written before heuristics were"
 
 
 def test_signature_keys_name_functions_not_their_addresses():

@@ -170,7 +170,7 @@ def autotune(
   start = time.monotonic()
   for i, (key, bound, mode) in enumerate(tunable):
     label = f"({i + 1}/{len(tunable)}) {key[0]}[{key[1]}] {mode}"
-    cached = None if ignore_cache else cache.lookup_data(bound.op, key[2], kind)
+    cached = None if ignore_cache else cache.lookup_data(bound.op, key[2], kind, bound.args)
     if cached is not None and cached.config is not None:
       _note(progress, f"{label}: cached")
       results.append(cached)

@@ -41,6 +41,10 @@ class AutotuningData:
       for a failure of the whole op).
     config_cls: The class the configs decode to; None until known (a loaded
       result learns it at lookup, from the op).
+    heuristic: Canonical JSON of the heuristics' config when the candidates
+      were timed; None if not recorded. A shipped entry whose heuristic is no
+      longer the current one predates the measurements behind the current
+      heuristics, and is not used.
   """
 
   op: str
@@ -51,6 +55,7 @@ class AutotuningData:
   timings_ms: tuple[tuple[str, float], ...] = ()
   errors: tuple[tuple[str | None, str], ...] = ()
   config_cls: type | None = dataclasses.field(default=None, compare=False, repr=False)
+  heuristic: str | None = None
 
   @property
   def fastest_config(self) -> Any:
@@ -226,6 +231,7 @@ def _autotune(
     timings_ms=tuple(timings),
     errors=tuple(sorted(errors.items())),
     config_cls=op.config_cls,
+    heuristic=configs.encode(op._get_heuristics_config(abstract)),
   )
 
 

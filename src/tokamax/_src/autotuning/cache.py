@@ -5,8 +5,9 @@
    key: a jitted function called inside another set of results retraces.
 2. Configs tuned in this process on a cache miss (`cache_miss="autotune"`).
 3. The default cache shipped for the device kind under `tokamax/data/`
-   (when `config.OPTIONS.use_default_cache`), less the entries written by an
-   older config class (a field missing), which were tuned on older kernels.
+   (when `config.OPTIONS.use_default_cache`), less the stale entries: those
+   written by an older config class (a field missing) or tuned when the
+   heuristics chose another config than they do now.
 4. A miss: heuristics, autotuning or an error, as `config.OPTIONS.cache_miss`
    says. An op with at most one candidate config has nothing to tune and
    always falls back to its heuristics.
@@ -22,7 +23,7 @@ import threading
 from typing import Any
 
 from tokamax._src import arguments, config, device
-from tokamax._src.autotuning import autotuner, result
+from tokamax._src.autotuning import autotuner, configs, result
 
 # Configs tuned on a cache miss: (device kind, op, implementation, key) -> AutotuningData.
 _TUNED_ON_MISS: dict[tuple[str, str, str, str], Any] = {}
@@ -50,8 +51,13 @@ def default_result(kind: str) -> Any | None:
     return result.AutotuningResult.load(f)
 
 
-def lookup_data(op: Any, key: str, kind: str | None = None) -> Any | None:
-  """The cached `AutotuningData` of `op` for a signature key, or None."""
+def lookup_data(op: Any, key: str, kind: str | None = None, args: Any = None) -> Any | None:
+  """The cached `AutotuningData` of `op` for a signature key, or None.
+
+  Entered results and configs tuned on a miss are taken as they are; a shipped
+  entry only where it is current for `args` (see `_current`), so never without
+  `args`.
+  """
   kind = kind or device_kind()
   for active in reversed(result.active_results()):
     data = active.data_for(op, key)
@@ -60,23 +66,29 @@ def lookup_data(op: Any, key: str, kind: str | None = None) -> Any | None:
   data = _TUNED_ON_MISS.get((kind, op.spec.name, op.name, key))
   if data is not None:
     return data
-  if config.OPTIONS.use_default_cache:
+  if config.OPTIONS.use_default_cache and args is not None:
     default = default_result(kind)
     if default is not None and default.device_kind == kind:
       data = default.data_for(op, key)
-      return data if data is not None and _written_by_current_config(data, op) else None
+      return data if data is not None and _current(data, op, args) else None
   return None
 
 
-def _written_by_current_config(data: Any, op: Any) -> bool:
-  """Whether a shipped entry names every field of `op`'s config class.
+def _current(data: Any, op: Any, args: Any) -> bool:
+  """Whether a shipped entry was tuned against the current config and heuristics.
 
-  The autotuner writes every field, so a missing one marks an entry tuned on an
-  older kernel, whose choice the heuristics have since superseded.
+  The autotuner writes every config field and the heuristics' choice of the
+  time. A missing field marks an entry tuned on an older kernel; another
+  heuristic marks one that predates the measurements behind today's heuristics.
+  Either way the heuristics win.
   """
-  if data.config is None or not dataclasses.is_dataclass(op.config_cls):
+  if data.config is None:
     return True
-  return set(json.loads(data.config)) == {f.name for f in dataclasses.fields(op.config_cls)}
+  if dataclasses.is_dataclass(op.config_cls):
+    fields = {f.name for f in dataclasses.fields(op.config_cls)}
+    if set(json.loads(data.config)) != fields:
+      return False
+  return data.heuristic == configs.encode(op._get_heuristics_config(args))
 
 
 def _nothing_to_tune(op: Any, args: Any) -> bool:
@@ -86,7 +98,7 @@ def _nothing_to_tune(op: Any, args: Any) -> bool:
 def lookup(op: Any, args: Any) -> Any | None:
   """The config of `op` for `args` from the caches, or None for heuristics."""
   key = arguments.signature_key(args)
-  data = lookup_data(op, key)
+  data = lookup_data(op, key, args=args)
   if data is not None:  # With no working candidate, the heuristics.
     return data.fastest_config
   miss = config.OPTIONS.cache_miss

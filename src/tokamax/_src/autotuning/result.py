@@ -130,6 +130,7 @@ class AutotuningResult:
           "config": load(d.config),
           "timings_ms": [[load(c), t] for c, t in d.timings_ms],
           "errors": [[load(c), e] for c, e in d.errors],
+          "heuristic": load(d.heuristic),
         }
         for d in self.data
       ],
@@ -158,6 +159,7 @@ class AutotuningResult:
         config=dump(d.get("config")),
         timings_ms=tuple((dump(c), float(t)) for c, t in d.get("timings_ms", ())),
         errors=tuple((dump(c), str(e)) for c, e in d.get("errors", ())),
+        heuristic=dump(d.get("heuristic")),
       )
       for d in obj["data"]
     )
