@@ -396,6 +396,7 @@ def benchmark_functions(dry: bool):
   bf16 = jnp.bfloat16
   sds = jax.ShapeDtypeStruct
   q = sds((4, 4096 // s, 32 // min(s, 8), 128), bf16)
+  q64 = sds((32 // min(s, 8), 2048 // s, 16 // min(s, 8), 64), bf16)
   x = sds((16384 // s, 4096 // s), bf16)
   d = sds((4096 // s,), bf16)
   wide_x, wide_d = sds((4096 // s, 8192 // s), bf16), sds((8192 // s,), bf16)
@@ -405,6 +406,7 @@ def benchmark_functions(dry: bool):
   fns = {
     "attention": (lambda q: tokamax.dot_product_attention(q, q, q), (q,)),
     "attention_causal": (lambda q: tokamax.dot_product_attention(q, q, q, is_causal=True), (q,)),
+    "attention_h64": (lambda q: tokamax.dot_product_attention(q, q, q), (q64,)),
     "layer_norm": (lambda x, d: tokamax.layer_norm(x, d, d), (x, d)),
     "layer_norm_wide": (lambda x, d: tokamax.layer_norm(x, d, d), (wide_x, wide_d)),
     "rms_norm_wide": (
