@@ -19,7 +19,7 @@ import pytest
 
 import tokamax
 from tokamax._src import arguments
-from tokamax._src.autotuning import api, cache
+from tokamax._src.autotuning import api, cache, configs
 from tokamax._src.autotuning import example_user_op as ex
 from tokamax._src.ops.attention import xla_chunked
 from tokamax._src.ops.gated_linear_unit import spec as glu_spec
@@ -327,7 +327,9 @@ def test_default_cache_skips_entries_of_an_older_config(monkeypatch, tmp_path):
     unroll: int = 1  # A field the shipped entry predates.
 
   monkeypatch.setattr(xla_chunked.XlaChunkedAttention, "config_cls", NewerConfig)
-  heuristic = {"kv_chunk_size": S, "unroll": 1}  # Current: only the missing field is stale.
+  (bound,) = api.get_bound_args(attention_only, q)
+  # Today's heuristic, so that only the missing field makes the entry stale.
+  heuristic = json.loads(configs.encode(bound.op._get_heuristics_config(bound.args)))
   chunk_result(64, q, heuristic=heuristic).dump(tmp_path / cache.file_name(kind))
   monkeypatch.setattr(cache, "DATA_DIR", tmp_path)
   cache.default_result.cache_clear()
