@@ -616,6 +616,14 @@ MUTATIONS: tuple[Mutation, ...] = (
   ),
   # --- Interpreted kernels ---------------------------------------------------------
   Mutation(
+    "kernels.triton_norm_one_pass_unshifted",
+    "src/tokamax/_src/ops/normalization/triton_layer_norm.py",
+    "  if NEEDED:",
+    "  if NEEDED and False:",
+    ("suites/kernels/test_triton_layer_norm.py", "-k", "interpreted"),
+    "The one-pass LayerNorm statistics do not shift rows (E[x^2] - E[x]^2 cancels).",
+  ),
+  Mutation(
     "kernels.triton_layer_norm_mask",
     "src/tokamax/_src/ops/normalization/triton_layer_norm.py",
     "    mean = tl.sum(x, axis=1) / D\n    xc = tl.where(mask, x - mean[:, None], 0.0)\n"

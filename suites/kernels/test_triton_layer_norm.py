@@ -113,8 +113,9 @@ def test_pipelined_configs_compile_to_async_copies(sm):
     assert buffers * row_bytes <= compiled.metadata.shared <= SMEM_LIMIT[sm]
 
 
-def test_autotuning_configs_compile_for_sm90():
-  args = _record((2048, 4096), -1, "bfloat16", False, True, False, 1.0)
+@pytest.mark.parametrize("subtract_mean", [False, True], ids=["rms", "layer"])
+def test_autotuning_configs_compile_for_sm90(subtract_mean):
+  args = _record((2048, 4096), -1, "bfloat16", subtract_mean, True, False, 1.0)
   seen = set()
   for config in OP._get_autotuning_configs(args):
     launches, _, _ = _launches(args, config)
@@ -175,8 +176,13 @@ def _interpreted_errors(case) -> dict:
     block_m=2, num_warps=4, bwd_block_m=2, bwd_num_warps=4, bwd_programs=3
   )
   prefetch = dataclasses.replace(config, block_m=1, fwd_programs=3, bwd_prefetch=True)
-  staged = dataclasses.replace(config, fwd_programs=2, fwd_stages=3, bwd_stages=3)
+  # One-pass statistics in the persistent pipelined forward and in the plain one.
+  staged = dataclasses.replace(
+    config, fwd_programs=2, fwd_stages=3, bwd_stages=3, fwd_one_pass=True
+  )
+  one_pass = dataclasses.replace(config, fwd_one_pass=True)
   with triton_call.interpret():
+    out_1, _ = OP._fwd(args, one_pass)
     out, residuals = OP._fwd(args, config)
     grads = OP._bwd(args, config, out, residuals, dy)
     out_p, residuals_p = OP._fwd(args, prefetch)
@@ -198,6 +204,7 @@ def _interpreted_errors(case) -> dict:
     "out": compare.relative_error(out, ref_out),
     "out_prefetch": compare.relative_error(out_p, ref_out),
     "out_staged": compare.relative_error(out_s, ref_out),
+    "out_one_pass": compare.relative_error(out_1, ref_out),
   }
   for (name, _), rg in zip(present, ref_grads, strict=True):
     errs[name] = compare.relative_error(grads[name], rg)
@@ -210,6 +217,26 @@ def _interpreted_errors(case) -> dict:
 @pytest.mark.host_only
 def test_interpreted_kernels_match_float64_reference(case):
   interpreted.assert_errors_within_bound(_interpreted_errors(case))
+
+
+@pytest.mark.host_only
+@pytest.mark.parametrize("persistent", [False, True], ids=["plain", "persistent"])
+def test_interpreted_one_pass_statistics_do_not_cancel_far_from_zero(persistent):
+  """Rows at mean 1000 with unit spread: E[x^2] - E[x]^2 unshifted loses the variance in float32."""
+  rng = np.random.default_rng(7)
+  x = jnp.asarray(1000.0 + rng.standard_normal((4, 256)), jnp.float32)
+  args = spec.canonicalize(x, None, None)
+  config = norm_triton.TritonNormConfig(block_m=2, num_warps=4, fwd_one_pass=True)
+  if persistent:
+    config = dataclasses.replace(config, fwd_programs=1)
+  with triton_call.interpret():
+    out, (mean, rstd) = OP._fwd(args, config)
+  x64 = np.asarray(x, np.float64)
+  ref_mean = x64.mean(axis=1)
+  ref_rstd = 1 / np.sqrt(x64.var(axis=1) + 1e-6)
+  np.testing.assert_allclose(np.asarray(mean), ref_mean, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(rstd), ref_rstd, rtol=1e-4)
+  np.testing.assert_allclose(out, (x64 - ref_mean[:, None]) * ref_rstd[:, None], atol=1e-3)
 
 
 @pytest.mark.requires("triton")

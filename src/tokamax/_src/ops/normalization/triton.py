@@ -41,6 +41,8 @@ class TritonNormConfig:
       register prefetch).
     bwd_stages: > 1 pipelines the backward's loads of x and dy through shared
       memory this many stages deep (cp.async; overrides `bwd_prefetch`).
+    fwd_one_pass: Whether the LayerNorm forward reduces a row's sum and sum of
+      squares (shifted by its first element) together, in one round.
   """
 
   block_m: int = 1
@@ -52,6 +54,7 @@ class TritonNormConfig:
   bwd_prefetch: bool = False
   fwd_stages: int = 0
   bwd_stages: int = 0
+  fwd_one_pass: bool = False
 
 
 def _rows(args: spec.NormArgs) -> tuple[int, int]:
@@ -114,6 +117,7 @@ def forward(
     BLOCK_M=config.block_m,
     EPS=float(args.epsilon),
     HAS_OFFSET=args.offset is not None,
+    ONE_PASS=config.fwd_one_pass,
     num_warps=config.num_warps,
     num_stages=1,
     **stages,
@@ -260,7 +264,16 @@ class TritonLayerNorm(kernel_ops.TritonOp):
           continue
         if num_warps <= 16:
           for fwd_programs in (0, 132 * 4):
-            configs.add(rep(base, block_m=block_m, num_warps=num_warps, fwd_programs=fwd_programs))
+            for one_pass in (False, True) if args.subtract_mean else (False,):
+              configs.add(
+                rep(
+                  base,
+                  block_m=block_m,
+                  num_warps=num_warps,
+                  fwd_programs=fwd_programs,
+                  fwd_one_pass=one_pass,
+                )
+              )
           if block_m == 1 and per_thread <= 32 and 3 * row_bytes <= _SMEM:
             configs.add(
               rep(base, block_m=block_m, num_warps=num_warps, fwd_programs=132 * 4, fwd_stages=4)

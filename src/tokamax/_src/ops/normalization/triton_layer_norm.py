@@ -17,6 +17,41 @@ import triton.language as tl
 
 
 @triton.jit
+def _add_pairs(a0, a1, b0, b1):
+  return a0 + b0, a1 + b1
+
+
+@triton.jit
+def _row_stats(
+  x, mask, shift, D: tl.constexpr, SUBTRACT_MEAN: tl.constexpr, ONE_PASS: tl.constexpr
+):
+  """(mean, variance) of each row of float32 `x` [BLOCK_M, BLOCK_D] (masked entries zero).
+
+  ONE_PASS reduces the sums of x - shift and of its squares together (one
+  round of cross-warp reduction instead of two); `shift`, an element of each
+  row, keeps E[d^2] - E[d]^2 from cancelling when the mean is far from zero.
+  """
+  if SUBTRACT_MEAN:
+    if ONE_PASS:
+      d = tl.where(mask, x - shift[:, None], 0.0)
+      s1, s2 = tl.reduce((d, d * d), 1, _add_pairs)
+      mean_d = s1 / D
+      return shift + mean_d, tl.maximum(s2 / D - mean_d * mean_d, 0.0)
+    mean = tl.sum(x, axis=1) / D
+    xc = tl.where(mask, x - mean[:, None], 0.0)
+    return mean, tl.sum(xc * xc, axis=1) / D
+  return tl.zeros((x.shape[0],), tl.float32), tl.sum(x * x, axis=1) / D
+
+
+@triton.jit
+def _row_shift(x_ptr, rows, row_ok, D: tl.constexpr, NEEDED: tl.constexpr):
+  """Each row's first element (float32), or zeros where not NEEDED."""
+  if NEEDED:
+    return tl.load(x_ptr + rows.to(tl.int64) * D, mask=row_ok, other=0.0).to(tl.float32)
+  return tl.zeros(rows.shape, tl.float32)
+
+
+@triton.jit
 def layer_norm_fwd(
   x_ptr,
   scale_ptr,
@@ -33,6 +68,7 @@ def layer_norm_fwd(
   HAS_SCALE: tl.constexpr,
   HAS_OFFSET: tl.constexpr,
   SUBTRACT_MEAN: tl.constexpr,
+  ONE_PASS: tl.constexpr = False,
 ):
   rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
   cols = tl.arange(0, BLOCK_D)
@@ -41,15 +77,10 @@ def layer_norm_fwd(
   mask = row_ok[:, None] & col_ok[None, :]
   offs = rows[:, None].to(tl.int64) * D + cols[None, :]
   x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-  if SUBTRACT_MEAN:
-    mean = tl.sum(x, axis=1) / D
-    xc = tl.where(mask, x - mean[:, None], 0.0)
-  else:
-    mean = tl.zeros((BLOCK_M,), tl.float32)
-    xc = x
-  var = tl.sum(xc * xc, axis=1) / D
+  shift = _row_shift(x_ptr, rows, row_ok, D, SUBTRACT_MEAN and ONE_PASS)
+  mean, var = _row_stats(x, mask, shift, D, SUBTRACT_MEAN, ONE_PASS)
   rstd = 1.0 / tl.sqrt(var + EPS)
-  y = xc * rstd[:, None]
+  y = (x - mean[:, None]) * rstd[:, None]
   if HAS_SCALE:
     w = tl.load(scale_ptr + cols, mask=col_ok, other=0.0).to(tl.float32) + SCALE_OFFSET
     y = y * w[None, :]
@@ -237,6 +268,7 @@ def _sum_rows(
 
 @triton.jit
 def _fwd_rows(
+  x_ptr,
   x_raw,
   w,
   b,
@@ -251,20 +283,17 @@ def _fwd_rows(
   BLOCK_M: tl.constexpr,
   EPS: tl.constexpr,
   SUBTRACT_MEAN: tl.constexpr,
+  ONE_PASS: tl.constexpr,
 ):
   """Normalises BLOCK_M loaded rows from `start`; stores y, mean and rstd."""
   rows = start + tl.arange(0, BLOCK_M)
   row_ok = rows < m
   mask = row_ok[:, None] & col_ok[None, :]
   x = x_raw.to(tl.float32)
-  if SUBTRACT_MEAN:
-    mean = tl.sum(x, axis=1) / D
-    xc = tl.where(mask, x - mean[:, None], 0.0)
-  else:
-    mean = tl.zeros((BLOCK_M,), tl.float32)
-    xc = x
-  rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / D + EPS)
-  y = xc * rstd[:, None] * w[None, :] + b[None, :]
+  shift = _row_shift(x_ptr, rows, row_ok, D, SUBTRACT_MEAN and ONE_PASS)
+  mean, var = _row_stats(x, mask, shift, D, SUBTRACT_MEAN, ONE_PASS)
+  rstd = 1.0 / tl.sqrt(var + EPS)
+  y = (x - mean[:, None]) * rstd[:, None] * w[None, :] + b[None, :]
   offs = rows[:, None].to(tl.int64) * D + cols[None, :]
   tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
   tl.store(mean_ptr + rows, mean, mask=row_ok)
@@ -289,6 +318,7 @@ def layer_norm_fwd_persistent(
   HAS_OFFSET: tl.constexpr,
   SUBTRACT_MEAN: tl.constexpr,
   STAGES: tl.constexpr = 0,
+  ONE_PASS: tl.constexpr = False,
 ):
   """Programs stride over row blocks, loading ahead of this block's math.
 
@@ -312,6 +342,7 @@ def layer_norm_fwd_persistent(
     for start in tl.range(pid * BLOCK_M, m, step, num_stages=STAGES):
       x_raw = _load_rows(x_ptr, start, m, cols, col_ok, D, BLOCK_M)
       _fwd_rows(
+        x_ptr,
         x_raw,
         w,
         b,
@@ -326,6 +357,7 @@ def layer_norm_fwd_persistent(
         BLOCK_M,
         EPS,
         SUBTRACT_MEAN,
+        ONE_PASS,
       )
   else:
     x_next = _load_rows(x_ptr, pid * BLOCK_M, m, cols, col_ok, D, BLOCK_M)
@@ -333,6 +365,7 @@ def layer_norm_fwd_persistent(
       x_raw = x_next
       x_next = _load_rows(x_ptr, start + step, m, cols, col_ok, D, BLOCK_M)
       _fwd_rows(
+        x_ptr,
         x_raw,
         w,
         b,
@@ -347,4 +380,5 @@ def layer_norm_fwd_persistent(
         BLOCK_M,
         EPS,
         SUBTRACT_MEAN,
+        ONE_PASS,
       )
