@@ -202,30 +202,53 @@ def bwd_padding(config: MosaicAttentionConfig) -> tuple[int, int]:
   )
 
 
-_BWD_FIELDS = (
-  "dq_block_q",
-  "dq_block_kv",
-  "dq_num_stages",
-  "bwd_block_q",
-  "bwd_block_kv",
-  "bwd_num_stages",
-)
-# The backward config the heuristic picks per head dim, in `_BWD_FIELDS` order:
-# (dq kernel: block_q, block_kv, slots; dk/dv kernel: block_q, block_kv, slots).
-# H64 and H128 stream 128 keys per dq step (and H64 128-query blocks in dk/dv):
-# fewer, larger steps. H256 streams 32-row blocks in both kernels, the largest
-# whose score tiles fit the registers without spills; at H64 and H128 32-row
-# blocks are slower. Timings: docs/perf.md (Attention).
-_BWD_HEURISTICS: dict[int, tuple[int, ...]] = {
-  64: (64, 128, 2, 128, 64, 2),
-  128: (64, 128, 2, 64, 64, 2),
-  256: (64, 32, 3, 32, 64, 3),
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BwdBlocks:
+  """The backward fields of `MosaicAttentionConfig`: blocks and slots of both kernels."""
+
+  dq_block_q: int
+  dq_block_kv: int
+  dq_num_stages: int
+  bwd_block_q: int
+  bwd_block_kv: int
+  bwd_num_stages: int
+
+  def apply(self, config: MosaicAttentionConfig) -> MosaicAttentionConfig:
+    """`config` with these backward fields."""
+    return dataclasses.replace(config, **dataclasses.asdict(self))
+
+
+# The backward blocks the heuristic picks per head dim. H64 and H128 stream 128
+# keys per dq step (and H64 128-query blocks in dk/dv): fewer, larger steps.
+# H256 streams 32-row blocks in both kernels, the largest whose score tiles fit
+# the registers without spills; at H64 and H128 32-row blocks are slower.
+# Timings: docs/perf.md (Attention).
+_BWD_HEURISTICS: dict[int, BwdBlocks] = {
+  64: BwdBlocks(
+    dq_block_q=64,
+    dq_block_kv=128,
+    dq_num_stages=2,
+    bwd_block_q=128,
+    bwd_block_kv=64,
+    bwd_num_stages=2,
+  ),
+  128: BwdBlocks(
+    dq_block_q=64,
+    dq_block_kv=128,
+    dq_num_stages=2,
+    bwd_block_q=64,
+    bwd_block_kv=64,
+    bwd_num_stages=2,
+  ),
+  256: BwdBlocks(
+    dq_block_q=64,
+    dq_block_kv=32,
+    dq_num_stages=3,
+    bwd_block_q=32,
+    bwd_block_kv=64,
+    bwd_num_stages=3,
+  ),
 }
-
-
-def bwd_config(config: MosaicAttentionConfig, values: tuple[int, ...]) -> MosaicAttentionConfig:
-  """`config` with the backward fields set to `values` (`_BWD_FIELDS` order)."""
-  return dataclasses.replace(config, **dict(zip(_BWD_FIELDS, values, strict=True)))
 
 
 def bwd_variants(base: MosaicAttentionConfig, head_dim: int) -> list[MosaicAttentionConfig]:
@@ -240,8 +263,20 @@ def bwd_variants(base: MosaicAttentionConfig, head_dim: int) -> list[MosaicAtten
   stages = (1, 2, 3) if head_dim > 128 else (2, 3)
   held, streamed = _BWD_HELD_BLOCKS, _BWD_STREAMED_BLOCKS
   seen = {}
-  candidates = itertools.product(held, streamed, stages, streamed, held, stages)
-  for config in [base, *(bwd_config(base, v) for v in candidates)]:
+  candidates = (
+    BwdBlocks(
+      dq_block_q=dq_q,
+      dq_block_kv=dq_kv,
+      dq_num_stages=dq_s,
+      bwd_block_q=kv_q,
+      bwd_block_kv=kv_kv,
+      bwd_num_stages=kv_s,
+    ).apply(base)
+    for dq_q, dq_kv, dq_s, kv_q, kv_kv, kv_s in itertools.product(
+      held, streamed, stages, streamed, held, stages
+    )
+  )
+  for config in [base, *candidates]:
     if bwd_config_reason(config, head_dim) is None:
       p_dq, passes = _bwd_kernel_params(config, head_dim)
       seen.setdefault((p_dq, tuple(passes)), config)
@@ -341,7 +376,7 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
     )
     while config.block_kv > 64 and not _stages_extras(config, args):
       config = dataclasses.replace(config, block_kv=config.block_kv // 2)
-    return bwd_config(config, _BWD_HEURISTICS[h])
+    return _BWD_HEURISTICS[h].apply(config)
 
   def _get_autotuning_configs(
     self, args: attention_spec.AttentionArgs
