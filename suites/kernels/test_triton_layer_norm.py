@@ -270,6 +270,26 @@ def test_gpu_matches_reference_with_gradients(case, dtype):
     assert compare.relative_error(g, rg) <= limit, name
 
 
+@pytest.mark.requires("triton")
+@pytest.mark.parametrize("case", [c for c in GPU_CASES if c.subtract_mean])
+def test_gpu_one_pass_forward_matches_reference(case):
+  """The one-pass statistics (an autotuning candidate) on the device, at mean 50."""
+  if (reason := triton_call.unavailable_reason()) is not None:
+    pytest.skip(reason)
+  x, scale, offset, _ = _inputs(
+    case.shape, case.axis, "bfloat16", case.has_scale, case.has_offset, seed=2
+  )
+  x = x + jnp.asarray(50, x.dtype)
+  kw = dict(axis=case.axis, scale_offset=case.scale_offset, subtract_mean=True)
+  record = spec.canonicalize(x, scale, offset, **kw)
+  config = dataclasses.replace(OP._get_heuristics_config(record), fwd_one_pass=True)
+  out = jax.jit(
+    lambda x, s, o: api.layer_norm(x, s, o, implementation=OP.with_config(config), **kw)
+  )(x, scale, offset)
+  ref = references.high_precision(references.layer_norm)(x, scale, offset, epsilon=1e-6, **kw)
+  assert compare.relative_error(out, ref) <= 5e-3
+
+
 def test_compiles_after_jax_triton_empties_the_triton_cache_dir(monkeypatch):
   """Importing jax-triton sets TRITON_CACHE_DIR to ""; compiling must still work."""
   monkeypatch.setenv("TRITON_CACHE_DIR", "")
