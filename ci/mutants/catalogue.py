@@ -626,10 +626,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.triton_layer_norm_mask",
     "src/tokamax/_src/ops/normalization/triton_layer_norm.py",
-    "    mean = tl.sum(x, axis=1) / D\n    xc = tl.where(mask, x - mean[:, None], 0.0)\n"
-    "  else:\n    mean = tl.zeros((BLOCK_M,), tl.float32)\n    xc = x\n  var",
-    "    mean = tl.sum(x, axis=1) / D\n    xc = x - mean[:, None]\n"
-    "  else:\n    mean = tl.zeros((BLOCK_M,), tl.float32)\n    xc = x\n  var",
+    "    mean = tl.sum(x, axis=1) / D\n    xc = tl.where(mask, x - mean[:, None], 0.0)\n",
+    "    mean = tl.sum(x, axis=1) / D\n    xc = x - mean[:, None]\n",
     _matrix("test_forward and layer_norm and triton] and plain and float32"),
     "Triton LayerNorm forward: padded columns count in the variance.",
   ),
@@ -1079,8 +1077,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "layer_norm.triton_epsilon_outside_sqrt",
     "src/tokamax/_src/ops/normalization/triton_layer_norm.py",
-    "  rstd = 1.0 / tl.sqrt(var + EPS)",
-    "  rstd = 1.0 / (tl.sqrt(var) + EPS)",
+    "  rstd = 1.0 / tl.sqrt(var + EPS)\n  y = (x - mean[:, None]) * rstd[:, None]\n",
+    "  rstd = 1.0 / (tl.sqrt(var) + EPS)\n  y = (x - mean[:, None]) * rstd[:, None]\n",
     _matrix("test_forward and layer_norm and triton] and large_epsilon and float32"),
     "Triton LayerNorm forward: epsilon added outside the square root (visible only for a"
     " large epsilon).",
