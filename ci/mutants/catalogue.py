@@ -59,6 +59,7 @@ _TPU_ATTENTION_CASE = _TPU_ATTENTION + "::test_interpret_matches_reference_with_
 _TPU_LOSS = "suites/kernels/test_tpu_loss.py"
 _TPU_LOSS_KERNEL = _LOSS + "mosaic_tpu_kernel.py"
 _KERNEL_SHARDING = "suites/core/test_kernel_sharding.py"
+_BAD_INPUT = "suites/core/test_bad_input.py"
 
 MUTATIONS: tuple[Mutation, ...] = (
   # --- The harness itself ------------------------------------------------------
@@ -1140,6 +1141,136 @@ MUTATIONS: tuple[Mutation, ...] = (
     "  rivals = dict(named)",
     ("suites/history/test_bench_run.py", "-k", "fastest"),
     "bench.run holds None's training step to cuDNN, whose nondeterministic backward None never picks.",
+  ),
+  # --- Argument checks, output dtypes, benchmarking and the comparators --------------
+  Mutation(
+    "attention.key_batch_dims_unchecked",
+    _ATTENTION + "spec.py",
+    "    if tuple(x.shape[:-3]) != batch_shape:",
+    "    if len(x.shape[:-3]) != len(batch_shape):",
+    (_BAD_INPUT, "-k", "key_batch_dims"),
+    "Keys or values whose batch dims differ from the query's (same count) are not rejected.",
+  ),
+  Mutation(
+    "attention.value_heads_unchecked",
+    _ATTENTION + "spec.py",
+    "  if v.shape[-3:-1] != (s, kh):",
+    "  if v.shape[-3] != s:",
+    (_BAD_INPUT, "-k", "value_heads"),
+    "Values with another head count than the keys are not rejected.",
+  ),
+  Mutation(
+    "attention.mask_shape_unchecked",
+    _ATTENTION + "spec.py",
+    '    validation.broadcastable("mask", mask.shape, target, LAYOUT)',
+    "    pass",
+    (_BAD_INPUT, "-k", "mask_shape"),
+    "A mask that does not broadcast to [*B, N, T, S] is not rejected by name.",
+  ),
+  Mutation(
+    "attention.lengths_shape_unchecked",
+    _ATTENTION + "spec.py",
+    '      validation.broadcastable(name, x.shape, batch_shape, "[*#B]")',
+    "      pass",
+    (_BAD_INPUT, "-k", "lengths_shape"),
+    "Sequence lengths that do not broadcast to the batch dims are not rejected by name.",
+  ),
+  Mutation(
+    "attention.zero_soft_cap_accepted",
+    _ATTENTION + "spec.py",
+    "  if logits_soft_cap is not None and not logits_soft_cap > 0:",
+    "  if logits_soft_cap is not None and logits_soft_cap < 0:",
+    (_BAD_INPUT, "-k", "soft_cap"),
+    "logits_soft_cap=0 is accepted (the logits become 0 * tanh(x / 0): NaN).",
+  ),
+  Mutation(
+    "validation.broadcast_rank_growth",
+    "src/tokamax/_src/validation.py",
+    "  if len(shape) > len(target) or any(",
+    "  if any(",
+    (_BAD_INPUT, "-k", "extra_leading_dim"),
+    "An array with more dims than the target passes the broadcast check (its extra leading"
+    " dims are never compared).",
+  ),
+  Mutation(
+    "glu.pair_k_unchecked",
+    "src/tokamax/_src/ops/gated_linear_unit/spec.py",
+    "      if w.ndim != 2 or w.shape[0] != k:",
+    "      if w.ndim != 2:",
+    (_BAD_INPUT, "-k", "glu"),
+    "A (w_gate, w_up) pair whose K differs from x's is not rejected by name.",
+  ),
+  Mutation(
+    "glu.pair_length_unchecked",
+    "src/tokamax/_src/ops/gated_linear_unit/spec.py",
+    "    if len(weights) != 2:",
+    "    if len(weights) < 2:",
+    (_BAD_INPUT, "-k", "glu"),
+    "Three weight matrices are accepted as a (w_gate, w_up) pair.",
+  ),
+  Mutation(
+    "ragged_dot.group_offset_shape_unchecked",
+    _RAGGED + "spec.py",
+    "    if group_offset.shape not in ((), (1,)):",
+    "    if group_offset.ndim > 1:",
+    (_BAD_INPUT, "-k", "group_offset_shape"),
+    "A group_offset of several entries is not rejected by name.",
+  ),
+  Mutation(
+    "ragged_dot.local_groups_unchecked",
+    _RAGGED + "spec.py",
+    "    if local > g_all:",
+    "    if False:",
+    (_BAD_INPUT, "-k", "local_groups"),
+    "With a group offset, more local groups than group_sizes has are accepted.",
+  ),
+  Mutation(
+    "ragged_dot.contracting_rows_unchecked",
+    _RAGGED + "spec.py",
+    "    if rhs.shape[0] != m:",
+    "    if rhs.shape[0] > m:",
+    (_BAD_INPUT, "-k", "contracting_rows"),
+    "Ragged contracting: an rhs with fewer rows than lhs is not rejected by name.",
+  ),
+  Mutation(
+    "ragged_dot.mixed_dtypes_accepted",
+    _RAGGED + "spec.py",
+    "  validation.same_dtype(lhs=lhs, rhs=rhs)",
+    "  validation.same_dtype(lhs=lhs)",
+    (_BAD_INPUT, "-k", "ragged_mixed"),
+    "lhs and rhs of different dtypes are accepted.",
+  ),
+  Mutation(
+    "ragged_dot.representative_length_unchecked",
+    _RAGGED + "spec.py",
+    "  if representative is not None and len(representative) != group_sizes.shape[0]:",
+    "  if representative is not None and len(representative) < group_sizes.shape[0]:",
+    (_BAD_INPUT, "-k", "representative"),
+    "RaggedDotGroupSizes whose representative_value has more entries than groups is accepted.",
+  ),
+  Mutation(
+    "loss.labels_length_unchecked",
+    _LOSS + "spec.py",
+    "  if labels.shape[0] != x.shape[0]:",
+    "  if labels.shape[0] > x.shape[0]:",
+    (_BAD_INPUT, "-k", "label_count"),
+    "Fewer labels than rows of x are not rejected by name.",
+  ),
+  Mutation(
+    "loss.negative_labels_accepted",
+    _LOSS + "spec.py",
+    "    if values.size and (values.min() < 0 or values.max() >= weights.shape[1]):",
+    "    if values.size and values.max() >= weights.shape[1]:",
+    (_BAD_INPUT, "-k", "label"),
+    "Negative labels are accepted (and clipped to column 0).",
+  ),
+  Mutation(
+    "loss.mixed_dtypes_accepted",
+    _LOSS + "spec.py",
+    "  validation.same_dtype(x=x, weights=weights)",
+    "  validation.same_dtype(x=x)",
+    (_BAD_INPUT, "-k", "loss_mixed"),
+    "x and weights of different dtypes are accepted.",
   ),
 )
 

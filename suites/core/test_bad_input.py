@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 import tokamax
+from tokamax._src.ops.ragged_dot import spec as ragged_spec
 
 f32 = jnp.float32
 Q = jnp.ones((2, 8, 4, 16), f32) * 0.5
@@ -54,6 +55,28 @@ CASES = {
     "query_seq_lengths",
   ),
   "attention_soft_cap": (lambda: attn(logits_soft_cap=-1.0), ValueError, "logits_soft_cap"),
+  "attention_zero_soft_cap": (lambda: attn(logits_soft_cap=0.0), ValueError, "logits_soft_cap"),
+  "attention_key_batch_dims": (
+    lambda: attn(key=jnp.ones((3, 8, 4, 16)), value=jnp.ones((3, 8, 4, 16))),
+    ValueError,
+    "`key` batch dims",
+  ),
+  "attention_value_heads": (lambda: attn(value=jnp.ones((2, 8, 2, 16))), ValueError, "value"),
+  "attention_mask_shape": (
+    lambda: attn(mask=jnp.ones((2, 4, 8, 5), bool)),
+    ValueError,
+    "`mask`",
+  ),
+  "attention_bias_extra_leading_dim": (
+    lambda: attn(bias=jnp.ones((3, 2, 4, 8, 8))),
+    ValueError,
+    "`bias`",
+  ),
+  "attention_lengths_shape": (
+    lambda: attn(key_value_seq_lengths=jnp.array([3, 4, 5])),
+    ValueError,
+    "`key_value_seq_lengths`",
+  ),
   "norm_scale_shape": (
     lambda: tokamax.layer_norm(jnp.ones((4, 8)), jnp.ones(7), None),
     ValueError,
@@ -83,6 +106,16 @@ CASES = {
     lambda: tokamax.gated_linear_unit(jnp.ones((4, 8)), (jnp.ones((8, 5)), jnp.ones((8, 4)))),
     ValueError,
     "w_gate",
+  ),
+  "glu_pair_k": (
+    lambda: tokamax.gated_linear_unit(jnp.ones((4, 8)), (jnp.ones((6, 5)), jnp.ones((6, 5)))),
+    ValueError,
+    "`weights",
+  ),
+  "glu_three_weights": (
+    lambda: tokamax.gated_linear_unit(jnp.ones((4, 8)), (jnp.ones((8, 5)),) * 3),
+    ValueError,
+    "`weights`",
   ),
   "glu_activation": (
     lambda: tokamax.gated_linear_unit(jnp.ones((4, 8)), jnp.ones((8, 2, 5)), activation="swish"),
@@ -124,6 +157,46 @@ CASES = {
     NotImplementedError,
     "ragged_dot_dimension_numbers",
   ),
+  "ragged_mixed_dtypes": (
+    lambda: tokamax.ragged_dot(
+      jnp.ones((6, 4)), jnp.ones((2, 4, 5), jnp.bfloat16), jnp.array([2, 4])
+    ),
+    TypeError,
+    "dtype",
+  ),
+  "ragged_group_offset_shape": (
+    lambda: tokamax.ragged_dot(
+      jnp.ones((6, 4)), jnp.ones((2, 4, 5)), jnp.array([2, 4]), group_offset=jnp.array([0, 1])
+    ),
+    ValueError,
+    "`group_offset`",
+  ),
+  "ragged_more_local_groups_than_sizes": (
+    lambda: tokamax.ragged_dot(
+      jnp.ones((6, 4)), jnp.ones((3, 4, 5)), jnp.array([2, 4]), group_offset=jnp.array([0])
+    ),
+    ValueError,
+    "`group_sizes`",
+  ),
+  "ragged_contracting_rows": (
+    lambda: tokamax.ragged_dot_general(
+      jnp.ones((6, 4)),
+      jnp.ones((4, 5)),
+      jnp.array([2, 4]),
+      ragged_spec.dimension_numbers(ragged_spec.RAGGED_CONTRACTING),
+    ),
+    ValueError,
+    "`rhs`",
+  ),
+  "ragged_representative_length": (
+    lambda: tokamax.ragged_dot(
+      jnp.ones((6, 4)),
+      jnp.ones((2, 4, 5)),
+      tokamax.RaggedDotGroupSizes(jnp.array([2, 4]), (2, 2, 2)),
+    ),
+    ValueError,
+    "representative_value",
+  ),
   "loss_reduction": (
     lambda: tokamax.linear_softmax_cross_entropy_loss(
       jnp.ones((4, 8)), jnp.zeros(4, jnp.int32), jnp.ones((8, 5)), reduction="max"
@@ -151,6 +224,27 @@ CASES = {
     ),
     ValueError,
     "weights",
+  ),
+  "loss_label_count": (
+    lambda: tokamax.linear_softmax_cross_entropy_loss(
+      jnp.ones((4, 8)), jnp.zeros(3, jnp.int32), jnp.ones((8, 5))
+    ),
+    ValueError,
+    "`labels`",
+  ),
+  "loss_negative_label": (
+    lambda: tokamax.linear_softmax_cross_entropy_loss(
+      jnp.ones((4, 8)), jnp.array([0, -1, 2, 1]), jnp.ones((8, 5))
+    ),
+    ValueError,
+    "`labels`",
+  ),
+  "loss_mixed_dtypes": (
+    lambda: tokamax.linear_softmax_cross_entropy_loss(
+      jnp.ones((4, 8), jnp.bfloat16), jnp.zeros(4, jnp.int32), jnp.ones((8, 5))
+    ),
+    TypeError,
+    "dtype",
   ),
 }
 
