@@ -1184,6 +1184,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     "logits_soft_cap=0 is accepted (the logits become 0 * tanh(x / 0): NaN).",
   ),
   Mutation(
+    "attention.bias_batch_dims_padded_right",
+    _ATTENTION + "spec.py",
+    "  lead = (1,) * (len(batch_shape) - len(lead)) + tuple(lead)",
+    "  lead = tuple(lead) + (1,) * (len(batch_shape) - len(lead))",
+    ("suites/core/test_attention.py", "-k", "fewer_batch_dims"),
+    "A bias or mask with fewer batch dims than the query aligns them on the left, not the right.",
+  ),
+  Mutation(
+    "attention.scale_default_value_dim",
+    _ATTENTION + "spec.py",
+    "    scale = 1.0 / math.sqrt(h)",
+    "    scale = 1.0 / math.sqrt(v.shape[-1])",
+    ("suites/core/test_attention.py", "-k", "value_head_dim_differs and xla]"),
+    "The default scale from the value head dim instead of the query's.",
+  ),
+  Mutation(
     "validation.broadcast_rank_growth",
     "src/tokamax/_src/validation.py",
     "  if len(shape) > len(target) or any(",

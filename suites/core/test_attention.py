@@ -54,6 +54,10 @@ CASES = [
   Case("bias_bcast_cols", bias=(2, 4, 24, 1)),
   Case("bias_no_batch_dims", bias=(4, 24, 24)),
   Case("bias_two_batch_dims", batch=(2, 3), t=12, s=12, bias=(1, 3, 1, 12, 12)),
+  # Fewer batch dims than the query: they align with its last batch dims (numpy broadcasting).
+  Case(
+    "bias_mask_fewer_batch_dims", batch=(2, 3), t=12, s=12, bias=(3, 4, 12, 12), mask=(3, 1, 1, 12)
+  ),
   Case("mask_full", mask=(2, 4, 24, 24)),
   Case("mask_bcast", mask=(1, 1, 24, 24)),
   Case("mask_bcast_heads_rows", mask=(2, 1, 1, 24)),
