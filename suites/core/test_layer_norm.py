@@ -1,6 +1,8 @@
 """layer_norm against the float64 reference."""
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import tokamax
@@ -12,6 +14,7 @@ CASES = {
   "axis0": dict(shape=(19, 5), axis=0),
   "axis_middle_3d": dict(shape=(3, 21, 4), axis=1),
   "negative_axis": dict(shape=(3, 4, 9), axis=-2),
+  "axis_minus_ndim": dict(shape=(19, 5), axis=-2),
   "no_scale": dict(shape=(4, 33), scale=False),
   "no_offset": dict(shape=(4, 33), offset=False),
   "neither": dict(shape=(4, 33), scale=False, offset=False),
@@ -20,6 +23,7 @@ CASES = {
     shape=(4, 33), scale=False, scale_offset=0.5, subtract_mean=False
   ),
   "epsilon": dict(shape=(4, 16), epsilon=0.3),
+  "zero_epsilon": dict(shape=(4, 16), epsilon=0.0),
   "vector": dict(shape=(50,)),
   # A mean that dwarfs the spread: one-pass variances (E[x^2] - E[x]^2) cancel there.
   "large_mean": dict(shape=(6, 64), mean=100.0),
@@ -57,3 +61,24 @@ def test_forward_and_gradient(name, impl, inputs):
   assert_matches(grads[0], ref_grads[0], what="dx")
   for key in params:
     assert_matches(grads[1][key], ref_grads[1][key], what=f"d{key}")
+
+
+@pytest.mark.parametrize("impl", ("xla", None))
+@pytest.mark.parametrize("subtract_mean", (True, False), ids=("layernorm", "rmsnorm"))
+@pytest.mark.parametrize("dtype", (jnp.bfloat16, jnp.float16))
+def test_16_bit_inputs_give_outputs_of_their_dtype(dtype, subtract_mean, impl, inputs):
+  """The output has x's dtype (statistics run in float32 inside), value and gradient."""
+  x = (inputs.normal((5, 40)) + 0.5).astype(dtype)
+  scale, offset = inputs.normal((40,)).astype(dtype), inputs.normal((40,)).astype(dtype)
+
+  def run(x):
+    return tokamax.layer_norm(x, scale, offset, subtract_mean=subtract_mean, implementation=impl)
+
+  out, vjp = jax.vjp(run, x)
+  assert out.dtype == dtype
+  assert vjp(jnp.ones_like(out))[0].dtype == dtype
+  ref = references.high_precision(references.layer_norm)(
+    x, scale, offset, subtract_mean=subtract_mean
+  )
+  # One rounding to the 16-bit dtype (8 or 11 significant bits) of O(1) values.
+  np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=1e-2, atol=3e-2)
