@@ -1257,6 +1257,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Three weight matrices are accepted as a (w_gate, w_up) pair.",
   ),
   Mutation(
+    "ragged_dot.preferred_element_type_ignored",
+    _RAGGED + "spec.py",
+    "  out_dtype = np.dtype(preferred_element_type) if preferred_element_type is not None"
+    " else lhs.dtype",
+    "  out_dtype = lhs.dtype",
+    ("suites/core/test_ragged_dot.py", "-k", "preferred"),
+    "preferred_element_type is ignored: the output has the inputs' dtype.",
+  ),
+  Mutation(
     "ragged_dot.group_offset_shape_unchecked",
     _RAGGED + "spec.py",
     "    if group_offset.shape not in ((), (1,)):",

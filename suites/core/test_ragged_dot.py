@@ -89,3 +89,17 @@ def test_generated_sizes_are_uneven_and_can_be_empty():
   assert sizes.sum() == 4096
   assert (sizes == 0).sum() >= 4
   assert sizes.max() > 2 * sizes[sizes > 0].min()
+
+
+@pytest.mark.parametrize("preferred", (None, jnp.float32), ids=("default", "float32"))
+def test_preferred_element_type_is_the_output_dtype(preferred, inputs):
+  """bfloat16 inputs: the output is bfloat16 by default, float32 when asked for (and then
+  holds the float32-accumulated products, not their bfloat16 rounding)."""
+  sizes = jnp.array([10, 0, 17, 3, 15], jnp.int32)
+  lhs = inputs.normal((M, K)).astype(jnp.bfloat16)
+  rhs = inputs.normal((5, K, N)).astype(jnp.bfloat16)
+  out = tokamax.ragged_dot(lhs, rhs, sizes, preferred_element_type=preferred)
+  assert out.dtype == (jnp.bfloat16 if preferred is None else jnp.float32)
+  ref = references.high_precision(references.ragged_dot_general)(lhs, rhs, sizes, "default")
+  if preferred is not None:
+    assert_matches(out, ref)
