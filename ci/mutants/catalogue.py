@@ -1329,6 +1329,31 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_BAD_INPUT, "-k", "loss_mixed"),
     "x and weights of different dtypes are accepted.",
   ),
+  Mutation(
+    "bench.vjp_cotangents_need_a_seed",
+    "src/tokamax/_src/benchmarking.py",
+    "    1 + (seed or 0),",
+    "    seed,",
+    ("suites/tooling/test_benchmarking.py", "-k", "needs_no_seed"),
+    'standardize_function(mode="vjp", seed=None) fails on concrete arrays: the random'
+    " cotangents take the (absent) seed.",
+  ),
+  Mutation(
+    "bench.one_key_for_every_leaf",
+    "src/tokamax/_src/benchmarking.py",
+    "    random_array(jax.random.fold_in(root, i), x.shape, x.dtype)",
+    "    random_array(root, x.shape, x.dtype)",
+    ("suites/tooling/test_benchmarking.py", "-k", "different_values"),
+    "Every ShapeDtypeStruct of one shape gets the same random values (q = k = v).",
+  ),
+  Mutation(
+    "bench.single_iteration_rejected",
+    "src/tokamax/_src/benchmarking.py",
+    "  if iterations < 1:",
+    "  if iterations <= 1:",
+    ("suites/tooling/test_benchmarking.py", "-k", "one_iteration"),
+    "benchmark(iterations=1) is rejected.",
+  ),
 )
 
 

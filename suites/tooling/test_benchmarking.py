@@ -57,6 +57,28 @@ def test_vjp_mode_takes_random_cotangents():
   np.testing.assert_allclose(np.asarray(dw), x64.T @ g64, rtol=1e-4, atol=1e-5)
 
 
+def test_vjp_mode_of_concrete_arrays_needs_no_seed():
+  """seed=None (concrete arrays only): the random cotangents are still drawn."""
+  x, w = inputs()
+  fn, douts = tokamax.standardize_function(
+    matmul, x, w, kwargs={"scale": 1.0}, mode="vjp", seed=None
+  )
+  ((dx, dw),) = jax.jit(fn)(douts)
+  (g,) = douts
+  assert g.shape == (8, 4) and float(jnp.std(g)) > 0.5
+  g64, x64, w64 = (np.asarray(a, np.float64) for a in (g, x, w))
+  np.testing.assert_allclose(np.asarray(dx), g64 @ w64.T, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(dw), x64.T @ g64, rtol=1e-4, atol=1e-5)
+
+
+def test_shape_dtype_structs_of_one_shape_get_different_values():
+  """q, k and v given as one ShapeDtypeStruct each are three different random arrays."""
+  spec = jax.ShapeDtypeStruct((16, 8), jnp.float32)
+  _, (q, k, v) = tokamax.standardize_function(lambda q, k, v: q, spec, spec, spec)
+  for a, b in ((q, k), (q, v), (k, v)):
+    assert not np.array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_forward_res_returns_the_residuals():
   x = inputs()[0]
   fn, arrays = tokamax.standardize_function(jnp.tanh, x, mode="forward_res")
@@ -120,3 +142,9 @@ def test_benchmark_rejects_what_it_cannot_do():
     tokamax.benchmark(jnp.sin, x, method="xprof")
   with pytest.raises(ValueError, match="iterations"):
     tokamax.benchmark(jnp.sin, x, iterations=0)
+
+
+def test_benchmark_of_one_iteration():
+  data = tokamax.benchmark(jnp.sin, jnp.ones((4,), jnp.float32), iterations=1, method="wallclock")
+  assert len(data.evaluation_times_ms) == 1
+  assert data.median_evaluation_time_ms == data.evaluation_times_ms[0] > 0
