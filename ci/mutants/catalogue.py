@@ -1354,6 +1354,31 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/tooling/test_benchmarking.py", "-k", "one_iteration"),
     "benchmark(iterations=1) is rejected.",
   ),
+  Mutation(
+    "harness.shape_mismatch_broadcasts",
+    _COMPARE,
+    "  if a.shape != e.shape:\n    msg",
+    "  if a.ndim != e.ndim:\n    msg",
+    (_COTANGENTS, "-k", "another_shape"),
+    "An output of another shape (of the same rank) is compared by broadcasting.",
+  ),
+  Mutation(
+    "harness.assert_finite_misses_inf",
+    _COMPARE,
+    "    if not np.isfinite(v).all():",
+    "    if np.isnan(v).any():",
+    (_COTANGENTS, "-k", "assert_finite"),
+    "assert_finite lets Inf through.",
+  ),
+  Mutation(
+    "harness.bitwise_equal_by_value",
+    _COMPARE,
+    "    if not np.array_equal(x.reshape(-1).view(np.uint8), y.reshape(-1).view(np.uint8)):",
+    "    if not np.array_equal(x, y):",
+    (_COTANGENTS, "-k", "bitwise"),
+    "The determinism check compares values, not bits: 0.0 equals -0.0 and a NaN fails"
+    " against itself.",
+  ),
 )
 
 

@@ -69,6 +69,35 @@ def test_nan_in_one_leaf_of_a_pytree_names_the_leaf():
   assert "res['out']" not in str(failure.value)
 
 
+def test_another_shape_fails_even_where_it_broadcasts():
+  e = _expected()
+  a = e[:1]  # [1, 8] against [8, 8]: broadcasting would compare row 0 with every row.
+  e_same = np.broadcast_to(a, e.shape)
+  report = compare.compare(a, e_same, tol=LOOSE)
+  assert not report.ok and "shape" in report.message
+  with pytest.raises(AssertionError, match="shape"):
+    compare.assert_close(a, e_same, tol=LOOSE)
+  assert compare.relative_error(a, e_same) == math.inf
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_assert_finite_catches_every_nonfinite_value(bad):
+  a = _expected().copy()
+  compare.assert_finite(a)
+  a[3, 5] = bad
+  with pytest.raises(AssertionError, match=r"\(3, 5\)"):
+    compare.assert_finite(a, name="out")
+
+
+def test_assert_bitwise_equal_compares_bits():
+  a = np.array([0.0, 1.0, np.nan], np.float32)
+  compare.assert_bitwise_equal(a, a.copy())  # The same NaN bits are equal.
+  with pytest.raises(AssertionError, match="not deterministic"):
+    compare.assert_bitwise_equal(a, np.array([-0.0, 1.0, np.nan], np.float32))
+  with pytest.raises(AssertionError, match="not deterministic"):
+    compare.assert_bitwise_equal(a, np.nextafter(a, np.float32(2)))
+
+
 # --- Every cotangent --------------------------------------------------------------
 
 
