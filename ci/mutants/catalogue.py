@@ -448,6 +448,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     "One-pass statistics without the shift: E[x^2] - E[x]^2 cancels where the mean is large.",
   ),
   Mutation(
+    "glu.output_in_float32",
+    "src/tokamax/_src/ops/gated_linear_unit/spec.py",
+    "  return (gate * up).astype(args.x.dtype)",
+    "  return (gate * up).astype(jnp.float32)",
+    ("suites/core/test_gated_linear_unit.py", "-k", "bfloat16"),
+    "The XLA gated linear unit returns float32 for bfloat16 inputs.",
+  ),
+  Mutation(
+    "loss.dx_not_cast",
+    "src/tokamax/_src/ops/linear_softmax_cross_entropy_loss/xla.py",
+    '      "x": _matmul(args, dlogits, args.weights.T).astype(args.x.dtype),',
+    '      "x": _matmul(args, dlogits, args.weights.T),',
+    ("suites/core/test_loss.py", "-k", "bfloat16"),
+    "The XLA loss's dx keeps the matmul's dtype instead of x's.",
+  ),
+  Mutation(
     "glu.activation_on_up",
     "src/tokamax/_src/ops/gated_linear_unit/spec.py",
     "    gate, up = (dot(w) for w in args.weights)",

@@ -1,6 +1,8 @@
 """gated_linear_unit against the float64 reference."""
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import tokamax
@@ -36,3 +38,28 @@ def test_forward_and_gradient(x_shape, activation, fused, impl, inputs):
   assert_matches(grads[0], ref_grads[0], what="dx")
   for g, r in zip(jax.tree.leaves(grads[1]), jax.tree.leaves(ref_grads[1]), strict=True):
     assert_matches(g, r, what="dweights")
+
+
+@pytest.mark.parametrize("impl", ("xla", None))
+@pytest.mark.parametrize("fused", (True, False), ids=("fused", "pair"))
+def test_bfloat16_inputs_give_bfloat16_outputs_and_gradients(fused, impl, inputs):
+  """The output and both cotangents have the inputs' dtype (float32 accumulation inside)."""
+  bf16 = jnp.bfloat16
+  x = inputs.normal((9, 32)).astype(bf16)
+  w = (
+    inputs.normal((32, 2, 16), 0.3).astype(bf16)
+    if fused
+    else tuple(inputs.normal((32, 16), 0.3).astype(bf16) for _ in range(2))
+  )
+
+  def run(x, w):
+    return tokamax.gated_linear_unit(x, w, activation=jax.nn.swish, implementation=impl)
+
+  out, vjp = jax.vjp(run, x, w)
+  assert out.dtype == bf16
+  dx, dw = vjp(jnp.ones_like(out))
+  assert dx.dtype == bf16
+  assert all(g.dtype == bf16 for g in jax.tree.leaves(dw))
+  ref = references.high_precision(references.gated_linear_unit)(x, w, activation=jax.nn.swish)
+  # One bfloat16 rounding (8 significant bits) of O(1) values, and the matmul's input roundings.
+  np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=2e-2, atol=2e-2)

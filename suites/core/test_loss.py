@@ -63,3 +63,27 @@ def test_row_max_and_sum_give_the_log_sum_exp(form):
   assert lse[5] == -np.inf
   single_max, single_total = form(jnp.array([[3.0]]))
   assert float(single_max[0] + jnp.log(single_total[0])) == 3.0
+
+
+@pytest.mark.parametrize("impl", ("xla", "chunked_xla", None))
+@pytest.mark.parametrize("reduction", ("sum", "mean", "none"))
+def test_bfloat16_inputs_give_a_float32_loss_and_bfloat16_gradients(reduction, impl, inputs):
+  """The loss is float32 (as documented); the cotangents have their inputs' dtype."""
+  bf16 = jnp.bfloat16
+  x, w = inputs.normal((8, 16)).astype(bf16), inputs.normal((16, 50), 0.5).astype(bf16)
+  labels = inputs.ints((8,), 0, 50)
+
+  def run(x, w):
+    return tokamax.linear_softmax_cross_entropy_loss(
+      x, labels, w, reduction=reduction, implementation=impl
+    )
+
+  out, vjp = jax.vjp(run, x, w)
+  assert out.dtype == jnp.float32
+  assert out.shape == ((8,) if reduction == "none" else ())
+  dx, dw = vjp(jnp.ones_like(out))
+  assert (dx.dtype, dw.dtype) == (bf16, bf16)
+  ref = references.high_precision(references.linear_softmax_cross_entropy_loss)(
+    x, labels, w, reduction=reduction
+  )
+  np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=1e-4, atol=1e-4)
