@@ -209,6 +209,65 @@ def test_platform_reason():
   assert "gpu" in mosaic.MosaicRaggedDot()._platform_reason("cpu", None)
 
 
+def test_group_row_bounds_clip_rows_before_past_m():
+  """Rows before the first group beyond M leave every group empty, at row M."""
+  sizes = jnp.array([3, 0, 4], jnp.int32)
+  starts, ends = spec.group_row_bounds(sizes, jnp.int32(10), 8)
+  np.testing.assert_array_equal(starts, [8, 8, 8])
+  np.testing.assert_array_equal(ends, [8, 8, 8])
+  # Partly past M: group 0 keeps rows 5..7 of its 3 + 4, the rest are cut at M = 8.
+  starts, ends = spec.group_row_bounds(jnp.array([2, 4], jnp.int32), jnp.int32(5), 8)
+  np.testing.assert_array_equal(starts, [5, 7])
+  np.testing.assert_array_equal(ends, [7, 8])
+
+
+def test_kernel_config_reasons_at_their_limits():
+  """The forward and drhs kernels' config checks, at the edge of each documented limit."""
+
+  def fwd(**kw):  # block_m 128, block_k 64; 128 columns keep 4 stages in shared memory.
+    return mosaic_fwd.MosaicRaggedDotFwdConfig(**{"block_n": 128, **kw})
+
+  m, n = 256, 256
+  # K of exactly num_stages blocks of 64 runs; one block fewer does not.
+  assert mosaic_fwd.config_reason(fwd(num_stages=4), m, 256, n, 2, 4) is None
+  assert "num_stages" in mosaic_fwd.config_reason(fwd(num_stages=4), m, 192, n, 2, 4)
+  # epi_n must divide block_n (stores of whole epilogue tiles).
+  assert mosaic_fwd.config_reason(fwd(epi_n=128), m, 512, n, 2, 4) is None
+  assert "epi_n" in mosaic_fwd.config_reason(fwd(epi_n=256), m, 512, n, 2, 4)
+  assert "epi_n" in mosaic_fwd.config_reason(fwd(epi_n=96), m, 512, n, 2, 4)
+  # Clusters of one or two CTAs only.
+  assert mosaic_fwd.config_reason(fwd(cluster=2), m, 512, n, 2, 4) is None
+  assert "cluster" in mosaic_fwd.config_reason(fwd(cluster=4), m, 512, n, 2, 4)
+  # The epilogue buffer holds block_m x epi_n elements of the output dtype: a float32
+  # output takes 2 bytes more per element than a bfloat16 one, the same input.
+  c = fwd(epi_n=128)
+  assert mosaic_fwd.smem_bytes(c, 2, 4) - mosaic_fwd.smem_bytes(c, 2, 2) == 128 * 128 * 2
+  drhs = mosaic_drhs.MosaicRaggedDotDrhsConfig
+  base = dict(block_n=64, block_m=64, num_stages=2, epi_n=64)
+  # A chunk alignment must be a multiple of 8 rows that divides block_m.
+  for align in (8, 32, 64):
+    assert mosaic_drhs.config_reason(drhs(**base, chunk_align=align), m, 128, 64, 2, 4) is None
+  for align in (12, 128):
+    reason = mosaic_drhs.config_reason(drhs(**base, chunk_align=align), m, 128, 64, 2, 4)
+    assert reason is not None and "chunk_align" in reason
+
+
+def test_backward_reason_names_the_unsupported_gradient():
+  """K=192 suits the forward kernel (3 blocks of 64) but not the drhs kernel, whose
+  K tiles are 128 rows: the rhs gradient cannot run; K=256 suits all three."""
+  impl = mosaic.MosaicRaggedDot(interpret=True)
+  sizes = jnp.array([64, 64], jnp.int32)
+  for k, supported in ((256, True), (192, False)):
+    lhs = jnp.ones((128, k), jnp.bfloat16)
+    record = spec.canonicalize(lhs, jnp.ones((2, k, 256), jnp.bfloat16), sizes)
+    assert impl._unsupported_reason(record) is None
+    reason = impl._bwd_unsupported_reason(record)
+    if supported:
+      assert reason is None
+    else:
+      assert reason is not None and reason.startswith("gradient of rhs") and "K=192" in reason
+
+
 @pytest.mark.parametrize("chunk_align", [8, 64])
 @pytest.mark.host_only
 def test_interpret_drhs_chunks_at_group_starts(chunk_align, capfd):
