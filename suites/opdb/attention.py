@@ -120,6 +120,11 @@ _MOSAIC_CASES = {
   "gqa_plain_h64": kc.AttentionKernelCase(
     dict(b=1, t=128, s=128, n=2, k=1, h=64), "bfloat16", grads=True
   ),
+  # Keys padded from 72 to a whole 128-key block, with nothing else to hide them (no
+  # lengths, mask or causal mask): the kernels must mask the padding themselves.
+  "plain_padded_keys": kc.AttentionKernelCase(
+    dict(b=1, t=64, s=72, n=1, k=1, h=64), "bfloat16", grads=True
+  ),
   "causal_window_softcap_cross": kc.AttentionKernelCase(
     dict(b=1, t=128, s=256, n=4, k=2, h=64),
     "bfloat16",
