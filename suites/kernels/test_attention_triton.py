@@ -156,6 +156,19 @@ def test_unsupported_long_sequence():
   assert reason is not None and "32 bits" in reason
 
 
+def test_unsupported_long_keys():
+  """The key/value side alone past 2**31 elements (S * K * H = 2**20 * 16 * 128 = 2**31),
+  with a short query."""
+  q = jax.ShapeDtypeStruct((1, 16, 16, 128), jnp.bfloat16)
+  kv = jax.ShapeDtypeStruct((1, 1 << 20, 16, 128), jnp.bfloat16)
+  args = jax.eval_shape(spec.canonicalize, q, kv, kv)
+  reason = attention_triton.unsupported_reason(args)
+  assert reason is not None and "32 bits" in reason
+  # One key fewer fits.
+  kv = jax.ShapeDtypeStruct((1, (1 << 20) - 1, 16, 128), jnp.bfloat16)
+  assert attention_triton.unsupported_reason(jax.eval_shape(spec.canonicalize, q, kv, kv)) is None
+
+
 @pytest.mark.parametrize(
   "kw", [{}, dict(dtype=jnp.float32, h=256), dict(is_causal=True, local_window_size=(3, 0))]
 )

@@ -151,6 +151,24 @@ def test_unsupported_reasons():
   assert "preferred_element_type" in OP._unsupported_reason(int8)
 
 
+def test_unsupported_reasons_no_groups_and_32_bit_offsets():
+  no_groups = spec.canonicalize(jnp.ones((8, 8)), jnp.ones((0, 8, 4)), jnp.zeros(0, jnp.int32))
+  reason = OP._unsupported_reason(no_groups)
+  assert reason is not None and "G=0" in reason
+
+  def record(k, n):
+    shapes = [
+      jax.ShapeDtypeStruct(s, d)
+      for s, d in (((64, k), jnp.bfloat16), ((2, k, n), jnp.bfloat16), ((2,), jnp.int32))
+    ]
+    return jax.eval_shape(spec.canonicalize, *shapes)
+
+  # A group's rhs of K * N = 2**16 * 2**15 = 2**31 elements passes 32-bit offsets.
+  reason = OP._unsupported_reason(record(1 << 16, 1 << 15))
+  assert reason is not None and "2**31" in reason
+  assert OP._unsupported_reason(record(1 << 16, (1 << 15) - 64)) is None
+
+
 @pytest.mark.requires("cpu")
 def test_cpu_names_triton_unavailable():
   lhs, rhs, sizes, _ = _inputs(spec.DEFAULT, 16, 8, 8, 2, "float32", None)
