@@ -14,7 +14,7 @@ from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 
 from suites import opdb
 from tokamax._src.ops import kernel_ops
-from tokamax._src.ops.gated_linear_unit import api, mosaic, spec
+from tokamax._src.ops.gated_linear_unit import api, mosaic, mosaic_kernel, spec
 from tokamax_harness import compare, references
 
 # The summary counts these under the op and implementation they check.
@@ -185,3 +185,15 @@ def test_unsupported_reasons_name_the_feature():
     x, w, activation=lambda g: jnp.sort(g, axis=-1), implementation=[impl, "xla"]
   )
   assert out.shape == (64, 128)
+
+
+def test_kernel_config_reason_clusters_whole_column_tile_pairs():
+  """A cluster of two CTAs takes two neighbouring column tiles: N must hold an even number."""
+  config = mosaic_kernel.MosaicGluKernelConfig(block_n=128, num_stages=2, epi_n=64, cluster=2)
+  k = 512
+  assert mosaic_kernel.config_reason(config, 256, k, 256, 2) is None  # 2 tiles of 128.
+  assert mosaic_kernel.config_reason(config, 256, k, 512, 2) is None  # 4 tiles.
+  reason = mosaic_kernel.config_reason(config, 256, k, 384, 2)  # 3 tiles.
+  assert reason is not None and "cluster" in reason
+  single = dataclasses.replace(config, cluster=1)
+  assert mosaic_kernel.config_reason(single, 256, k, 384, 2) is None

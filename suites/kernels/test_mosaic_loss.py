@@ -11,7 +11,7 @@ import pytest
 from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from tokamax._src.ops.linear_softmax_cross_entropy_loss import api, mosaic, spec
+from tokamax._src.ops.linear_softmax_cross_entropy_loss import api, mosaic, mosaic_kernel, spec
 from tokamax_harness import compare, references
 
 pytestmark = pytest.mark.op("linear_softmax_cross_entropy_loss", "mosaic")
@@ -129,3 +129,23 @@ def test_unsupported_reasons_name_the_limit():
     x, jnp.zeros_like(labels), w[:, :100], implementation=[op, "xla"]
   )
   assert out.shape == ()
+
+
+def test_kernel_config_reason_takes_exactly_num_stages_blocks():
+  """H of exactly num_stages blocks of block_k fills the pipeline; one block fewer does not."""
+  config = mosaic_kernel.MosaicLossKernelConfig(block_n=128, block_k=64, num_stages=4)
+  assert mosaic_kernel.config_reason(config, 256, 2) is None
+  assert mosaic_kernel.config_reason(config, 512, 2) is None
+  reason = mosaic_kernel.config_reason(config, 192, 2)
+  assert reason is not None and "num_stages" in reason
+  # Through the op: H=128 (two blocks of 64) runs with two stages, not three.
+  x, labels, w = _inputs(16, 128, 256)
+  record = spec.canonicalize(x, labels, w)
+  assert (
+    mosaic.MosaicLoss(config=mosaic.MosaicLossConfig(num_stages=2))._unsupported_reason(record)
+    is None
+  )
+  reason = mosaic.MosaicLoss(config=mosaic.MosaicLossConfig(num_stages=3))._unsupported_reason(
+    record
+  )
+  assert reason is not None and "num_stages" in reason
