@@ -51,6 +51,7 @@ _RAGGED = "src/tokamax/_src/ops/ragged_dot/"
 _LOSS = "src/tokamax/_src/ops/linear_softmax_cross_entropy_loss/"
 _MOSAIC_RAGGED = "suites/kernels/test_mosaic_ragged_dot.py"
 _MOSAIC_ATTENTION = "suites/kernels/test_attention_mosaic.py"
+_MOSAIC_GLU = "suites/kernels/test_mosaic_gated_linear_unit.py"
 _TPU_RAGGED = "suites/kernels/test_tpu_ragged_dot.py"
 _TPU_RAGGED_KERNEL = _RAGGED + "mosaic_tpu_kernel.py"
 _TPU_ATTENTION = "suites/kernels/test_tpu_attention.py"
@@ -1394,6 +1395,127 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_COTANGENTS, "-k", "bitwise"),
     "The determinism check compares values, not bits: 0.0 equals -0.0 and a NaN fails"
     " against itself.",
+  ),
+  # --- Kernel wrapper logic (CPU-checkable): config checks, work lists, dispatch ----
+  Mutation(
+    "wrappers.gemm_epi_n_unchecked",
+    "src/tokamax/_src/ops/mosaic_gemm.py",
+    "  if n % config.block_n or config.block_n % config.epi_n:",
+    "  if n % config.block_n:",
+    (_MOSAIC_RAGGED, "-k", "config_reasons_at_their_limits"),
+    "Mosaic GEMMs: an epi_n that does not divide block_n is accepted.",
+  ),
+  Mutation(
+    "wrappers.gemm_cluster_of_four",
+    "src/tokamax/_src/ops/mosaic_gemm.py",
+    "  if config.cluster not in (1, 2):",
+    "  if config.cluster not in (1, 2, 4):",
+    (_MOSAIC_RAGGED, "-k", "config_reasons_at_their_limits"),
+    "Mosaic GEMMs: clusters of four CTAs are accepted, which the kernels do not handle.",
+  ),
+  Mutation(
+    "wrappers.ragged_fwd_stages_boundary",
+    _RAGGED + "mosaic_fwd.py",
+    "  if k // config.block_k < config.num_stages:\n    return (",
+    "  if k // config.block_k <= config.num_stages:\n    return (",
+    (_MOSAIC_RAGGED, "-k", "config_reasons_at_their_limits"),
+    "Mosaic ragged dot: a K of exactly num_stages blocks is refused.",
+  ),
+  Mutation(
+    "wrappers.ragged_fwd_epilogue_itemsize",
+    _RAGGED + "mosaic_fwd.py",
+    "  epilogue = NUM_COMPUTE_WGS * WG_ROWS * config.epi_n * out_itemsize\n  return config.num_stages * stage + epilogue\n\n\ndef config_reason(\n  config: MosaicRaggedDotFwdConfig",
+    "  epilogue = NUM_COMPUTE_WGS * WG_ROWS * config.epi_n * in_itemsize\n  return config.num_stages * stage + epilogue\n\n\ndef config_reason(\n  config: MosaicRaggedDotFwdConfig",
+    (_MOSAIC_RAGGED, "-k", "config_reasons_at_their_limits"),
+    "Mosaic ragged dot: the epilogue buffer is sized by the input itemsize, not the output's.",
+  ),
+  Mutation(
+    "wrappers.row_bounds_before_unclipped",
+    _RAGGED + "spec.py",
+    "  starts = jnp.concatenate([jnp.minimum(before, m)[None], ends[:-1]])",
+    "  starts = jnp.concatenate([before[None], ends[:-1]])",
+    (_MOSAIC_RAGGED, "-k", "row_bounds_clip"),
+    "group_row_bounds: rows before the first group past M give bounds beyond M.",
+  ),
+  Mutation(
+    "wrappers.work_items_capacity",
+    _RAGGED + "mosaic_fwd.py",
+    "  num_items = (pl.cdiv(m, block_m) + g + 2) // cluster + g + 2",
+    "  num_items = (pl.cdiv(m, block_m) + g + 2) // cluster",
+    (_MOSAIC_RAGGED, "-k", "work_items"),
+    "Mosaic ragged dot: the work list has no room for each segment's partial cluster item.",
+  ),
+  Mutation(
+    "wrappers.drhs_chunk_align_divisor_unchecked",
+    _RAGGED + "mosaic_drhs.py",
+    "  if align % ROW_ALIGN or config.block_m % align:",
+    "  if align % ROW_ALIGN:",
+    (_MOSAIC_RAGGED, "-k", "config_reasons_at_their_limits"),
+    "Mosaic drhs: a chunk alignment that does not divide block_m is accepted.",
+  ),
+  Mutation(
+    "wrappers.ragged_bwd_reason_lhs_only",
+    _RAGGED + "mosaic.py",
+    "    for name, record in gradient_records(args, _abstract_dout(args)).items():",
+    "    for name, record in list(gradient_records(args, _abstract_dout(args)).items())[:1]:",
+    (_MOSAIC_RAGGED, "-k", "names_the_unsupported_gradient"),
+    "Mosaic ragged dot: the backward support check skips the rhs gradient's kernel.",
+  ),
+  Mutation(
+    "wrappers.attention_padded_keys_unmasked",
+    _ATTENTION + "mosaic.py",
+    "    kv_len=args.kv_seq_lengths is not None or padded_s,",
+    "    kv_len=args.kv_seq_lengths is not None,",
+    (_MOSAIC_ATTENTION, "-k", "interpret_matches_xla and plain_padded_keys"),
+    "Mosaic attention: keys padded to a whole block are not masked without kv lengths.",
+  ),
+  Mutation(
+    "wrappers.attention_triton_long_keys_unchecked",
+    _ATTENTION + "triton.py",
+    "  if max(t * n, s * kh) * max(h, hv) >= 2**31:",
+    "  if t * n * max(h, hv) >= 2**31:",
+    ("suites/kernels/test_attention_triton.py", "-k", "unsupported_long_keys"),
+    "Triton attention: a key/value batch element past 2**31 elements is accepted.",
+  ),
+  Mutation(
+    "wrappers.ragged_empty_groups_accepted",
+    _RAGGED + "spec.py",
+    "  if min(m, k, n, args.num_groups) == 0:",
+    "  if min(m, k, n) == 0:",
+    ("suites/kernels/test_triton_ragged_dot.py", "-k", "no_groups_and_32_bit"),
+    "ragged_dot kernels: zero groups are accepted.",
+  ),
+  Mutation(
+    "wrappers.ragged_triton_offsets_unchecked",
+    _RAGGED + "triton.py",
+    "    if k * n >= 2**31:",
+    "    if n >= 2**31:",
+    ("suites/kernels/test_triton_ragged_dot.py", "-k", "no_groups_and_32_bit"),
+    "Triton ragged dot: a group's K*N past 32-bit offsets is accepted.",
+  ),
+  Mutation(
+    "wrappers.loss_mosaic_one_tile_vocab_refused",
+    _LOSS + "mosaic.py",
+    "    if v < config.block_n:",
+    "    if v <= config.block_n:",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "unsupported_reasons"),
+    "Mosaic loss: a vocabulary of exactly one tile is refused.",
+  ),
+  Mutation(
+    "wrappers.loss_mosaic_stages_boundary",
+    _LOSS + "mosaic_kernel.py",
+    "  if h // config.block_k < config.num_stages:",
+    "  if h // config.block_k <= config.num_stages:",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "exactly_num_stages"),
+    "Mosaic loss: an H of exactly num_stages blocks is refused.",
+  ),
+  Mutation(
+    "wrappers.glu_mosaic_cluster_columns_unchecked",
+    "src/tokamax/_src/ops/gated_linear_unit/mosaic_kernel.py",
+    "  if (n // config.block_n) % config.cluster:",
+    "  if (n // config.block_n) % 1:",
+    (_MOSAIC_GLU, "-k", "column_tile_pairs"),
+    "Mosaic GLU: a cluster that does not divide the column tiles is accepted.",
   ),
 )
 
