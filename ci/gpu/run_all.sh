@@ -21,7 +21,8 @@
 #             with ci/gpu/ingest_golden_and_bench.sh)
 #   tooling   timers and export (ci/gpu/tooling.py; TOOLING_SKIP, default autotune,default_cache)
 #   autotune  step autotuning and the default cache (ci/gpu/tooling.py; AUTOTUNE_SKIP, default
-#             timers,export: add autotune to spend the whole limit on the default cache)
+#             timers,export: add autotune to spend the whole limit on the default cache;
+#             AUTOTUNE_FUNCTIONS: comma-separated names of tooling.benchmark_functions, default all)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the output folder}"
@@ -75,7 +76,7 @@ for s in ${STEPS:-suite bench golden tooling}; do
     tooling) step tooling 90 python3 ci/gpu/tooling.py --out "$WORK/tooling" --budget-s "${TOOLING_S:-90}" \
       --skip "${TOOLING_SKIP:-autotune,default_cache}" ;;
     autotune) step autotune 300 python3 ci/gpu/tooling.py --out "$WORK/autotune" --budget-s "${AUTOTUNE_S:-300}" \
-      --skip "${AUTOTUNE_SKIP:-timers,export}" ;;
+      --skip "${AUTOTUNE_SKIP:-timers,export}" --functions "${AUTOTUNE_FUNCTIONS:-}" ;;
     *) echo "unknown step $s" ;;
   esac
 done

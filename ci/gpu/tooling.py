@@ -403,18 +403,19 @@ def benchmark_functions(dry: bool):
   gx, gw = sds((8192 // s, 4096 // s), bf16), sds((4096 // s, 2, 14336 // s), bf16)
   lhs, rhs = sds((16384 // s, 4096 // s), bf16), sds((8, 4096 // s, 2048 // s), bf16)
   sizes = jnp.asarray(ragged_dot_spec.generate_ragged_dot_group_sizes(16384 // s, 8, seed=0))
+  # Cheapest to tune first: a run cut short keeps what finished.
   fns = {
-    "attention": (lambda q: tokamax.dot_product_attention(q, q, q), (q,)),
-    "attention_causal": (lambda q: tokamax.dot_product_attention(q, q, q, is_causal=True), (q,)),
-    "attention_h64": (lambda q: tokamax.dot_product_attention(q, q, q), (q64,)),
-    "layer_norm": (lambda x, d: tokamax.layer_norm(x, d, d), (x, d)),
+    "swiglu": (lambda x, w: tokamax.gated_linear_unit(x, w, activation=jax.nn.swish), (gx, gw)),
+    "ragged_dot": (lambda a, b: tokamax.ragged_dot(a, b, sizes), (lhs, rhs)),
     "layer_norm_wide": (lambda x, d: tokamax.layer_norm(x, d, d), (wide_x, wide_d)),
     "rms_norm_wide": (
       lambda x, d: tokamax.layer_norm(x, d, None, subtract_mean=False),
       (wide_x, wide_d),
     ),
-    "swiglu": (lambda x, w: tokamax.gated_linear_unit(x, w, activation=jax.nn.swish), (gx, gw)),
-    "ragged_dot": (lambda a, b: tokamax.ragged_dot(a, b, sizes), (lhs, rhs)),
+    "layer_norm": (lambda x, d: tokamax.layer_norm(x, d, d), (x, d)),
+    "attention": (lambda q: tokamax.dot_product_attention(q, q, q), (q,)),
+    "attention_causal": (lambda q: tokamax.dot_product_attention(q, q, q, is_causal=True), (q,)),
+    "attention_h64": (lambda q: tokamax.dot_product_attention(q, q, q), (q64,)),
   }
   for name, (f, args) in fns.items():
     yield name + "_fwd", f, args
@@ -424,11 +425,17 @@ def benchmark_functions(dry: bool):
     yield name + "_fwd_bwd", grad, args
 
 
-def default_cache(out_dir: str, dry: bool, deadline_s: float) -> dict:
+def default_cache(out_dir: str, dry: bool, deadline_s: float, only: set[str] | None = None) -> dict:
+  """Tunes the benchmark functions (those named in `only`, if given) into the default cache.
+
+  The file is rewritten after every function, so that a run cut short ships what finished.
+  """
   step_path = os.path.join(out_dir, "step_autotuning.json")
   merged = tokamax.AutotuningResult.load(step_path) if os.path.exists(step_path) else None
   done = []
   for name, f, args in benchmark_functions(dry):
+    if only is not None and name.removesuffix("_fwd_bwd").removesuffix("_fwd") not in only:
+      continue
     left = deadline_s - elapsed()
     if left < 30:
       log("default cache: out of time before", name)
@@ -438,17 +445,20 @@ def default_cache(out_dir: str, dry: bool, deadline_s: float) -> dict:
     merged = result if merged is None else merged.merge(result)
     done.append({"function": name, "entries": len(result)})
     log("default cache:", name, len(result), "entries")
+    _dump_cache(out_dir, merged)
   if merged is None:
     return {"done": done}
-  path = os.path.join(out_dir, cache.file_name(merged.device_kind))
+  return {"done": done, "file": cache.file_name(merged.device_kind), "entries": len(merged)}
+
+
+def _dump_cache(out_dir: str, merged) -> None:
   # Entries that found no working config are not worth shipping.
   merged = tokamax.AutotuningResult(
     merged.device_kind,
     tuple(d for d in merged.data if d.config is not None),
     merged.library_version,
   )
-  merged.dump(path)
-  return {"done": done, "file": os.path.basename(path), "entries": len(merged)}
+  merged.dump(os.path.join(out_dir, cache.file_name(merged.device_kind)))
 
 
 def main() -> None:
@@ -458,6 +468,9 @@ def main() -> None:
   parser.add_argument("--budget-s", type=float, default=400.0)
   parser.add_argument("--step-budget-s", type=float, default=180.0, help="autotuning the step")
   parser.add_argument("--skip", default="", help="comma-separated sections to skip")
+  parser.add_argument(
+    "--functions", default="", help="comma-separated default-cache functions (default all)"
+  )
   opts = parser.parse_args()
   os.makedirs(opts.out, exist_ok=True)
   skip = set(filter(None, opts.skip.split(",")))
@@ -472,7 +485,8 @@ def main() -> None:
   if "export" not in skip:
     section("export", opts.out)(export_kernels)(opts.dry)
   if "default_cache" not in skip:
-    section("default_cache", opts.out)(default_cache)(opts.out, opts.dry, opts.budget_s)
+    only = set(filter(None, opts.functions.split(","))) or None
+    section("default_cache", opts.out)(default_cache)(opts.out, opts.dry, opts.budget_s, only)
   RESULTS["total_seconds"] = elapsed()
   save(opts.out)
   log("done; errors:", RESULTS["errors"])
