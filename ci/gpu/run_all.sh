@@ -23,6 +23,8 @@
 #   autotune  step autotuning and the default cache (ci/gpu/tooling.py; AUTOTUNE_SKIP, default
 #             timers,export: add autotune to spend the whole limit on the default cache;
 #             AUTOTUNE_FUNCTIONS: comma-separated names of tooling.benchmark_functions, default all)
+#   cache_ab  the shipped default cache against the heuristics, interleaved rounds
+#             (ci/gpu/cache_ab.py; the functions of AUTOTUNE_FUNCTIONS)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the output folder}"
@@ -77,6 +79,8 @@ for s in ${STEPS:-suite bench golden tooling}; do
       --skip "${TOOLING_SKIP:-autotune,default_cache}" ;;
     autotune) step autotune 300 python3 ci/gpu/tooling.py --out "$WORK/autotune" --budget-s "${AUTOTUNE_S:-300}" \
       --skip "${AUTOTUNE_SKIP:-timers,export}" --functions "${AUTOTUNE_FUNCTIONS:-}" ;;
+    cache_ab) step cache_ab 150 python3 ci/gpu/cache_ab.py --out "$WORK/cache_ab/records.json" \
+      --functions "${AUTOTUNE_FUNCTIONS:-}" ;;
     *) echo "unknown step $s" ;;
   esac
 done
