@@ -278,6 +278,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Loading a result drops the heuristics' config of its tuning run (no shipped entry is used).",
   ),
   Mutation(
+    "tooling.cache_key_names_function_address",
+    "src/tokamax/_src/arguments.py",
+    "    return f\"{getattr(value, '__module__', None) or '?'}.{value.__qualname__}\"",
+    "    return repr(value)",
+    ("suites/tooling/test_autotuning.py", "-k", "signature_keys_name"),
+    "Signature keys name functions by their repr (an address): no other process finds the entry.",
+  ),
+  Mutation(
     "tooling.cache_key_ignores_dtype",
     "src/tokamax/_src/arguments.py",
     '      desc = ",".join(f"{np.dtype(x.dtype).name}{list(np.shape(x))}" for x in leaves)',
