@@ -390,13 +390,6 @@ def _call(spec, op, arrays, kwargs):
 # -- Default cache ------------------------------------------------------------------
 
 
-# Tuned on the forward alone: under differentiation the Mosaic GLU runs its forward with
-# another config (`_residual_config`), so a config tuned there was never timed as the
-# plain forward that the same shipped entry also serves (at 28b7769 the forward+backward
-# winner, 2 stages, took 3.15 ms forward against the heuristic's 2.88 in another run).
-_FORWARD_ONLY = frozenset({"swiglu"})
-
-
 def benchmark_functions(dry: bool):
   """(name, function, shapes) of the benchmark shapes, forward and forward+backward."""
   s = 16 if dry else 1
@@ -426,8 +419,6 @@ def benchmark_functions(dry: bool):
   }
   for name, (f, args) in fns.items():
     yield name + "_fwd", f, args
-    if name in _FORWARD_ONLY:
-      continue
     grad = jax.grad(
       lambda *a, f=f: jnp.sum(f(*a).astype(jnp.float32)), argnums=tuple(range(len(args)))
     )

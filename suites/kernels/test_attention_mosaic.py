@@ -19,6 +19,7 @@ each load is followed by the slot's release barrier, so they are accepted here
 as the only races allowed, and nothing else may race.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -317,71 +318,32 @@ def test_unsupported_reason_names_the_feature(dtype, h, words):
 
 
 @pytest.mark.parametrize(
-  ("h", "blocks", "stages"),
+  ("h", "overrides", "stages"),
   # (dq, dk/dv passes): H256 splits dk and dv and takes the slots that fit (more with
   # the streamed 32-row blocks).
   [
     (64, None, (2, {("dk", "dv"): 2})),
     (128, None, (2, {("dk", "dv"): 2})),
     (256, None, (2, {("dv",): 3, ("dk",): 2})),
+    # Overrides of H256's heuristic backward blocks (dq 64/32, 3 slots; dk/dv 32/64, 3 slots).
     (
       256,
-      mosaic.BwdBlocks(
-        dq_block_q=64,
-        dq_block_kv=64,
-        dq_num_stages=2,
-        bwd_block_q=64,
-        bwd_block_kv=64,
-        bwd_num_stages=2,
-      ),
+      dict(dq_block_kv=64, dq_num_stages=2, bwd_block_q=64, bwd_num_stages=2),
       (1, {("dv",): 2, ("dk",): 1}),
     ),
-    (
-      256,
-      mosaic.BwdBlocks(
-        dq_block_q=64,
-        dq_block_kv=32,
-        dq_num_stages=2,
-        bwd_block_q=32,
-        bwd_block_kv=64,
-        bwd_num_stages=2,
-      ),
-      (2, {("dv",): 2, ("dk",): 2}),
-    ),
-    (
-      256,
-      mosaic.BwdBlocks(
-        dq_block_q=64,
-        dq_block_kv=32,
-        dq_num_stages=4,
-        bwd_block_q=32,
-        bwd_block_kv=64,
-        bwd_num_stages=5,
-      ),
-      (2, {("dv",): 4, ("dk",): 2}),
-    ),
-    (
-      256,
-      mosaic.BwdBlocks(
-        dq_block_q=64,
-        dq_block_kv=32,
-        dq_num_stages=2,
-        bwd_block_q=64,
-        bwd_block_kv=64,
-        bwd_num_stages=2,
-      ),
-      (2, {("dv",): 2, ("dk",): 1}),
-    ),
+    (256, dict(dq_num_stages=2, bwd_num_stages=2), (2, {("dv",): 2, ("dk",): 2})),
+    (256, dict(dq_num_stages=4, bwd_num_stages=5), (2, {("dv",): 4, ("dk",): 2})),
+    (256, dict(dq_num_stages=2, bwd_block_q=64, bwd_num_stages=2), (2, {("dv",): 2, ("dk",): 1})),
   ],
 )
-def test_backward_passes_and_stages(h, blocks, stages):
+def test_backward_passes_and_stages(h, overrides, stages):
   impl = mosaic.MosaicAttention()
   q = jnp.ones((1, 8, 2, h), jnp.bfloat16)
   record = spec.canonicalize(q, q, q)
   assert impl._bwd_unsupported_reason(record) is None
   config = impl._get_heuristics_config(record)
-  if blocks is not None:
-    config = blocks.apply(config)
+  if overrides is not None:
+    config = dataclasses.replace(config, **overrides)
     assert mosaic.bwd_config_reason(config, h) is None
   p_dq, passes = mosaic._bwd_kernel_params(config, h)
   assert (p_dq.num_stages, {o: p.num_stages for o, p in passes}) == stages

@@ -514,3 +514,14 @@ def test_signature_keys_tell_dtypes_and_shapes_apart():
   assert base != key((8, 64), jnp.float32, jax.ShapeDtypeStruct((64, 2, 128), jnp.bfloat16))
   assert base != key((16, 64), jnp.float32)
   assert "float32" in base and "bfloat16" in key((8, 64), jnp.bfloat16)
+
+
+@pytest.mark.parametrize("on_forward", [False, True])
+def test_ops_tuned_on_forward_are_timed_without_their_vjp(monkeypatch, on_forward):
+  """An op whose VJP reconfigures its forward is tuned on the forward, even under `jax.grad`."""
+  monkeypatch.setattr(xla_chunked.XlaChunkedAttention, "tuned_on_forward", on_forward)
+  q = make_inputs()[0]
+  grad = jax.grad(lambda q: jnp.sum(attention_only(q)))
+  result = tokamax.autotune(grad, q, ignore_cache=True, iterations=1)
+  (data,) = [d for d in result.data if d.op == "dot_product_attention"]
+  assert data.mode == ("forward" if on_forward else "forward_and_vjp")

@@ -156,7 +156,7 @@ def autotune(
       key = (op.spec.name, op.name, arguments.signature_key(b.args))
       if key in work:
         mode = "forward_and_vjp" if "forward_and_vjp" in (mode, work[key][1]) else mode
-      work[key] = (b, mode)
+      work[key] = (b, "forward" if op.tuned_on_forward else mode)
   results, tunable = [], []
   for key, (b, mode) in work.items():
     try:

@@ -76,6 +76,11 @@ class Op(abc.ABC):
   # `OpSpec.partitioning` rule; None: the kernels that JAX cannot trace into
   # (`differentiable=False`), which XLA's partitioner cannot split either.
   partitioned: ClassVar[bool | None] = None
+  # Whether autotuning times candidates on the forward alone even where the call
+  # is differentiated: true where the VJP runs the forward under a config derived
+  # from the chosen one, so timing the pair never times the plain forward that
+  # the same entry also serves.
+  tuned_on_forward: ClassVar[bool] = False
 
   config: Any = None
 

@@ -223,30 +223,14 @@ class BwdBlocks:
 # H256 streams 32-row blocks in both kernels, the largest whose score tiles fit
 # the registers without spills; at H64 and H128 32-row blocks are slower.
 # Timings: docs/perf.md (Attention).
+_H128_BWD = BwdBlocks(
+  dq_block_q=64, dq_block_kv=128, dq_num_stages=2, bwd_block_q=64, bwd_block_kv=64, bwd_num_stages=2
+)
 _BWD_HEURISTICS: dict[int, BwdBlocks] = {
-  64: BwdBlocks(
-    dq_block_q=64,
-    dq_block_kv=128,
-    dq_num_stages=2,
-    bwd_block_q=128,
-    bwd_block_kv=64,
-    bwd_num_stages=2,
-  ),
-  128: BwdBlocks(
-    dq_block_q=64,
-    dq_block_kv=128,
-    dq_num_stages=2,
-    bwd_block_q=64,
-    bwd_block_kv=64,
-    bwd_num_stages=2,
-  ),
-  256: BwdBlocks(
-    dq_block_q=64,
-    dq_block_kv=32,
-    dq_num_stages=3,
-    bwd_block_q=32,
-    bwd_block_kv=64,
-    bwd_num_stages=3,
+  64: dataclasses.replace(_H128_BWD, bwd_block_q=128),
+  128: _H128_BWD,
+  256: dataclasses.replace(
+    _H128_BWD, dq_block_kv=32, dq_num_stages=3, bwd_block_q=32, bwd_num_stages=3
   ),
 }
 

@@ -125,6 +125,7 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
   name = "mosaic"
   spec = spec.SPEC
   config_cls = MosaicGluConfig
+  tuned_on_forward = True  # The VJP's forward runs `_residual_config`.
   backward: str | tuple[str, str] | None = None
 
   def __post_init__(self):
