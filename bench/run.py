@@ -10,13 +10,16 @@ every op. Time is `tokamax_harness.timing.device_time` (CUPTI kernel time on NVI
 GPUs, wallclock elsewhere), the median over rotated inputs.
 
   python -m bench.run [--family h100] [--ops OPS] [--impls IMPLS] [--only SUBSTRINGS]
-                      [--modes fwd,fwd_bwd] [--rounds N] [--sweep] [--out FILE]
+                      [--modes fwd,fwd_bwd] [--rounds N] [--sweep]
+                      [--vary FIELD=V1,V2] [--out FILE]
 
 `--rounds N` times all contenders of a case in turn N times (interleaved, for
 noisy pairs; odd rounds in reverse order); a record's time is the median of its round medians, and
 `extra.ratio_median_of_rounds` the median of the per-round ratios to the
 anchor. `--sweep` also times each implementation's autotuning candidates
-(`_get_autotuning_configs` on the bound arguments, through `with_config`).
+(`_get_autotuning_configs` on the bound arguments, through `with_config`);
+`--vary FIELD=V1,V2` (repeatable) times the heuristics' config with that one field
+set to each value (JSON values), for an A/B of a kernel option.
 `--kernels` adds each contender's per-kernel CUPTI times (`extra.kernels_ms`; GPU
 only) and `--hlo DIR` saves each compiled program's optimised HLO.
 `--out` writes the records in the schema of `bench.records`.
@@ -25,12 +28,13 @@ only) and `--hlo DIR` saves each compiled program's optimised HLO.
 import argparse
 import dataclasses
 import enum
+import json
 import os
 import re
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -98,6 +102,27 @@ def sweep_configs(impl: cases_lib.Implementation, args: tuple, kwargs: dict) -> 
   return sorted(configs, key=repr)
 
 
+def varied_configs(
+  impl: cases_lib.Implementation, args: tuple, kwargs: dict, vary: Mapping[str, Sequence[Any]]
+) -> list[Any]:
+  """The heuristics' config for this call with each field of `vary` set to each of its values
+  (one field at a time; values equal to the heuristics' own and unknown fields are left out)."""
+  instance = impl.instance
+  if instance is None or not vary:
+    return []
+  base = instance._get_heuristics_config(instance.bind(*args, **kwargs).args)
+  if not dataclasses.is_dataclass(base):
+    return []
+  names = {f.name for f in dataclasses.fields(base)}
+  return [
+    dataclasses.replace(base, **{name: value})
+    for name, values in vary.items()
+    if name in names
+    for value in values
+    if getattr(base, name) != value
+  ]
+
+
 def _with_config(impl: cases_lib.Implementation, config: Any) -> Callable:
   instance = impl.instance.with_config(config)
   return lambda *a, **k: instance(*a, **k)
@@ -120,6 +145,7 @@ def contenders(
   implementations: Iterable[str] | None,
   sweep: bool,
   log: Callable[[str], None],
+  vary: Mapping[str, Sequence[Any]] | None = None,
 ) -> list[Contender]:
   """What to time for one case: implementations (and their configs), then the anchors."""
   op = bcase.op
@@ -148,6 +174,13 @@ def contenders(
         log(f"SKIP sweep of {op}[{impl.name}] {bcase.id}: {type(e).__name__}: {str(e)[:200]}")
         configs = []
       out += [Contender(impl.name, _with_config(impl, c), config_dict(c)) for c in configs]
+    if vary and impl.name not in anchor_names:
+      try:
+        varied = varied_configs(impl, args, kwargs, vary)
+      except Exception as e:
+        log(f"SKIP --vary of {op}[{impl.name}] {bcase.id}: {type(e).__name__}: {str(e)[:200]}")
+        varied = []
+      out += [Contender(impl.name, _with_config(impl, c), config_dict(c)) for c in varied]
   if out and (wanted is None or AUTO in wanted):
     out.append(Contender(AUTO, _auto_fn(cases_lib.spec(op))))
   for name, anchor in cases_lib.anchors(op).items():
@@ -371,6 +404,7 @@ def run(
   modes: Iterable[str] | None = None,
   rounds: int = 1,
   sweep: bool = False,
+  vary: Mapping[str, Sequence[Any]] | None = None,
   iterations: int = 30,
   warmup: int = 3,
   rotations: int = 2,
@@ -388,6 +422,7 @@ def run(
     only: Substrings; a case runs if one is in its op, its id or its id with the mode.
     rounds: Interleaved rounds of every contender of a case.
     sweep: Also time each implementation's autotuning candidates.
+    vary: Field name -> values: also time the heuristics' config with each.
     iterations, warmup: Of `tokamax_harness.timing.device_time`.
     rotations: Distinct input sets, used in turn.
     budget_s: Starts no new case after this many seconds.
@@ -434,6 +469,7 @@ def run(
       implementations=implementations,
       sweep=sweep,
       log=log,
+      vary=vary,
     )
     timed = time_case(
       bcase,
@@ -465,6 +501,24 @@ def _csv(s: str | None) -> list[str] | None:
   return [x for x in s.split(",") if x] if s else None
 
 
+def parse_vary(items: Sequence[str] | None) -> dict[str, list[Any]]:
+  """`FIELD=V1,V2` strings -> {field: [values]}, the values parsed as JSON (bare words as strings)."""
+  out: dict[str, list[Any]] = {}
+  for item in items or ():
+    name, sep, values = item.partition("=")
+    if not sep or not name or not values:
+      raise ValueError(f"--vary expects FIELD=V1[,V2...], got {item!r}")
+    out.setdefault(name, []).extend(_json_or_word(v) for v in values.split(","))
+  return out
+
+
+def _json_or_word(text: str) -> Any:
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError:
+    return text
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
   parser.add_argument("--family", default=None, help="hardware family (default: this one's)")
@@ -474,6 +528,12 @@ def main(argv=None) -> int:
   parser.add_argument("--modes", default=None, help="comma-separated: fwd,fwd_bwd")
   parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per case")
   parser.add_argument("--sweep", action="store_true", help="also time autotuning candidates")
+  parser.add_argument(
+    "--vary",
+    action="append",
+    metavar="FIELD=V1,V2",
+    help="time the heuristics' config with FIELD=V",
+  )
   parser.add_argument("--iterations", type=int, default=30)
   parser.add_argument("--warmup", type=int, default=3)
   parser.add_argument("--rotations", type=int, default=2, help="distinct input sets")
@@ -491,6 +551,7 @@ def main(argv=None) -> int:
     modes=_csv(args.modes),
     rounds=args.rounds,
     sweep=args.sweep,
+    vary=parse_vary(args.vary),
     iterations=args.iterations,
     warmup=args.warmup,
     rotations=args.rotations,

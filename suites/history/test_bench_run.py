@@ -105,3 +105,24 @@ def test_none_is_held_to_the_fastest_implementation_it_may_pick(
       nondeterministic[0],
       pytest.approx(nondeterministic[1]),
     )
+
+
+def test_vary_parses_fields_and_json_values():
+  got = run_lib.parse_vary(["num_stages=3,4", "fast=true", "mode=wide", "num_stages=5"])
+  assert got == {"num_stages": [3, 4, 5], "fast": [True], "mode": ["wide"]}
+  for bad in ("num_stages", "=3", "num_stages="):
+    with pytest.raises(ValueError, match="FIELD=V1"):
+      run_lib.parse_vary([bad])
+
+
+@pytest.mark.requires("cpu")
+def test_vary_times_the_heuristic_config_with_one_field_changed(tmp_path):
+  out = tmp_path / "records.json"
+  argv = ["--family", "cpu", "--ops", "dot_product_attention", "--only", "causal"]
+  argv += ["--modes", "fwd", "--iterations", "1", "--warmup", "1", "--rotations", "1"]
+  argv += ["--impls", "xla_chunked", "--vary", "kv_chunk_size=64,128", "--vary", "no_such=1"]
+  argv += ["--out", str(out)]
+  assert run_lib.main(argv) == 0
+  varied = [r for r in records.load(str(out)) if r.config]
+  assert sorted(r.config["kv_chunk_size"] for r in varied) == [64, 128]
+  assert {r.implementation for r in varied} == {"xla_chunked"}

@@ -149,8 +149,19 @@ def stored_accumulator(
   return compute_context
 
 
-def kernel(body: Callable, out_type: Any, *, num_sms: int, cluster: int = 1, interpret=None):
-  """The persistent kernel: `num_sms` CTAs in clusters of `cluster`, three warpgroups each."""
+def kernel(
+  body: Callable,
+  out_type: Any,
+  *,
+  num_sms: int,
+  cluster: int = 1,
+  approx_math: bool = False,
+  interpret=None,
+):
+  """The persistent kernel: `num_sms` CTAs in clusters of `cluster`, three warpgroups each.
+
+  `approx_math` lowers exp2 and log to the fast approximate PTX instructions.
+  """
   return plgpu.kernel(
     body,
     out_type=out_type,
@@ -159,6 +170,8 @@ def kernel(body: Callable, out_type: Any, *, num_sms: int, cluster: int = 1, int
     **(dict(cluster=(cluster,), cluster_names=("cluster",)) if cluster > 1 else {}),
     num_threads=NUM_COMPUTE_WGS + 1,
     thread_name="wg",
-    compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+    compiler_params=plgpu.CompilerParams(
+      lowering_semantics=plgpu.LoweringSemantics.Warpgroup, approx_math=approx_math
+    ),
     interpret=interpret,
   )

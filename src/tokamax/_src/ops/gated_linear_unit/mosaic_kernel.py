@@ -39,6 +39,7 @@ class MosaicGluKernelConfig:
     cluster: CTAs per cluster; 2 computes two neighbouring column tiles of one
       row tile on a CTA pair that shares each x tile through TMA multicast
       (half the x traffic, for few rows where x is re-read per column tile).
+    approx_math: The activation's exp and log as approximate PTX instructions.
   """
 
   block_n: int = 128
@@ -47,6 +48,7 @@ class MosaicGluKernelConfig:
   epi_n: int = 128
   grid_tile_m: int = 16
   cluster: int = 1
+  approx_math: bool = False
 
   @property
   def block_m(self) -> int:
@@ -251,6 +253,13 @@ def gated_linear_unit(
   out_type = [jax.ShapeDtypeStruct((m, n), dtype)]
   if save_residuals:
     out_type.append(jax.ShapeDtypeStruct((m, 2 * n), dtype))
-  call = gemm.kernel(kernel, tuple(out_type), num_sms=num_sms, cluster=cluster, interpret=interpret)
+  call = gemm.kernel(
+    kernel,
+    tuple(out_type),
+    num_sms=num_sms,
+    cluster=cluster,
+    approx_math=config.approx_math,
+    interpret=interpret,
+  )
   outs = call(x, w_gate, w_up)
   return tuple(outs) if save_residuals else outs[0]

@@ -36,12 +36,14 @@ class MosaicLossKernelConfig:
     num_stages: Shared-memory stages of the load pipeline.
     grid_tile_m: Row tiles visited together before moving along the
       vocabulary (the x rows of a band stay in L2 while the weights stream).
+    fast_epilogue: Approximate exp2/log instructions and fused shifts in the epilogue.
   """
 
   block_n: int = 256
   block_k: int = 64
   num_stages: int = 4
   grid_tile_m: int = 32
+  fast_epilogue: bool = False
 
   @property
   def block_m(self) -> int:
@@ -133,7 +135,9 @@ def _gemm_items(
 
       plgpu.wait_smem_to_gmem(0)
 
-  return gemm.kernel(kernel, out_type, num_sms=num_sms, interpret=interpret)
+  return gemm.kernel(
+    kernel, out_type, num_sms=num_sms, approx_math=config.fast_epilogue, interpret=interpret
+  )
 
 
 def tile_stats(
@@ -169,12 +173,17 @@ def tile_stats(
     del mi
     (labels_ref,) = extra_refs
     lse_ref, picked_ref = out_refs
+    rows = lambda v: lax.broadcast_in_dim(v, logits.shape, [0])
     top = logits.max(axis=1)
-    shifted = (logits - lax.broadcast_in_dim(top, logits.shape, [0])) * _LOG2E
-    lse = top + jnp.log(jnp.exp2(shifted).sum(axis=1))
     row_labels = plgpu.load(labels_ref.at[pl.ds(row0, WG_ROWS)], layout=row_layout, optimized=False)
     cols = plgpu.broadcasted_iota(jnp.int32, logits.shape, 1, layout=plgpu.Layout.WGMMA)
-    hit = cols + ni * bn == lax.broadcast_in_dim(row_labels, logits.shape, [0])
+    if config.fast_epilogue:  # One FMA per element for the shift, one compare for the label.
+      shifted = logits * _LOG2E - rows(top * _LOG2E)
+      hit = cols == rows(row_labels - ni * bn)
+    else:
+      shifted = (logits - rows(top)) * _LOG2E
+      hit = cols + ni * bn == rows(row_labels)
+    lse = top + jnp.log(jnp.exp2(shifted).sum(axis=1))
     picked = jnp.where(hit, logits, 0.0).sum(axis=1)
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The previous item's stores.
     stats_smem[0] = lse
