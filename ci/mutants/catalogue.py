@@ -599,10 +599,19 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "loss.mosaic_exp_not_exp2",
     _LOSS + "mosaic_kernel.py",
-    "    shifted = (logits - lax.broadcast_in_dim(top, logits.shape, [0])) * _LOG2E",
-    "    shifted = logits - lax.broadcast_in_dim(top, logits.shape, [0])",
+    "    lse = top + jnp.log(jnp.exp2(logits * _LOG2E - rows(top * _LOG2E)).sum(axis=1))",
+    "    lse = top + jnp.log(jnp.exp2(logits - rows(top)).sum(axis=1))",
     ("suites/kernels/test_mosaic_loss.py", "-k", "interpret or tile"),
     "Mosaic loss kernel: exp2 of unscaled logits (the log2(e) factor dropped).",
+  ),
+  Mutation(
+    "loss.mosaic_label_flags_row_group",
+    _LOSS + "mosaic_kernel.py",
+    "  return flags.at[jnp.arange(b) // WG_ROWS, tile].set(1)[:, :n_tiles]",
+    "  return flags.at[jnp.arange(b) // (2 * WG_ROWS), tile].set(1)[:, :n_tiles]",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "tile"),
+    "Mosaic loss kernel: the label flags of each warpgroup's rows marked in the wrong row group"
+    " (the label search skipped where a label is).",
   ),
   Mutation(
     "dispatch.fallback_cotangent_summed_twice",
@@ -617,8 +626,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "loss.mosaic_label_tile_offset",
     _LOSS + "mosaic_kernel.py",
-    "    hit = cols + ni * bn == lax.broadcast_in_dim(",
-    "    hit = cols == lax.broadcast_in_dim(",
+    "      return jnp.where(cols == rows(row_labels - ni * bn), logits, 0.0).sum(axis=1)",
+    "      return jnp.where(cols == rows(row_labels), logits, 0.0).sum(axis=1)",
     ("suites/kernels/test_mosaic_loss.py", "-k", "interpret or tile"),
     "Mosaic loss kernel: the label's column compared within the tile, not the vocabulary"
     " (every tile picks a logit).",

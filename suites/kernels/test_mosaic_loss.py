@@ -61,13 +61,16 @@ def test_interpret_matches_reference_with_gradients(b, h, v, scale, capfd):
   assert compare.relative_error(dw, ref_dw) < 1e-2
 
 
+@pytest.mark.parametrize("skip_label_free", [False, True])
 @pytest.mark.host_only
-def test_the_kernel_alone_gives_each_tiles_logsumexp_and_label_logit():
+def test_the_kernel_alone_gives_each_tiles_logsumexp_and_label_logit(skip_label_free):
   x, labels, w = _inputs(130, 128, 512)
   # Labels in each of the three kernel tiles, in the tail the kernel leaves to XLA (>= 384),
   # outside the weights (another vocabulary shard's), and -1 on the padding rows.
   labels = labels.at[:4].set(jnp.array([0, 383, 400, -5])).at[4].set(600)
-  config = mosaic.mosaic_kernel.MosaicLossKernelConfig(block_n=128, num_stages=2, grid_tile_m=2)
+  config = mosaic.mosaic_kernel.MosaicLossKernelConfig(
+    block_n=128, num_stages=2, grid_tile_m=2, skip_label_free=skip_label_free
+  )
   padded = jnp.pad(x, ((0, 126), (0, 0)))
   padded_labels = jnp.pad(labels, (0, 126), constant_values=-1)
   lse, picked = mosaic.mosaic_kernel.tile_stats(
@@ -113,6 +116,14 @@ def test_heuristic_and_tuning_configs_run_and_lower_for_cuda_at_benchmark_shapes
 
   text = jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
   assert text.count("mosaic_gpu") >= len(configs)
+
+
+def test_label_tiles_flag_each_warpgroups_rows_and_tile():
+  labels = jnp.full((256,), -1, jnp.int32).at[3].set(130).at[70].set(5).at[200].set(999)
+  flags = np.asarray(mosaic_kernel.label_tiles(labels, n_tiles=3, block_n=128))
+  want = np.zeros((4, 3), np.int32)
+  want[0, 1] = want[1, 0] = 1  # Row 3 -> tile 1; row 70 (second group) -> tile 0; 999: none.
+  np.testing.assert_array_equal(flags, want)
 
 
 def test_unsupported_reasons_name_the_limit():

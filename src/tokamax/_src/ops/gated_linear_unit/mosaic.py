@@ -43,7 +43,6 @@ class MosaicGluConfig:
     grid_tile_m: Row tiles visited together before moving along N.
     cluster: CTAs per cluster: 2 shares each x tile between two column tiles
       through TMA multicast.
-    approx_math: The activation's exp and log as approximate PTX instructions.
   """
 
   block_n: int = 128
@@ -51,7 +50,6 @@ class MosaicGluConfig:
   epi_n: int = 128
   grid_tile_m: int = 16
   cluster: int = 1
-  approx_math: bool = False
 
 
 def _kernel_config(x_dtype, config: MosaicGluConfig) -> mosaic_kernel.MosaicGluKernelConfig:
@@ -62,7 +60,6 @@ def _kernel_config(x_dtype, config: MosaicGluConfig) -> mosaic_kernel.MosaicGluK
     epi_n=config.epi_n,
     grid_tile_m=config.grid_tile_m,
     cluster=config.cluster,
-    approx_math=config.approx_math,
   )
 
 

@@ -36,14 +36,15 @@ class MosaicLossKernelConfig:
     num_stages: Shared-memory stages of the load pipeline.
     grid_tile_m: Row tiles visited together before moving along the
       vocabulary (the x rows of a band stay in L2 while the weights stream).
-    fast_epilogue: Approximate exp2/log instructions and fused shifts in the epilogue.
+    skip_label_free: Skip the label search in (row group, tile) items that hold
+      none of their rows' labels (flags from XLA).
   """
 
   block_n: int = 256
   block_k: int = 64
   num_stages: int = 4
   grid_tile_m: int = 32
-  fast_epilogue: bool = False
+  skip_label_free: bool = False
 
   @property
   def block_m(self) -> int:
@@ -135,9 +136,7 @@ def _gemm_items(
 
       plgpu.wait_smem_to_gmem(0)
 
-  return gemm.kernel(
-    kernel, out_type, num_sms=num_sms, approx_math=config.fast_epilogue, interpret=interpret
-  )
+  return gemm.kernel(kernel, out_type, num_sms=num_sms, approx_math=True, interpret=interpret)
 
 
 def tile_stats(
@@ -171,23 +170,31 @@ def tile_stats(
 
   def epilogue(logits, row0, mi, ni, stats_smem, extra_refs, out_refs):
     del mi
-    (labels_ref,) = extra_refs
+    labels_ref = extra_refs[0]
     lse_ref, picked_ref = out_refs
     rows = lambda v: lax.broadcast_in_dim(v, logits.shape, [0])
     top = logits.max(axis=1)
-    row_labels = plgpu.load(labels_ref.at[pl.ds(row0, WG_ROWS)], layout=row_layout, optimized=False)
-    cols = plgpu.broadcasted_iota(jnp.int32, logits.shape, 1, layout=plgpu.Layout.WGMMA)
-    if config.fast_epilogue:  # One FMA per element for the shift, one compare for the label.
-      shifted = logits * _LOG2E - rows(top * _LOG2E)
-      hit = cols == rows(row_labels - ni * bn)
-    else:
-      shifted = (logits - rows(top)) * _LOG2E
-      hit = cols + ni * bn == rows(row_labels)
-    lse = top + jnp.log(jnp.exp2(shifted).sum(axis=1))
-    picked = jnp.where(hit, logits, 0.0).sum(axis=1)
+    # exp2 and log are approximate instructions (approx_math); the shift is one FMA.
+    lse = top + jnp.log(jnp.exp2(logits * _LOG2E - rows(top * _LOG2E)).sum(axis=1))
+
+    def picked():
+      row_labels = plgpu.load(
+        labels_ref.at[pl.ds(row0, WG_ROWS)], layout=row_layout, optimized=False
+      )
+      cols = plgpu.broadcasted_iota(jnp.int32, logits.shape, 1, layout=plgpu.Layout.WGMMA)
+      return jnp.where(cols == rows(row_labels - ni * bn), logits, 0.0).sum(axis=1)
+
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The previous item's stores.
     stats_smem[0] = lse
-    stats_smem[1] = picked
+    if config.skip_label_free:
+      stats_smem[1] = plgpu.layout_cast(jnp.zeros((WG_ROWS,), jnp.float32), row_layout)
+
+      @pl.when(extra_refs[1][lax.div(row0, WG_ROWS), ni] != 0)
+      def _():
+        stats_smem[1] = picked()
+
+    else:
+      stats_smem[1] = picked()
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(stats_smem.at[0], lse_ref.at[ni, pl.ds(row0, WG_ROWS)])
     plgpu.copy_smem_to_gmem(stats_smem.at[1], picked_ref.at[ni, pl.ds(row0, WG_ROWS)])
@@ -205,4 +212,14 @@ def tile_stats(
     epilogue=epilogue,
     interpret=interpret,
   )
-  return call(x, w, jnp.zeros((1,), jnp.int32), labels.astype(jnp.int32))
+  labels = labels.astype(jnp.int32)
+  extra = (label_tiles(labels, n_tiles, bn),) if config.skip_label_free else ()
+  return call(x, w, jnp.zeros((1,), jnp.int32), labels, *extra)
+
+
+def label_tiles(labels: jax.Array, n_tiles: int, block_n: int) -> jax.Array:
+  """int32 [B / WG_ROWS, n_tiles]: 1 where a warpgroup's rows have a label in the tile."""
+  b = labels.shape[0]
+  tile = jnp.where((labels >= 0) & (labels < n_tiles * block_n), labels // block_n, n_tiles)
+  flags = jnp.zeros((b // WG_ROWS, n_tiles + 1), jnp.int32)
+  return flags.at[jnp.arange(b) // WG_ROWS, tile].set(1)[:, :n_tiles]
