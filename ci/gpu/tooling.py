@@ -426,7 +426,8 @@ def benchmark_functions(dry: bool):
 
 
 def default_cache(out_dir: str, dry: bool, deadline_s: float, only: set[str] | None = None) -> dict:
-  """Tunes the benchmark functions (those named in `only`, if given) into the default cache.
+  """Tunes the benchmark functions (those named in `only`, if given: a function, or one of
+  its modes as "<name>_fwd" / "<name>_fwd_bwd") into the default cache.
 
   The file is rewritten after every function, so that a run cut short ships what finished.
   """
@@ -434,7 +435,8 @@ def default_cache(out_dir: str, dry: bool, deadline_s: float, only: set[str] | N
   merged = tokamax.AutotuningResult.load(step_path) if os.path.exists(step_path) else None
   done = []
   for name, f, args in benchmark_functions(dry):
-    if only is not None and name.removesuffix("_fwd_bwd").removesuffix("_fwd") not in only:
+    base = name.removesuffix("_fwd_bwd").removesuffix("_fwd")
+    if only is not None and name not in only and base not in only:  # e.g. "attention_fwd".
       continue
     left = deadline_s - elapsed()
     if left < 30:

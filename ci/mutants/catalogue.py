@@ -1542,6 +1542,33 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_MOSAIC_GLU, "-k", "column_tile_pairs"),
     "Mosaic GLU: a cluster that does not divide the column tiles is accepted.",
   ),
+  Mutation(
+    "autotune.forward_field_declared_backward",
+    _ATTENTION + "mosaic.py",
+    '    "bwd_num_stages",\n    "dq_block_q",',
+    '    "num_stages",\n    "dq_block_q",',
+    ("suites/kernels/test_backward_fields.py",),
+    "Mosaic attention: the forward's num_stages declared a backward field, so forward"
+    " tuning drops its variants and the entry keeps the heuristic's.",
+  ),
+  Mutation(
+    "autotune.backward_dedupe_in_both_modes",
+    "src/tokamax/_src/autotuning/autotuner.py",
+    '  if mode == "forward":  # Backward-only variants',
+    "  if mode:  # Backward-only variants",
+    ("suites/tooling/test_autotuning.py", "-k", "one_candidate_per_forward_program"),
+    "Autotuning: backward-only variants deduplicated under forward_and_vjp too, where they"
+    " run different backward programs.",
+  ),
+  Mutation(
+    "autotune.forward_config_keeps_candidate_backward",
+    _OP,
+    "    return dataclasses.replace(config, **{name: getattr(heuristic, name) for name in names})",
+    "    return dataclasses.replace(config, **{name: getattr(config, name) for name in names})",
+    ("suites/tooling/test_autotuning.py", "-k", "one_candidate_per_forward_program"),
+    "Op._forward_config keeps each candidate's backward fields: forward tuning times every"
+    " backward variant of one forward program.",
+  ),
 )
 
 

@@ -525,3 +525,40 @@ def test_ops_tuned_on_forward_are_timed_without_their_vjp(monkeypatch, on_forwar
   result = tokamax.autotune(grad, q, ignore_cache=True, iterations=1)
   (data,) = [d for d in result.data if d.op == "dot_product_attention"]
   assert data.mode == ("forward" if on_forward else "forward_and_vjp")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _TwoPassConfig:
+  chunk: int = 128
+  bwd_chunk: int = 128
+  BACKWARD_FIELDS = ("bwd_chunk",)
+
+
+def test_forward_tuning_times_one_candidate_per_forward_program(monkeypatch):
+  """Candidates that differ only in BACKWARD_FIELDS run one forward program: a forward
+  alone is timed once per forward variant, with the heuristics' backward fields."""
+  timed = []
+  real = api.autotuner.benchmarking.standardize_function
+
+  def record(fn, *args, **kwargs):
+    timed.append((fn.op.config, kwargs["mode"]))
+    return real(fn, *args, **kwargs)
+
+  monkeypatch.setattr(api.autotuner.benchmarking, "standardize_function", record)
+  candidates = {_TwoPassConfig(chunk=c, bwd_chunk=b) for c in (128, 256) for b in (64, 128, 256)}
+  heuristic = _TwoPassConfig(chunk=128, bwd_chunk=64)
+  op_cls = xla_chunked.XlaChunkedAttention
+  monkeypatch.setattr(op_cls, "_get_heuristics_config", lambda self, a: heuristic)
+  monkeypatch.setattr(op_cls, "_fwd", lambda self, a, c: (a.query, None))
+  op = op_cls()
+  q = make_inputs()[0]
+  bound = op.bind(q, q, q)
+  api.autotuner.autotune_call(op, bound.args, candidates=candidates, iterations=1, progress=False)
+  assert sorted(timed, key=repr) == sorted(
+    [(_TwoPassConfig(chunk=c, bwd_chunk=64), "forward") for c in (128, 256)], key=repr
+  )
+  timed.clear()
+  api.autotuner.autotune_call(
+    op, bound.args, mode="forward_and_vjp", candidates=candidates, iterations=1, progress=False
+  )
+  assert len(timed) == len(candidates)

@@ -195,6 +195,8 @@ def _autotune(
   abstract = arguments.abstract(args)
   if candidates is None:
     candidates = op._get_autotuning_configs(abstract)
+  if mode == "forward":  # Backward-only variants of one forward program: time it once.
+    candidates = {op._forward_config(abstract, c) for c in candidates}
   by_text = {configs.encode(c): c for c in candidates}
   texts = sorted(by_text)
   record = concrete_record(abstract, op.spec, seed)

@@ -119,6 +119,19 @@ class Op(abc.ABC):
     """The candidate configs that autotuning tries for `args`."""
     return {self._get_heuristics_config(args)}
 
+  def _forward_config(self, args: Any, config: Any) -> Any:
+    """`config` with its `BACKWARD_FIELDS` (fields the forward pass ignores) set as the
+    heuristics set them.
+
+    Candidates equal under it run the same forward program, so autotuning a
+    forward alone times one of them.
+    """
+    names = getattr(type(config), "BACKWARD_FIELDS", ())
+    if not names:
+      return config
+    heuristic = self._get_heuristics_config(args)
+    return dataclasses.replace(config, **{name: getattr(heuristic, name) for name in names})
+
   # -- Public interface --------------------------------------------------------
 
   def bind(self, *args, **kwargs) -> "BoundArguments":

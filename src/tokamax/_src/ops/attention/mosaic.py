@@ -4,6 +4,7 @@ import dataclasses
 import functools
 import itertools
 import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -62,6 +63,16 @@ class MosaicAttentionConfig:
   dq_block_q: int = 64
   dq_block_kv: int = 64
   dq_num_stages: int = 2
+
+  # The fields the forward kernel ignores (see `Op._forward_config`).
+  BACKWARD_FIELDS: ClassVar[tuple[str, ...]] = (
+    "bwd_block_q",
+    "bwd_block_kv",
+    "bwd_num_stages",
+    "dq_block_q",
+    "dq_block_kv",
+    "dq_num_stages",
+  )
 
   def __post_init__(self):
     if self.block_kv % 64 or not 64 <= self.block_kv <= 256:

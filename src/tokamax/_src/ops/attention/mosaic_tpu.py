@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +54,9 @@ class MosaicTpuAttentionConfig:
   block_kv: int = 128
   bwd_block_q: int = 128
   bwd_block_kv: int = 128
+
+  # The fields the forward kernel ignores (see `Op._forward_config`).
+  BACKWARD_FIELDS: ClassVar[tuple[str, ...]] = ("bwd_block_q", "bwd_block_kv")
 
 
 def _round_up(x: int, m: int) -> int:

@@ -12,7 +12,7 @@ program per query block accumulates dQ; neither uses atomics.
 
 import dataclasses
 import itertools
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +46,14 @@ class TritonAttentionConfig:
   bwd_block_inner: int = 64
   bwd_num_warps: int = 8
   bwd_num_stages: int = 2
+
+  # The fields the forward kernel ignores (see `Op._forward_config`).
+  BACKWARD_FIELDS: ClassVar[tuple[str, ...]] = (
+    "bwd_block_outer",
+    "bwd_block_inner",
+    "bwd_num_warps",
+    "bwd_num_stages",
+  )
 
   def __post_init__(self):
     for f in dataclasses.fields(self):

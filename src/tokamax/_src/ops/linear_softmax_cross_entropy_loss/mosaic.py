@@ -12,6 +12,7 @@ the weights. The backward pass recomputes the logits a vocabulary chunk at a tim
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +42,9 @@ class MosaicLossConfig:
   grid_tile_m: int = 32
   vocab_chunk_size: int = 4096
   skip_label_free: bool = False
+
+  # The fields the forward kernel ignores (see `Op._forward_config`).
+  BACKWARD_FIELDS: ClassVar[tuple[str, ...]] = ("vocab_chunk_size",)
 
 
 def _kernel_config(dtype, config: MosaicLossConfig) -> mosaic_kernel.MosaicLossKernelConfig:

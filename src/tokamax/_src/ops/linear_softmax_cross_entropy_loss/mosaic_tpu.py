@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +65,9 @@ class MosaicTpuLossConfig:
   bwd_block_b: int = 256
   bwd_block_v: int = 512
   vocab_chunk_size: int = 8192
+
+  # The fields the forward kernel ignores (see `Op._forward_config`).
+  BACKWARD_FIELDS: ClassVar[tuple[str, ...]] = ("bwd_block_b", "bwd_block_v", "vocab_chunk_size")
 
 
 def vmem_bytes(args: spec.LossArgs, config: MosaicTpuLossConfig) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +56,15 @@ class TritonNormConfig:
   fwd_stages: int = 0
   bwd_stages: int = 0
   fwd_one_pass: bool = False
+
+  # The fields the forward kernel ignores (see `Op._forward_config`).
+  BACKWARD_FIELDS: ClassVar[tuple[str, ...]] = (
+    "bwd_block_m",
+    "bwd_num_warps",
+    "bwd_programs",
+    "bwd_prefetch",
+    "bwd_stages",
+  )
 
 
 def _rows(args: spec.NormArgs) -> tuple[int, int]:

@@ -1,0 +1,108 @@
+"""Each kernel config's `BACKWARD_FIELDS` are fields its forward pass never reads.
+
+Autotuning a forward alone keeps one candidate per forward program
+(`Op._forward_config` sets those fields as the heuristics do), so a forward that
+read one of them would be tuned on configs it never ran. Here every registered
+implementation whose config declares them traces its forward with those fields
+poisoned: any use (arithmetic, comparison, conversion, formatting) raises.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from tokamax._src import triton_call
+from tokamax._src.ops.attention import spec as attention_spec
+from tokamax._src.ops.linear_softmax_cross_entropy_loss import spec as loss_spec
+from tokamax._src.ops.normalization import spec as norm_spec
+
+SDS = jax.ShapeDtypeStruct
+BF16 = jnp.bfloat16
+
+
+class PoisonUsedError(Exception):
+  pass
+
+
+class Poison:
+  """A config value whose every use raises `PoisonUsedError` (hashing aside)."""
+
+  def _used(self, *args, **kwargs):
+    raise PoisonUsedError
+
+  __index__ = __int__ = __float__ = __bool__ = __format__ = _used
+  __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _used
+  __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __neg__ = _used
+  __floordiv__ = __rfloordiv__ = __truediv__ = __rtruediv__ = __mod__ = __rmod__ = _used
+  __pow__ = __rpow__ = __and__ = __rand__ = __or__ = __ror__ = _used
+
+  def __hash__(self):
+    return id(self)
+
+
+# Small shapes that every kernel of the op supports (the forward is traced, never run).
+_RECORDS = {
+  attention_spec.SPEC: lambda: jax.eval_shape(
+    attention_spec.canonicalize, *[SDS((1, 256, 2, 128), BF16)] * 3
+  ),
+  norm_spec.SPEC: lambda: jax.eval_shape(
+    norm_spec.canonicalize, SDS((16, 1024), BF16), SDS((1024,), BF16), SDS((1024,), BF16)
+  ),
+  loss_spec.SPEC: lambda: jax.eval_shape(
+    loss_spec.canonicalize, SDS((128, 256), BF16), SDS((128,), jnp.int32), SDS((256, 1024), BF16)
+  ),
+}
+
+
+def _implementations_with_backward_fields():
+  for spec in _RECORDS:
+    for name in spec.implementation_names:
+      cls = spec.implementation_class_or_reason(name)
+      if isinstance(cls, str) or cls.config_cls is None:
+        continue
+      if getattr(cls.config_cls, "BACKWARD_FIELDS", ()):
+        yield pytest.param(spec, cls, id=f"{spec.name}-{name}")
+
+
+CASES = list(_implementations_with_backward_fields())
+
+
+def _poisoned(config, names):
+  config = dataclasses.replace(config)
+  for name in names:
+    object.__setattr__(config, name, Poison())
+  return config
+
+
+def _trace_forward(op, record, config):
+  with triton_call.capture():  # Triton launches are recorded, not run.
+    jax.eval_shape(lambda r: op._fwd(r, config), record)
+    jax.eval_shape(lambda r: op._fwd_primal(r, config), record)
+
+
+def test_every_config_with_backward_fields_is_checked():
+  want = {
+    "dot_product_attention-mosaic",
+    "dot_product_attention-triton",
+    "dot_product_attention-mosaic_tpu",
+    "layer_norm-triton",
+    "linear_softmax_cross_entropy_loss-mosaic",
+    "linear_softmax_cross_entropy_loss-mosaic_tpu",
+  }
+  assert want <= {p.id for p in CASES}
+
+
+@pytest.mark.parametrize(("spec", "cls"), CASES)
+def test_forward_never_reads_backward_fields(spec, cls):
+  record = _RECORDS[spec]()
+  op = cls()
+  config = op._get_heuristics_config(record)
+  backward = cls.config_cls.BACKWARD_FIELDS
+  assert set(backward) <= {f.name for f in dataclasses.fields(config)}
+  _trace_forward(op, record, _poisoned(config, backward))
+  # The poison has teeth: the first forward field is read.
+  forward = next(f.name for f in dataclasses.fields(config) if f.name not in backward)
+  with pytest.raises(PoisonUsedError):
+    _trace_forward(op, record, _poisoned(config, [forward]))
