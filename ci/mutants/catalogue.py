@@ -605,6 +605,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Mosaic loss kernel: exp2 of unscaled logits (the log2(e) factor dropped).",
   ),
   Mutation(
+    "loss.mosaic_label_search_where_flags_clear",
+    _LOSS + "mosaic_kernel.py",
+    "    @pl.when(flags_ref[lax.div(row0, WG_ROWS), ni] != 0)",
+    "    @pl.when(flags_ref[lax.div(row0, WG_ROWS), ni] == 0)",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "interpret or tile"),
+    "Mosaic loss kernel: the label searched only in the items whose flags say none is there.",
+  ),
+  Mutation(
     "loss.mosaic_label_flags_row_group",
     _LOSS + "mosaic_kernel.py",
     "  return flags.at[jnp.arange(b) // WG_ROWS, tile].set(1)[:, :n_tiles]",

@@ -61,16 +61,13 @@ def test_interpret_matches_reference_with_gradients(b, h, v, scale, capfd):
   assert compare.relative_error(dw, ref_dw) < 1e-2
 
 
-@pytest.mark.parametrize("skip_label_free", [False, True])
 @pytest.mark.host_only
-def test_the_kernel_alone_gives_each_tiles_logsumexp_and_label_logit(skip_label_free):
+def test_the_kernel_alone_gives_each_tiles_logsumexp_and_label_logit():
   x, labels, w = _inputs(130, 128, 512)
   # Labels in each of the three kernel tiles, in the tail the kernel leaves to XLA (>= 384),
   # outside the weights (another vocabulary shard's), and -1 on the padding rows.
   labels = labels.at[:4].set(jnp.array([0, 383, 400, -5])).at[4].set(600)
-  config = mosaic.mosaic_kernel.MosaicLossKernelConfig(
-    block_n=128, num_stages=2, grid_tile_m=2, skip_label_free=skip_label_free
-  )
+  config = mosaic.mosaic_kernel.MosaicLossKernelConfig(block_n=128, num_stages=2, grid_tile_m=2)
   padded = jnp.pad(x, ((0, 126), (0, 0)))
   padded_labels = jnp.pad(labels, (0, 126), constant_values=-1)
   lse, picked = mosaic.mosaic_kernel.tile_stats(

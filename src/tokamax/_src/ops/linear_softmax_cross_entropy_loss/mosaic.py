@@ -34,14 +34,12 @@ class MosaicLossConfig:
     num_stages: Shared-memory stages of the kernel's load pipeline.
     grid_tile_m: Row tiles visited together before moving along the vocabulary.
     vocab_chunk_size: Vocabulary columns per step of the backward pass.
-    skip_label_free: Skip the kernel's label search where a tile holds no label.
   """
 
   block_n: int = 256
   num_stages: int = 4
   grid_tile_m: int = 32
   vocab_chunk_size: int = 4096
-  skip_label_free: bool = False
 
   # The fields the forward kernel ignores (see `Op._forward_config`).
   BACKWARD_FIELDS: ClassVar[tuple[str, ...]] = ("vocab_chunk_size",)
@@ -53,7 +51,6 @@ def _kernel_config(dtype, config: MosaicLossConfig) -> mosaic_kernel.MosaicLossK
     block_k=gemm.swizzle_elems(dtype),
     num_stages=config.num_stages,
     grid_tile_m=config.grid_tile_m,
-    skip_label_free=config.skip_label_free,
   )
 
 

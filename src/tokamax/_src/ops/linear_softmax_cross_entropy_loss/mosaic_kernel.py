@@ -7,7 +7,9 @@ place of the store of the logits tile, so that no [B, V] logits reach HBM:
 
 - `tile_stats`: each tile's per-row log-sum-exp and the logit at each row's label
   where the tile holds it (float32 [tiles, B] each); the caller combines the tiles
-  (a few MB), so the label's logit needs no gather of weight columns.
+  (a few MB), so the label's logit needs no gather of weight columns. Flags from
+  XLA (`label_tiles`) tell each warpgroup which tiles hold a label of its rows, and
+  the label search runs only there.
 """
 
 import dataclasses
@@ -36,15 +38,12 @@ class MosaicLossKernelConfig:
     num_stages: Shared-memory stages of the load pipeline.
     grid_tile_m: Row tiles visited together before moving along the
       vocabulary (the x rows of a band stay in L2 while the weights stream).
-    skip_label_free: Skip the label search in (row group, tile) items that hold
-      none of their rows' labels (flags from XLA).
   """
 
   block_n: int = 256
   block_k: int = 64
   num_stages: int = 4
   grid_tile_m: int = 32
-  skip_label_free: bool = False
 
   @property
   def block_m(self) -> int:
@@ -170,7 +169,7 @@ def tile_stats(
 
   def epilogue(logits, row0, mi, ni, stats_smem, extra_refs, out_refs):
     del mi
-    labels_ref = extra_refs[0]
+    labels_ref, flags_ref = extra_refs
     lse_ref, picked_ref = out_refs
     rows = lambda v: lax.broadcast_in_dim(v, logits.shape, [0])
     top = logits.max(axis=1)
@@ -186,15 +185,13 @@ def tile_stats(
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The previous item's stores.
     stats_smem[0] = lse
-    if config.skip_label_free:
-      stats_smem[1] = plgpu.layout_cast(jnp.zeros((WG_ROWS,), jnp.float32), row_layout)
+    # Most items hold none of their rows' labels: flags from XLA skip the search there.
+    stats_smem[1] = plgpu.layout_cast(jnp.zeros((WG_ROWS,), jnp.float32), row_layout)
 
-      @pl.when(extra_refs[1][lax.div(row0, WG_ROWS), ni] != 0)
-      def _():
-        stats_smem[1] = picked()
-
-    else:
+    @pl.when(flags_ref[lax.div(row0, WG_ROWS), ni] != 0)
+    def _():
       stats_smem[1] = picked()
+
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(stats_smem.at[0], lse_ref.at[ni, pl.ds(row0, WG_ROWS)])
     plgpu.copy_smem_to_gmem(stats_smem.at[1], picked_ref.at[ni, pl.ds(row0, WG_ROWS)])
@@ -213,8 +210,7 @@ def tile_stats(
     interpret=interpret,
   )
   labels = labels.astype(jnp.int32)
-  extra = (label_tiles(labels, n_tiles, bn),) if config.skip_label_free else ()
-  return call(x, w, jnp.zeros((1,), jnp.int32), labels, *extra)
+  return call(x, w, jnp.zeros((1,), jnp.int32), labels, label_tiles(labels, n_tiles, bn))
 
 
 def label_tiles(labels: jax.Array, n_tiles: int, block_n: int) -> jax.Array:
