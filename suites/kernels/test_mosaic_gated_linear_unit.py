@@ -1,6 +1,7 @@
 """Mosaic GPU gated_linear_unit on CPU: the fused kernel in the Pallas GPU
 interpreter (with race detection) on small shapes, and CUDA lowering of every
-tuning config. Timings and compiled numerics: ci/gpu/mosaic_mm.py on the H200.
+tuning config. Compiled numerics: suites/kernels/test_gpu_compiled.py on the H200;
+timings: `python -m bench.run`.
 """
 
 import dataclasses
@@ -118,7 +119,7 @@ def test_heuristic_and_residual_configs_lower_for_target_shapes(m, k, n):
 
 
 def test_benchmarked_residual_alternatives_lower_for_cuda():
-  """The residual-writing configs that ci/gpu/mosaic_mm.py times besides the default."""
+  """The residual-writing alternatives that were benchmarked besides the default."""
   wide = mosaic.MosaicGluConfig(block_n=128, num_stages=3, epi_n=128, grid_tile_m=8)
   _lower(8192, 4096, 14336, lambda r: [wide, dataclasses.replace(wide, cluster=2)], True)
 

@@ -1,7 +1,8 @@
 """Mosaic GPU ragged_dot on CPU: the kernels in the Pallas GPU interpreter (with
 race detection) on small shapes, and CUDA lowering of every tuning config.
 
-Not covered here (needs the H200, see ci/gpu/mosaic_mm.py): the compiled
+Not covered here (needs the H200: suites/kernels/test_gpu_compiled.py and
+`python -m bench.run`): the compiled
 kernels' numerics, wgmma/TMA hardware behaviour, timings. The interpreter runs
 the warp-specialised pipeline's barriers and TMA copies, but not register
 allocation (`setmaxnreg`) or the real shared-memory limit.
