@@ -2,8 +2,8 @@
 race detection) on small shapes, and CUDA lowering of every tuning config.
 
 Not covered here (needs the H200: suites/kernels/test_gpu_compiled.py and
-`python -m bench.run`): the compiled
-kernels' numerics, wgmma/TMA hardware behaviour, timings. The interpreter runs
+`python -m bench.run`): the compiled kernels' numerics, wgmma/TMA hardware
+behaviour, timings. The interpreter runs
 the warp-specialised pipeline's barriers and TMA copies, but not register
 allocation (`setmaxnreg`) or the real shared-memory limit.
 """
