@@ -1,0 +1,153 @@
+"""The comparators' remaining rules, each against hand-derived numbers.
+
+`relative_error` is ||a - e|| / ||e||; the element bound is relative to the
+reference, not to the result; a zero tolerance accepts exact results; a leaf
+missing on one side, another pytree structure or another shape with the same
+bytes fails; the determinism check runs the function again and compares every
+run; the finite-difference check and `random_like` keep their contracts.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tokamax_harness import compare, grads, tolerance
+
+
+def test_relative_error_is_the_norm_of_the_difference_over_the_reference():
+  e = np.array([3.0, 4.0])  # ||e|| = 5.
+  assert compare.relative_error(e + np.array([0.0, 0.5]), e) == pytest.approx(0.1, rel=1e-12)
+  assert compare.relative_error(2.0 * e, e) == pytest.approx(1.0, rel=1e-12)
+  assert compare.relative_error(np.zeros(2), e) == pytest.approx(1.0, rel=1e-12)
+  assert compare.relative_error(e, e) == 0.0
+
+
+def test_the_bound_is_relative_to_the_reference_not_the_result():
+  """rtol = 0.5 of |reference| = 1: an error of 0.4 passes, 0.9 fails (0.9 < 0.5 * |1.9|)."""
+  tol = tolerance.Tolerance(atol=0.0, rtol=0.5, fraction=1.0, outlier_factor=100.0)
+  e = np.ones(16)
+  compare.assert_close(e - 0.4, e, tol=tol)  # 0.4 <= 0.5 (it would exceed 0.5 * |0.6| = 0.3).
+  with pytest.raises(AssertionError, match="exceed the bound"):
+    compare.assert_close(e + 0.9, e, tol=tol)
+
+
+def test_a_zero_tolerance_accepts_exact_results_only():
+  exact = tolerance.Tolerance(atol=0.0, rtol=0.0, fraction=1.0)
+  e = np.linspace(-1.0, 1.0, 32)
+  compare.assert_close(e.copy(), e, tol=exact)
+  compare.assert_close(np.zeros(4), np.zeros(4), tol=exact)
+  with pytest.raises(AssertionError, match="1 of 32 elements"):
+    compare.assert_close(np.where(np.arange(32) == 5, np.nextafter(e, 2.0), e), e, tol=exact)
+
+
+def test_a_leaf_missing_on_one_side_fails():
+  e = {"out": np.ones(4), "lse": np.zeros(2)}
+  with pytest.raises(AssertionError, match="one side is None"):
+    compare.assert_close({"out": np.ones(4), "lse": None}, e, tol=tolerance.TABLE["float64"])
+  with pytest.raises(AssertionError, match="one side is None"):
+    compare.assert_close(e, {"out": np.ones(4), "lse": None}, tol=tolerance.TABLE["float64"])
+  # None on both sides (an absent residual, a non-differentiable input) is not compared.
+  compare.assert_close(
+    {"out": np.ones(4), "lse": None},
+    {"out": np.ones(4), "lse": None},
+    tol=tolerance.TABLE["float64"],
+  )
+
+
+def test_another_pytree_structure_fails_even_with_as_many_leaves():
+  a = {"out": np.ones(4), "lse": np.zeros(2)}
+  e = {"out": np.ones(4), "max": np.zeros(2)}
+  with pytest.raises(AssertionError, match="structure"):
+    compare.assert_close(a, e, tol=tolerance.TABLE["float64"])
+
+
+def test_bitwise_equal_needs_the_same_shape():
+  x = np.arange(6, dtype=np.float32).reshape(2, 3)
+  with pytest.raises(AssertionError, match=r"\(2, 3\)"):
+    compare.assert_bitwise_equal(x, x.reshape(3, 2))
+  with pytest.raises(AssertionError, match="float64"):
+    compare.assert_bitwise_equal(x, x.astype(np.float64))
+
+
+def _drifting(from_run: int):
+  """x + 1 from the `from_run`-th run on (1-based, traces not counted): nondeterministic."""
+  runs = itertools.count(1)
+
+  def fn(x):
+    if isinstance(x, jax.core.Tracer):  # `assert_deterministic` traces it for the output shape.
+      return x
+    return x + (1.0 if next(runs) >= from_run else 0.0)
+
+  return fn
+
+
+@pytest.mark.parametrize("runs", [2, 3])
+def test_assert_deterministic_compares_every_run(runs):
+  x = jnp.arange(4.0)
+  key = jax.random.key(0)
+  grads.assert_deterministic(
+    lambda x: x * 2.0, (x,), key=key, runs=runs, jit=False, gradients=False
+  )
+  # Differs on the last run only: every run must be compared with the first.
+  with pytest.raises(AssertionError, match="not deterministic"):
+    grads.assert_deterministic(
+      _drifting(runs), (x,), key=key, runs=runs, jit=False, gradients=False
+    )
+
+
+def _scaled_gradient(fn, factor):
+  """`fn` whose reverse-mode gradient is `factor` times the true one (a planted bug)."""
+
+  @jax.custom_vjp
+  def f(x):
+    return fn(x)
+
+  def fwd(x):
+    return fn(x), x
+
+  def bwd(x, g):
+    (dx,) = jax.vjp(fn, x)[1](g)
+    return (dx * factor,)
+
+  f.defvjp(fwd, bwd)
+  return f
+
+
+def _sum_sin(x):
+  return jnp.sum(jnp.sin(x))
+
+
+def test_check_grads_float64_catches_a_gradient_off_by_1e_4():
+  """The float64 finite-difference tolerance is 1e-5: a 1e-4 relative error fails."""
+  with jax.enable_x64(True):
+    x = jnp.linspace(0.1, 1.5, 16, dtype=jnp.float64)
+    grads.check_grads(_scaled_gradient(_sum_sin, 1.0), (x,))
+    with pytest.raises(AssertionError):
+      grads.check_grads(_scaled_gradient(_sum_sin, 1.0 + 1e-4), (x,))
+
+
+def test_check_grads_float32_catches_a_gradient_off_by_10_percent():
+  """The float32 finite-difference tolerance is 3e-2: a 10% error fails."""
+  x = jnp.linspace(0.1, 1.5, 16, dtype=jnp.float32)
+  grads.check_grads(_scaled_gradient(_sum_sin, 1.0), (x,))
+  with pytest.raises(AssertionError):
+    grads.check_grads(_scaled_gradient(_sum_sin, 1.1), (x,))
+
+
+def test_random_like_draws_each_leaf_independently():
+  tree = {"a": jnp.zeros((64,)), "b": jnp.zeros((64,)), "i": jnp.zeros((3,), jnp.int32)}
+  out = grads.random_like(jax.random.key(0), tree)
+  a, b = np.asarray(out["a"]), np.asarray(out["b"])
+  assert not np.array_equal(a, b)  # Cotangents of two outputs are not the same draw.
+  assert 0.5 < a.std() < 1.5 and 0.5 < b.std() < 1.5
+  np.testing.assert_array_equal(np.asarray(out["i"]), 0)  # Integer leaves are kept.
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.bool_, np.complex64])
+def test_no_tolerance_for_dtypes_outside_the_table(dtype):
+  """Integers are compared exactly elsewhere; no float row may silently stand in."""
+  with pytest.raises(KeyError, match="no tolerance"):
+    tolerance.for_dtype(dtype)

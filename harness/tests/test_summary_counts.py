@@ -1,0 +1,84 @@
+"""The summary's counting rules, in process (no pytest subprocess): fixture errors count as
+failures, skip reasons lose pytest's "Skipped: " prefix, a JUnit error is not finished, and
+a run cut short says how many tests it did not reach."""
+
+import types
+
+from tokamax_harness import summary
+
+_OWNER = [(summary.OWNER_PROPERTY, ("layer_norm", "xla"))]
+
+
+def _report(when, outcome, nodeid="t.py::test", longrepr=None):
+  return types.SimpleNamespace(
+    when=when,
+    outcome=outcome,
+    passed=outcome == "passed",
+    failed=outcome == "failed",
+    skipped=outcome == "skipped",
+    user_properties=_OWNER,
+    nodeid=nodeid,
+    longrepr=longrepr,
+  )
+
+
+def test_live_counts():
+  c = summary.Collector(config=None)
+  c.pytest_runtest_logreport(_report("setup", "passed", "t.py::a"))
+  c.pytest_runtest_logreport(_report("call", "passed", "t.py::a"))
+  c.pytest_runtest_logreport(_report("teardown", "passed", "t.py::a"))
+  c.pytest_runtest_logreport(_report("setup", "failed", "t.py::fixture_error"))  # An error.
+  c.pytest_runtest_logreport(_report("call", "failed", "t.py::b"))
+  skip = ("t.py", 3, "Skipped: needs a GPU")
+  c.pytest_runtest_logreport(_report("setup", "skipped", "t.py::c", longrepr=skip))
+  (row,) = c.as_dict()["rows"]
+  assert (row["passed"], row["failed"], row["skipped"]) == (1, 2, 1)
+  assert row["failures"] == ["t.py::fixture_error", "t.py::b"]
+  assert row["skip_reasons"] == {"needs a GPU": 1}
+  assert c.as_dict()["ran"] == 4
+
+
+_JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest">
+ <testcase classname="suites.t" name="test_pass">
+  <properties><property name="tokamax_op" value="('layer_norm', 'xla')"/></properties>
+ </testcase>
+ <testcase classname="suites.t" name="test_fail">
+  <properties><property name="tokamax_op" value="('layer_norm', 'xla')"/></properties>
+  <failure message="assert 1 == 2">...</failure>
+ </testcase>
+ <testcase classname="suites.t" name="test_error">
+  <properties><property name="tokamax_op" value="('layer_norm', 'xla')"/></properties>
+  <error message="fixture failed">...</error>
+ </testcase>
+ <testcase classname="suites.t" name="test_skip">
+  <skipped type="pytest.skip" message="Skipped: needs a GPU">...</skipped>
+ </testcase>
+</testsuite></testsuites>
+"""
+
+
+def test_junit_counts_and_finished_tests(tmp_path):
+  path = tmp_path / "j.xml"
+  path.write_text(_JUNIT)
+  assert summary.junit_finished_ids(str(path)) == {
+    ("suites.t", "test_pass"),
+    ("suites.t", "test_skip"),
+  }
+  doc = summary.from_junit([str(path)], "host", collected=6)
+  rows = {(r["op"], r["implementation"]): r for r in doc["rows"]}
+  ln = rows[("layer_norm", "xla")]
+  assert (ln["passed"], ln["failed"], ln["skipped"]) == (1, 2, 0)
+  assert sorted(ln["failures"]) == ["suites.t::test_error", "suites.t::test_fail"]
+  other = rows[summary.OTHER]
+  assert (other["passed"], other["failed"], other["skipped"]) == (0, 0, 1)
+  assert other["skip_reasons"] == {"needs a GPU": 1}
+  assert (doc["collected"], doc["ran"]) == (6, 4)
+  text = summary.markdown(doc)
+  assert "4 of 6 collected tests ran; 2 not reached (time limit)." in text
+  assert "- `suites.t::test_error`" in text
+
+
+def test_markdown_of_a_complete_run_says_nothing_was_missed():
+  doc = summary._document({}, {}, {}, 0, title="host")
+  assert "0 of 0 collected tests ran." in summary.markdown(doc)

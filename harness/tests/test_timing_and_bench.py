@@ -1,0 +1,165 @@
+"""Timers and benchmark records against a fake clock and hand-computed rates.
+
+A fake clock that the timed function itself advances gives known per-run
+times: the timer must rotate through the argument tuples, time each run and
+nothing else, honour `min_seconds` up to its cap, and keep the reason of a
+CUPTI fallback. A `Measurement` of known FLOPs, bytes and times must report
+the rates of its median time.
+"""
+
+import dataclasses
+import json
+import types
+
+import pytest
+
+from tokamax_harness import bench, timing
+
+
+class FakeClock:
+  """A clock that only the timed function (and each reading, by `tick`) moves."""
+
+  def __init__(self, tick: float = 0.0):
+    self.now = 0.0
+    self.tick = tick
+
+  def __call__(self) -> float:
+    self.now += self.tick
+    return self.now
+
+
+def test_wallclock_times_rotates_the_arguments_and_times_each_run():
+  clock = FakeClock()
+  seen = []
+
+  def fn(seconds):
+    seen.append(seconds)
+    clock.now += seconds  # The run takes `seconds` on the fake clock.
+
+  times = timing.wallclock_times(fn, [(1.0,), (2.0,), (4.0,)], 5, clock=clock)
+  assert seen == [1.0, 2.0, 4.0, 1.0, 2.0]
+  assert times == [1.0, 2.0, 4.0, 1.0, 2.0]
+
+
+def test_timing_summary_of_known_times():
+  t = timing.Timing((0.004, 0.001, 0.010, 0.002), "wallclock")
+  assert t.median_s == pytest.approx(0.003)
+  d = t.as_dict()
+  assert d["median_ms"] == pytest.approx(3.0)
+  assert d["min_ms"] == pytest.approx(1.0)
+  assert d["max_ms"] == pytest.approx(10.0)
+  assert d["runs"] == 4 and d["method"] == "wallclock" and d["fallback_reason"] is None
+
+
+@pytest.mark.parametrize("method", [timing.WALLCLOCK, timing.CPUTIME])
+def test_min_seconds_asks_for_more_iterations_up_to_the_cap(monkeypatch, method):
+  clock = FakeClock(tick=0.005)  # Each reading 5 ms later: a warm-up run "takes" 5 ms.
+  monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=clock, process_time=clock))
+  fn = lambda: None
+  assert len(timing.device_time(fn, [()], iterations=4, method=method).times_s) == 4
+  # 1 s of 5 ms calls: 200 iterations, more than the 4 asked for.
+  out = timing.device_time(fn, [()], iterations=4, method=method, min_seconds=1.0)
+  assert len(out.times_s) == 200 and out.method == method
+  # Never fewer than asked for ...
+  assert (
+    len(timing.device_time(fn, [()], iterations=300, method=method, min_seconds=1.0).times_s) == 300
+  )
+  # ... and at most MAX_ITERATIONS = 2000 (1000 s would be 200000 calls).
+  assert (
+    len(timing.device_time(fn, [()], iterations=4, method=method, min_seconds=1e3).times_s) == 2000
+  )
+
+
+def test_cupti_fallback_keeps_its_reason(monkeypatch):
+  monkeypatch.setattr(timing, "cupti_times", lambda *args: None)  # As where CUPTI cannot load.
+  with pytest.warns(UserWarning, match="fell back to wallclock"):
+    out = timing.device_time(lambda: None, [()], warmup=1, iterations=3, method=timing.CUPTI)
+  assert out.method == timing.WALLCLOCK and len(out.times_s) == 3
+  assert out.fallback_reason == "CUPTI is unavailable here"
+  assert out.as_dict()["fallback_reason"] == "CUPTI is unavailable here"
+
+  def broken(*args):
+    raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
+
+  monkeypatch.setattr(timing, "cupti_times", broken)
+  with pytest.warns(UserWarning, match="CUPTI_ERROR_NOT_INITIALIZED"):
+    out = timing.device_time(lambda: None, [()], warmup=1, iterations=2, method=timing.CUPTI)
+  assert out.fallback_reason == "RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"
+
+
+def test_device_time_rejects_unknown_methods_and_empty_arguments():
+  with pytest.raises(ValueError, match="unknown timing method"):
+    timing.device_time(lambda: None, [()], warmup=1, method="xprof")
+  with pytest.raises(ValueError, match="args_list"):
+    timing.device_time(lambda: None, [])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cost:
+  flops: float
+  bytes: float
+
+
+def _measurement(mode: str) -> bench.Measurement:
+  # Median 2 s (min 1 s, max 8 s); 6 TFLOP and 4 GB of forward work.
+  times = timing.Timing((1.0, 2.0, 8.0), "wallclock")
+  return bench.measurement(
+    op="layer_norm",
+    implementation="xla",
+    case="plain",
+    mode=mode,
+    shapes={"m": 8},
+    dtype="float32",
+    result=times,
+    cost=_Cost(flops=6e12, bytes=4e9),
+  )
+
+
+def test_measurement_rates_use_the_median_time():
+  m = _measurement("fwd")
+  assert (m.flops, m.bytes) == (6e12, 4e9)
+  assert m.tflops == pytest.approx(3.0)  # 6e12 FLOP / 2 s.
+  assert m.gbps == pytest.approx(2.0)  # 4e9 B / 2 s.
+  d = m.as_dict()
+  assert d["tflops_per_s"] == pytest.approx(3.0) and d["gb_per_s"] == pytest.approx(2.0)
+  assert d["device_time_median_ms"] == pytest.approx(2000.0)
+  assert d["device_time_min_ms"] == pytest.approx(1000.0)
+  assert d["device_time_max_ms"] == pytest.approx(8000.0)
+  assert d["mode"] == "fwd" and d["op"] == "layer_norm" and d["shapes"] == {"m": 8}
+
+
+def test_forward_and_backward_count_three_forwards_of_work():
+  m = _measurement("fwd_bwd")
+  assert (m.flops, m.bytes) == (18e12, 12e9)
+  assert m.tflops == pytest.approx(9.0) and m.gbps == pytest.approx(6.0)
+
+
+def test_measurement_without_a_cost_has_no_rates():
+  m = bench.measurement(
+    op="x",
+    implementation="y",
+    case="z",
+    mode="fwd",
+    shapes={},
+    dtype="float32",
+    result=timing.Timing((1.0,), "wallclock"),
+  )
+  assert m.flops is None and m.tflops is None and m.gbps is None
+
+
+def test_current_commit_prefers_github_sha(monkeypatch):
+  """A device copy of the tree may carry a stale .git: the CI's GITHUB_SHA wins."""
+  monkeypatch.setenv("GITHUB_SHA", "0123abcd" * 5)
+  assert bench.current_commit() == "0123abcd" * 5
+  assert bench.environment()["commit"] == "0123abcd" * 5
+
+
+def test_write_json_stores_records_with_their_environment(tmp_path, monkeypatch):
+  monkeypatch.setenv("GITHUB_SHA", "f" * 40)
+  path = tmp_path / "out" / "bench.json"
+  doc = bench.write_json(str(path), [_measurement("fwd"), {"op": "hand-written"}], run="nightly")
+  on_disk = json.loads(path.read_text())
+  assert on_disk == json.loads(json.dumps(doc, default=str))
+  assert on_disk["commit"] == "f" * 40 and on_disk["run"] == "nightly"
+  assert [r["op"] for r in on_disk["records"]] == ["layer_norm", "hand-written"]
+  assert on_disk["records"][0]["tflops_per_s"] == pytest.approx(3.0)
