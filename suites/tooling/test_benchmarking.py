@@ -138,3 +138,25 @@ def test_benchmark_of_one_iteration():
   data = tokamax.benchmark(jnp.sin, jnp.ones((4,), jnp.float32), iterations=1, method="wallclock")
   assert len(data.evaluation_times_ms) == 1
   assert data.median_evaluation_time_ms == data.evaluation_times_ms[0] > 0
+
+
+def test_peak_memory_counts_temporaries():
+  """The product a @ a (256 KiB) is a temporary: the scalar output cannot hold it."""
+  x = jax.ShapeDtypeStruct((256, 256), jnp.float32)
+  fn, arrays = tokamax.standardize_function(lambda a: jnp.cumsum(a @ a, axis=0).sum(), x)
+  data = tokamax.benchmark(fn, arrays, iterations=1, method="wallclock")
+  if data.peak_memory_bytes is not None:  # Where XLA reports a memory analysis.
+    assert data.peak_memory_bytes >= 256 * 256 * 4 + 256 * 256 * 4
+
+
+def test_vjp_cotangents_are_not_the_inputs():
+  """Cotangents are drawn apart from the inputs, also where their shapes agree."""
+  x = jax.ShapeDtypeStruct((64,), jnp.float32)
+  _, (inp,) = tokamax.standardize_function(jnp.sin, x, seed=0)
+  fn, (dout,) = tokamax.standardize_function(jnp.sin, x, mode="vjp", seed=0)
+  assert not np.array_equal(np.asarray(inp), np.asarray(dout))
+  (dx,) = jax.jit(fn)([dout])
+  # The residuals are those of the seeded input: d sin(x) = cos(x) * dout.
+  np.testing.assert_allclose(
+    np.asarray(dx[0]), np.cos(np.asarray(inp, np.float64)) * np.asarray(dout), rtol=1e-5, atol=1e-6
+  )

@@ -194,3 +194,33 @@ def test_cuda_export_of_kernel_implementations(spec, name):
   assert calls, f"no kernel custom call in {sorted(export.custom_call_targets(exported))}"
   restored = jax.export.deserialize(exported.serialize())
   assert export.kernel_custom_calls(restored) == calls
+
+
+def test_custom_call_targets_of_both_stablehlo_forms():
+  """The pretty form (`stablehlo.custom_call @target(`) and the generic form (`call_target_name`)."""
+  text = (
+    "%0 = stablehlo.custom_call @triton_kernel_call(%arg0) : (tensor<8xf32>) -> tensor<8xf32>\n"
+    '%1 = "stablehlo.custom_call"(%0) {call_target_name = "tpu_custom_call", '
+    'backend_config = ""} : (tensor<8xf32>) -> tensor<8xf32>\n'
+    "%2 = stablehlo.custom_call @Sharding(%1) : (tensor<8xf32>) -> tensor<8xf32>\n"
+  )
+  assert export.custom_call_targets(text) == {"triton_kernel_call", "tpu_custom_call", "Sharding"}
+  assert export.kernel_custom_calls(text) == {"triton_kernel_call", "tpu_custom_call"}
+
+
+def test_every_kernel_custom_call_is_allowed_by_the_disabled_checks():
+  """Each custom call that the kernels emit, listed by hand, is one the export checks allow."""
+  targets = (
+    "triton_kernel_call",
+    "__gpu$xla.gpu.triton",
+    "mosaic_gpu_v2",
+    "mosaic_gpu",
+    "tpu_custom_call",
+    "__cudnn$fmhaSoftmax",
+    "__cudnn$fmhaScaleBiasSoftmax",
+    "__cudnn$fmhaSoftmaxBackward",
+    "__cudnn$fmhaScaleBiasSoftmaxBackward",
+  )
+  for target in targets:
+    assert jax.export.DisabledSafetyCheck.custom_call(target) in tokamax.DISABLE_JAX_EXPORT_CHECKS
+    assert export.kernel_custom_calls(f"stablehlo.custom_call @{target}(%0)") == {target}

@@ -1,0 +1,287 @@
+"""The autotuner's rules, on the example user op (small, fast to compile) and fake timers.
+
+The median of a candidate's runs decides (not the mean: one slow outlier run
+does not lose it the race); "forward_and_vjp" really times the backward pass;
+fixed configs, time budgets and failures follow `tokamax.autotune`'s contract;
+results keep their library version and reject unknown format versions; configs
+encode canonically; timing inputs are valid; signature keys tell static
+arguments apart.
+"""
+
+import dataclasses
+import enum
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tokamax
+from tokamax._src import arguments
+from tokamax._src.autotuning import api, autotuner, cache, configs, inputs
+from tokamax._src.autotuning import example_user_op as ex
+from tokamax._src.ops.attention import spec as attention_spec
+from tokamax._src.ops.ragged_dot import spec as ragged_dot_spec
+
+
+def _x(n: int = 64):
+  return jax.random.normal(jax.random.key(0), (8, n), jnp.float32)
+
+
+def _block(text: str) -> int:
+  return json.loads(text)["block_cols"]
+
+
+def test_the_median_run_decides(monkeypatch):
+  """Block 16: runs of 1, 1 and 100 ms (median 1, mean 34); block 32: 5, 5, 5 ms."""
+  canned = iter([[1.0, 1.0, 100.0], [5.0, 5.0, 5.0]])  # Candidates are timed in text order.
+  monkeypatch.setattr(autotuner.benchmarking, "time_compiled", lambda *a, **k: next(canned))
+  data = (
+    ex.BlockedRowRms()
+    .bind(_x())
+    .autotune(candidates=[ex.BlockConfig(32), ex.BlockConfig(16)], iterations=3)
+  )
+  assert [(_block(c), t) for c, t in data.timings_ms] == [(16, 1.0), (32, 5.0)]
+  assert _block(data.config) == 16
+
+
+@jax.custom_vjp
+def _no_backward(x):
+  return x
+
+
+def _no_backward_fwd(x):
+  return x, None
+
+
+def _no_backward_bwd(res, g):
+  raise ValueError("this candidate has no backward pass")
+
+
+_no_backward.defvjp(_no_backward_fwd, _no_backward_bwd)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _BrokenBackwardRowRms(ex.BlockedRowRms):
+  """Block 16 has a forward pass but no backward pass."""
+
+  def _fwd(self, args, config):
+    if config.block_cols == 16:
+      args = dataclasses.replace(args, x=_no_backward(args.x))
+    return super()._fwd(args, config)
+
+
+@pytest.mark.parametrize("mode", ["forward", "forward_and_vjp"])
+def test_forward_and_vjp_times_the_backward_pass(mode):
+  data = (
+    _BrokenBackwardRowRms()
+    .bind(_x())
+    .autotune(candidates=[ex.BlockConfig(16), ex.BlockConfig(32)], iterations=1, mode=mode)
+  )
+  assert data.mode == mode
+  timed = {_block(c) for c, _ in data.timings_ms}
+  if mode == "forward":
+    assert timed == {16, 32} and not data.errors
+  else:  # Block 16 fails where its backward pass is compiled.
+    assert timed == {32} and _block(data.config) == 32
+    ((config, error),) = data.errors
+    assert _block(config) == 16 and "no backward pass" in error
+
+
+def test_a_fixed_config_is_not_tuned():
+  fixed = ex.BlockedRowRms(config=ex.BlockConfig(32))
+  result = tokamax.autotune(lambda x: ex.row_rms(x, implementation=fixed), _x(), progress=False)
+  assert len(result) == 0
+  free = tokamax.autotune(
+    lambda x: ex.row_rms(x, implementation="blocked"), _x(), iterations=1, progress=False
+  )
+  assert len(free) == 1
+
+
+def test_a_spent_time_budget_skips_the_ops_left():
+  f = lambda x: ex.row_rms(x, implementation="blocked")
+  result = tokamax.autotune(f, _x(), time_budget_s=0.0, ignore_cache=True, progress=False)
+  (data,) = result.data
+  assert data.config is None and data.errors == ((None, "skipped: time budget"),)
+  assert not data.timings_ms
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _EveryCandidateFails(ex.BlockedRowRms):
+  """The heuristics' block (64 here) works; the tuned candidates 16 and 32 do not."""
+
+  def _fwd(self, args, config):
+    if config.block_cols in (16, 32):
+      raise ValueError(f"block {config.block_cols} is broken")
+    return super()._fwd(args, config)
+
+  def _get_autotuning_configs(self, args):
+    return {ex.BlockConfig(16), ex.BlockConfig(32)}
+
+
+def test_every_candidate_failing_raises_unless_errors_are_ignored():
+  op = _EveryCandidateFails()
+  f = lambda x: ex.row_rms(x, implementation=op)
+  result = tokamax.autotune(f, _x(), iterations=1, progress=False)
+  (data,) = result.data
+  assert data.config is None and {_block(c) for c, _ in data.errors} == {16, 32}
+  with pytest.raises(RuntimeError, match="every candidate failed"):
+    tokamax.autotune(f, _x(), iterations=1, ignore_errors=False, progress=False)
+
+
+# -- Results ------------------------------------------------------------------------
+
+
+def _entry(**kw):
+  fields = dict(op="example_row_rms", implementation="blocked", key="k", mode="forward")
+  fields.update(config='{"block_cols":16}', heuristic='{"block_cols":64}')
+  fields.update(kw)
+  return api.AutotuningData(**fields)
+
+
+def test_a_loaded_result_keeps_the_version_that_tuned_it():
+  old = tokamax.AutotuningResult("cpu", (_entry(),), library_version="0.0.1")
+  again = tokamax.AutotuningResult.loads(old.dumps())
+  assert again.library_version == "0.0.1" != tokamax.__version__
+  assert again == old and json.loads(again.dumps())["library_version"] == "0.0.1"
+
+
+@pytest.mark.parametrize("version", [0, 2, None])
+def test_other_format_versions_are_rejected(version):
+  obj = json.loads(tokamax.AutotuningResult("cpu", (_entry(),)).dumps())
+  obj["format_version"] = version
+  with pytest.raises(ValueError, match="format_version"):
+    tokamax.AutotuningResult.from_json(obj)
+
+
+def test_a_later_entry_of_the_same_key_wins():
+  a, b = _entry(config='{"block_cols":16}'), _entry(config='{"block_cols":32}')
+  assert tokamax.AutotuningResult("cpu", (a, b)).data == (b,)
+  assert tokamax.AutotuningResult("cpu", (b, a)).data == (a,)
+
+
+# -- Configs ------------------------------------------------------------------------
+
+
+class _Order(enum.Enum):
+  ROW_MAJOR = "row"
+  COLUMN_MAJOR = "column"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inner:
+  stages: int = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+  """Fields out of alphabetical order, an enum, a tuple, a nested config, an optional."""
+
+  zeta: int = 1
+  alpha: tuple[int, int] = (64, 32)
+  order: _Order = _Order.ROW_MAJOR
+  inner: _Inner = _Inner()
+  split: int | None = None
+
+
+def test_configs_encode_canonically():
+  text = configs.encode(_Config(zeta=3, order=_Order.COLUMN_MAJOR))
+  assert text == ('{"alpha":[64,32],"inner":{"stages":2},"order":"column","split":null,"zeta":3}')
+  # The text is the same whatever the key order of the JSON it came from.
+  assert configs.canonical(json.loads(text)) == text
+  shuffled = {
+    "zeta": 3,
+    "split": None,
+    "order": "column",
+    "inner": {"stages": 2},
+    "alpha": [64, 32],
+  }
+  assert configs.canonical(shuffled) == text
+
+
+def test_configs_decode_to_their_class():
+  config = _Config(zeta=3, alpha=(128, 16), order=_Order.COLUMN_MAJOR, inner=_Inner(4), split=2)
+  again = configs.decode(_Config, configs.encode(config))
+  assert again == config and hash(again) == hash(config)
+  assert isinstance(again.alpha, tuple) and isinstance(again.order, _Order)
+  assert isinstance(again.inner, _Inner)
+  with pytest.raises(ValueError, match="no fields"):
+    configs.decode(_Config, '{"zeta":1,"block_q":64}')
+
+
+# -- Timing inputs and keys -----------------------------------------------------------
+
+
+def test_timing_inputs_hold_valid_integer_values():
+  q = jax.ShapeDtypeStruct((2, 96, 4, 16), jnp.float32)
+  lengths = jax.ShapeDtypeStruct((2,), jnp.int32)
+  record = jax.eval_shape(
+    lambda q, lengths: attention_spec.SPEC.canonicalize(
+      q, q, q, query_seq_lengths=lengths, key_value_seq_lengths=lengths
+    ),
+    q,
+    lengths,
+  )
+  filled = inputs.fill_integer_fields(record, attention_spec.SPEC)
+  # Every sequence at its full length (zero lengths would time a fully masked call).
+  np.testing.assert_array_equal(filled.q_seq_lengths, [96, 96])
+  np.testing.assert_array_equal(filled.kv_seq_lengths, [96, 96])
+  assert filled.q_seq_lengths.dtype == np.int32
+  assert isinstance(filled.query, jax.ShapeDtypeStruct)  # Floats stay abstract.
+
+  lhs, rhs = (
+    jax.ShapeDtypeStruct((100, 16), jnp.float32),
+    jax.ShapeDtypeStruct((4, 16, 8), jnp.float32),
+  )
+  sizes = jax.ShapeDtypeStruct((4,), jnp.int32)
+  record = jax.eval_shape(ragged_dot_spec.SPEC.canonicalize, lhs, rhs, sizes)
+  filled = inputs.fill_integer_fields(record, ragged_dot_spec.SPEC, seed=3)
+  assert filled.group_sizes.dtype == np.int32 and filled.group_sizes.shape == (4,)
+  assert filled.group_sizes.sum() == 100 and (filled.group_sizes >= 0).all()
+
+
+def test_signature_keys_tell_static_arguments_apart():
+  q = jax.ShapeDtypeStruct((1, 64, 2, 16), jnp.float32)
+
+  def key(**kwargs):
+    return arguments.signature_key(
+      jax.eval_shape(lambda q: attention_spec.SPEC.canonicalize(q, q, q, **kwargs), q)
+    )
+
+  plain = key()
+  assert plain == key()
+  assert plain != key(is_causal=True)  # A config tuned without the mask is not for it.
+  assert plain != key(local_window_size=(8, 8))
+  assert plain != key(logits_soft_cap=30.0)
+  assert "is_causal=True" in key(is_causal=True)
+
+
+@pytest.mark.parametrize(
+  ("kind", "name"),
+  [
+    ("NVIDIA H200", "NVIDIA_H200.json"),
+    ("NVIDIA A100-SXM4-80GB", "NVIDIA_A100-SXM4-80GB.json"),
+    ("NVIDIA H100 80GB HBM3", "NVIDIA_H100_80GB_HBM3.json"),
+    ("TPU v5 lite", "TPU_v5_lite.json"),
+    ("TPU v5p (2x)", "TPU_v5p_2x.json"),
+  ],
+)
+def test_default_cache_file_names(kind, name):
+  assert cache.file_name(kind) == name
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _OneCandidate(ex.BlockedRowRms):
+  def _get_autotuning_configs(self, args):
+    return {ex.BlockConfig(32)}
+
+
+def test_a_single_candidate_is_nothing_to_tune_on_a_miss():
+  x = _x()
+  with tokamax.config.override(cache_miss="error"):
+    out = jax.jit(lambda x: ex.row_rms(x, implementation=_OneCandidate()))(x)  # No lookup error.
+    with pytest.raises(LookupError, match="no tuned config"):
+      jax.jit(lambda x: ex.row_rms(x, implementation="blocked"))(x)
+  x64 = np.asarray(x, np.float64)
+  np.testing.assert_allclose(np.asarray(out), np.sqrt((x64 * x64).mean(-1)), rtol=1e-5)
