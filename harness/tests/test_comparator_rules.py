@@ -151,3 +151,36 @@ def test_no_tolerance_for_dtypes_outside_the_table(dtype):
   """Integers are compared exactly elsewhere; no float row may silently stand in."""
   with pytest.raises(KeyError, match="no tolerance"):
     tolerance.for_dtype(dtype)
+
+
+def _times_two(x):
+  return x * 2.0  # Exact in bfloat16: the plain computation has no error.
+
+
+def _gradient_off_by_2_percent(x):
+  """x * 2 whose gradient is 2.3% too large: inside bfloat16's gradient bound (rtol 3.2e-2)
+  where |ref| is large, outside the relative rule (2 x the plain error, here 0, + 2 ulps =
+  1.6% of max |ref|)."""
+
+  @jax.custom_vjp
+  def f(x):
+    return _times_two(x)
+
+  def fwd(x):
+    return _times_two(x), None
+
+  def bwd(_, g):
+    return ((g * (2.0 * 1.023)).astype(g.dtype),)
+
+  f.defvjp(fwd, bwd)
+  return f(x)
+
+
+def test_vjp_check_applies_the_relative_rule_to_gradients():
+  x = jax.random.normal(jax.random.key(0), (256,)).astype(jnp.bfloat16)
+  key = jax.random.key(1)
+  grads.assert_vjp_close(_times_two, _times_two, (x,), key=key, plain=_times_two)
+  bad = _gradient_off_by_2_percent
+  grads.assert_vjp_close(bad, _times_two, (x,), key=key)  # The table alone lets it pass ...
+  with pytest.raises(AssertionError, match="relative rule"):  # ... the relative rule does not.
+    grads.assert_vjp_close(bad, _times_two, (x,), key=key, plain=_times_two)

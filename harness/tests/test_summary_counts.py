@@ -82,3 +82,19 @@ def test_junit_counts_and_finished_tests(tmp_path):
 def test_markdown_of_a_complete_run_says_nothing_was_missed():
   doc = summary._document({}, {}, {}, 0, title="host")
   assert "0 of 0 collected tests ran." in summary.markdown(doc)
+
+
+def test_junit_ids_of_items_name_their_class():
+  """What --resume-from matches against JUnit: module path with dots, class, test name."""
+
+  def item(nodeid):
+    return types.SimpleNamespace(nodeid=nodeid)
+
+  assert summary.item_junit_id(item("suites/core/test_x.py::test_y[a-b]")) == (
+    "suites.core.test_x",
+    "test_y[a-b]",
+  )
+  assert summary.item_junit_id(item("suites/core/test_x.py::TestZ::test_y")) == (
+    "suites.core.test_x.TestZ",
+    "test_y",
+  )

@@ -163,3 +163,24 @@ def test_write_json_stores_records_with_their_environment(tmp_path, monkeypatch)
   assert on_disk["commit"] == "f" * 40 and on_disk["run"] == "nightly"
   assert [r["op"] for r in on_disk["records"]] == ["layer_norm", "hand-written"]
   assert on_disk["records"][0]["tflops_per_s"] == pytest.approx(3.0)
+
+
+def test_cupti_times_spread_runs_over_the_arguments_in_seconds(monkeypatch):
+  """CUPTI reports milliseconds per run; the timing is in seconds, runs split over the tuples."""
+  from tokamax._src import benchmarking
+
+  calls = []
+
+  def fake_cupti(fn, args, iterations):
+    calls.append((args, iterations))
+    return [2.0] * iterations  # 2 ms per run.
+
+  monkeypatch.setattr(benchmarking, "cupti_unavailable_reason", lambda: None)
+  monkeypatch.setattr(benchmarking, "cupti_times", fake_cupti)
+  out = timing.device_time(lambda x: x, [(1,), (2,), (3,)], warmup=1, iterations=30, method="cupti")
+  assert out.method == timing.CUPTI and out.fallback_reason is None
+  assert calls == [((1,), 10), ((2,), 10), ((3,), 10)]
+  assert out.times_s == pytest.approx((0.002,) * 30)
+  # Fewer iterations than argument tuples: still one run of each.
+  out = timing.device_time(lambda x: x, [(1,), (2,), (3,)], warmup=1, iterations=2, method="cupti")
+  assert len(out.times_s) == 3

@@ -160,3 +160,14 @@ def test_vjp_cotangents_are_not_the_inputs():
   np.testing.assert_allclose(
     np.asarray(dx[0]), np.cos(np.asarray(inp, np.float64)) * np.asarray(dout), rtol=1e-5, atol=1e-6
   )
+
+
+def test_random_arrays_of_each_kind():
+  """Floats normal, booleans all True (an all-False mask would time a fully masked call), ints 0."""
+  key = jax.random.key(0)
+  f = benchmarking.random_array(key, (4096,), jnp.bfloat16)
+  assert f.dtype == jnp.bfloat16 and 0.9 < float(jnp.std(f.astype(jnp.float32))) < 1.1
+  b = benchmarking.random_array(key, (3, 5), jnp.bool_)
+  assert b.dtype == jnp.bool_ and b.shape == (3, 5) and bool(b.all())
+  i = benchmarking.random_array(key, (7,), jnp.int32)
+  assert i.dtype == jnp.int32 and not np.asarray(i).any()
