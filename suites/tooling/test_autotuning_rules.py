@@ -285,3 +285,24 @@ def test_a_single_candidate_is_nothing_to_tune_on_a_miss():
       jax.jit(lambda x: ex.row_rms(x, implementation="blocked"))(x)
   x64 = np.asarray(x, np.float64)
   np.testing.assert_allclose(np.asarray(out), np.sqrt((x64 * x64).mean(-1)), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+  ("config", "expected"),
+  [
+    ({"block_cols": 16}, 16),  # Current: used.
+    ({"block_cols": 16, "unroll": 2}, None),  # A field today's config lacks: a newer kernel's.
+    ({}, None),  # Every field missing: an older kernel's.
+  ],
+)
+def test_shipped_entries_must_match_todays_config_fields(monkeypatch, config, expected):
+  op = ex.BlockedRowRms()
+  record = arguments.abstract(ex.SPEC.canonicalize(_x()))
+  heuristic = configs.encode(op._get_heuristics_config(record))
+  entry = _entry(key=arguments.signature_key(record), config=configs.canonical(config))
+  entry = dataclasses.replace(entry, heuristic=heuristic)
+  monkeypatch.setattr(
+    cache, "default_result", lambda kind: tokamax.AutotuningResult(kind, (entry,))
+  )
+  found = cache.lookup(op, record)  # No error: a stale entry falls back to the heuristics.
+  assert (None if found is None else found.block_cols) == expected
