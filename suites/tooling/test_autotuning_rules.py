@@ -11,6 +11,7 @@ arguments apart.
 import dataclasses
 import enum
 import json
+import types
 
 import jax
 import jax.numpy as jnp
@@ -306,3 +307,20 @@ def test_shipped_entries_must_match_todays_config_fields(monkeypatch, config, ex
   )
   found = cache.lookup(op, record)  # No error: a stale entry falls back to the heuristics.
   assert (None if found is None else found.block_cols) == expected
+
+
+@arguments.op_arguments
+class _IdsRecord:
+  x: jax.Array
+  ids: jax.Array
+  count: int = arguments.static()
+
+
+def test_timing_inputs_keep_the_records_integer_dtypes():
+  """Integer fields the spec does not fill are zeros of the field's own dtype and shape."""
+  record = _IdsRecord(
+    x=jax.ShapeDtypeStruct((4,), jnp.float32), ids=jax.ShapeDtypeStruct((3, 2), jnp.int8), count=2
+  )
+  filled = inputs.fill_integer_fields(record, types.SimpleNamespace(integer_inputs={}))
+  assert filled.ids.dtype == np.int8 and filled.ids.shape == (3, 2) and not filled.ids.any()
+  assert filled.x == record.x and filled.count == 2
