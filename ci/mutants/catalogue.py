@@ -71,6 +71,9 @@ _SUMMARY = "harness/tests/test_summary_counts.py"
 _AUTOTUNING_RULES = "suites/tooling/test_autotuning_rules.py"
 _BENCHMARKING = "suites/tooling/test_benchmarking.py"
 _EXPORT = "suites/tooling/test_export.py"
+_COST = "suites/core/test_cost.py"
+_GLU = "src/tokamax/_src/ops/gated_linear_unit/"
+_NORM = "src/tokamax/_src/ops/normalization/"
 
 MUTATIONS: tuple[Mutation, ...] = (
   # --- The harness itself ------------------------------------------------------
@@ -2011,6 +2014,161 @@ MUTATIONS: tuple[Mutation, ...] = (
     "    if not fields <= set(json.loads(data.config)):",
     (_AUTOTUNING_RULES, "-k", "config_fields"),
     "A shipped entry with a field today's config class lacks is used (and fails to decode).",
+  ),
+  # --- Declared costs (hunt-b) -------------------------------------------------------
+  Mutation(
+    "attention.cost_causal_pairs_off_by_one",
+    _ATTENTION + "spec.py",
+    "pairs = float(sum(min(i + 1, s) for i in range(t)))",
+    "pairs = float(sum(min(i, s) for i in range(t)))",
+    (_COST, "-k", "attention"),
+    "Attention's causal cost misses the diagonal: every row counts one key too few.",
+  ),
+  Mutation(
+    "attention.cost_value_head_dim",
+    _ATTENTION + "spec.py",
+    "flops = 2.0 * b * n * pairs * (h + hv)",
+    "flops = 2.0 * b * n * pairs * 2 * h",
+    (_COST, "-k", "attention"),
+    "Attention's cost counts p.v over the query head dim, not the value head dim.",
+  ),
+  Mutation(
+    "glu.cost_one_projection",
+    _GLU + "spec.py",
+    "flops=2.0 * m * k * 2 * n",
+    "flops=2.0 * m * k * n",
+    (_COST, "-k", "gated_linear_unit"),
+    "The GLU's cost counts one of its two projections.",
+  ),
+  Mutation(
+    "layer_norm.cost_bytes_read_only",
+    _NORM + "spec.py",
+    "bytes=2.0 * size * itemsize",
+    "bytes=1.0 * size * itemsize",
+    (_COST, "-k", "layer_norm"),
+    "layer_norm's cost moves x but not the output.",
+  ),
+  Mutation(
+    "ragged_dot.cost_output_in_input_dtype",
+    _RAGGED + "spec.py",
+    "np.dtype(args.out_dtype).itemsize * out",
+    "itemsize * out",
+    (_COST, "-k", "ragged_dot"),
+    "ragged_dot's cost sizes the output in the inputs' dtype, not preferred_element_type's.",
+  ),
+  Mutation(
+    "loss.cost_weights_bytes_dropped",
+    _LOSS + "spec.py",
+    "bytes=float(itemsize * (b * h + h * v))",
+    "bytes=float(itemsize * b * h)",
+    (_COST, "-k", "loss"),
+    "The loss's cost leaves out the weights it reads.",
+  ),
+  # --- Argument checks (hunt-b) -------------------------------------------------------
+  Mutation(
+    "attention.int_bias_accepted",
+    _ATTENTION + "spec.py",
+    '    bias = validation.floating("bias", bias)',
+    '    bias = validation.as_array("bias", bias)',
+    (_BAD_INPUT, "-k", "attention_int_bias"),
+    "An integer bias is accepted (and silently cast).",
+  ),
+  Mutation(
+    "layer_norm.offset_shape_unchecked",
+    _NORM + "spec.py",
+    'for name, value in (("scale", scale), ("offset", offset)):',
+    'for name, value in (("scale", scale),):',
+    (_BAD_INPUT, "-k", "norm_offset_shape"),
+    "An offset of the wrong length is not named (it fails later, in a reshape).",
+  ),
+  Mutation(
+    "layer_norm.negative_epsilon_accepted",
+    _NORM + "spec.py",
+    "  if not epsilon >= 0:",
+    "  if epsilon != epsilon:",
+    (_BAD_INPUT, "-k", "norm_negative_epsilon"),
+    "A negative epsilon is accepted (only NaN is refused).",
+  ),
+  Mutation(
+    "glu.x_rank_unchecked",
+    _GLU + "spec.py",
+    '  validation.min_rank("x", x, 2, "x [*B, M, K]")\n',
+    "",
+    (_BAD_INPUT, "-k", "glu_x_rank"),
+    "A rank-1 x is accepted by the GLU.",
+  ),
+  Mutation(
+    "loss.labels_rank_unchecked",
+    _LOSS + "spec.py",
+    '  validation.rank("labels", labels, 1, "labels [B]")\n',
+    "",
+    (_BAD_INPUT, "-k", "loss_labels_rank"),
+    "Labels of rank 2 are accepted by the loss.",
+  ),
+  Mutation(
+    "loss.x_rank_unchecked",
+    _LOSS + "spec.py",
+    '  validation.rank("x", x, 2, "x [B, H]")\n',
+    "",
+    (_BAD_INPUT, "-k", "loss_x_rank"),
+    "An x of rank 3 is accepted by the loss.",
+  ),
+  Mutation(
+    "ragged_dot.float_group_offset_accepted",
+    _RAGGED + "spec.py",
+    '    group_offset = validation.integer("group_offset", group_offset)',
+    '    group_offset = validation.as_array("group_offset", group_offset)',
+    (_BAD_INPUT, "-k", "ragged_float_group_offset"),
+    "A float group_offset is accepted (and truncated).",
+  ),
+  Mutation(
+    "ragged_dot.rhs_rank_unchecked",
+    _RAGGED + "spec.py",
+    '    validation.rank("rhs", rhs, 3, "rhs [G, K, N]" if layout == DEFAULT else "rhs [G, N, K]")\n',
+    "",
+    (_BAD_INPUT, "-k", "ragged_rhs_rank"),
+    "A rank-2 rhs is accepted by the default layout.",
+  ),
+  Mutation(
+    "attention.zero_chunk_size_accepted",
+    _ATTENTION + "xla_chunked.py",
+    "    if self.kv_chunk_size < 1:",
+    "    if self.kv_chunk_size < 0:",
+    (_BAD_INPUT, "-k", "chunk_sizes"),
+    "A key chunk of size 0 is accepted (the scan then divides by it).",
+  ),
+  Mutation(
+    "loss.zero_chunk_size_accepted",
+    _LOSS + "chunked_xla.py",
+    "    if self.vocab_chunk_size < 1:",
+    "    if self.vocab_chunk_size < 0:",
+    (_BAD_INPUT, "-k", "chunk_sizes"),
+    "A vocabulary chunk of size 0 is accepted.",
+  ),
+  # --- Mosaic TPU attention's block masks (hunt-b) ----------------------------------
+  Mutation(
+    "kernels.mosaic_tpu_attention_whole_row_at_length",
+    _TPU_ATTENTION_KERNEL,
+    "  whole = (row_hi < q_len) & (key_hi < kv_len)",
+    "  whole = (row_hi <= q_len) & (key_hi < kv_len)",
+    (_TPU_ATTENTION, "-k", "at_every_length"),
+    "A query block whose last row is the query length skips the masking: row q_len is seen.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_attention_whole_key_at_length",
+    _TPU_ATTENTION_KERNEL,
+    "  whole = (row_hi < q_len) & (key_hi < kv_len)",
+    "  whole = (row_hi < q_len) & (key_hi <= kv_len)",
+    (_TPU_ATTENTION, "-k", "at_every_length"),
+    "A key block whose last key is the key length skips the masking: key kv_len is seen.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_attention_whole_window_right_edge",
+    _TPU_ATTENTION_KERNEL,
+    "(key_hi <= row_lo + right)",
+    "(key_hi <= row_hi + right)",
+    (_TPU_ATTENTION, "-k", "at_every_length"),
+    "A block counts as whole where only its last row sees the block's last key (window right).",
   ),
 )
 

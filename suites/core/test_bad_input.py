@@ -77,10 +77,25 @@ CASES = {
     ValueError,
     "`key_value_seq_lengths`",
   ),
+  "attention_int_bias": (
+    lambda: attn(bias=jnp.ones((2, 4, 8, 8), jnp.int32)),
+    TypeError,
+    "`bias`",
+  ),
   "norm_scale_shape": (
     lambda: tokamax.layer_norm(jnp.ones((4, 8)), jnp.ones(7), None),
     ValueError,
     "scale",
+  ),
+  "norm_offset_shape": (
+    lambda: tokamax.layer_norm(jnp.ones((4, 8)), jnp.ones(8), jnp.ones(7)),
+    ValueError,
+    "`offset`",
+  ),
+  "norm_negative_epsilon": (
+    lambda: tokamax.layer_norm(jnp.ones((4, 8)), None, None, epsilon=-1e-6),
+    ValueError,
+    "`epsilon`",
   ),
   "norm_axis": (
     lambda: tokamax.layer_norm(jnp.ones((4, 8)), None, None, axis=2),
@@ -91,6 +106,11 @@ CASES = {
     lambda: tokamax.layer_norm(jnp.ones((4, 8), jnp.int32), None, None),
     TypeError,
     "x",
+  ),
+  "glu_x_rank": (
+    lambda: tokamax.gated_linear_unit(jnp.ones((8,)), jnp.ones((8, 2, 5))),
+    ValueError,
+    "`x`",
   ),
   "glu_weights_shape": (
     lambda: tokamax.gated_linear_unit(jnp.ones((4, 8)), jnp.ones((8, 3, 5))),
@@ -164,6 +184,18 @@ CASES = {
     TypeError,
     "dtype",
   ),
+  "ragged_float_group_offset": (
+    lambda: tokamax.ragged_dot(
+      jnp.ones((6, 4)), jnp.ones((2, 4, 5)), jnp.array([2, 4]), group_offset=jnp.array([0.0])
+    ),
+    TypeError,
+    "group_offset",
+  ),
+  "ragged_rhs_rank": (
+    lambda: tokamax.ragged_dot(jnp.ones((6, 4)), jnp.ones((2, 4)), jnp.array([2, 4])),
+    ValueError,
+    "`rhs`",
+  ),
   "ragged_group_offset_shape": (
     lambda: tokamax.ragged_dot(
       jnp.ones((6, 4)), jnp.ones((2, 4, 5)), jnp.array([2, 4]), group_offset=jnp.array([0, 1])
@@ -211,6 +243,20 @@ CASES = {
     ValueError,
     "labels",
   ),
+  "loss_labels_rank": (
+    lambda: tokamax.linear_softmax_cross_entropy_loss(
+      jnp.ones((4, 8)), jnp.zeros((4, 1), jnp.int32), jnp.ones((8, 5))
+    ),
+    ValueError,
+    "`labels`",
+  ),
+  "loss_x_rank": (
+    lambda: tokamax.linear_softmax_cross_entropy_loss(
+      jnp.ones((2, 8, 8)), jnp.zeros(2, jnp.int32), jnp.ones((8, 5))
+    ),
+    ValueError,
+    "`x`",
+  ),
   "loss_float_labels": (
     lambda: tokamax.linear_softmax_cross_entropy_loss(
       jnp.ones((4, 8)), jnp.zeros(4), jnp.ones((8, 5))
@@ -254,3 +300,14 @@ def test_bad_input_is_named(name):
   call, error, word = CASES[name]
   with pytest.raises(error, match=word):
     call()
+
+
+@pytest.mark.parametrize("size", (0, -4))
+def test_chunk_sizes_must_be_positive(size):
+  from tokamax._src.ops.attention import xla_chunked
+  from tokamax._src.ops.linear_softmax_cross_entropy_loss import chunked_xla
+
+  with pytest.raises(ValueError, match="kv_chunk_size"):
+    xla_chunked.ChunkedConfig(kv_chunk_size=size)
+  with pytest.raises(ValueError, match="vocab_chunk_size"):
+    chunked_xla.ChunkedLossConfig(vocab_chunk_size=size)

@@ -110,6 +110,40 @@ def test_block_ranges_cover_every_visible_pair(seed):
     np.testing.assert_array_equal(visited, pairs[:, j], err_msg=f"key block {j}")
 
 
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("window", (None, (0, 0), (3, 9), (20, 2), (9, 30)))
+@pytest.mark.parametrize(("block_q", "block_kv"), ((8, 16), (16, 8)))
+def test_block_ranges_at_every_length(block_q, block_kv, causal, window):
+  """Every query and key length of a 37 x 45 call, as `test_block_ranges_cover_every_visible_pair`
+  checks a few random ones: blocks small against the window, so that partly hidden and whole
+  blocks meet at every boundary (a length one past a block's last row or key, a window edge
+  one key inside a block). The block functions are index arithmetic: numpy runs them here."""
+  t, s = 37, 45
+  p = mosaic_tpu_kernel.Params(
+    block_q=block_q, block_kv=block_kv, scale=1.0, causal=causal, window=window
+  )
+  nq, nk = -(-t // block_q), -(-s // block_kv)
+  q_len = np.arange(t + 1)[:, None, None, None]
+  kv_len = np.arange(s + 1)[None, :, None, None]
+  rows = np.arange(nq * block_q)[None, None, :, None]
+  keys = np.arange(nk * block_kv)[None, None, None, :]
+  ok = (rows < q_len) & (keys < kv_len)  # Padded rows and keys (past T, S) fall out here.
+  if causal:
+    ok = ok & (keys <= rows)
+  if window is not None:
+    ok = ok & (keys >= rows - window[0]) & (keys <= rows + window[1])
+  blocks = ok.reshape(t + 1, s + 1, nq, block_q, nk, block_kv)
+  visible, whole = blocks.any(axis=(3, 5)), blocks.all(axis=(3, 5))  # [q_len, kv_len, i, j]
+  i = np.arange(nq)[None, None, :, None]
+  j = np.arange(nk)[None, None, None, :]
+  got_whole = mosaic_tpu_kernel._whole(i, j, q_len, kv_len, p)
+  np.testing.assert_array_equal(np.broadcast_to(got_whole, whole.shape), whole)
+  first, last = mosaic_tpu_kernel.kv_blocks(i, q_len, kv_len, p, np)
+  np.testing.assert_array_equal((j >= first) & (j <= last), visible)
+  first, last = mosaic_tpu_kernel.q_blocks(j, q_len, kv_len, p, np)
+  np.testing.assert_array_equal((i >= first) & (i <= last), visible)
+
+
 def _export(fn, *shapes, device_kind="TPU v5 lite"):
   with export.abstract_tpu(device_kind):
     return jax.export.export(jax.jit(fn), platforms=("tpu",))(*shapes)

@@ -1,0 +1,94 @@
+"""Every op's declared forward cost (`OpSpec.cost`), from its definition.
+
+Benchmarks divide by these (TFLOP/s, GB/s) and the history compares them across
+runs: a cost that drifts misreports every measurement of the op. Each expected
+value is counted here from the op's maths (multiply-adds of its matmuls over the
+pairs that the masks leave, bytes of its operands and output), not from the spec.
+"""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tokamax._src.ops import registry
+from tokamax._src.ops.ragged_dot import spec as ragged_spec
+
+
+def _cost(op: str, *args, **kwargs):
+  spec = registry.spec(op)
+  return spec.cost(spec.canonicalize(*args, **kwargs))
+
+
+@pytest.mark.parametrize("is_causal", (False, True))
+@pytest.mark.parametrize(("t", "s"), ((7, 11), (11, 7)))
+@pytest.mark.parametrize("dtype", (jnp.float32, jnp.bfloat16))
+def test_attention_cost(t, s, is_causal, dtype):
+  b, n, kh, h, hv = (2, 3), 6, 2, 8, 5
+  q = jnp.ones((*b, t, n, h), dtype)
+  k = jnp.ones((*b, s, kh, h), dtype)
+  v = jnp.ones((*b, s, kh, hv), dtype)
+  cost = _cost("dot_product_attention", q, k, v, is_causal=is_causal)
+  # (query, key) pairs computed: all, or the causal lower-left triangle (j <= i).
+  pairs = np.tril(np.ones((t, s))).sum() if is_causal else t * s
+  batch_heads = np.prod(b) * n
+  # q.k over H and p.v over hv: one multiply-add (2 flops) each per pair, head and batch.
+  assert cost.flops == pytest.approx(2 * batch_heads * pairs * (h + hv))
+  size = jnp.dtype(dtype).itemsize
+  out = np.prod(b) * t * n * hv
+  assert cost.bytes == pytest.approx(size * (q.size + k.size + v.size + out))
+
+
+@pytest.mark.parametrize("dtype", (jnp.float32, jnp.bfloat16))
+def test_layer_norm_cost(dtype):
+  x = jnp.ones((5, 7, 12), dtype)
+  cost = _cost("layer_norm", x, jnp.ones((12,), dtype), None)
+  assert cost.flops == 8 * x.size
+  assert cost.bytes == 2 * x.size * jnp.dtype(dtype).itemsize  # x read, y written.
+
+
+@pytest.mark.parametrize("fused", (True, False))
+@pytest.mark.parametrize("dtype", (jnp.float32, jnp.bfloat16))
+def test_gated_linear_unit_cost(fused, dtype):
+  batch, m, k, n = 3, 5, 8, 6
+  x = jnp.ones((batch, m, k), dtype)
+  w = jnp.ones((k, 2, n), dtype) if fused else (jnp.ones((k, n), dtype),) * 2
+  cost = _cost("gated_linear_unit", x, w)
+  rows = batch * m
+  assert cost.flops == 2 * rows * k * (2 * n)  # Two [rows, K] @ [K, N] matmuls.
+  assert cost.bytes == jnp.dtype(dtype).itemsize * (rows * k + 2 * k * n + rows * n)
+
+
+@pytest.mark.parametrize("layout", ragged_spec.LAYOUTS)
+@pytest.mark.parametrize("out_dtype", (None, jnp.float32))
+def test_ragged_dot_cost(layout, out_dtype):
+  m, k, n, g = 10, 6, 4, 3
+  lhs = jnp.ones((m, k), jnp.bfloat16)
+  rhs_shape = {
+    ragged_spec.DEFAULT: (g, k, n),
+    ragged_spec.RHS_TRANSPOSED: (g, n, k),
+    ragged_spec.RAGGED_CONTRACTING: (m, n),
+  }[layout]
+  rhs = jnp.ones(rhs_shape, jnp.bfloat16)
+  sizes = jnp.array([4, 0, 5], jnp.int32)
+  cost = _cost(
+    "ragged_dot",
+    lhs,
+    rhs,
+    sizes,
+    ragged_spec.dimension_numbers(layout),
+    preferred_element_type=out_dtype,
+  )
+  # Each lhs row meets one group's [K, N] (or, contracting, one rhs row): M K N multiply-adds.
+  assert cost.flops == 2 * m * k * n
+  out = g * k * n if layout == ragged_spec.RAGGED_CONTRACTING else m * n
+  out_size = jnp.dtype(out_dtype or jnp.bfloat16).itemsize
+  assert cost.bytes == 2 * (lhs.size + rhs.size) + out_size * out
+
+
+@pytest.mark.parametrize("dtype", (jnp.float32, jnp.bfloat16))
+def test_loss_cost(dtype):
+  b, h, v = 6, 8, 20
+  x, w = jnp.ones((b, h), dtype), jnp.ones((h, v), dtype)
+  cost = _cost("linear_softmax_cross_entropy_loss", x, jnp.arange(b) % v, w)
+  assert cost.flops == 2 * b * h * v  # The logits' matmul.
+  assert cost.bytes == jnp.dtype(dtype).itemsize * (b * h + h * v)
