@@ -215,3 +215,28 @@ def test_xla_query_blocks_cover_the_visible_keys(t, s, causal, window, expected,
   kv = jnp.zeros((1, s, 2, 8))
   args = spec.canonicalize(q, kv, kv, is_causal=causal, local_window_size=window)
   assert xla.query_blocks(args) == expected
+
+
+@pytest.mark.parametrize(
+  "bias_shape",
+  [(2, 4, 24, 1), (1, 1, 24, 1)],
+  ids=("keys_broadcast", "all_but_rows_broadcast"),
+)
+def test_chunked_bias_gradient_over_several_chunks(bias_shape, inputs):
+  """The bias cotangent accumulated over 4 key chunks of 7 (the last one partial), for biases
+  broadcast along the keys (one column summed over every chunk) and along other axes."""
+  from tokamax._src.ops.attention import xla_chunked
+
+  q, k, v = (inputs.normal((2, 24, 4, 8)) for _ in range(3))
+  bias = inputs.normal(bias_shape)
+  op = xla_chunked.XlaChunkedAttention(config=xla_chunked.ChunkedConfig(kv_chunk_size=7))
+  kwargs = dict(is_causal=True)
+  run = lambda *a: tokamax.dot_product_attention(*a, implementation=op, **kwargs)
+  out, vjp = jax.vjp(run, q, k, v, bias)
+  dout = inputs.normal(out.shape)
+  ref_out, ref_grads = references.high_precision_vjp(
+    lambda *a: references.attention(*a, **kwargs), (q, k, v, bias), dout
+  )
+  assert_matches(out, ref_out)
+  for name, g, ref in zip(("dq", "dk", "dv", "dbias"), vjp(dout), ref_grads, strict=True):
+    assert_matches(g, ref, what=name)

@@ -103,6 +103,18 @@ def test_callable_in_sequence_is_tried(inputs):
   assert_matches(out, references.high_precision(references.layer_norm)(x, None, None))
 
 
+def test_callable_that_fails_otherwise_is_not_skipped(inputs):
+  """Only NotImplementedError moves on to the next candidate: a callable's other errors are
+  the caller's to see, not a reason to fall back silently."""
+  x = inputs.normal((3, 8))
+
+  def broken(*args, **kwargs):
+    raise ValueError("broken kernel")
+
+  with pytest.raises(ValueError, match="broken kernel"):
+    tokamax.layer_norm(x, None, None, implementation=(broken, "xla"))
+
+
 def test_op_call_and_bound_arguments(inputs):
   from tokamax._src.ops.attention import xla_chunked
 

@@ -103,3 +103,78 @@ def test_preferred_element_type_is_the_output_dtype(preferred, inputs):
   ref = references.high_precision(references.ragged_dot_general)(lhs, rhs, sizes, "default")
   if preferred is not None:
     assert_matches(out, ref)
+
+
+@pytest.mark.parametrize("layout", spec.LAYOUTS)
+@pytest.mark.parametrize(
+  ("sizes", "offset", "local"),
+  (([5, 30, 20, 4, 6], 1, 2), ([5, 3, 8, 10, 6], 3, 3)),
+  ids=("groups_overflow_the_rows", "groups_past_the_last_size"),
+)
+def test_group_offset_at_the_edges_with_gradients(layout, sizes, offset, local, inputs):
+  """Local groups whose sizes add up past M (their rows stop at M), and local groups past the
+  last entry of `group_sizes` (empty): the value and both cotangents."""
+  sizes = jnp.array(sizes, jnp.int32)
+  lhs = inputs.normal((M, K))
+  rhs = _rhs(layout, inputs, local)
+
+  def run(lhs, rhs):
+    return spec.SPEC(
+      lhs,
+      rhs,
+      sizes,
+      spec.dimension_numbers(layout),
+      group_offset=jnp.array([offset]),
+      num_local_groups=local,
+      implementation="xla",
+    )
+
+  out, vjp = jax.vjp(run, lhs, rhs)
+  dout = inputs.normal(out.shape)
+  ref, ref_grads = references.high_precision_vjp(
+    lambda a, b: references.ragged_dot_general(a, b, sizes, layout, jnp.array([offset]), local),
+    (lhs, rhs),
+    dout,
+  )
+  assert_matches(out, ref)
+  for name, g, r in zip(("dlhs", "drhs"), vjp(dout), ref_grads, strict=True):
+    assert_matches(g, r, what=name)
+
+
+@pytest.mark.parametrize("layout", spec.LAYOUTS)
+@pytest.mark.parametrize("offset", (None, 1))
+def test_float64_matches_the_reference(layout, offset):
+  """float64 inputs take dense one-hot matmuls (XLA:GPU has no float64 grouped GEMM): each row
+  in exactly its group's product (uneven and empty groups, rows past the sum), value and VJP."""
+  sizes = jnp.array([6, 0, 11, 1, 9], jnp.int32)  # 27 of M rows.
+  local = 5 if offset is None else 3
+  with jax.enable_x64(True):
+    rng = np.random.default_rng(5)
+    lhs = jnp.asarray(rng.standard_normal((M, K)))
+    shapes = {spec.DEFAULT: (local, K, N), spec.RHS_TRANSPOSED: (local, N, K)}
+    rhs = jnp.asarray(rng.standard_normal(shapes.get(layout, (M, N))))
+    group_offset = None if offset is None else jnp.array([offset])
+
+    def run(lhs, rhs):
+      return spec.SPEC(
+        lhs,
+        rhs,
+        sizes,
+        spec.dimension_numbers(layout),
+        group_offset=group_offset,
+        num_local_groups=None if offset is None else local,
+        implementation="xla",
+      )
+
+    out, vjp = jax.vjp(run, lhs, rhs)
+    dout = jnp.asarray(rng.standard_normal(out.shape))
+    ref, ref_grads = references.high_precision_vjp(
+      lambda a, b: references.ragged_dot_general(a, b, sizes, layout, group_offset, local),
+      (lhs, rhs),
+      dout,
+    )
+    assert out.dtype == jnp.float64
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12)
+    for g, r in zip(vjp(dout), ref_grads, strict=True):
+      assert g.dtype == jnp.float64
+      np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)

@@ -72,6 +72,21 @@ def test_interpret_matches_reference_with_gradients(name):
     assert all(np.all(np.asarray(g)[empty] == 0) for g in grads)
 
 
+def test_lengths_past_the_sequence_mean_the_whole_sequence():
+  """Sequence lengths above T and S see every row and key, and no more: the keys that pad S to
+  whole blocks (zeros, logit 0) stay hidden."""
+  q, k, v, _ = _inputs(dict(b=2, t=24, s=130, n=2, k=1, h=64), "float32")
+  kwargs = dict(
+    query_seq_lengths=jnp.array([30, 24], jnp.int32),
+    key_value_seq_lengths=jnp.array([200, 256], jnp.int32),
+  )
+  config = mosaic_tpu.MosaicTpuAttentionConfig(block_q=8, block_kv=128)
+  impl = mosaic_tpu.MosaicTpuAttention(interpret=True, config=config)
+  out = tokamax.dot_product_attention(q, k, v, implementation=impl, **kwargs)
+  ref = references.high_precision(references.attention)(q, k, v)
+  assert compare.relative_error(out, ref) < _BOUND["float32"]
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_block_ranges_cover_every_visible_pair(seed):
   """`kv_blocks` and `q_blocks` (what the kernels visit) hold every visible pair, and only
@@ -216,6 +231,29 @@ def test_export_for_tpu_v5p_gqa_window():
     lambda q: jnp.sum(tokamax.dot_product_attention(q, k, v, local_window_size=(64, 0)))
   )(q)
   assert "tpu_custom_call" in _export(fn, q, kv, kv, device_kind="TPU v5").mlir_module()
+
+
+def test_unsupported_reasons_at_the_edges():
+  """The edges of what the kernels take (`test_unsupported_reasons_name_the_feature` names
+  the refusals): head dims 64 to 256 in steps of 64, query blocks of 8 sublanes for float32
+  and 16 for bfloat16, key blocks of whole 128-lane multiples."""
+
+  def reason(dtype="float32", h=64, hv=None, **config):
+    q = jnp.ones((1, 16, 2, h), dtype)
+    v = jnp.ones((1, 16, 2, hv or h), dtype)
+    config = mosaic_tpu.MosaicTpuAttentionConfig(**config)
+    impl = mosaic_tpu.MosaicTpuAttention(interpret=True, config=config)
+    return impl._unsupported_reason(spec.canonicalize(q, q, v))
+
+  for h in (64, 128, 192, 256):
+    assert reason(h=h) is None and reason(h=64, hv=h) is None, h
+  assert "query head dim 320" in reason(h=320)
+  assert "value head dim 320" in reason(h=64, hv=320)
+  assert reason(block_q=8) is None
+  assert "block_q=8 must be a multiple of 16" in reason("bfloat16", block_q=8)
+  assert reason("bfloat16", block_q=16) is None
+  assert "block_kv=192 must be a multiple of 128" in reason(block_kv=192)
+  assert reason(block_kv=256) is None
 
 
 def test_mosaic_names_the_platforms_kernel():
