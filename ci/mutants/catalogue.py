@@ -2234,6 +2234,30 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/core/test_dispatch.py", "-k", "fails_otherwise"),
     "A callable candidate's own errors (not NotImplementedError) fall through to the next.",
   ),
+  Mutation(
+    "dispatch.gradient_preference_overrides_a_named_implementation",
+    _OP,
+    "    if implementation is None and self.gradient_preference is not None:",
+    "    if self.gradient_preference is not None:",
+    ("suites/core/test_dispatch.py", "-k", "named_implementation_differentiates"),
+    "A named implementation is differentiated through `gradient_preference`'s pick.",
+  ),
+  Mutation(
+    "partitioning.indivisible_axis_split",
+    "src/tokamax/_src/ops/partitioning.py",
+    "        and sizes[factor] % count == 0\n",
+    "",
+    (_KERNEL_SHARDING, "-k", "do_not_divide"),
+    "The planner splits an axis that the devices do not divide evenly.",
+  ),
+  Mutation(
+    "partitioning.mesh_axis_split_twice",
+    "src/tokamax/_src/ops/partitioning.py",
+    "        and not used.intersection(mesh_axes)\n",
+    "",
+    (_KERNEL_SHARDING, "-k", "one_label_only"),
+    "The planner gives one mesh axis to two labels (rows and groups on the same devices).",
+  ),
 )
 
 

@@ -245,6 +245,27 @@ def test_none_differentiates_through_the_gradient_preference(inputs):
   assert_matches(grads[1], ref_grads[1])
 
 
+def test_a_named_implementation_differentiates_through_itself(inputs):
+  """`gradient_preference` is `implementation=None`'s: a named implementation computes its
+  forward and its backward under differentiation."""
+  spec = dataclasses.replace(
+    loss_spec.SPEC,
+    preference={jax.default_backend(): ("chunked_xla",)},
+    gradient_preference=lambda args, platform: ("xla",),
+    _cache={},
+  )
+  x, w = inputs.normal((16, 8)), inputs.normal((8, 40))
+  labels = jnp.arange(16, dtype=jnp.int32) % 40
+  run = lambda x, w: spec(x, labels, w, implementation="chunked_xla")
+  token = op_lib.RECORDED_CALLS.set([])
+  try:
+    jax.jit(jax.value_and_grad(run, argnums=(0, 1)))(x, w)
+    differentiated = {(op.name, mode) for op, _, mode in op_lib.RECORDED_CALLS.get()}
+  finally:
+    op_lib.RECORDED_CALLS.reset(token)
+  assert differentiated == {("chunked_xla", "forward"), ("chunked_xla", "vjp")}
+
+
 def test_loss_differentiates_through_xla_on_a_gpu_while_its_logits_fit():
   def args(b, v):
     x = jax.ShapeDtypeStruct((b, 64), jnp.bfloat16)

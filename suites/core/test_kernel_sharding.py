@@ -66,6 +66,27 @@ def test_rows_split_and_an_unsplittable_axis_warns_once():
   ]
 
 
+def test_an_axis_the_devices_do_not_divide_is_replicated():
+  """6 rows over the 4 devices of "data" cannot split evenly: they stay whole (and warn)."""
+  args = norm_spec.canonicalize(jnp.ones((6, 4)), jnp.ones(4), None)
+  with pytest.warns(
+    UserWarning, match=r"axis 0 \(r0\) of `x` is sharded over mesh axes \('data',\)"
+  ):
+    plan = _plan("test_norm_indivisible", args, P("data"), P())
+  assert plan.in_specs == (P(None, None), P(None)) and not plan.splits
+
+
+def test_a_mesh_axis_splits_one_label_only():
+  """lhs rows and rhs groups both sharded over "data": the rows take it (first come), the
+  groups stay whole, so no device holds a shard of both that the other's shard misses."""
+  args = ragged_spec.canonicalize(jnp.ones((16, 8)), jnp.ones((4, 8, 6)), jnp.full(4, 4))
+  with pytest.warns(UserWarning, match=r"axis 0 \(g\) of `rhs`"):
+    plan = _plan("test_ragged_one_axis", args, P("data"), P("data"), P())
+  assert set(plan.shards) == {"m"}
+  assert plan.in_specs[:2] == (P(("data",), None), P(None, None, None))
+  assert not plan.out_sums
+
+
 def test_kv_heads_split_with_their_query_groups():
   q, kv = jnp.ones((4, 8, 4, 16)), jnp.ones((4, 8, 2, 16))
   args = attention_spec.canonicalize(q, kv, kv)
