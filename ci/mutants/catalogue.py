@@ -2258,6 +2258,38 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_KERNEL_SHARDING, "-k", "one_label_only"),
     "The planner gives one mesh axis to two labels (rows and groups on the same devices).",
   ),
+  Mutation(
+    "attention.query_blocks_two_blocks_kept_whole",
+    _ATTENTION + "xla.py",
+    " or t < 2 * QUERY_BLOCK_ROWS:",
+    " or t <= 2 * QUERY_BLOCK_ROWS:",
+    ("suites/core/test_attention.py", "-k", "cover_the_visible_keys"),
+    "XLA attention computes exactly two query blocks' rows as one block (every key each).",
+  ),
+  Mutation(
+    "attention.numpy_int_window_refused",
+    _ATTENTION + "spec.py",
+    "  if isinstance(local_window_size, int | np.integer):",
+    "  if isinstance(local_window_size, int):",
+    ("suites/core/test_attention.py", "-k", "canonicalize_alike"),
+    "A numpy integer `local_window_size` is refused.",
+  ),
+  Mutation(
+    "attention.list_window_refused",
+    _ATTENTION + "spec.py",
+    "  elif isinstance(local_window_size, tuple | list) and len(local_window_size) == 2:",
+    "  elif isinstance(local_window_size, tuple) and len(local_window_size) == 2:",
+    ("suites/core/test_attention.py", "-k", "canonicalize_alike"),
+    "A [left, right] list `local_window_size` is refused.",
+  ),
+  Mutation(
+    "attention.scalar_lengths_not_broadcast",
+    _ATTENTION + "spec.py",
+    "      x = jnp.broadcast_to(x, batch_shape).reshape((b,)).astype(jnp.int32)",
+    "      x = x.reshape((b,)).astype(jnp.int32)",
+    ("suites/core/test_attention.py", "-k", "canonicalize_alike"),
+    "A scalar (or batch-broadcast) sequence length is not broadcast over the batch.",
+  ),
 )
 
 

@@ -203,6 +203,7 @@ def test_xla_query_blocks_match_the_reference(case, inputs, monkeypatch):
     (15, 4, False, (0, 0), [(0, 5, 0, 4), (5, 10, 3, 4), (10, 15, 3, 4)]),
     (20, 20, False, None, [(0, 20, 0, 20)]),
     (9, 9, True, None, [(0, 9, 0, 9)]),
+    (10, 10, True, None, [(0, 5, 0, 5), (5, 10, 0, 10)]),
   ],
 )
 def test_xla_query_blocks_cover_the_visible_keys(t, s, causal, window, expected, monkeypatch):
@@ -240,3 +241,18 @@ def test_chunked_bias_gradient_over_several_chunks(bias_shape, inputs):
   assert_matches(out, ref_out)
   for name, g, ref in zip(("dq", "dk", "dv", "dbias"), vjp(dout), ref_grads, strict=True):
     assert_matches(g, ref, what=name)
+
+
+def test_window_and_length_forms_canonicalize_alike():
+  """A window as an int (Python or numpy), a pair or a list is one (left, right) window; a
+  scalar sequence length applies to every batch entry (flattened from the batch dims)."""
+  from tokamax._src.ops.attention import spec
+
+  q = jnp.ones((2, 3, 4, 2, 8))
+  for window in (3, np.int32(3), np.int64(3), (3, 3), [3, 3]):
+    assert spec.canonicalize(q, q, q, local_window_size=window).local_window == (3, 3), window
+  assert spec.canonicalize(q, q, q, local_window_size=[4, 0]).local_window == (4, 0)
+  args = spec.canonicalize(q, q, q, query_seq_lengths=2, key_value_seq_lengths=jnp.array([1, 3, 4]))
+  np.testing.assert_array_equal(args.q_seq_lengths, [2] * 6)
+  np.testing.assert_array_equal(args.kv_seq_lengths, [1, 3, 4] * 2)
+  assert args.q_seq_lengths.dtype == jnp.int32
