@@ -2243,14 +2243,6 @@ MUTATIONS: tuple[Mutation, ...] = (
     "A named implementation is differentiated through `gradient_preference`'s pick.",
   ),
   Mutation(
-    "partitioning.indivisible_axis_split",
-    "src/tokamax/_src/ops/partitioning.py",
-    "        and sizes[factor] % count == 0\n",
-    "",
-    (_KERNEL_SHARDING, "-k", "do_not_divide"),
-    "The planner splits an axis that the devices do not divide evenly.",
-  ),
-  Mutation(
     "partitioning.mesh_axis_split_twice",
     "src/tokamax/_src/ops/partitioning.py",
     "        and not used.intersection(mesh_axes)\n",
@@ -2289,6 +2281,23 @@ MUTATIONS: tuple[Mutation, ...] = (
     "      x = x.reshape((b,)).astype(jnp.int32)",
     ("suites/core/test_attention.py", "-k", "canonicalize_alike"),
     "A scalar (or batch-broadcast) sequence length is not broadcast over the batch.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_ragged_empty_group_tile_past_m",
+    _TPU_RAGGED_KERNEL,
+    "  first_tile = jnp.minimum(starts // block_m, num_tiles - 1)",
+    "  first_tile = starts // block_m",
+    (_TPU_RAGGED, "-k", "last_row_stay"),
+    "Mosaic TPU ragged dot: an empty group at row M (M whole tiles) names a tile past M.",
+  ),
+  Mutation(
+    "ragged_dot.mosaic_tpu_fixed_config_forced_on_gradients",
+    _RAGGED + "mosaic_tpu.py",
+    "    if self.config is not None and config_reason(args, self.config) is None:",
+    "    if self.config is not None:",
+    (_TPU_RAGGED, "-k", "misfits"),
+    "Mosaic TPU ragged dot: a fixed config that misfits a gradient's call is forced on it (the"
+    " gradient then falls back to XLA).",
   ),
 )
 

@@ -193,6 +193,39 @@ def test_work_items_cover_every_segment_tile_once(seed, keep_empty):
   assert list(zip(seg[:total].tolist(), tile[:total].tolist(), strict=True)) == expected
 
 
+def test_empty_groups_at_the_last_row_stay_in_the_last_tile():
+  """Groups that fill M = 4 tiles exactly, then empty groups at row M: their one item (the
+  transposed kernel stores their zeros) names the last tile, not a tile past M."""
+  starts = jnp.array([0, 16, 16, 40, 64, 64], jnp.int32)
+  ends = jnp.array([16, 16, 40, 64, 64, 64], jnp.int32)
+  items = mosaic_tpu_kernel._work_items(starts, ends, 64, 16, keep_empty=True)
+  seg, tile, live = (np.asarray(items[x]).tolist() for x in ("segment", "tile", "live"))
+  assert sum(live) == 8
+  expected = [(0, 0), (1, 1), (2, 1), (2, 2), (3, 2), (3, 3), (4, 3), (5, 3)]
+  assert list(zip(seg, tile, strict=True))[:8] == expected
+  assert max(tile) == 3
+
+
+def test_a_fixed_config_that_misfits_a_gradient_leaves_it_to_its_own_blocks():
+  """block_k=256 fits the forward's K=256 but not the lhs gradient's contraction over N=128:
+  that gradient takes its own blocks, still in the kernel (no fallback to XLA); the forward
+  and the rhs gradient keep the fixed config."""
+  lhs = jnp.ones((256, 256), jnp.float32)
+  rhs = jnp.ones((2, 256, 128), jnp.float32)
+  args = spec.canonicalize(lhs, rhs, jnp.array([100, 156], jnp.int32))
+  config = mosaic_tpu.MosaicTpuRaggedDotConfig(block_m=128, block_k=256, block_n=128)
+  impl = mosaic_tpu.MosaicTpuRaggedDot(interpret=True, config=config)
+  assert impl._unsupported_reason(args) is None
+  assert impl._bwd_unsupported_reason(args) is None
+  dlhs = dataclasses.replace(args, lhs=jnp.ones((256, 128)), layout=spec.RHS_TRANSPOSED)
+  assert "block_k=256 must divide K=128" in mosaic_tpu.config_reason(dlhs, config)
+  assert impl._gradient_config(dlhs) != config
+  drhs = dataclasses.replace(
+    args, rhs=jnp.ones((256, 128)), layout=spec.RAGGED_CONTRACTING, out_dtype=jnp.float32
+  )
+  assert impl._gradient_config(drhs) == config
+
+
 def _export(fn, *shapes, device_kind="TPU v5 lite"):
   with export.abstract_tpu(device_kind):
     assert jax.sharding.get_abstract_mesh().abstract_device.device_kind == device_kind
