@@ -212,9 +212,8 @@ def test_gated_linear_unit_with_few_rows_tries_triton_first_on_a_gpu(inputs):
   assert glu_spec.gradient_preference(few, "tpu") == ()
 
 
-def test_none_differentiates_through_the_gradient_preference(inputs):
-  """The value alone comes from the forward's pick; under differentiation, forward and
-  backward come from `gradient_preference`'s (here chunked_xla, then xla)."""
+def _loss_picking_chunked_forward_and_xla_gradient(inputs):
+  """The loss spec with forward pick chunked_xla and gradient pick xla, and its inputs."""
   spec = dataclasses.replace(
     loss_spec.SPEC,
     preference={jax.default_backend(): ("chunked_xla",)},
@@ -222,7 +221,13 @@ def test_none_differentiates_through_the_gradient_preference(inputs):
     _cache={},
   )
   x, w = inputs.normal((16, 8)), inputs.normal((8, 40))
-  labels = jnp.arange(16, dtype=jnp.int32) % 40
+  return spec, x, jnp.arange(16, dtype=jnp.int32) % 40, w
+
+
+def test_none_differentiates_through_the_gradient_preference(inputs):
+  """The value alone comes from the forward's pick; under differentiation, forward and
+  backward come from `gradient_preference`'s (here chunked_xla, then xla)."""
+  spec, x, labels, w = _loss_picking_chunked_forward_and_xla_gradient(inputs)
   run = lambda x, w: spec(x, labels, w, reduction="mean")
   reference = lambda x, w: references.linear_softmax_cross_entropy_loss(
     x, labels, w, reduction="mean"
@@ -248,14 +253,7 @@ def test_none_differentiates_through_the_gradient_preference(inputs):
 def test_a_named_implementation_differentiates_through_itself(inputs):
   """`gradient_preference` is `implementation=None`'s: a named implementation computes its
   forward and its backward under differentiation."""
-  spec = dataclasses.replace(
-    loss_spec.SPEC,
-    preference={jax.default_backend(): ("chunked_xla",)},
-    gradient_preference=lambda args, platform: ("xla",),
-    _cache={},
-  )
-  x, w = inputs.normal((16, 8)), inputs.normal((8, 40))
-  labels = jnp.arange(16, dtype=jnp.int32) % 40
+  spec, x, labels, w = _loss_picking_chunked_forward_and_xla_gradient(inputs)
   run = lambda x, w: spec(x, labels, w, implementation="chunked_xla")
   token = op_lib.RECORDED_CALLS.set([])
   try:

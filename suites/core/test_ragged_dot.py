@@ -18,6 +18,19 @@ SIZES = {
 }
 
 
+def _offset_ragged_dot(layout, sizes, offset, local):
+  """The op (XLA) over `local` groups from `offset`, as a function of lhs and rhs."""
+  return lambda lhs, rhs: spec.SPEC(
+    lhs,
+    rhs,
+    sizes,
+    spec.dimension_numbers(layout),
+    group_offset=jnp.array([offset]),
+    num_local_groups=local,
+    implementation="xla",
+  )
+
+
 def _rhs(layout, inputs, g):
   if layout == spec.DEFAULT:
     return inputs.normal((g, K, N))
@@ -59,15 +72,7 @@ def test_group_offset(layout, offset, inputs):
   local = 3
   lhs = inputs.normal((M, K))
   rhs = _rhs(layout, inputs, local)
-  out = spec.SPEC(
-    lhs,
-    rhs,
-    sizes,
-    spec.dimension_numbers(layout),
-    group_offset=jnp.array([offset]),
-    num_local_groups=local,
-    implementation="xla",
-  )
+  out = _offset_ragged_dot(layout, sizes, offset, local)(lhs, rhs)
   ref = references.high_precision(references.ragged_dot_general)(
     lhs, rhs, sizes, layout, jnp.array([offset]), local
   )
@@ -117,19 +122,7 @@ def test_group_offset_at_the_edges_with_gradients(layout, sizes, offset, local, 
   sizes = jnp.array(sizes, jnp.int32)
   lhs = inputs.normal((M, K))
   rhs = _rhs(layout, inputs, local)
-
-  def run(lhs, rhs):
-    return spec.SPEC(
-      lhs,
-      rhs,
-      sizes,
-      spec.dimension_numbers(layout),
-      group_offset=jnp.array([offset]),
-      num_local_groups=local,
-      implementation="xla",
-    )
-
-  out, vjp = jax.vjp(run, lhs, rhs)
+  out, vjp = jax.vjp(_offset_ragged_dot(layout, sizes, offset, local), lhs, rhs)
   dout = inputs.normal(out.shape)
   ref, ref_grads = references.high_precision_vjp(
     lambda a, b: references.ragged_dot_general(a, b, sizes, layout, jnp.array([offset]), local),

@@ -67,22 +67,19 @@ def config_reason(config: MosaicLossKernelConfig, h: int, in_itemsize: int) -> s
   )
 
 
-def _gemm_items(
-  x, w, *, n_tiles, col_tile0, config, num_sms, out_type, scratch, epilogue, interpret
-):
+def _gemm_items(x, w, *, n_tiles, config, num_sms, out_type, scratch, epilogue, interpret):
   """The persistent GEMM over (row tile, column tile) items with `epilogue` per item.
 
   Args:
     x: [B, H].
-    w: [H, V]; the items cover its column tiles col_tile0 .. col_tile0 + n_tiles
-      (`col_tile0` a traced int32 scalar array of shape [1], or None for 0).
+    w: [H, V]; the items cover its first `n_tiles` column tiles.
     n_tiles: Column tiles of width block_n.
     config: Tiling.
     num_sms: Persistent CTAs.
     out_type: The kernel's outputs.
     scratch: Shared memory of each compute warpgroup's epilogue (an SMEM spec
       with a leading NUM_COMPUTE_WGS axis).
-    epilogue: (logits [WG_ROWS, block_n] float32, row0, mi, ni, scratch of
+    epilogue: (logits [WG_ROWS, block_n] float32, row0, ni, scratch of
       this warpgroup, extra input refs, output refs) -> None.
     interpret: Pallas interpret parameters, or None.
   """
@@ -99,7 +96,7 @@ def _gemm_items(
     ]
     return gemm.pipeline(body, compute_context, k_steps, in_specs, config.num_stages)
 
-  def kernel(x_ref, w_ref, tile0_ref, *refs):
+  def kernel(x_ref, w_ref, *refs):
     nothing = lambda *_, **__: None
     n_out = len(jax.tree.leaves(out_type))
     extra_refs, out_refs = refs[: len(refs) - n_out], refs[len(refs) - n_out :]
@@ -112,7 +109,6 @@ def _gemm_items(
     )
     def scope(allocs, epi_smem):
       wg = lax.axis_index("wg")
-      tile0 = tile0_ref[0]
 
       @plgpu.nd_loop((m_tiles * n_tiles,), collective_axes="sm")
       def _item_loop(info):
@@ -129,9 +125,9 @@ def _gemm_items(
           @functools.partial(pl.run_scoped, acc=plgpu.ACC((WG_ROWS, bn), jnp.float32))
           def _acc_scope(acc):
             run(acc)
-            epilogue(acc[...], row0, mi, ni, epi_smem.at[wg], extra_refs, out_refs)
+            epilogue(acc[...], row0, ni, epi_smem.at[wg], extra_refs, out_refs)
 
-        make_pipeline(mma, compute_context, mi, tile0 + ni)(x_ref, w_ref, allocations=allocs)
+        make_pipeline(mma, compute_context, mi, ni)(x_ref, w_ref, allocations=allocs)
 
       plgpu.wait_smem_to_gmem(0)
 
@@ -167,8 +163,7 @@ def tile_stats(
   bn = config.block_n
   row_layout = plgpu.Layout.WGMMA.reduce(1)
 
-  def epilogue(logits, row0, mi, ni, stats_smem, extra_refs, out_refs):
-    del mi
+  def epilogue(logits, row0, ni, stats_smem, extra_refs, out_refs):
     labels_ref, flags_ref = extra_refs
     lse_ref, picked_ref = out_refs
     rows = lambda v: lax.broadcast_in_dim(v, logits.shape, [0])
@@ -201,7 +196,6 @@ def tile_stats(
     x,
     w,
     n_tiles=n_tiles,
-    col_tile0=None,
     config=config,
     num_sms=num_sms,
     out_type=(stat, stat),
@@ -210,7 +204,7 @@ def tile_stats(
     interpret=interpret,
   )
   labels = labels.astype(jnp.int32)
-  return call(x, w, jnp.zeros((1,), jnp.int32), labels, label_tiles(labels, n_tiles, bn))
+  return call(x, w, labels, label_tiles(labels, n_tiles, bn))
 
 
 def label_tiles(labels: jax.Array, n_tiles: int, block_n: int) -> jax.Array:
