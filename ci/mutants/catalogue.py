@@ -654,6 +654,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     " (every tile picks a logit).",
   ),
   Mutation(
+    "loss.mosaic_single_stage_accepted",
+    _LOSS + "mosaic_kernel.py",
+    "  if config.num_stages <= _WGMMAS_IN_FLIGHT:",
+    "  if config.num_stages < _WGMMAS_IN_FLIGHT:",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "num_stages"),
+    "Mosaic loss kernel: one pipeline stage accepted, which the stage each warpgroup holds"
+    " while its wgmma runs leaves empty (the pipeline refuses it at trace time).",
+  ),
+  Mutation(
     "loss.tail_label_column",
     _LOSS + "spec.py",
     "  return jnp.clip(args.labels - start, 0, v - start - 1), held",

@@ -146,6 +146,9 @@ def test_kernel_config_reason_takes_exactly_num_stages_blocks():
   assert mosaic_kernel.config_reason(config, 512, 2) is None
   reason = mosaic_kernel.config_reason(config, 192, 2)
   assert reason is not None and "num_stages" in reason
+  # One stage cannot serve: each warpgroup holds a stage while its wgmma is in flight.
+  single = mosaic_kernel.MosaicLossKernelConfig(block_n=128, block_k=64, num_stages=1)
+  assert "num_stages=1" in mosaic_kernel.config_reason(single, 256, 2)
   # Through the op: H=128 (two blocks of 64) runs with two stages, not three.
   x, labels, w = _inputs(16, 128, 256)
   record = spec.canonicalize(x, labels, w)
