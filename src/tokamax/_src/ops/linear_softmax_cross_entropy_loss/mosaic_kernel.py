@@ -27,7 +27,7 @@ WG_ROWS = gemm.WG_ROWS
 NUM_COMPUTE_WGS = gemm.NUM_COMPUTE_WGS
 _LOG2E = 1.4426950408889634
 # Each compute warpgroup keeps one wgmma in flight and releases a stage one step late
-# (h200/loss_delay_release_<commit>.json: forward 0.92-0.99x of waiting for every wgmma).
+# (h200/loss_delay_release_0396765.json: forward 0.92-0.99x of waiting for every wgmma).
 _WGMMAS_IN_FLIGHT = 1
 
 
