@@ -1,6 +1,7 @@
 """The cited benchmark records: every file under bench/results/ follows the one schema, and every
 record path cited in src/, docs/, README.md, ci/ and bench/ exists."""
 
+import json
 import os
 import re
 
@@ -88,6 +89,90 @@ def test_write_load_round_trip_and_validation(tmp_path):
   assert any("anchor and anchor_ms" in e for e in errors)
   with pytest.raises(ValueError):
     records.write(str(path), [bad])
+
+
+def _good() -> dict:
+  return records.Record(
+    device="cpu",
+    commit="abc",
+    date="2026-01-02",
+    op="layer_norm",
+    implementation="xla",
+    case="plain",
+    shape={"M": 8, "D": 64},
+    dtype="float32",
+    mode="fwd_bwd",
+    median_ms=0.5,
+    anchor="jnp",
+    anchor_ms=0.25,
+    method="cputime",
+    config={"block": 8},
+  ).as_dict()
+
+
+def test_a_good_record_has_no_errors():
+  assert records.validate_record(_good()) == []
+  assert records.validate({"schema": 1, "note": "n", "records": [_good()]}) == []
+  assert records.from_dict(_good()).ratio == 2.0
+
+
+@pytest.mark.parametrize(
+  "change, expected",
+  [
+    ({"speed": 1.0}, "unknown field 'speed'"),
+    ({"median_ms": True}, "median_ms True is not a positive number"),
+    ({"median_ms": 0.0}, "median_ms 0.0 is not a positive number"),
+    ({"median_ms": float("inf")}, "median_ms inf is not a positive number"),
+    ({"median_ms": float("nan")}, "median_ms nan is not a positive number"),
+    ({"anchor_ms": -0.25}, "anchor_ms -0.25 is not a positive number"),
+    ({"anchor_ms": 0}, "anchor_ms 0 is not a positive number"),
+    ({"anchor_ms": None}, "anchor and anchor_ms go together"),
+    ({"schema": 2}, "schema 2 is not 1"),
+    ({"mode": "bwd"}, "mode 'bwd' is not one of"),
+    ({"shape": {"M": 8.0}}, "is not names to integers"),
+    ({"median_ms": "0.5"}, "median_ms: str is not"),
+    ({"date": 20260102}, "date: int is not"),
+    ({"extra": None}, "extra: NoneType is not"),
+  ],
+)
+def test_a_bad_record_is_named(change, expected):
+  errors = records.validate_record(_good() | change)
+  assert any(expected in e for e in errors), errors
+  with pytest.raises(ValueError, match=re.escape(expected)):
+    records.from_dict(_good() | change)
+
+
+def test_a_missing_field_is_named():
+  r = _good()
+  del r["median_ms"]
+  assert "missing field 'median_ms'" in records.validate_record(r)
+
+
+@pytest.mark.parametrize(
+  "obj, expected",
+  [
+    ({"schema": 2, "records": []}, "file schema 2 is not 1"),
+    ({"records": []}, "file schema None is not 1"),
+    ({"schema": 1, "records": [], "notes": "x"}, "unknown top-level field 'notes'"),
+    ({"schema": 1, "records": {}}, "a record file is an object"),
+    ({"schema": 1, "records": [_good(), [1]]}, "record 1: a record must be an object"),
+  ],
+)
+def test_a_bad_record_file_is_named(obj, expected):
+  errors = records.validate(obj)
+  assert any(expected in e for e in errors), errors
+
+
+def test_load_refuses_a_file_off_the_schema_and_write_keeps_the_note(tmp_path):
+  path = tmp_path / "r.json"
+  path.write_text(json.dumps({"schema": 1, "records": [_good() | {"mode": "bwd"}]}))
+  with pytest.raises(ValueError, match="mode 'bwd'"):
+    records.load(str(path))
+  assert records.write(str(path), [_good()], note="what it shows") == 1
+  assert records.note(str(path)) == "what it shows"
+  assert records.load(str(path)) == [records.from_dict(_good())]
+  records.write(str(path), [_good()])
+  assert records.note(str(path)) is None
 
 
 def test_every_record_file_is_cited():

@@ -1,0 +1,121 @@
+"""The golden checker's verdicts on planted goldens: mismatched outputs, the stored
+tolerance, and which goldens a partial regeneration or a merge keeps."""
+
+import dataclasses
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from golden import golden
+from tokamax_harness import hardware
+
+FAMILY = hardware.detect().family
+F32 = {"atol": 2e-6, "rtol": 1e-5}
+
+
+def _result(out, tol=F32):
+  entry = {"tolerance": dict(tol), "reduction_length": 1}
+  return golden.Result("op.impl.case", "", output=out, entry=entry)
+
+
+def _verdict(golden_value, out, tol=F32):
+  return golden._compare_to_golden(_result(out, tol), golden_value, "cpu")
+
+
+def test_compare_to_golden_verdicts():
+  out = np.linspace(0.5, 2.0, 64, dtype=np.float32).reshape(8, 8)
+  assert _verdict(out.copy(), out).status == golden.PASS
+  # A few ulps off everywhere: within the float32 tolerance, not bitwise.
+  near = (out * np.float32(1 + 3e-7)).astype(np.float32)
+  assert not np.array_equal(near, out)
+  r = _verdict(near, out)
+  assert r.status == golden.CHANGED and "within tolerance" in r.detail, r
+  r = _verdict(out * np.float32(1.01), out)
+  assert r.status == golden.FAIL, r
+  # The stored tolerance decides: a tight one fails what the float32 one allows.
+  r = _verdict(near, out, tol={"atol": 1e-12, "rtol": 1e-12})
+  assert r.status == golden.FAIL, r
+
+
+@pytest.mark.parametrize(
+  "stored",
+  [
+    np.linspace(0.5, 2.0, 64, dtype=np.float32).reshape(8, 8).T.reshape(4, 16),
+    np.linspace(0.5, 2.0, 64, dtype=np.float32)[:32].reshape(4, 8),
+    np.linspace(0.5, 2.0, 64, dtype=np.float64).reshape(8, 8),
+    np.linspace(0.5, 2.0, 64, dtype=np.float16).reshape(8, 8),
+  ],
+  ids=["reshaped", "fewer", "float64", "float16"],
+)
+def test_a_golden_of_another_shape_or_dtype_fails(stored):
+  out = np.linspace(0.5, 2.0, 64, dtype=np.float32).reshape(8, 8)
+  r = _verdict(stored, out)
+  assert r.status == golden.FAIL and r.detail.startswith("golden is"), r
+
+
+def _copy_goldens(tmp_path) -> str:
+  data = str(tmp_path / "data")
+  shutil.copytree(golden.family_dir(FAMILY), os.path.join(data, FAMILY))
+  return data
+
+
+def _float32_layer_norm_key(manifest) -> str:
+  return next(
+    k
+    for k, e in sorted(manifest["entries"].items())
+    if e["op"] == "layer_norm" and e["implementation"] == "xla" and e["dtype"] == "float32"
+  )
+
+
+def test_check_uses_the_tolerance_stored_with_the_golden(tmp_path):
+  data = _copy_goldens(tmp_path)
+  manifest, arrays = golden.load(FAMILY, data)
+  key = _float32_layer_norm_key(manifest)
+  arrays[key] = (arrays[key].astype(np.float64) * (1 + 1e-6)).astype(arrays[key].dtype)
+  golden.write(FAMILY, manifest, arrays, data)
+  (r,), _ = golden.check(FAMILY, data_dir=data, keys=[key])
+  assert r.status == golden.CHANGED, r.detail  # Within the float32 tolerance.
+  manifest["entries"][key]["tolerance"] = dataclasses.asdict(
+    golden.tolerance.Tolerance(atol=1e-12, rtol=1e-12)
+  )
+  golden.write(FAMILY, manifest, arrays, data)
+  (r,), _ = golden.check(FAMILY, data_dir=data, keys=[key])
+  assert r.status == golden.FAIL, r.detail
+
+
+def test_regenerating_some_ops_keeps_the_others_and_reports_removed_goldens(tmp_path):
+  data = _copy_goldens(tmp_path)
+  manifest, arrays = golden.load(FAMILY, data)
+  others = {k: v for k, v in arrays.items() if not k.startswith("layer_norm.")}
+  assert others
+  gone = "layer_norm.no_such_impl.case"
+  arrays[gone] = np.zeros((2,), np.float32)
+  manifest["entries"][gone] = dict(manifest["entries"][_float32_layer_norm_key(manifest)])
+  golden.write(FAMILY, manifest, arrays, data)
+  changes = golden.regenerate(FAMILY, data_dir=data, ops=["layer_norm"])
+  assert [r.key for r in changes if r.status == golden.REMOVED] == [gone]
+  manifest, regenerated = golden.load(FAMILY, data)
+  assert gone not in regenerated and gone not in manifest["entries"]
+  assert set(regenerated) == set(arrays) - {gone}
+  for key, value in others.items():
+    np.testing.assert_array_equal(regenerated[key], value, err_msg=key)
+    assert manifest["entries"][key]["op"] != "layer_norm"
+
+
+def test_merge_takes_each_op_from_its_own_part(tmp_path):
+  data = _copy_goldens(tmp_path)
+  manifest, arrays = golden.load(FAMILY, data)
+  # A part holds every op's goldens (a partial regeneration keeps the others): planted
+  # values in both; only the op it was made for may come from it.
+  part = str(tmp_path / "part")
+  planted = {k: (v.astype(np.float32) * 3).astype(v.dtype) for k, v in arrays.items()}
+  golden.write(FAMILY, manifest, planted, part)
+  out = str(tmp_path / "out")
+  golden.merge(FAMILY, {"layer_norm": part}, data_dir=data, out_dir=out)
+  merged_manifest, merged = golden.load(FAMILY, out)
+  assert set(merged) == set(arrays) == set(merged_manifest["entries"])
+  for key, value in merged.items():
+    expected = planted[key] if key.startswith("layer_norm.") else arrays[key]
+    np.testing.assert_array_equal(value, expected, err_msg=key)
