@@ -112,7 +112,10 @@ def backward(args: spec.AttentionArgs, config: ChunkedConfig, out, lse, dout) ->
   acc_dtype = numerics.accumulation_dtype(q.dtype)
   do = dout.reshape(b, t, kh, g, hv)
   delta = jnp.einsum(
-    "btkgh,btkgh->bkgt", do.astype(acc_dtype), out.reshape(do.shape).astype(acc_dtype)
+    "btkgh,btkgh->bkgt",
+    do.astype(acc_dtype),
+    out.reshape(do.shape).astype(acc_dtype),
+    precision=args.precision,
   )
   lse_safe = jnp.where(jnp.isfinite(lse), lse, jnp.inf)[..., None]
   bias = chunks.bias

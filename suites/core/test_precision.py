@@ -1,0 +1,111 @@
+"""`precision` reaches every matmul of the XLA paths, forward and backward."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import tokamax
+from tokamax._src import jaxprs
+
+HIGHEST = jax.lax.Precision.HIGHEST
+f32 = jnp.float32
+
+
+def _precisions(fn, *args) -> list:
+  """The precision of every dot_general in the jaxpr of `fn(*args)`, nested ones included."""
+  jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
+  return [
+    e.params["precision"]
+    for e in jaxprs.equations(jaxpr)
+    if e.primitive.name in ("dot_general", "ragged_dot_general")
+  ]
+
+
+def _attention(impl, precision):
+  q = jnp.ones((2, 8, 4, 16), f32)
+  kv = jnp.ones((2, 8, 2, 16), f32)
+  bias = jnp.zeros((2, 4, 8, 8), f32)
+
+  def f(q, k, v, bias):
+    return tokamax.dot_product_attention(
+      q, k, v, bias, precision=precision, implementation=impl
+    ).sum()
+
+  return f, (q, kv, kv, bias)
+
+
+def _loss(impl, precision):
+  labels = jnp.array([0, 3, 49, 7], jnp.int32)
+
+  def f(x, w):
+    return tokamax.linear_softmax_cross_entropy_loss(
+      x, labels, w, precision=precision, implementation=impl
+    )
+
+  return f, (jnp.ones((4, 16), f32), jnp.ones((16, 50), f32))
+
+
+def _glu(impl, precision, split=False):
+  w = jnp.ones((16, 2, 8), f32)
+  weights = (w[:, 0], w[:, 1]) if split else w
+
+  def f(x, weights):
+    return tokamax.gated_linear_unit(
+      x, weights, activation=jax.nn.silu, precision=precision, implementation=impl
+    ).sum()
+
+  return f, (jnp.ones((2, 4, 16), f32), weights)
+
+
+def _ragged(impl, precision, layout="default"):
+  from tokamax._src.ops.ragged_dot import spec
+
+  sizes = jnp.array([3, 0, 5], jnp.int32)
+  lhs = jnp.ones((8, 16), f32)
+  rhs = {
+    "default": jnp.ones((3, 16, 4), f32),
+    "rhs_transposed": jnp.ones((3, 4, 16), f32),
+    "ragged_contracting": jnp.ones((8, 4), f32),
+  }[layout]
+
+  def f(lhs, rhs):
+    return tokamax.ragged_dot_general(
+      lhs,
+      rhs,
+      sizes,
+      spec.dimension_numbers(layout),
+      precision=precision,
+      implementation=impl,
+    ).sum()
+
+  return f, (lhs, rhs)
+
+
+CALLS = {
+  "attention-xla": lambda p: _attention("xla", p),
+  "attention-xla_chunked": lambda p: _attention("xla_chunked", p),
+  "loss-xla": lambda p: _loss("xla", p),
+  "loss-chunked_xla": lambda p: _loss("chunked_xla", p),
+  "glu-xla-fused": lambda p: _glu("xla", p),
+  "glu-xla-split": lambda p: _glu("xla", p, split=True),
+  "ragged_dot-xla": lambda p: _ragged("xla", p),
+  "ragged_dot-xla-rhs_transposed": lambda p: _ragged("xla", p, "rhs_transposed"),
+  "ragged_dot-xla-ragged_contracting": lambda p: _ragged("xla", p, "ragged_contracting"),
+}
+
+
+@pytest.mark.parametrize("precision", (HIGHEST, "highest"), ids=("enum", "string"))
+@pytest.mark.parametrize("name", CALLS)
+def test_precision_reaches_every_matmul_of_forward_and_backward(name, precision):
+  f, args = CALLS[name](precision)
+  forward = _precisions(f, *args)
+  backward = _precisions(jax.grad(f, argnums=tuple(range(len(args)))), *args)
+  assert forward and len(backward) > len(forward), (forward, backward)
+  for where, found in (("forward", forward), ("backward", backward)):
+    assert all(p == (HIGHEST, HIGHEST) for p in found), f"{where}: {found}"
+
+
+@pytest.mark.parametrize("name", CALLS)
+def test_no_precision_leaves_the_default(name):
+  f, args = CALLS[name](None)
+  assert all(p is None for p in _precisions(jax.grad(f), *args))
