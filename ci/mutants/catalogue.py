@@ -80,6 +80,9 @@ _HISTORY_SRC = "bench/history.py"
 _HISTORY_CHECK = "suites/history/test_history_check.py"
 _GOLDEN_SRC = "golden/golden.py"
 _GOLDEN_RULES = "suites/golden/test_golden_rules.py"
+_PRECISION = "suites/core/test_precision.py"
+_PUBLIC_DEFAULTS = "suites/core/test_public_defaults.py"
+_SHARDED = "suites/core/test_transforms.py"
 
 MUTATIONS: tuple[Mutation, ...] = (
   # --- The harness itself ------------------------------------------------------
@@ -2614,6 +2617,162 @@ MUTATIONS: tuple[Mutation, ...] = (
     "      if True:",
     (_GOLDEN_RULES, "-k", "merge_takes"),
     "golden.merge takes every op's goldens from each part, not only the part's own op.",
+  ),
+  # --- Public defaults, precision pass-through, q_sharding (hunt-c) ----------------------
+  Mutation(
+    "attention.public_call_drops_precision",
+    _ATTENTION + "api.py",
+    "    precision=precision,\n    implementation=implementation,\n  )\n  if q_sharding",
+    "    implementation=implementation,\n  )\n  if q_sharding",
+    (_PRECISION, "-k", "attention"),
+    "dot_product_attention does not pass `precision` on: every matmul runs at the default "
+    "(TF32 on a GPU).",
+  ),
+  Mutation(
+    "attention.causal_by_default",
+    _ATTENTION + "api.py",
+    "  is_causal: bool = False,",
+    "  is_causal: bool = True,",
+    (_PUBLIC_DEFAULTS, "-k", "attention"),
+    "dot_product_attention is causal by default.",
+  ),
+  Mutation(
+    "layer_norm.default_epsilon_1e5",
+    _NORM + "api.py",
+    "  epsilon: float = 1e-6,",
+    "  epsilon: float = 1e-5,",
+    (_PUBLIC_DEFAULTS, "-k", "layer_norm"),
+    "layer_norm's default epsilon is 1e-5, not the documented 1e-6.",
+  ),
+  Mutation(
+    "layer_norm.rms_by_default",
+    _NORM + "api.py",
+    "  subtract_mean: bool = True,",
+    "  subtract_mean: bool = False,",
+    (_PUBLIC_DEFAULTS, "-k", "layer_norm"),
+    "layer_norm is RMSNorm by default (subtract_mean=False).",
+  ),
+  Mutation(
+    "loss.mean_by_default",
+    _LOSS + "api.py",
+    '  reduction: Literal["sum", "mean", "none"] = "sum",',
+    '  reduction: Literal["sum", "mean", "none"] = "mean",',
+    (_PUBLIC_DEFAULTS, "-k", "loss"),
+    "The loss's default reduction is the mean, not the documented sum.",
+  ),
+  Mutation(
+    "attention.backward_delta_default_precision",
+    _ATTENTION + "xla_chunked.py",
+    "    out.reshape(do.shape).astype(acc_dtype),\n    precision=args.precision,\n",
+    "    out.reshape(do.shape).astype(acc_dtype),\n",
+    (_PRECISION, "-k", "attention"),
+    "Attention's XLA backward computes rowsum(dO * O) at the default precision whatever the "
+    "caller asked (the bug fixed in ef91bab).",
+  ),
+  Mutation(
+    "attention.dk_default_precision",
+    _ATTENTION + "xla_chunked.py",
+    '"bkgts,btkgh->bskh", ds_c, qg, precision=args.precision, preferred_element_type',
+    '"bkgts,btkgh->bskh", ds_c, qg, preferred_element_type',
+    (_PRECISION, "-k", "attention"),
+    "Attention's XLA backward computes dK at the default precision.",
+  ),
+  Mutation(
+    "loss.chunked_dw_default_precision",
+    _LOSS + "chunked_xla.py",
+    "dw_chunk = jnp.matmul(args.x.T, dlogits, precision=args.precision, preferred_element_type=acc)",
+    "dw_chunk = jnp.matmul(args.x.T, dlogits, preferred_element_type=acc)",
+    (_PRECISION, "-k", "loss"),
+    "The chunked loss's backward computes dW at the default precision.",
+  ),
+  Mutation(
+    "glu.cpu_backward_dw_default_precision",
+    _GLU + "spec.py",
+    "[jnp.matmul(rows.T, dj.reshape(-1, dj.shape[-1]), precision=precision) for dj in halves]",
+    "[jnp.matmul(rows.T, dj.reshape(-1, dj.shape[-1])) for dj in halves]",
+    (_PRECISION, "-k", "glu"),
+    "The GLU's CPU backward computes dW at the default precision.",
+  ),
+  Mutation(
+    "glu.split_weights_default_precision",
+    _GLU + "spec.py",
+    '    dot = lambda w: jnp.einsum("...k,kn->...n", args.x, w, precision=args.precision)',
+    '    dot = lambda w: jnp.einsum("...k,kn->...n", args.x, w)',
+    (_PRECISION, "-k", "glu"),
+    "The GLU with (w_gate, w_up) weights projects at the default precision.",
+  ),
+  Mutation(
+    "validation.precision_dropped",
+    "src/tokamax/_src/validation.py",
+    "    return None if value is None else jax.lax.Precision(value)",
+    "    return None",
+    (_PRECISION, "-k", "attention"),
+    "A single precision (enum or string) canonicalizes to None: every op runs at the default.",
+  ),
+  Mutation(
+    "bench.history_features_filter_ignored",
+    _HISTORY_SRC,
+    "if (features and case.feature not in features) or",
+    "if",
+    (_HISTORY_CHECK, "-k", "run_keeps"),
+    "bench.history.run ignores `features` (--features): every case is measured.",
+  ),
+  Mutation(
+    "bench.history_rates_at_the_pooled_median",
+    _HISTORY_SRC,
+    "      rec[field] *= pooled.median_ms / median\n",
+    "      pass\n",
+    (_HISTORY_CHECK, "-k", "run_keeps"),
+    "A record's TFLOP/s and GB/s are at the pooled samples' median, not at its time (the "
+    "median of round medians).",
+  ),
+  Mutation(
+    "bench.history_anchor_mean_of_rounds",
+    _HISTORY_SRC,
+    "anchor_median_ms=statistics.median(t.median_ms",
+    "anchor_median_ms=statistics.mean(t.median_ms",
+    (_HISTORY_CHECK, "-k", "run_keeps"),
+    "A record's anchor_median_ms is the mean of the anchor's round medians.",
+  ),
+  Mutation(
+    "bench.history_time_is_mean_of_rounds",
+    _HISTORY_SRC,
+    "  median = statistics.median(rounds_ms)",
+    "  median = statistics.mean(rounds_ms)",
+    (_HISTORY_CHECK, "-k", "run_keeps"),
+    "A record's time is the mean of its round medians (one slow round moves it), not their median.",
+  ),
+  Mutation(
+    "attention.q_sharding_splits_a_single_kv_head",
+    _ATTENTION + "api.py",
+    "  k_axis = n_axis if key.shape[-2] > 1 else None",
+    "  k_axis = n_axis",
+    (_SHARDED, "-k", "sharded_over_eight"),
+    "q_sharding splits the K/V head dim also with one K/V head (MQA), which cannot be split.",
+  ),
+  Mutation(
+    "attention.q_sharding_splits_broadcast_bias_heads",
+    _ATTENTION + "api.py",
+    "    return PartitionSpec(*batch_part, n_axis if x.shape[-3] > 1 else None, None, None)",
+    "    return PartitionSpec(*batch_part, n_axis, None, None)",
+    (_SHARDED, "-k", "sharded_over_eight"),
+    "q_sharding splits the head dim of a bias or mask broadcast over heads (size 1).",
+  ),
+  Mutation(
+    "attention.q_sharding_bias_heads_whole",
+    _ATTENTION + "api.py",
+    "    return PartitionSpec(*batch_part, n_axis if x.shape[-3] > 1 else None, None, None)",
+    "    return PartitionSpec(*batch_part, None, None, None)",
+    (_SHARDED, "-k", "sharded_over_eight"),
+    "q_sharding gives every shard all heads of a per-head bias or mask.",
+  ),
+  Mutation(
+    "attention.q_sharding_lengths_swapped",
+    _ATTENTION + "api.py",
+    "  def local(q, k, v, b, m, ql, kl):\n    return spec.SPEC(q, k, v, b, m, query_seq_lengths=ql, key_value_seq_lengths=kl, **kwargs)",
+    "  def local(q, k, v, b, m, ql, kl):\n    return spec.SPEC(q, k, v, b, m, query_seq_lengths=kl, key_value_seq_lengths=ql, **kwargs)",
+    (_SHARDED, "-k", "sharded_over_eight"),
+    "Under q_sharding the query and key/value sequence lengths are swapped.",
   ),
 )
 

@@ -52,6 +52,27 @@ def main() -> None:
       tokamax.dot_product_attention(q, k, v, is_causal=True),
       f"attention[{impl}] q_sharding",
     )
+    # With a per-head bias, a mask broadcast over batch and heads, per-batch sequence lengths
+    # and one K/V head (MQA, not split): each shard gets its slice of each, or all of it.
+    side = iter(jax.random.split(jax.random.key(1), 4))
+    k1, v1 = (jax.random.normal(next(side), (8, 16, 1, 8)) for _ in range(2))
+    bias = jax.random.normal(next(side), (8, 4, 16, 16))
+    mask = jax.random.bernoulli(next(side), 0.8, (1, 1, 16, 16))
+    features = dict(
+      query_seq_lengths=jnp.array([16, 3, 9, 16, 1, 12, 16, 7]),
+      key_value_seq_lengths=jnp.array([7, 16, 12, 1, 16, 9, 3, 16]),
+      local_window_size=(5, 2),
+    )
+    h = jax.jit(
+      lambda q, k, v, bias, mask: tokamax.dot_product_attention(
+        q, k, v, bias, mask, implementation=impl, q_sharding=q_sharding, **features
+      )
+    )
+    _close(
+      h(put(q, "data", None, "model"), k1, v1, bias, mask),
+      tokamax.dot_product_attention(q, k1, v1, bias, mask, implementation="xla", **features),
+      f"attention[{impl}] q_sharding with bias, mask, lengths and one K/V head",
+    )
 
   x = normal(16, 32)
   _close(
