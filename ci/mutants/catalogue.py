@@ -802,6 +802,69 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton attention: logits not converted to log2 units (exp2 of natural logits).",
   ),
   Mutation(
+    "kernels.triton_attention_dbias_tail_unwritten",
+    _ATTENTION + "triton_flash.py",
+    "      _zero_dbias(dbias_base, offs_n, hi, T, S, BLOCK_M, BLOCK_N)",
+    "      pass",
+    ("suites/kernels/test_attention_triton.py", "-k", "bias_gradient_where_rows_see_no_key"),
+    "Triton attention backward: dbias rows after a key block's last visible query (window,"
+    " query lengths) are never written.",
+  ),
+  Mutation(
+    "kernels.triton_attention_dbias_head_unwritten",
+    _ATTENTION + "triton_flash.py",
+    "      _zero_dbias(dbias_base, offs_n, 0, lo, S, BLOCK_M, BLOCK_N)",
+    "      pass",
+    ("suites/kernels/test_attention_triton.py", "-k", "bias_gradient_where_rows_see_no_key"),
+    "Triton attention backward: dbias rows before a key block's first visible query (causal)"
+    " are never written.",
+  ),
+  Mutation(
+    "kernels.triton_attention_window_right_key_range",
+    _ATTENTION + "triton_flash.py",
+    "    hi = tl.minimum(hi, m0 + BLOCK_M + RIGHT)",
+    "    hi = tl.minimum(hi, m0 + BLOCK_M + RIGHT - 1)",
+    ("suites/kernels/test_attention_triton.py", "-k", "block_boundaries and left17_right1"),
+    "Triton attention (forward, dq): the key range ends one key early, dropping the block"
+    " that holds only the last query row's last visible key.",
+  ),
+  Mutation(
+    "kernels.triton_attention_window_left_key_range",
+    _ATTENTION + "triton_flash.py",
+    "    lo = tl.maximum(m0 - LEFT, 0) // BLOCK_N * BLOCK_N",
+    "    lo = tl.maximum(m0 - LEFT + 1, 0) // BLOCK_N * BLOCK_N",
+    ("suites/kernels/test_attention_triton.py", "-k", "block_boundaries and left17_right1"),
+    "Triton attention (forward, dq): the key range starts one key late, dropping the block"
+    " that holds only the first query row's first visible key.",
+  ),
+  Mutation(
+    "kernels.triton_attention_window_left_query_range",
+    _ATTENTION + "triton_flash.py",
+    "    hi = tl.minimum(hi, n0 + BLOCK_N + LEFT)",
+    "    hi = tl.minimum(hi, n0 + BLOCK_N + LEFT - 1)",
+    ("suites/kernels/test_attention_triton.py", "-k", "block_boundaries and left17_right1"),
+    "Triton attention dK/dV: the query range of a key block ends one row early under a left"
+    " window.",
+  ),
+  Mutation(
+    "kernels.triton_attention_window_right_query_range",
+    _ATTENTION + "triton_flash.py",
+    "    lo = tl.maximum(lo, n0 - RIGHT)",
+    "    lo = tl.maximum(lo, n0 - RIGHT + 1)",
+    ("suites/kernels/test_attention_triton.py", "-k", "block_boundaries and left17_right1"),
+    "Triton attention dK/dV: the query range of a key block starts one row late under a right"
+    " window.",
+  ),
+  Mutation(
+    "kernels.triton_attention_kv_lengths_unclipped",
+    _ATTENTION + "triton_flash.py",
+    "    kv_len = tl.maximum(tl.minimum(tl.load(kv_len_ptr + b), S), 0)",
+    "    kv_len = tl.maximum(tl.load(kv_len_ptr + b), 0)",
+    ("suites/kernels/test_attention_triton.py", "-k", "lengths_out_of_range"),
+    "Triton attention: key/value lengths past S are not clipped (keys past the sequence are"
+    " read and seen).",
+  ),
+  Mutation(
     "kernels.mosaic_attention_causal",
     _ATTENTION + "mosaic_common.py",
     "    ok = both(ok, k_ids <= q_ids)",

@@ -314,9 +314,47 @@ def test_interpreted_heuristic_blocks():
   _check_interpreted(kw, None)
 
 
-def _check_interpreted(kw, config):
+@pytest.mark.host_only
+def test_interpreted_bias_gradient_where_rows_see_no_key():
+  """dbias with a causal window and sequence lengths: whole query blocks before and after
+  each key block's visible rows are skipped, and their dbias must still be written (zeros),
+  as must the rows past the query length. Unwritten outputs read NaN in the interpreter."""
+  kw = dict(seed=11, dtype=jnp.float32, b=2, t=37, s=45, n=2, k=1, h=16, bias=(2, 2, 37, 45))
+  kw |= dict(is_causal=True, local_window_size=(6, 0), q_lengths=True, kv_lengths=True)
+  config = attention_triton.TritonAttentionConfig(16, 16, 4, 2, 16, 16, 4, 2)
+  _check_interpreted(kw, config)
+
+
+@pytest.mark.host_only
+@pytest.mark.parametrize("window", [(17, 1), (1, 17)], ids=["left17_right1", "left1_right17"])
+def test_interpreted_window_edges_on_block_boundaries(window):
+  """Windows whose first or last visible key is the first or last key of a 16-key block for
+  the first or last row of a 16-row block: an off-by-one in the key (or query) range of the
+  kernels' block loops drops that whole block."""
+  kw = dict(seed=13, dtype=jnp.float32, b=1, t=48, s=50, n=2, k=1, h=16)
+  kw |= dict(local_window_size=window)
+  config = attention_triton.TritonAttentionConfig(16, 16, 4, 2, 16, 16, 4, 2)
+  _check_interpreted(kw, config)
+
+
+@pytest.mark.host_only
+def test_interpreted_lengths_out_of_range():
+  """Sequence lengths past the sequence (all of it is seen) or negative (none is): the kernels
+  clip them to [0, T] and [0, S], as the XLA implementation's comparisons do."""
+  kw = dict(seed=12, dtype=jnp.float32, b=3, t=37, s=45, n=2, k=1, h=16)
+  lengths = {
+    "query_seq_lengths": jnp.array([50, 20, -2], jnp.int32),
+    "key_value_seq_lengths": jnp.array([60, -4, 30], jnp.int32),
+  }
+  config = attention_triton.TritonAttentionConfig(16, 16, 4, 2, 16, 16, 4, 2)
+  _check_interpreted(kw, config, lengths)
+
+
+def _check_interpreted(kw, config, lengths=None):
+  """Interpreted forward and backward against XLA; `lengths` replaces the drawn lengths."""
   data, options = _split(kw)
-  arrays, lengths = _inputs(**data)
+  arrays, drawn = _inputs(**data)
+  lengths = drawn if lengths is None else lengths
   args = spec.canonicalize(*arrays, **lengths, **options)
   config = config or attention_triton.heuristic_config(args, 9)
   dout = jnp.asarray(
