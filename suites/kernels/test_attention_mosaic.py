@@ -35,7 +35,7 @@ from suites import opdb
 from suites.opdb import kernel_cases
 from tokamax._src import device
 from tokamax._src.ops import op
-from tokamax._src.ops.attention import mosaic, spec, xla
+from tokamax._src.ops.attention import mosaic, mosaic_common, spec, xla
 
 # The summary counts these under the op and implementation they check.
 pytestmark = pytest.mark.op("dot_product_attention", "mosaic")
@@ -181,6 +181,66 @@ def test_interpret_matches_xla(name):
     assert _KNOWN_RACE.search(race), race
   if not CASES[name].grads:  # Forward only: no race at all.
     assert not races and not res["races_found_last_kernel"]
+
+
+def _positional(masking, rows, cols, q_len, kv_len):
+  """Visibility [rows, cols] of query ids `rows` to key ids `cols` (plain numpy)."""
+  i, j = np.asarray(rows)[:, None], np.asarray(cols)[None, :]
+  ok = (j < kv_len) & (i < q_len)
+  if masking.causal:
+    ok &= j <= i
+  if masking.window is not None:
+    left, right = masking.window
+    ok &= (j >= i - left) & (j <= i + right)
+  return ok
+
+
+def _check_ranges(ranges, blocks, num, visible_block):
+  """[lo, hi) holds every block with a visible pair; [full_lo, full_hi) only all-visible ones."""
+  lo, full_lo, full_hi, hi = (int(x) for x in ranges)
+  assert 0 <= lo <= full_lo <= full_hi <= hi <= num, ranges
+  for blk in range(num):
+    ok = visible_block(blk * blocks + np.arange(blocks))
+    if ok.any():
+      assert lo <= blk < hi, (blk, ranges)
+    if full_lo <= blk < full_hi:
+      assert ok.all(), (blk, ranges)
+
+
+_BLOCK_MASKINGS = [
+  mosaic_common.Masking(causal=True),
+  mosaic_common.Masking(window=(17, 1)),
+  mosaic_common.Masking(window=(1, 17), kv_len=True),
+  mosaic_common.Masking(causal=True, window=(16, 0), q_len=True, kv_len=True),
+  mosaic_common.Masking(window=(0, 15), q_len=True),
+  mosaic_common.Masking(window=(30, 30), kv_len=True),
+  mosaic_common.Masking(q_len=True, kv_len=True),
+]
+
+
+@pytest.mark.parametrize("masking", _BLOCK_MASKINGS, ids=lambda m: repr(m)[8:].replace(" ", ""))
+def test_block_ranges_hold_every_visible_pair(masking):
+  """`kv_blocks` and `q_blocks` (the key and query blocks the kernels visit, and those they
+  visit without masks) against a brute-force visibility table, at 16-row blocks whose
+  windows end on block boundaries and at random sequence lengths."""
+  rng = np.random.default_rng(3)
+  t, s, block = 64, 80, 16
+  for _ in range(4):
+    q_len = int(rng.integers(0, t + 1)) if masking.q_len else t
+    kv_len = int(rng.integers(0, s + 1)) if masking.kv_len else s
+    for r0 in range(0, t, block):
+      rows = r0 + np.arange(block)
+      ranges = mosaic_common.kv_blocks(masking, r0, block, block, s // block, kv_len)
+      # kv_blocks sees no query length: rows past it are dropped elsewhere.
+      _check_ranges(
+        ranges, block, s // block, lambda cols: _positional(masking, rows, cols, t, kv_len)
+      )
+    for c0 in range(0, s, block):
+      cols = c0 + np.arange(block)
+      ranges = mosaic_common.q_blocks(masking, c0, block, block, t // block, q_len, kv_len)
+      _check_ranges(
+        ranges, block, t // block, lambda r: _positional(masking, r, cols, q_len, kv_len)
+      )
 
 
 def _lower(impl, config, shape, dtype=jnp.bfloat16, grads=False, **kw):
