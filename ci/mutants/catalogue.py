@@ -730,6 +730,32 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton RMSNorm backward: dx not scaled by rstd.",
   ),
   Mutation(
+    "kernels.triton_layer_norm_bwd_rows_overlap",
+    _NORM + "triton_layer_norm.py",
+    "  last = tl.minimum(first + (per_program + (pid < extra)) * BLOCK_M, m)",
+    "  last = tl.minimum(first + (per_program + (pid <= extra)) * BLOCK_M, m)",
+    ("suites/kernels/test_triton_layer_norm.py", "-k", "interpreted_kernels"),
+    "Triton LayerNorm backward: program `extra` takes one row block too many (overlapping the"
+    " next program's rows: dscale and doffset count them twice).",
+  ),
+  Mutation(
+    "kernels.triton_layer_norm_persistent_prefetch_stride",
+    _NORM + "triton_layer_norm.py",
+    "      x_next = _load_rows(x_ptr, start + step, m, cols, col_ok, D, BLOCK_M)",
+    "      x_next = _load_rows(x_ptr, start + BLOCK_M, m, cols, col_ok, D, BLOCK_M)",
+    ("suites/kernels/test_triton_layer_norm.py", "-k", "interpreted_kernels"),
+    "Triton LayerNorm persistent forward: the prefetch reads the next row block, not this"
+    " program's next one (rows normalised with another block's values).",
+  ),
+  Mutation(
+    "kernels.triton_glu_pair_weight_grads_swapped",
+    _GLU + "triton.py",
+    "    dweights = (dw[:, 0].astype(wg.dtype), dw[:, 1].astype(wu.dtype))",
+    "    dweights = (dw[:, 1].astype(wg.dtype), dw[:, 0].astype(wu.dtype))",
+    ("suites/kernels/test_triton_gated_linear_unit.py", "-k", "interpreted_kernels"),
+    "Triton GLU backward: with a (gate, up) weight pair, each weight gets the other's gradient.",
+  ),
+  Mutation(
     "kernels.triton_glu_dup",
     "src/tokamax/_src/ops/gated_linear_unit/triton.py",
     "  dup = dout * activated",
