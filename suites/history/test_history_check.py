@@ -9,30 +9,12 @@ import numpy as np
 import pytest
 
 from bench import history
+from suites.history import rows
 from tokamax_harness import timing
 
 
 def _record(ms=1.0, run_id="now@2026", date="2026-12-02T00:00:00+00:00", **kw):
-  rec = {
-    "run_id": run_id,
-    "commit": run_id.split("@")[0],
-    "date": date,
-    "device_kind": "cpu",
-    "host": "test host x2",
-    "device_time_method": "wallclock",
-    "op": "layer_norm",
-    "implementation": "xla",
-    "case": "plain",
-    "shape_key": "d=64,m=8",
-    "shapes": {"m": 8, "d": 64},
-    "dtype": "float32",
-    "mode": "fwd",
-    "device_time_median_ms": ms,
-    "drift_ratio": 0.1,
-    "drift_ok": True,
-  }
-  rec.update(kw)
-  return rec
+  return rows.history_row(ms, run_id, date, shapes={"m": 8, "d": 64}, **kw)
 
 
 def _runs(mss, day0=1, **kw):

@@ -5,30 +5,13 @@ import os
 import pytest
 
 from bench import history
+from suites.history import rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _record(ms=1.0, run_id="now@2026"):
-  return {
-    "run_id": run_id,
-    "commit": run_id.split("@")[0],
-    "date": "2026-12-02T00:00:00+00:00",
-    "device_kind": "cpu",
-    "host": "test host x2",
-    "device_time_method": "wallclock",
-    "op": "layer_norm",
-    "implementation": "xla",
-    "case": "plain",
-    "shape_key": "n=8",
-    "shapes": {"n": 8},
-    "dtype": "float32",
-    "mode": "fwd",
-    "device_time_median_ms": ms,
-    "device_time_min_ms": ms * 0.99,
-    "drift_ratio": 0.1,
-    "drift_ok": True,
-  }
+  return rows.history_row(ms, run_id, device_time_min_ms=ms * 0.99)
 
 
 @pytest.fixture

@@ -64,20 +64,7 @@ def test_cited_records_exist():
 
 
 def test_write_load_round_trip_and_validation(tmp_path):
-  rec = records.Record(
-    device="cpu",
-    commit="abc",
-    date=None,
-    op="layer_norm",
-    implementation="xla",
-    case="plain",
-    shape={"M": 8, "D": 64},
-    dtype="float32",
-    mode="fwd",
-    median_ms=0.5,
-    anchor="xla",
-    anchor_ms=0.25,
-  )
+  rec = records.from_dict(_good() | {"date": None, "mode": "fwd", "anchor": "xla"})
   path = tmp_path / "r.json"
   assert records.write(str(path), [rec], note="test") == 1
   assert records.load(str(path)) == [rec]
