@@ -93,16 +93,9 @@ def attention(
     logits = logits_soft_cap * jnp.tanh(logits / logits_soft_cap)
   i = np.arange(t)[:, None]
   j = np.arange(s)[None, :]
-  allowed = np.ones((t, s), bool)
-  if is_causal:
-    allowed &= j <= i
-  if local_window_size is not None:
-    left, right = (
-      (local_window_size, local_window_size)
-      if isinstance(local_window_size, int)
-      else local_window_size
-    )
-    allowed &= (j >= i - left) & (j <= i + right)
+  allowed = positional_visibility(
+    np.arange(t), np.arange(s), is_causal=is_causal, local_window_size=local_window_size
+  )
   allowed = jnp.broadcast_to(jnp.asarray(allowed), (*batch, n, t, s))
   if mask is not None:
     allowed = allowed & mask
@@ -121,13 +114,11 @@ def attention(
   return jnp.einsum("...nts,...snh->...tnh", probs, value, precision=_HIGHEST)
 
 
-def attention_visible_rows(
-  t, s, *, is_causal=False, local_window_size=None, query_seq_lengths=None
-) -> np.ndarray:
-  """Rows [.., T] that see at least one key by position alone (for unwritten-output checks)."""
-  i = np.arange(t)[:, None]
-  j = np.arange(s)[None, :]
-  allowed = np.ones((t, s), bool)
+def positional_visibility(rows, cols, *, is_causal=False, local_window_size=None) -> np.ndarray:
+  """bool [len(rows), len(cols)]: whether query position rows[a] may see key position cols[b]
+  by the causal mask and the local window alone (an int window is (w, w))."""
+  i, j = np.asarray(rows)[:, None], np.asarray(cols)[None, :]
+  allowed = np.ones((i.shape[0], j.shape[1]), bool)
   if is_causal:
     allowed &= j <= i
   if local_window_size is not None:
@@ -135,6 +126,16 @@ def attention_visible_rows(
       (local_window_size,) * 2 if isinstance(local_window_size, int) else local_window_size
     )
     allowed &= (j >= i - left) & (j <= i + right)
+  return allowed
+
+
+def attention_visible_rows(
+  t, s, *, is_causal=False, local_window_size=None, query_seq_lengths=None
+) -> np.ndarray:
+  """Rows [.., T] that see at least one key by position alone (for unwritten-output checks)."""
+  allowed = positional_visibility(
+    np.arange(t), np.arange(s), is_causal=is_causal, local_window_size=local_window_size
+  )
   rows = allowed.any(-1)
   if query_seq_lengths is not None:
     rows = rows & (np.arange(t) < np.asarray(query_seq_lengths)[..., None])

@@ -6,6 +6,7 @@ import pytest
 
 import tokamax
 from tokamax._src import jaxprs
+from tokamax._src.ops.ragged_dot import spec as ragged_spec
 
 HIGHEST = jax.lax.Precision.HIGHEST
 f32 = jnp.float32
@@ -58,8 +59,6 @@ def _glu(impl, precision, split=False):
 
 
 def _ragged(impl, precision, layout="default"):
-  from tokamax._src.ops.ragged_dot import spec
-
   sizes = jnp.array([3, 0, 5], jnp.int32)
   lhs = jnp.ones((8, 16), f32)
   rhs = {
@@ -73,7 +72,7 @@ def _ragged(impl, precision, layout="default"):
       lhs,
       rhs,
       sizes,
-      spec.dimension_numbers(layout),
+      ragged_spec.dimension_numbers(layout),
       precision=precision,
       implementation=impl,
     ).sum()

@@ -36,6 +36,7 @@ from suites.opdb import kernel_cases
 from tokamax._src import device
 from tokamax._src.ops import op
 from tokamax._src.ops.attention import mosaic, mosaic_common, spec, xla
+from tokamax_harness import references
 
 # The summary counts these under the op and implementation they check.
 pytestmark = pytest.mark.op("dot_product_attention", "mosaic")
@@ -184,15 +185,11 @@ def test_interpret_matches_xla(name):
 
 
 def _positional(masking, rows, cols, q_len, kv_len):
-  """Visibility [rows, cols] of query ids `rows` to key ids `cols` (plain numpy)."""
-  i, j = np.asarray(rows)[:, None], np.asarray(cols)[None, :]
-  ok = (j < kv_len) & (i < q_len)
-  if masking.causal:
-    ok &= j <= i
-  if masking.window is not None:
-    left, right = masking.window
-    ok &= (j >= i - left) & (j <= i + right)
-  return ok
+  """Visibility [rows, cols] of query ids `rows` to key ids `cols` (the harness's table)."""
+  ok = references.positional_visibility(
+    rows, cols, is_causal=masking.causal, local_window_size=masking.window
+  )
+  return ok & (np.asarray(cols)[None, :] < kv_len) & (np.asarray(rows)[:, None] < q_len)
 
 
 def _check_ranges(ranges, blocks, num, visible_block):
