@@ -3,8 +3,10 @@
 Autotuning a forward alone keeps one candidate per forward program
 (`Op._forward_config` sets those fields as the heuristics do), so a forward that
 read one of them would be tuned on configs it never ran. Here every registered
-implementation whose config declares them traces its forward with those fields
-poisoned: any use (arithmetic, comparison, conversion, formatting) raises.
+implementation whose config declares them traces its forward (`_fwd_primal`, what
+runs when no gradient is taken) with those fields poisoned: any use (arithmetic,
+comparison, conversion, formatting) raises. The forward rule under differentiation
+(`_fwd`) may read them: the Mosaic GPU loss's `gradient_in_forward` is such a field.
 """
 
 import dataclasses
@@ -78,7 +80,6 @@ def _poisoned(config, names):
 
 def _trace_forward(op, record, config):
   with triton_call.capture():  # Triton launches are recorded, not run.
-    jax.eval_shape(lambda r: op._fwd(r, config), record)
     jax.eval_shape(lambda r: op._fwd_primal(r, config), record)
 
 

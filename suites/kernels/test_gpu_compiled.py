@@ -18,9 +18,11 @@ import numpy as np
 import pytest
 
 import tokamax
-from suites import opdb
+from suites import matrices, opdb
+from suites.matrices import cases as cases_lib
+from suites.matrices import checks
 from tokamax._src.ops.ragged_dot import spec as rd_spec
-from tokamax_harness import compare, references
+from tokamax_harness import compare, hardware, references
 
 pytestmark = pytest.mark.gpu
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -183,6 +185,30 @@ def test_mosaic_glu_against_float64(m, k, n, tuple_weights, backward):
   assert compare.relative_error(dx, rx) < 1e-2
   for a, r in zip(jax.tree.leaves(dw), jax.tree.leaves(rw), strict=True):
     assert compare.relative_error(a, r) < 1e-2
+
+
+# --- Mosaic loss: both gradients from the forward pass ---------------------------
+
+
+@pytest.mark.op("linear_softmax_cross_entropy_loss", "mosaic")
+@pytest.mark.parametrize(
+  "b, h, v, reduction",
+  [
+    (1000, 512, 32832, "sum"),  # 4 row chunks of 256, the last partial; a 64-column tail.
+    (4096, 2048, 65536, "mean"),  # The benchmark's smallest shape, in whole tiles.
+  ],
+)
+def test_mosaic_loss_gradient_in_forward_against_float64(b, h, v, reduction):
+  """mosaic@grad_in_forward's pass over row chunks under the matrix's own VJP check."""
+  op = "linear_softmax_cross_entropy_loss"
+  info = opdb.get(op)
+  (impl,) = [
+    i
+    for i in matrices.all_for(info.spec, hardware.detect(), info.config_variants)
+    if i.label == "mosaic@grad_in_forward"
+  ]
+  case = cases_lib.Case(op, (("b", b), ("h", h), ("v", v)), "bfloat16", reduction, "h100")
+  checks.check_vjp(case, impl)
 
 
 # --- Triton layer_norm, GLU and ragged_dot --------------------------------------

@@ -4,6 +4,8 @@ CUDA lowering of the heuristic and tuning configs at the benchmark shapes. Compi
 and timings: the h100 matrix and `python -m bench.run --ops linear_softmax_cross_entropy_loss`.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -160,3 +162,76 @@ def test_kernel_config_reason_takes_exactly_num_stages_blocks():
     record
   )
   assert reason is not None and "num_stages" in reason
+
+
+@pytest.mark.host_only
+def test_the_kernel_gives_each_tiles_maxima_and_exponentials_for_the_gradient():
+  x, labels, w = _inputs(128, 128, 448, seed=3, scale=3.0)
+  config = mosaic.mosaic_kernel.MosaicLossKernelConfig(block_n=128, num_stages=2, grid_tile_m=2)
+  lse, picked, top, probs = mosaic.mosaic_kernel.tile_stats(
+    x,
+    w,
+    labels,
+    n_tiles=3,
+    config=config,
+    num_sms=2,
+    probabilities=True,
+    interpret=plgpu.InterpretGPUParams(detect_races=True),
+  )
+  assert not interpret_pallas_call.get_races().races_found
+  assert probs.shape == (128, 448) and probs.dtype == jnp.bfloat16
+  logits = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  tiles = logits[:, :384].reshape(128, 3, 128)
+  want_top = tiles.max(-1)
+  np.testing.assert_allclose(np.asarray(top), want_top.T, rtol=1e-5, atol=1e-5)
+  want_probs = np.exp(tiles - want_top[..., None]).reshape(128, 384)
+  np.testing.assert_allclose(np.asarray(probs[:, :384], np.float64), want_probs, atol=4e-3)
+  want_lse = want_top + np.log(np.exp(tiles - want_top[..., None]).sum(-1))
+  np.testing.assert_allclose(np.asarray(lse), want_lse.T, rtol=1e-5, atol=1e-5)
+  assert np.asarray(picked).shape == (3, 128)
+
+
+def test_gradient_in_forward_serves_summed_unsharded_whole_64_column_vocabularies():
+  x, labels, w = _inputs(16, 128, 256)
+  record = spec.canonicalize(x, labels, w, reduction="mean")
+  assert mosaic.in_forward_reason(record) is None
+  none = spec.canonicalize(x, labels, w, reduction="none")
+  assert "reduction none" in mosaic.in_forward_reason(none)
+  odd = spec.canonicalize(x, labels % 200, w[:, :200])
+  assert "V=200" in mosaic.in_forward_reason(odd)
+  with pytest.raises(ValueError, match="row_chunks"):
+    mosaic.MosaicLossConfig(row_chunks=0)
+
+
+def test_gradient_in_forward_leaves_the_primal_one_kernel_pass():
+  """Without differentiation the forward is the statistics kernel alone (V is whole tiles:
+  no matmul in XLA); the forward rule under differentiation also forms the gradients."""
+  x, labels, w = _inputs(512, 128, 512)
+  config = mosaic.MosaicLossConfig(block_n=128, num_stages=2, gradient_in_forward=True)
+  op = mosaic.MosaicLoss(config=config)
+  record = spec.canonicalize(x, labels, w)
+  primal = str(jax.make_jaxpr(lambda r: op._fwd_primal(r, config))(record))
+  assert primal.count("mpmd_map") == 1 and "dot_general" not in primal
+  rule = str(jax.make_jaxpr(lambda r: op._fwd(r, config))(record))
+  assert rule.count("dot_general") == 2  # dx and dweights.
+
+
+def test_gradient_in_forward_lowers_for_cuda_at_the_benchmark_shape():
+  shapes = (
+    jax.ShapeDtypeStruct((8192, 4096), jnp.bfloat16),
+    jax.ShapeDtypeStruct((8192,), jnp.int32),
+    jax.ShapeDtypeStruct((4096, 131072), jnp.bfloat16),
+  )
+  config = mosaic.MosaicLossConfig(num_stages=3, gradient_in_forward=True)
+  op = mosaic.MosaicLoss(config=config)
+  record = jax.eval_shape(lambda *a: spec.canonicalize(*a), *shapes)
+  assert op._unsupported_reason(record) is None
+  # Four stages and the exponentials' slot exceed shared memory (Mosaic GPU refuses them).
+  four = mosaic.MosaicLoss(config=dataclasses.replace(config, num_stages=4))
+  assert "shared memory" in four._unsupported_reason(record)
+
+  def fn(x, labels, w):
+    return op._fwd(spec.canonicalize(x, labels, w), config)
+
+  text = jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text and "while" in text

@@ -38,6 +38,8 @@ def _sizes():
   )
 
 
+# mosaic@grad_in_forward serves V=50257 with the recomputing backward; its own pass is
+# checked compiled in suites/kernels/test_gpu_compiled.py.
 _GPU = base.Matrix(
   shapes=(dict(b=512, h=256, v=50257),),
   dtypes=("bfloat16", "float32"),
@@ -89,9 +91,15 @@ INFO = base.OpInfo(
     base.CPU: base.Matrix(
       shapes=(dict(b=24, h=32, v=1003), dict(b=7, h=48, v=130, dtypes=("float32",))),
       dtypes=("float32", "bfloat16"),
-      # The second suits the Mosaic kernel (H a multiple of 64): V=300 is one vocabulary
-      # tile and a 44-column tail; 40 rows are a partial row tile.
-      interpret_shapes=(dict(b=24, h=32, v=300), dict(b=40, h=128, v=300, dtypes=("bfloat16",))),
+      # The last two suit the Mosaic kernel (H a multiple of 64). V=300 is one vocabulary
+      # tile and a 44-column tail; 40 rows are a partial row tile. The second takes mosaic@grad_in_forward's pass over row chunks (V % 64 == 0): two
+      # chunks of 128 rows, the second partial, and a 64-column tail past two tiles; it comes
+      # first of the Mosaic kernel's shapes, whose gradients the matrix checks.
+      interpret_shapes=(
+        dict(b=24, h=32, v=300),
+        dict(b=200, h=128, v=576, dtypes=("bfloat16",)),
+        dict(b=40, h=128, v=300, dtypes=("bfloat16",)),
+      ),
     ),
     base.H100: _GPU,
     base.A100: _GPU,
@@ -107,5 +115,8 @@ INFO = base.OpInfo(
   sizes=_sizes,
   anchors={"jnp": _plain_jnp},
   # Vocabulary chunks of 128: V=1003 and V=130 end in a partial chunk (107 and 2 columns).
-  config_variants={"chunked_xla": {"v128": {"vocab_chunk_size": 128}}},
+  config_variants={
+    "chunked_xla": {"v128": {"vocab_chunk_size": 128}},
+    "mosaic": {"grad_in_forward": {"gradient_in_forward": True, "row_chunks": 4, "num_stages": 2}},
+  },
 )

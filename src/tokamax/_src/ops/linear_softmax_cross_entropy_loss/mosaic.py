@@ -7,18 +7,25 @@ the tiles. Vocabulary columns past the last whole tile are a small XLA matmul. A
 vocabulary that is not a multiple of 64 columns (V=50257) costs a padded copy of
 the weights. The backward pass recomputes the logits a vocabulary chunk at a time
 (`chunked_xla`'s backward), so that no [B, V] array exists there either.
+
+With `gradient_in_forward`, differentiation takes one pass over row chunks instead:
+each chunk's logits (the kernel, which also writes their exponentials) give both
+gradients for a unit cotangent, so three GEMMs in all rather than four; dweights
+accumulates over the chunks in the weights' dtype.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
-from tokamax._src.ops import kernel_ops
+from tokamax._src import numerics
+from tokamax._src.ops import kernel_ops, partitioning
 from tokamax._src.ops import mosaic_gemm as gemm
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import chunked_xla, mosaic_kernel, spec
 
@@ -34,15 +41,38 @@ class MosaicLossConfig:
     num_stages: Shared-memory stages of the kernel's load pipeline.
     grid_tile_m: Row tiles visited together before moving along the vocabulary.
     vocab_chunk_size: Vocabulary columns per step of the backward pass.
+    gradient_in_forward: Under differentiation with reduction "sum" or "mean",
+      unsharded and V a multiple of 64: both gradients in the forward pass, one
+      row chunk at a time (three GEMMs; see the module docstring), each chunk's
+      [rows, V] exponentials in x's dtype in memory.
+    row_chunks: Row chunks of `gradient_in_forward`: memory against the
+      roundings of dweights (one per chunk).
   """
 
   block_n: int = 256
   num_stages: int = 4
   grid_tile_m: int = 32
   vocab_chunk_size: int = 4096
+  gradient_in_forward: bool = False
+  row_chunks: int = 8
 
   # The fields the forward kernel ignores (see `Op._forward_config`).
-  BACKWARD_FIELDS: ClassVar[tuple[str, ...]] = ("vocab_chunk_size",)
+  BACKWARD_FIELDS: ClassVar[tuple[str, ...]] = (
+    "vocab_chunk_size",
+    "gradient_in_forward",
+    "row_chunks",
+  )
+
+  def __post_init__(self):
+    if self.row_chunks < 1:
+      raise ValueError(f"`row_chunks` must be positive, got {self.row_chunks}.")
+
+
+class UnitGradients(NamedTuple):
+  """The gradients of x and weights for a unit cotangent of the output."""
+
+  x: jax.Array
+  weights: jax.Array
 
 
 def _kernel_config(dtype, config: MosaicLossConfig) -> mosaic_kernel.MosaicLossKernelConfig:
@@ -83,6 +113,89 @@ def row_stats(
   return spec.with_tail_columns(args, lse, n_tiles * config.block_n, label_tiles[:, :b].sum(0))
 
 
+def in_forward_reason(args: spec.LossArgs) -> str | None:
+  """Why `gradient_in_forward` cannot serve `args` (the backward then recomputes), or None."""
+  if args.reduction == "none":
+    return "reduction none: each row's cotangent is known only in the backward pass"
+  if args.vocab_shard is not None:
+    return "a vocabulary shard: the log-sum-exps combine over the shards first"
+  v = args.weights.shape[1]
+  if v % gemm.swizzle_elems(args.weights.dtype):
+    return f"V={v} is not a multiple of {gemm.swizzle_elems(args.weights.dtype)}"
+  return None
+
+
+def gradient_in_forward(
+  args: spec.LossArgs, config: MosaicLossConfig, interpret=None
+) -> tuple[jax.Array, UnitGradients]:
+  """The output and the gradients for a unit cotangent, from one pass over row chunks.
+
+  Each chunk's kernel pass gives its rows' log-sum-exps and exponentials; their
+  softmax cotangent (in x's dtype) then gives the chunk's rows of dx and adds
+  the chunk's share to dweights, which stays in the weights' dtype.
+  """
+  x, w = args.x, args.weights
+  b, v = x.shape[0], w.shape[1]
+  kernel_config = _kernel_config(x.dtype, config)
+  block_m, bn = kernel_config.block_m, config.block_n
+  rows = -(-b // config.row_chunks)
+  rows += -rows % block_m
+  count = -(-b // rows)
+  pad = count * rows - b
+  xs = jnp.pad(x, ((0, pad), (0, 0)))
+  labels = jnp.pad(args.labels, (0, pad), constant_values=-1)
+  weight = 1.0 if args.reduction == "sum" else 1.0 / b
+  row_weights = jnp.pad(jnp.full((b,), weight, jnp.float32), (0, pad))
+  n_tiles = v // bn
+  main = n_tiles * bn
+  acc = numerics.accumulation_dtype(x.dtype)
+  matmul = lambda a, c, out: jnp.matmul(a, c, precision=args.precision, preferred_element_type=out)
+
+  def step(i, carry):
+    dx, dw, lse, picked = carry
+    chunk = lambda a: lax.dynamic_slice_in_dim(a, i * rows, rows)
+    xc, lc = chunk(xs), chunk(labels)
+    lse_tiles, picked_tiles, top, probs = mosaic_kernel.tile_stats(
+      xc,
+      w,
+      lc,
+      n_tiles=n_tiles,
+      config=kernel_config,
+      num_sms=gemm.num_sms(interpret is not None),
+      probabilities=True,
+      interpret=interpret,
+    )
+    chunk_lse, chunk_picked = jax.nn.logsumexp(lse_tiles, axis=0), picked_tiles.sum(0)
+    if main < v:  # The columns past the last whole tile, in XLA.
+      tail = matmul(xc, w[:, main:], jnp.float32)
+      chunk_lse = jnp.logaddexp(chunk_lse, jax.nn.logsumexp(tail, axis=1))
+      hit = (main + jnp.arange(v - main))[None, :] == lc[:, None]
+      chunk_picked += jnp.where(hit, tail, 0.0).sum(1)
+      tail_probs = jnp.exp(tail - chunk_lse[:, None]).astype(probs.dtype)
+      probs = lax.dynamic_update_slice(probs, tail_probs, (0, main))
+    # Each tile's exponentials relative to its maxima, as probabilities; the tail's are.
+    scale = jnp.pad(jnp.exp(top - chunk_lse).T, ((0, 0), (0, 1)), constant_values=1.0)
+    scale = jnp.repeat(scale, bn, axis=1)[:, :v]
+    hit = jnp.arange(v)[None, :] == lc[:, None]
+    dlogits = ((probs * scale - hit) * chunk(row_weights)[:, None]).astype(x.dtype)
+    dx = lax.dynamic_update_slice_in_dim(dx, matmul(dlogits, w.T, acc).astype(x.dtype), i * rows, 0)
+    dw = dw + matmul(xc.T, dlogits, w.dtype)
+    lse = lax.dynamic_update_slice_in_dim(lse, chunk_lse, i * rows, 0)
+    picked = lax.dynamic_update_slice_in_dim(picked, chunk_picked, i * rows, 0)
+    return dx, dw, lse, picked
+
+  init = (
+    jnp.zeros(xs.shape, x.dtype),
+    jnp.zeros(w.shape, w.dtype),
+    jnp.zeros((count * rows,), jnp.float32),
+    jnp.zeros((count * rows,), jnp.float32),
+  )
+  init = partitioning.vary(init, partitioning.record_vma(args))
+  dx, dw, lse, picked = lax.fori_loop(0, count, step, init)
+  out, _ = spec.loss(args, lse[:b], picked[:b])
+  return out, UnitGradients(dx[:b], dw)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MosaicLoss(kernel_ops.MosaicGpuOp):
   """Fused matmul + log-sum-exp kernel forward; chunked recomputation backward."""
@@ -100,7 +213,9 @@ class MosaicLoss(kernel_ops.MosaicGpuOp):
     if v < config.block_n:
       return f"V={v} is below one vocabulary tile (block_n={config.block_n})"
     itemsize = np.dtype(args.x.dtype).itemsize
-    return mosaic_kernel.config_reason(_kernel_config(args.x.dtype, config), h, itemsize)
+    return mosaic_kernel.config_reason(
+      _kernel_config(args.x.dtype, config), h, itemsize, config.gradient_in_forward
+    )
 
   def _get_heuristics_config(self, args: spec.LossArgs) -> MosaicLossConfig:
     h, v = args.weights.shape
@@ -123,9 +238,17 @@ class MosaicLoss(kernel_ops.MosaicGpuOp):
     }
 
   def _fwd(self, args: spec.LossArgs, config: MosaicLossConfig):
+    if config.gradient_in_forward and in_forward_reason(args) is None:
+      return gradient_in_forward(args, config, self.interpret_params)
     return spec.loss(args, *row_stats(args, config, self.interpret_params))
+
+  def _fwd_primal(self, args: spec.LossArgs, config: MosaicLossConfig):
+    return spec.loss(args, *row_stats(args, config, self.interpret_params))[0]
 
   def _bwd(self, args, config, out, residuals, dout):
     del out
+    if isinstance(residuals, UnitGradients):
+      scale = lambda g: (g.astype(jnp.float32) * dout).astype(g.dtype)
+      return {"x": scale(residuals.x), "weights": scale(residuals.weights)}
     chunks = chunked_xla.ChunkedLossConfig(min(config.vocab_chunk_size, args.weights.shape[1]))
     return chunked_xla.backward(args, chunks, residuals, dout)

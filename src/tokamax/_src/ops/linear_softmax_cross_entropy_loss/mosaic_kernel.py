@@ -9,7 +9,9 @@ place of the store of the logits tile, so that no [B, V] logits reach HBM:
   where the tile holds it (float32 [tiles, B] each); the caller combines the tiles
   (a few MB), so the label's logit needs no gather of weight columns. Flags from
   XLA (`label_tiles`) tell each warpgroup which tiles hold a label of its rows, and
-  the label search runs only there.
+  the label search runs only there. For the gradient in the forward pass it also
+  writes each tile's exponentials relative to the tile's row maxima (x's dtype,
+  [B, V]) and those maxima.
 """
 
 import dataclasses
@@ -53,13 +55,33 @@ class MosaicLossKernelConfig:
     return WG_ROWS * NUM_COMPUTE_WGS
 
 
+# Columns of the exponentials per store (a [WG_ROWS, 128] shared-memory slot per warpgroup).
+PROBS_STORE_COLUMNS = 128
+
+
 def smem_bytes(config: MosaicLossKernelConfig, in_itemsize: int, epilogue_bytes: int) -> int:
   stage = (config.block_m + config.block_n) * config.block_k * in_itemsize
   return config.num_stages * stage + NUM_COMPUTE_WGS * epilogue_bytes
 
 
-def config_reason(config: MosaicLossKernelConfig, h: int, in_itemsize: int) -> str | None:
-  """Why `config` cannot contract H=`h`, or None."""
+def epilogue_bytes(in_itemsize: int, probabilities: bool) -> int:
+  """Shared memory of one compute warpgroup's epilogue."""
+  # The slot, and 2 KiB of alignment the count does not see: four stages of 256 columns
+  # came to 233536 bytes in Mosaic GPU's allocation, over the 232448 a CTA has.
+  probs = WG_ROWS * PROBS_STORE_COLUMNS * in_itemsize + 2048 if probabilities else 0
+  return _stats(probabilities) * WG_ROWS * 4 + probs
+
+
+def _stats(probabilities: bool) -> int:
+  """float32 per row and tile: the log-sum-exp, the label logit (and the maximum)."""
+  return 3 if probabilities else 2
+
+
+def config_reason(
+  config: MosaicLossKernelConfig, h: int, in_itemsize: int, probabilities: bool = False
+) -> str | None:
+  """Why `config` cannot contract H=`h` (writing the exponentials if `probabilities`), or
+  None."""
   if h % config.block_k:
     return f"H={h} must be a multiple of block_k={config.block_k}"
   if config.num_stages <= _WGMMAS_IN_FLIGHT:
@@ -68,7 +90,7 @@ def config_reason(config: MosaicLossKernelConfig, h: int, in_itemsize: int) -> s
     )
   if h // config.block_k < config.num_stages:
     return f"H={h} gives fewer than num_stages={config.num_stages} steps of {config.block_k}"
-  epilogue = 2 * WG_ROWS * 4  # Two float32 per row: the tile's log-sum-exp and label logit.
+  epilogue = epilogue_bytes(in_itemsize, probabilities)
   return gemm.tile_reason(config, "block_k", in_itemsize) or gemm.smem_reason(
     config, smem_bytes(config, in_itemsize, epilogue)
   )
@@ -84,8 +106,8 @@ def _gemm_items(x, w, *, n_tiles, config, num_sms, out_type, scratch, epilogue, 
     config: Tiling.
     num_sms: Persistent CTAs.
     out_type: The kernel's outputs.
-    scratch: Shared memory of each compute warpgroup's epilogue (an SMEM spec
-      with a leading NUM_COMPUTE_WGS axis).
+    scratch: Shared memory of each compute warpgroup's epilogue (a pytree of SMEM
+      specs with a leading NUM_COMPUTE_WGS axis).
     epilogue: (logits [WG_ROWS, block_n] float32, row0, ni, scratch of
       this warpgroup, extra input refs, output refs) -> None.
     interpret: Pallas interpret parameters, or None.
@@ -132,7 +154,8 @@ def _gemm_items(x, w, *, n_tiles, config, num_sms, out_type, scratch, epilogue, 
           @functools.partial(pl.run_scoped, acc=plgpu.ACC((WG_ROWS, bn), jnp.float32))
           def _acc_scope(acc):
             run(acc)
-            epilogue(acc[...], row0, ni, epi_smem.at[wg], extra_refs, out_refs)
+            wg_smem = jax.tree.map(lambda ref: ref.at[wg], epi_smem)
+            epilogue(acc[...], row0, ni, wg_smem, extra_refs, out_refs)
 
         make_pipeline(mma, compute_context, mi, ni)(x_ref, w_ref, allocations=allocs)
 
@@ -149,8 +172,9 @@ def tile_stats(
   n_tiles: int,
   config: MosaicLossKernelConfig,
   num_sms: int,
+  probabilities: bool = False,
   interpret=None,
-) -> tuple[jax.Array, jax.Array]:
+) -> tuple[jax.Array, ...]:
   """Per-row log-sum-exp and label logit of each of the first `n_tiles` vocabulary tiles.
 
   Args:
@@ -160,23 +184,27 @@ def tile_stats(
     n_tiles: Column tiles of width block_n.
     config: Tiling.
     num_sms: Persistent CTAs.
+    probabilities: Whether to return each tile's row maxima and exponentials too.
     interpret: Pallas interpret parameters, or None.
 
   Returns:
     float32 [n_tiles, B] each: the tiles' log-sum-exps, and the logit at the row's label
-    in the tile that holds it (0 in the others).
+    in the tile that holds it (0 in the others). With `probabilities`, also the tiles' row
+    maxima (float32 [n_tiles, B]) and [B, V] in x's dtype: exp(logit - the tile's row
+    maximum) in the tiles' columns (the columns past them are left unwritten).
   """
-  b = x.shape[0]
+  b, v = x.shape[0], w.shape[1]
   bn = config.block_n
   row_layout = plgpu.Layout.WGMMA.reduce(1)
 
-  def epilogue(logits, row0, ni, stats_smem, extra_refs, out_refs):
+  def epilogue(logits, row0, ni, smem, extra_refs, out_refs):
     labels_ref, flags_ref = extra_refs
-    lse_ref, picked_ref = out_refs
+    stats_smem = smem[0]
     rows = lambda v: lax.broadcast_in_dim(v, logits.shape, [0])
     top = logits.max(axis=1)
     # exp2 and log are approximate instructions (approx_math); the shift is one FMA.
-    lse = top + jnp.log(jnp.exp2(logits * _LOG2E - rows(top * _LOG2E)).sum(axis=1))
+    exps = jnp.exp2(logits * _LOG2E - rows(top * _LOG2E))
+    lse = top + jnp.log(exps.sum(axis=1))
 
     def picked():
       row_labels = plgpu.load(
@@ -189,24 +217,39 @@ def tile_stats(
     stats_smem[0] = lse
     # Most items hold none of their rows' labels: flags from XLA skip the search there.
     stats_smem[1] = plgpu.layout_cast(jnp.zeros((WG_ROWS,), jnp.float32), row_layout)
+    if probabilities:
+      stats_smem[2] = top
 
     @pl.when(flags_ref[lax.div(row0, WG_ROWS), ni] != 0)
     def _():
       stats_smem[1] = picked()
 
     plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(stats_smem.at[0], lse_ref.at[ni, pl.ds(row0, WG_ROWS)])
-    plgpu.copy_smem_to_gmem(stats_smem.at[1], picked_ref.at[ni, pl.ds(row0, WG_ROWS)])
+    for i in range(_stats(probabilities)):
+      plgpu.copy_smem_to_gmem(stats_smem.at[i], out_refs[i].at[ni, pl.ds(row0, WG_ROWS)])
+    if probabilities:
+      probs_smem, probs_ref = smem[1], out_refs[-1]
+      for c in range(0, bn, PROBS_STORE_COLUMNS):
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The slot's previous store.
+        probs_smem[...] = exps[:, c : c + PROBS_STORE_COLUMNS].astype(probs_smem.dtype)
+        plgpu.commit_smem()
+        cols = pl.ds(ni * bn + c, PROBS_STORE_COLUMNS)
+        plgpu.copy_smem_to_gmem(probs_smem, probs_ref.at[pl.ds(row0, WG_ROWS), cols])
 
   stat = jax.ShapeDtypeStruct((n_tiles, b), jnp.float32)
+  out_type = (stat, stat)
+  scratch = [plgpu.SMEM((NUM_COMPUTE_WGS, _stats(probabilities), WG_ROWS), jnp.float32)]
+  if probabilities:
+    out_type += (stat, jax.ShapeDtypeStruct((b, v), x.dtype))
+    scratch.append(plgpu.SMEM((NUM_COMPUTE_WGS, WG_ROWS, PROBS_STORE_COLUMNS), x.dtype))
   call = _gemm_items(
     x,
     w,
     n_tiles=n_tiles,
     config=config,
     num_sms=num_sms,
-    out_type=(stat, stat),
-    scratch=plgpu.SMEM((NUM_COMPUTE_WGS, 2, WG_ROWS), jnp.float32),
+    out_type=out_type,
+    scratch=tuple(scratch),
     epilogue=epilogue,
     interpret=interpret,
   )
