@@ -151,8 +151,9 @@ def gradient_in_forward(
   acc = numerics.accumulation_dtype(x.dtype)
   matmul = lambda a, c, out: jnp.matmul(a, c, precision=args.precision, preferred_element_type=out)
 
-  def step(i, carry):
-    dx, dw, lse, picked = carry
+  def chunk_pass(i, dw):
+    """Chunk i's dx rows, dweights with its share (`dw` is None: only its share), lse and
+    label logits."""
     chunk = lambda a: lax.dynamic_slice_in_dim(a, i * rows, rows)
     xc, lc = chunk(xs), chunk(labels)
     lse_tiles, picked_tiles, top, probs = mosaic_kernel.tile_stats(
@@ -178,20 +179,26 @@ def gradient_in_forward(
     scale = jnp.repeat(scale, bn, axis=1)[:, :v]
     hit = jnp.arange(v)[None, :] == lc[:, None]
     dlogits = ((probs * scale - hit) * chunk(row_weights)[:, None]).astype(x.dtype)
-    dx = lax.dynamic_update_slice_in_dim(dx, matmul(dlogits, w.T, acc).astype(x.dtype), i * rows, 0)
-    dw = dw + matmul(xc.T, dlogits, w.dtype)
-    lse = lax.dynamic_update_slice_in_dim(lse, chunk_lse, i * rows, 0)
-    picked = lax.dynamic_update_slice_in_dim(picked, chunk_picked, i * rows, 0)
-    return dx, dw, lse, picked
+    dx_rows = matmul(dlogits, w.T, acc).astype(x.dtype)
+    share = matmul(xc.T, dlogits, w.dtype)  # With `dw`, one GEMM that adds in place.
+    return dx_rows, share if dw is None else dw + share, chunk_lse, chunk_picked
 
+  def step(i, carry):
+    dx, dw, lse, picked = carry
+    dx_rows, dw, chunk_lse, chunk_picked = chunk_pass(i, dw)
+    update = lambda a, u: lax.dynamic_update_slice_in_dim(a, u, i * rows, 0)
+    return update(dx, dx_rows), dw, update(lse, chunk_lse), update(picked, chunk_picked)
+
+  # The first chunk's share is dweights' first value: no zeros to fill and add to.
+  dx_rows, dw, chunk_lse, chunk_picked = chunk_pass(0, None)
   init = (
-    jnp.zeros(xs.shape, x.dtype),
-    jnp.zeros(w.shape, w.dtype),
-    jnp.zeros((count * rows,), jnp.float32),
-    jnp.zeros((count * rows,), jnp.float32),
+    jnp.zeros(xs.shape, x.dtype).at[:rows].set(dx_rows),
+    dw,
+    jnp.zeros((count * rows,), jnp.float32).at[:rows].set(chunk_lse),
+    jnp.zeros((count * rows,), jnp.float32).at[:rows].set(chunk_picked),
   )
   init = partitioning.vary(init, partitioning.record_vma(args))
-  dx, dw, lse, picked = lax.fori_loop(0, count, step, init)
+  dx, dw, lse, picked = lax.fori_loop(1, count, step, init)
   out, _ = spec.loss(args, lse[:b], picked[:b])
   return out, UnitGradients(dx[:b], dw)
 
