@@ -49,6 +49,13 @@ _COTANGENTS = "harness/tests/test_nonfinite_and_cotangents.py"
 _FALLBACK = "suites/core/test_fallback.py"
 _RAGGED = "src/tokamax/_src/ops/ragged_dot/"
 _LOSS = "src/tokamax/_src/ops/linear_softmax_cross_entropy_loss/"
+# The matrix's interpreted gradient_in_forward variant and the kernel's own tests of it.
+_IN_FORWARD_TESTS = (
+  "suites/test_matrix.py",
+  "suites/kernels/test_mosaic_loss.py",
+  "-k",
+  "grad_in_forward or gradient_in_forward",
+)
 _MOSAIC_RAGGED = "suites/kernels/test_mosaic_ragged_dot.py"
 _MOSAIC_ATTENTION = "suites/kernels/test_attention_mosaic.py"
 _MOSAIC_GLU = "suites/kernels/test_mosaic_gated_linear_unit.py"
@@ -695,6 +702,66 @@ MUTATIONS: tuple[Mutation, ...] = (
     "(args, lse, (n_tiles + 1) * config.block_n, label_tiles",
     ("suites/kernels/test_mosaic_loss.py", "-k", "interpret"),
     "Mosaic loss: the vocabulary columns past the last whole tile are skipped.",
+  ),
+  Mutation(
+    "loss.in_forward_tile_scale_dropped",
+    _LOSS + "mosaic.py",
+    "    scale = jnp.repeat(scale, bn, axis=1)[:, :v]",
+    "    scale = jnp.repeat(jnp.ones_like(scale), bn, axis=1)[:, :v]",
+    _IN_FORWARD_TESTS,
+    "Loss gradient_in_forward: each tile's exponentials taken as probabilities without the"
+    " factor exp(tile maximum - row log-sum-exp).",
+  ),
+  Mutation(
+    "loss.in_forward_tail_probabilities_zero",
+    _LOSS + "mosaic.py",
+    "      probs = lax.dynamic_update_slice(probs, tail_probs, (0, main))",
+    "      probs = lax.dynamic_update_slice(probs, 0 * tail_probs, (0, main))",
+    _IN_FORWARD_TESTS,
+    "Loss gradient_in_forward: the columns past the last whole tile get no softmax term.",
+  ),
+  Mutation(
+    "loss.in_forward_shares_not_accumulated",
+    _LOSS + "mosaic.py",
+    "    return dx_rows, share if dw is None else dw + share, chunk_lse, chunk_picked",
+    "    return dx_rows, share, chunk_lse, chunk_picked",
+    _IN_FORWARD_TESTS,
+    "Loss gradient_in_forward: dweights is the last row chunk's share alone.",
+  ),
+  Mutation(
+    "loss.in_forward_mean_as_sum",
+    _LOSS + "mosaic.py",
+    '  weight = 1.0 if args.reduction == "sum" else 1.0 / b',
+    "  weight = 1.0",
+    _IN_FORWARD_TESTS,
+    "Loss gradient_in_forward: the mean's gradients not divided by B.",
+  ),
+  Mutation(
+    "loss.in_forward_cotangent_ignored",
+    _LOSS + "mosaic.py",
+    "      scale = lambda g: (g.astype(jnp.float32) * dout).astype(g.dtype)",
+    "      scale = lambda g: g",
+    _IN_FORWARD_TESTS,
+    "Loss gradient_in_forward: the unit-cotangent gradients returned unscaled by the output's"
+    " cotangent.",
+  ),
+  Mutation(
+    "loss.in_forward_for_reduction_none",
+    _LOSS + "mosaic.py",
+    '  if args.reduction == "none":\n    return "reduction none',
+    '  if args.reduction == "never":\n    return "reduction none',
+    _IN_FORWARD_TESTS,
+    "Loss gradient_in_forward taken for reduction none, whose rows' cotangents the forward"
+    " pass cannot know.",
+  ),
+  Mutation(
+    "loss.mosaic_probabilities_column_chunk",
+    _LOSS + "mosaic_kernel.py",
+    "        cols = pl.ds(ni * bn + c, PROBS_STORE_COLUMNS)",
+    "        cols = pl.ds(ni * bn, PROBS_STORE_COLUMNS)",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "maxima"),
+    "Mosaic loss kernel: every 128-column chunk of a tile's exponentials stored at the"
+    " tile's first column.",
   ),
   # --- Interpreted kernels ---------------------------------------------------------
   Mutation(
