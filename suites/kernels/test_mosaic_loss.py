@@ -166,29 +166,58 @@ def test_kernel_config_reason_takes_exactly_num_stages_blocks():
 
 @pytest.mark.host_only
 def test_the_kernel_gives_each_tiles_maxima_and_exponentials_for_the_gradient():
-  x, labels, w = _inputs(128, 128, 448, seed=3, scale=3.0)
-  config = mosaic.mosaic_kernel.MosaicLossKernelConfig(block_n=128, num_stages=2, grid_tile_m=2)
+  # Tiles of 256 columns: two 128-column stores of the exponentials per tile; a 64-column tail.
+  x, labels, w = _inputs(128, 128, 576, seed=3, scale=3.0)
+  config = mosaic.mosaic_kernel.MosaicLossKernelConfig(block_n=256, num_stages=2, grid_tile_m=2)
   lse, picked, top, probs = mosaic.mosaic_kernel.tile_stats(
     x,
     w,
     labels,
-    n_tiles=3,
+    n_tiles=2,
     config=config,
     num_sms=2,
     probabilities=True,
     interpret=plgpu.InterpretGPUParams(detect_races=True),
   )
   assert not interpret_pallas_call.get_races().races_found
-  assert probs.shape == (128, 448) and probs.dtype == jnp.bfloat16
+  assert probs.shape == (128, 576) and probs.dtype == jnp.bfloat16
   logits = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
-  tiles = logits[:, :384].reshape(128, 3, 128)
+  tiles = logits[:, :512].reshape(128, 2, 256)
   want_top = tiles.max(-1)
   np.testing.assert_allclose(np.asarray(top), want_top.T, rtol=1e-5, atol=1e-5)
-  want_probs = np.exp(tiles - want_top[..., None]).reshape(128, 384)
-  np.testing.assert_allclose(np.asarray(probs[:, :384], np.float64), want_probs, atol=4e-3)
+  want_probs = np.exp(tiles - want_top[..., None]).reshape(128, 512)
+  np.testing.assert_allclose(np.asarray(probs[:, :512], np.float64), want_probs, atol=4e-3)
   want_lse = want_top + np.log(np.exp(tiles - want_top[..., None]).sum(-1))
   np.testing.assert_allclose(np.asarray(lse), want_lse.T, rtol=1e-5, atol=1e-5)
-  assert np.asarray(picked).shape == (3, 128)
+  assert np.asarray(picked).shape == (2, 128)
+
+
+@pytest.mark.host_only
+def test_gradient_in_forward_matches_the_reference_in_every_column(capfd):
+  """Peaked logits (scale 3), so that every column's softmax term is well above the bound:
+  three row chunks (the last partial), three tiles and a 64-column tail, each compared."""
+  b, h, v = 300, 128, 448
+  x, labels, w = _inputs(b, h, v, seed=5, scale=3.0)
+  config = mosaic.MosaicLossConfig(
+    block_n=128, num_stages=2, grid_tile_m=2, gradient_in_forward=True, row_chunks=3
+  )
+  impl = mosaic.MosaicLoss(interpret=True, config=config)
+
+  def fn(x, w):
+    return api.linear_softmax_cross_entropy_loss(x, labels, w, implementation=impl)
+
+  out, vjp = jax.vjp(fn, x, w)
+  dx, dw = vjp(jnp.float32(0.7))
+  ref, (ref_dx, ref_dw) = references.high_precision_vjp(
+    lambda a, c: references.linear_softmax_cross_entropy_loss(a, labels, c),
+    (x, w),
+    jnp.float32(0.7),
+  )
+  assert "RACE DETECTED" not in capfd.readouterr().out
+  assert compare.relative_error(out, ref) < 1e-5
+  assert compare.relative_error(dx, ref_dx) < 1e-2
+  for cols in (slice(0, 128), slice(128, 256), slice(256, 384), slice(384, 448)):
+    assert compare.relative_error(dw[:, cols], ref_dw[:, cols]) < 1e-2, cols
 
 
 def test_gradient_in_forward_serves_summed_unsharded_whole_64_column_vocabularies():
