@@ -755,6 +755,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     " pass cannot know.",
   ),
   Mutation(
+    "loss.in_forward_on_vocabulary_shards",
+    _LOSS + "mosaic.py",
+    "  if args.vocab_shard is not None:\n    return",
+    "  if args.vocab_shard is None and False:\n    return",
+    _IN_FORWARD_TESTS,
+    "Loss gradient_in_forward taken on a vocabulary shard, whose rows' log-sum-exps need"
+    " the other shards' first.",
+  ),
+  Mutation(
     "loss.mosaic_probabilities_column_chunk",
     _LOSS + "mosaic_kernel.py",
     "        cols = pl.ds(ni * bn + c, PROBS_STORE_COLUMNS)",

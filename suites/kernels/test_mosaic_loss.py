@@ -13,6 +13,7 @@ import pytest
 from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from tokamax._src.ops import partitioning
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import api, mosaic, mosaic_kernel, spec
 from tokamax_harness import compare, references
 
@@ -228,6 +229,8 @@ def test_gradient_in_forward_serves_summed_unsharded_whole_64_column_vocabularie
   assert "reduction none" in mosaic.in_forward_reason(none)
   odd = spec.canonicalize(x, labels % 200, w[:, :200])
   assert "V=200" in mosaic.in_forward_reason(odd)
+  shard = dataclasses.replace(record, vocab_shard=partitioning.Shard(("v",), 2))
+  assert "vocabulary shard" in mosaic.in_forward_reason(shard)
   with pytest.raises(ValueError, match="row_chunks"):
     mosaic.MosaicLossConfig(row_chunks=0)
 
