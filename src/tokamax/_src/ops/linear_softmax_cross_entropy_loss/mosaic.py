@@ -133,6 +133,14 @@ def gradient_in_forward(
   Each chunk's kernel pass gives its rows' log-sum-exps and exponentials; their
   softmax cotangent (in x's dtype) then gives the chunk's rows of dx and adds
   the chunk's share to dweights, which stays in the weights' dtype.
+
+  Args:
+    args: The call (`in_forward_reason(args)` is None).
+    config: Tiling and `row_chunks`.
+    interpret: Pallas interpret parameters, or None.
+
+  Returns:
+    The op's output, and dx and dweights for a unit cotangent of it.
   """
   x, w = args.x, args.weights
   b, v = x.shape[0], w.shape[1]
