@@ -92,6 +92,16 @@ CASES = {
     ValueError,
     "`offset`",
   ),
+  "norm_scale_rank": (
+    lambda: tokamax.layer_norm(jnp.ones((4, 8)), jnp.ones((1, 8)), None),
+    ValueError,
+    "`scale`",
+  ),
+  "norm_offset_rank": (
+    lambda: tokamax.layer_norm(jnp.ones((4, 8)), None, jnp.ones((8, 1))),
+    ValueError,
+    "`offset`",
+  ),
   "norm_negative_epsilon": (
     lambda: tokamax.layer_norm(jnp.ones((4, 8)), None, None, epsilon=-1e-6),
     ValueError,
