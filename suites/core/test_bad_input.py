@@ -72,6 +72,12 @@ CASES = {
     ValueError,
     "`bias`",
   ),
+  # Lined up from the trailing dims: (2, 4) matches the leading (B, N) but not (T, S).
+  "attention_bias_low_rank_misaligned": (
+    lambda: attn(bias=jnp.ones((2, 4))),
+    ValueError,
+    "`bias`",
+  ),
   "attention_lengths_shape": (
     lambda: attn(key_value_seq_lengths=jnp.array([3, 4, 5])),
     ValueError,

@@ -110,6 +110,23 @@ def test_preferred_element_type_is_the_output_dtype(preferred, inputs):
     assert_matches(out, ref)
 
 
+@pytest.mark.parametrize(
+  ("dtype", "sizes"),
+  ((jnp.int8, [100, 0, 120]), (jnp.uint8, [200, 0, 100])),
+  ids=("int8", "uint8"),
+)
+def test_narrow_integer_group_sizes_whose_sum_overflows_them(dtype, sizes, inputs):
+  """Group sizes of a narrow integer dtype give the groups they give as int32, though their
+  sum (the last group's end row) does not fit that dtype."""
+  lhs = inputs.normal((300, 8))
+  rhs = inputs.normal((3, 8, 5))
+  out = tokamax.ragged_dot(lhs, rhs, jnp.array(sizes, dtype), implementation="xla")
+  ref = references.high_precision(references.ragged_dot_general)(
+    lhs, rhs, jnp.array(sizes, jnp.int32), "default"
+  )
+  assert_matches(out, ref)
+
+
 @pytest.mark.parametrize("layout", spec.LAYOUTS)
 @pytest.mark.parametrize(
   ("sizes", "offset", "local"),
