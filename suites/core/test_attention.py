@@ -147,14 +147,32 @@ def test_rows_that_see_nothing_are_zero(impl, inputs):
   assert np.all(np.abs(np.asarray(out[1, :7])).sum(-1) > 0), "visible rows must be written"
 
 
+@pytest.mark.parametrize("is_causal", (True, False), ids=("causal", "full"))
 @pytest.mark.parametrize("chunk", (1, 5, 7, 64))
-def test_chunked_any_chunk_size(chunk, inputs):
+def test_chunked_any_chunk_size(chunk, is_causal, inputs):
+  """19 keys in chunks that need not divide them: without causality the zero-padded keys of
+  the last partial chunk would be visible to every row."""
   from tokamax._src.ops.attention import xla_chunked
 
   q, k, v = (inputs.normal((1, 19, 2, 8)) for _ in range(3))
   op = xla_chunked.XlaChunkedAttention(config=xla_chunked.ChunkedConfig(kv_chunk_size=chunk))
-  out = tokamax.dot_product_attention(q, k, v, is_causal=True, implementation=op)
-  assert_matches(out, references.high_precision(references.attention)(q, k, v, is_causal=True))
+  out = tokamax.dot_product_attention(q, k, v, is_causal=is_causal, implementation=op)
+  expected = references.high_precision(references.attention)(q, k, v, is_causal=is_causal)
+  assert_matches(out, expected)
+
+
+@pytest.mark.parametrize("impl", ("xla", "xla_chunked"))
+def test_bfloat16_inputs_give_bfloat16_output(impl, inputs):
+  """The output and the gradients take the inputs' dtype, not the float32 accumulator's."""
+  q, k, v = (inputs.normal((2, 12, 4, 8)).astype(jnp.bfloat16) for _ in range(3))
+  run = lambda q, k, v: tokamax.dot_product_attention(q, k, v, implementation=impl)
+  out, vjp = jax.vjp(run, q, k, v)
+  assert out.dtype == jnp.bfloat16, out.dtype
+  assert [g.dtype for g in vjp(jnp.ones_like(out))] == [jnp.bfloat16] * 3
+  expected = references.high_precision(references.attention)(q, k, v)
+  np.testing.assert_allclose(
+    np.asarray(out, np.float32), np.asarray(expected, np.float32), rtol=3e-2, atol=3e-2
+  )
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
