@@ -112,3 +112,19 @@ def test_no_precision_leaves_the_default(name):
   (ambient,) = _precisions(jnp.matmul, jnp.ones((2, 2), f32), jnp.ones((2, 2), f32))
   found = _precisions(jax.grad(f), *args)
   assert found and all(p == ambient for p in found), found
+
+
+def test_triton_input_precision_follows_jax_precision():
+  """A float32 tl.dot: HIGHEST is IEEE, HIGH three tf32 passes, DEFAULT one; a pair counts its
+  higher half; None follows `jax.default_matmul_precision`; 16-bit inputs have no choice."""
+  from tokamax._src import numerics
+
+  P = jax.lax.Precision
+  assert numerics.triton_input_precision(f32, P.HIGHEST) == "ieee"
+  assert numerics.triton_input_precision(f32, P.HIGH) == "tf32x3"
+  assert numerics.triton_input_precision(f32, P.DEFAULT) == "tf32"
+  assert numerics.triton_input_precision(f32, (P.DEFAULT, P.HIGH)) == "tf32x3"
+  assert numerics.triton_input_precision(jnp.bfloat16, P.DEFAULT) == "ieee"
+  for configured, expected in (("highest", "ieee"), ("high", "tf32x3"), ("default", "tf32")):
+    with jax.default_matmul_precision(configured):
+      assert numerics.triton_input_precision(f32, None) == expected, configured
