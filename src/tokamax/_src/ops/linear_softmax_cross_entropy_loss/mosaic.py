@@ -175,17 +175,16 @@ def gradient_in_forward(
       interpret=interpret,
     )
     chunk_lse, chunk_picked = jax.nn.logsumexp(lse_tiles, axis=0), picked_tiles.sum(0)
+    hit = jnp.arange(v)[None, :] == lc[:, None]
     if main < v:  # The columns past the last whole tile, in XLA.
       tail = matmul(xc, w[:, main:], jnp.float32)
       chunk_lse = jnp.logaddexp(chunk_lse, jax.nn.logsumexp(tail, axis=1))
-      hit = (main + jnp.arange(v - main))[None, :] == lc[:, None]
-      chunk_picked += jnp.where(hit, tail, 0.0).sum(1)
+      chunk_picked += jnp.where(hit[:, main:], tail, 0.0).sum(1)
       tail_probs = jnp.exp(tail - chunk_lse[:, None]).astype(probs.dtype)
       probs = lax.dynamic_update_slice(probs, tail_probs, (0, main))
     # Each tile's exponentials relative to its maxima, as probabilities; the tail's are.
     scale = jnp.pad(jnp.exp(top - chunk_lse).T, ((0, 0), (0, 1)), constant_values=1.0)
     scale = jnp.repeat(scale, bn, axis=1)[:, :v]
-    hit = jnp.arange(v)[None, :] == lc[:, None]
     dlogits = ((probs * scale - hit) * chunk(row_weights)[:, None]).astype(x.dtype)
     dx_rows = matmul(dlogits, w.T, acc).astype(x.dtype)
     share = matmul(xc.T, dlogits, w.dtype)  # With `dw`, one GEMM that adds in place.
@@ -255,10 +254,14 @@ class MosaicLoss(kernel_ops.MosaicGpuOp):
   def _fwd(self, args: spec.LossArgs, config: MosaicLossConfig):
     if config.gradient_in_forward and in_forward_reason(args) is None:
       return gradient_in_forward(args, config, self.interpret_params)
-    return spec.loss(args, *row_stats(args, config, self.interpret_params))
+    return self._loss_and_lse(args, config)
 
   def _fwd_primal(self, args: spec.LossArgs, config: MosaicLossConfig):
-    return spec.loss(args, *row_stats(args, config, self.interpret_params))[0]
+    return self._loss_and_lse(args, config)[0]
+
+  def _loss_and_lse(self, args: spec.LossArgs, config: MosaicLossConfig):
+    """The output and the rows' log-sum-exps (the recomputing backward's residuals)."""
+    return spec.loss(args, *row_stats(args, config, self.interpret_params))
 
   def _bwd(self, args, config, out, residuals, dout):
     del out
