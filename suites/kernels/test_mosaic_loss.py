@@ -194,6 +194,37 @@ def test_the_kernel_gives_each_tiles_maxima_and_exponentials_for_the_gradient():
 
 
 @pytest.mark.host_only
+@pytest.mark.parametrize(("v", "block_n"), [(576, 256), (512, 128)])
+def test_the_cotangent_kernel_writes_each_tiles_softmax_term_less_the_label(v, block_n):
+  """576 columns: blocks of 64 and a 64-column tail tile; 512: blocks of 128. Labels in
+  several tiles, on tile edges, and -1 (padding rows: no column)."""
+  rows = 128
+  rng = np.random.default_rng(7)
+  probs = jnp.asarray(rng.uniform(0.0, 1.0, (rows, v)), jnp.bfloat16)
+  scale = jnp.asarray(rng.uniform(0.5, 2.0, (-(-v // block_n), rows)), jnp.float32)
+  labels = rng.integers(0, v, rows).astype(np.int32)
+  labels[:4] = [-1, 0, block_n - 1, v - 1]
+  hit = jnp.asarray(rng.uniform(0.5, 2.0, rows), jnp.float32)
+  out = mosaic_kernel.cotangent_in_place(
+    probs,
+    scale,
+    jnp.asarray(labels),
+    hit,
+    block_n=block_n,
+    num_sms=2,
+    interpret=plgpu.InterpretGPUParams(detect_races=True),
+  )
+  assert not interpret_pallas_call.get_races().races_found
+  assert out.shape == probs.shape and out.dtype == jnp.bfloat16
+  want = (
+    np.asarray(probs, np.float64) * np.repeat(np.asarray(scale, np.float64).T, block_n, 1)[:, :v]
+  )
+  valid = labels >= 0
+  want[np.flatnonzero(valid), labels[valid]] -= np.asarray(hit, np.float64)[valid]
+  np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=8e-3, atol=1e-6)
+
+
+@pytest.mark.host_only
 def test_gradient_in_forward_matches_the_reference_in_every_column(capfd):
   """Peaked logits (scale 3), so that every column's softmax term is well above the bound:
   three row chunks (the last partial), three tiles and a 64-column tail, each compared."""
@@ -267,3 +298,5 @@ def test_gradient_in_forward_lowers_for_cuda_at_the_benchmark_shape():
 
   text = jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
   assert "mosaic_gpu" in text and "while" in text
+  # The cotangent kernel writes over the exponentials' buffer: no second [rows, V] array.
+  assert "output_operand_alias" in text

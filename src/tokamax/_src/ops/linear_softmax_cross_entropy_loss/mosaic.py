@@ -157,6 +157,7 @@ def gradient_in_forward(
   n_tiles = v // bn
   main = n_tiles * bn
   acc = numerics.accumulation_dtype(x.dtype)
+  num_sms = gemm.num_sms(interpret is not None)
   matmul = lambda a, c, out: jnp.matmul(a, c, precision=args.precision, preferred_element_type=out)
 
   def chunk_pass(i, dw):
@@ -170,22 +171,25 @@ def gradient_in_forward(
       lc,
       n_tiles=n_tiles,
       config=kernel_config,
-      num_sms=gemm.num_sms(interpret is not None),
+      num_sms=num_sms,
       probabilities=True,
       interpret=interpret,
     )
     chunk_lse, chunk_picked = jax.nn.logsumexp(lse_tiles, axis=0), picked_tiles.sum(0)
-    hit = jnp.arange(v)[None, :] == lc[:, None]
-    if main < v:  # The columns past the last whole tile, in XLA.
+    rw = chunk(row_weights)
+    if main < v:  # The columns past the last whole tile, in XLA, as probabilities.
       tail = matmul(xc, w[:, main:], jnp.float32)
       chunk_lse = jnp.logaddexp(chunk_lse, jax.nn.logsumexp(tail, axis=1))
-      chunk_picked += jnp.where(hit[:, main:], tail, 0.0).sum(1)
+      chunk_picked += jnp.where(jnp.arange(main, v) == lc[:, None], tail, 0.0).sum(1)
       tail_probs = jnp.exp(tail - chunk_lse[:, None]).astype(probs.dtype)
       probs = lax.dynamic_update_slice(probs, tail_probs, (0, main))
-    # Each tile's exponentials relative to its maxima, as probabilities; the tail's are.
-    scale = jnp.pad(jnp.exp(top - chunk_lse).T, ((0, 0), (0, 1)), constant_values=1.0)
-    scale = jnp.repeat(scale, bn, axis=1)[:, :v]
-    dlogits = ((probs * scale - hit) * chunk(row_weights)[:, None]).astype(x.dtype)
+    # What turns each tile's exponentials (the tail's probabilities) into the softmax term.
+    scale = jnp.exp(top - chunk_lse) * rw
+    if main < v:
+      scale = jnp.concatenate([scale, rw[None]])
+    dlogits = mosaic_kernel.cotangent_in_place(
+      probs, scale, lc, rw, block_n=bn, num_sms=num_sms, interpret=interpret
+    )
     dx_rows = matmul(dlogits, w.T, acc).astype(x.dtype)
     share = matmul(xc.T, dlogits, w.dtype)  # With `dw`, one GEMM that adds in place.
     return dx_rows, share if dw is None else dw + share, chunk_lse, chunk_picked

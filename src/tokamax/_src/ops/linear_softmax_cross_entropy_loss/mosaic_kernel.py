@@ -263,3 +263,104 @@ def label_tiles(labels: jax.Array, n_tiles: int, block_n: int) -> jax.Array:
   tile = jnp.where((labels >= 0) & (labels < n_tiles * block_n), labels // block_n, n_tiles)
   flags = jnp.zeros((b // WG_ROWS, n_tiles + 1), jnp.int32)
   return flags.at[jnp.arange(b) // WG_ROWS, tile].set(1)[:, :n_tiles]
+
+
+# Rows per CTA of `cotangent_in_place` (one warpgroup), and its target CTA count per SM.
+_COTANGENT_ROWS = WG_ROWS
+_COTANGENT_CTAS_PER_SM = 4
+_COTANGENT_STAGES = 3
+
+
+def cotangent_in_place(
+  probs: jax.Array,
+  scale: jax.Array,
+  labels: jax.Array,
+  hit_weights: jax.Array,
+  *,
+  block_n: int,
+  num_sms: int,
+  interpret=None,
+) -> jax.Array:
+  """The logits' cotangent, written over the exponentials that `tile_stats` wrote.
+
+  Args:
+    probs: [R, V] in x's dtype, R a multiple of 64 and V of 64: exponentials relative to
+      each tile's row maxima.
+    scale: float32 [ceil(V / block_n), R]: what turns each tile's exponentials into the
+      cotangent's softmax term (exp(maximum - log-sum-exp) times the row's weight).
+    labels: int32 [R]: each row's label column (any other value matches no column).
+    hit_weights: float32 [R]: what each row's label column loses.
+    block_n: Columns per tile of `scale`.
+    num_sms: SMs of the GPU (the grid aims at a few CTAs per SM).
+    interpret: Pallas interpret parameters, or None.
+
+  Returns:
+    [R, V] in `probs`' buffer: probs * scale[tile] - hit_weights at each row's label.
+  """
+  r, v = probs.shape
+  cols = 128 if v % 128 == 0 else 64
+  if r % _COTANGENT_ROWS or v % cols or block_n % cols:
+    raise ValueError(f"probs {probs.shape} must tile by {_COTANGENT_ROWS}x64 within {block_n}")
+  bands, col_blocks = r // _COTANGENT_ROWS, v // cols
+  want = max(1, _COTANGENT_CTAS_PER_SM * num_sms // bands)
+  groups = max(d for d in range(1, min(want, col_blocks) + 1) if col_blocks % d == 0)
+  steps = col_blocks // groups
+  stages = min(_COTANGENT_STAGES, steps)
+  row_layout = plgpu.Layout.WGMMA.reduce(1)
+
+  def kernel(p_gmem, s_gmem, l_gmem, w_gmem):
+    band, group = lax.axis_index("band"), lax.axis_index("group")
+    rows = pl.ds(band * _COTANGENT_ROWS, _COTANGENT_ROWS)
+    col0 = lambda step: (group * steps + step) * cols
+    block = lambda step: p_gmem.at[rows, pl.ds(col0(step), cols)]
+    load_vector = lambda ref: plgpu.load(ref, layout=row_layout, optimized=False)
+
+    def body(smem, barriers):
+      fetch = lambda step, slot: plgpu.copy_gmem_to_smem(
+        block(step), smem.at[slot], barriers.at[slot]
+      )
+      for step in range(stages - 1):
+        fetch(step, step)
+      row_labels, hit = load_vector(l_gmem.at[rows]), load_vector(w_gmem.at[rows])
+
+      @pl.loop(0, steps)
+      def _step(step):
+        slot, ahead = lax.rem(step, stages), step + stages - 1
+
+        @pl.when(ahead < steps)
+        def _():
+          plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The slot's previous store.
+          fetch(ahead, lax.rem(ahead, stages))
+
+        c0 = col0(step)
+        tile_scale = load_vector(s_gmem.at[lax.div(c0, block_n), rows])
+        plgpu.barrier_wait(barriers.at[slot])
+        p = plgpu.load(smem.at[slot], layout=plgpu.Layout.WGMMA, optimized=False)
+        shape = (_COTANGENT_ROWS, cols)
+        per_row = lambda u: lax.broadcast_in_dim(u, shape, [0])
+        columns = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+        at_label = columns == per_row(row_labels - c0)
+        out = p.astype(jnp.float32) * per_row(tile_scale) - jnp.where(at_label, per_row(hit), 0.0)
+        smem[slot] = out.astype(smem.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(smem.at[slot], block(step))
+
+      plgpu.wait_smem_to_gmem(0)
+
+    pl.run_scoped(
+      body,
+      plgpu.SMEM((stages, _COTANGENT_ROWS, cols), probs.dtype),
+      plgpu.Barrier(num_arrivals=1, num_barriers=stages),
+    )
+
+  call = plgpu.kernel(
+    kernel,
+    out_type=(),
+    grid=(bands, groups),
+    grid_names=("band", "group"),
+    compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+    interpret=interpret,
+  )
+  buffer = jax.new_ref(probs)  # The kernel writes through it: XLA aliases probs' buffer.
+  call(buffer, scale, labels.astype(jnp.int32), hit_weights)
+  return jax.freeze(buffer)
