@@ -9,9 +9,10 @@ the weights. The backward pass recomputes the logits a vocabulary chunk at a tim
 (`chunked_xla`'s backward), so that no [B, V] array exists there either.
 
 With `gradient_in_forward`, differentiation takes one pass over row chunks instead:
-each chunk's logits (the kernel, which also writes their exponentials) give both
-gradients for a unit cotangent, so three GEMMs in all rather than four; dweights
-accumulates over the chunks in the weights' dtype.
+each chunk's logits (the kernel, which also writes their exponentials, over which
+a second kernel writes the logits' cotangent) give both gradients for a unit
+cotangent, so three GEMMs in all rather than four; dweights accumulates over the
+chunks in the weights' dtype.
 """
 
 from __future__ import annotations
@@ -130,9 +131,10 @@ def gradient_in_forward(
 ) -> tuple[jax.Array, UnitGradients]:
   """The output and the gradients for a unit cotangent, from one pass over row chunks.
 
-  Each chunk's kernel pass gives its rows' log-sum-exps and exponentials; their
-  softmax cotangent (in x's dtype) then gives the chunk's rows of dx and adds
-  the chunk's share to dweights, which stays in the weights' dtype.
+  Each chunk's kernel pass gives its rows' log-sum-exps and exponentials;
+  `mosaic_kernel.cotangent_in_place` turns those into the logits' cotangent (in
+  x's dtype, the same buffer), which gives the chunk's rows of dx and adds the
+  chunk's share to dweights, which stays in the weights' dtype.
 
   Args:
     args: The call (`in_forward_reason(args)` is None).

@@ -12,6 +12,8 @@ place of the store of the logits tile, so that no [B, V] logits reach HBM:
   the label search runs only there. For the gradient in the forward pass it also
   writes each tile's exponentials relative to the tile's row maxima (x's dtype,
   [B, V]) and those maxima.
+- `cotangent_in_place`: turns those exponentials into the logits' cotangent for a
+  unit output cotangent, in their own buffer (a streaming elementwise kernel).
 """
 
 import dataclasses
