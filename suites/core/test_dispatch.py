@@ -14,6 +14,7 @@ from tokamax._src.ops import registry
 from tokamax._src.ops.attention import spec as attention_spec
 from tokamax._src.ops.gated_linear_unit import spec as glu_spec
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import spec as loss_spec
+from tokamax._src.ops.linear_softmax_cross_entropy_loss import xla as loss_xla
 from tokamax._src.ops.normalization import spec as norm_spec
 from tokamax._src.ops.normalization import xla as norm_xla
 
@@ -282,3 +283,54 @@ def test_loss_differentiates_through_xla_on_a_gpu_while_its_logits_fit():
   assert loss_spec.gradient_preference(args(limit // (4 * 4096), 4096), "gpu") == ("xla",)
   assert loss_spec.gradient_preference(too_big, "gpu") == ()
   assert loss_spec.gradient_preference(fits, "tpu") == ()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _NowhereLoss(loss_xla.XlaLoss):
+  """A loss implementation for a platform that no test machine has."""
+
+  name = "nowhere"
+  platforms = ("no_such_platform",)
+
+
+def test_a_gradient_preference_that_supports_nothing_differentiates_the_forwards_pick(inputs):
+  """No name of `gradient_preference` takes the call: the forward's pick computes the
+  forward and its own backward, as without a preference."""
+  spec, x, labels, w = _loss_picking_chunked_forward_and_xla_gradient(inputs)
+  spec = dataclasses.replace(
+    spec,
+    implementations={**spec.implementations, "nowhere": f"{__name__}:_NowhereLoss"},
+    gradient_preference=lambda args, platform: ("nowhere",),
+  )
+  assert isinstance(op_lib._supporting(spec, "nowhere", spec.canonicalize(x, labels, w)), str)
+  run = lambda x, w: spec(x, labels, w, reduction="mean")
+  token = op_lib.RECORDED_CALLS.set([])
+  try:
+    value, grads = jax.jit(jax.value_and_grad(run, argnums=(0, 1)))(x, w)
+    differentiated = {(op.name, mode) for op, _, mode in op_lib.RECORDED_CALLS.get()}
+  finally:
+    op_lib.RECORDED_CALLS.reset(token)
+  assert differentiated == {("chunked_xla", "forward"), ("chunked_xla", "vjp")}
+  reference = lambda x, w: references.linear_softmax_cross_entropy_loss(
+    x, labels, w, reduction="mean"
+  )
+  ref_value, ref_grads = references.high_precision_vjp(reference, (x, w), np.float32(1.0))
+  assert_matches(value, ref_value)
+  assert_matches(grads[0], ref_grads[0])
+  assert_matches(grads[1], ref_grads[1])
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _NowhereNorm(norm_xla.XlaLayerNorm):
+  """An implementation for a platform that no test machine has."""
+
+  name = "nowhere"
+  platforms = ("no_such_platform",)
+
+
+def test_an_implementation_called_directly_checks_its_platform(inputs):
+  x = inputs.normal((2, 8))
+  impl = _NowhereNorm()
+  assert not impl.supported_on()
+  with pytest.raises(NotImplementedError, match=r"nowhere\]: runs on no_such_platform, not on"):
+    impl(x, None, None)

@@ -167,3 +167,20 @@ def _param(name: str):
 def test_sharded_call_matches_whole_without_gathering(name, results):
   assert name in results, "the checks stopped before this case"
   assert results[name] is None, results[name]
+
+
+def test_a_split_label_the_output_lacks_needs_its_combine():
+  """A `combine` mapping that does not name a split label missing from the output: an
+  error, not a silent sum."""
+  labels = [("x", ("m", "k"))]
+
+  def plan(combine):
+    rule = partitioning.Rule(
+      inputs={"x": ("m", "k")}, output=("k",), split=frozenset(("m",)), combine=combine
+    )
+    return partitioning.plan("test_combine", rule, labels, [(8, 4)], [P("data")], MESH)
+
+  with pytest.raises(ValueError, match="lacks split label 'm'"):
+    plan({"v": "sum"})
+  assert plan({"m": "mean"}).out_means == ("data",)
+  assert plan({"m": "sum"}).out_sums == ("data",)

@@ -119,3 +119,53 @@ def test_merge_takes_each_op_from_its_own_part(tmp_path):
   for key, value in merged.items():
     expected = planted[key] if key.startswith("layer_norm.") else arrays[key]
     np.testing.assert_array_equal(value, expected, err_msg=key)
+
+
+def test_bitwise_equal_means_the_same_bits():
+  """-0.0 against a golden 0.0 is equal in value, not in bits: CHANGED. A NaN where the
+  golden has the same NaN is bitwise equal: PASS."""
+  zeros = np.zeros((4, 4), np.float32)
+  r = _verdict(zeros, -zeros)
+  assert r.status == golden.CHANGED, r
+  with_nan = np.linspace(0.5, 2.0, 16, dtype=np.float32).reshape(4, 4)
+  with_nan[1, 2] = np.nan
+  r = _verdict(with_nan.copy(), with_nan)
+  assert r.status == golden.PASS and r.detail == "bitwise equal", r
+
+
+def test_the_stored_reduction_length_scales_the_bound():
+  """Off by 5 atol everywhere: within atol * sqrt(100) of a 100-long reduction, not of 1."""
+  out = np.zeros((8, 8), np.float32)
+  off = out + np.float32(5 * F32["atol"])
+
+  def verdict(length):
+    result = _result(out)
+    result.entry["reduction_length"] = length
+    return golden._compare_to_golden(result, off, "cpu")
+
+  assert verdict(100).status == golden.CHANGED
+  assert verdict(1).status == golden.FAIL
+
+
+def test_goldens_of_another_family_are_not_made_here(tmp_path):
+  other = "h100" if FAMILY != "h100" else "cpu"
+  with pytest.raises(ValueError, match="cannot be made"):
+    golden.regenerate(other, data_dir=str(tmp_path), ops=["layer_norm"])
+  assert golden.load(other, str(tmp_path)) is None
+
+
+def test_merge_drops_the_goldens_a_part_no_longer_has(tmp_path):
+  """A golden of a merged op that its part lacks (no longer produced) is not kept."""
+  data = _copy_goldens(tmp_path)
+  part = str(tmp_path / "part")
+  shutil.copytree(os.path.join(data, FAMILY), os.path.join(part, FAMILY))
+  manifest, arrays = golden.load(FAMILY, data)
+  gone = "layer_norm.no_such_impl.case"
+  arrays[gone] = np.zeros((2,), np.float32)
+  manifest["entries"][gone] = dict(manifest["entries"][_float32_layer_norm_key(manifest)])
+  golden.write(FAMILY, manifest, arrays, data)
+  out = str(tmp_path / "out")
+  golden.merge(FAMILY, {"layer_norm": part}, data_dir=data, out_dir=out)
+  merged_manifest, merged = golden.load(FAMILY, out)
+  assert gone not in merged and gone not in merged_manifest["entries"]
+  assert set(merged) == set(arrays) - {gone}

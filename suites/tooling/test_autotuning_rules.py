@@ -324,3 +324,129 @@ def test_timing_inputs_keep_the_records_integer_dtypes():
   filled = inputs.fill_integer_fields(record, types.SimpleNamespace(integer_inputs={}))
   assert filled.ids.dtype == np.int8 and filled.ids.shape == (3, 2) and not filled.ids.any()
   assert filled.x == record.x and filled.count == 2
+
+
+# -- Where configs come from ----------------------------------------------------------
+
+
+def _record():
+  return arguments.abstract(ex.SPEC.canonicalize(_x()))
+
+
+def _current_entry(block_cols: int | None, **kw):
+  """An entry of the blocked row RMS for `_x()` that is current (today's heuristic)."""
+  record = _record()
+  heuristic = configs.encode(ex.BlockedRowRms()._get_heuristics_config(record))
+  config = None if block_cols is None else configs.encode(ex.BlockConfig(block_cols))
+  return _entry(key=arguments.signature_key(record), config=config, heuristic=heuristic, **kw)
+
+
+def test_an_entered_result_outranks_a_config_tuned_on_a_miss():
+  op, record = ex.BlockedRowRms(), _record()
+  kind = cache.device_kind()
+  tuned = dataclasses.replace(_current_entry(16), config_cls=ex.BlockConfig)
+  cache.clear_tuned_on_miss()
+  cache._TUNED_ON_MISS[(kind, "example_row_rms", "blocked", tuned.key)] = tuned
+  try:
+    assert cache.lookup(op, record) == ex.BlockConfig(16)
+    with tokamax.AutotuningResult(kind, (_current_entry(32),)):
+      assert cache.lookup(op, record) == ex.BlockConfig(32)
+  finally:
+    cache.clear_tuned_on_miss()
+
+
+def test_a_miss_is_tuned_once_per_signature(monkeypatch):
+  calls = []
+
+  def fake_autotune_call(op, args, **kwargs):
+    calls.append(arguments.signature_key(args))
+    return dataclasses.replace(_current_entry(16), config_cls=ex.BlockConfig)
+
+  monkeypatch.setattr(cache.autotuner, "autotune_call", fake_autotune_call)
+  op, record = ex.BlockedRowRms(), _record()
+  cache.clear_tuned_on_miss()
+  try:
+    with tokamax.config.override(cache_miss="autotune"):
+      assert cache.lookup(op, record) == ex.BlockConfig(16)
+      assert cache.lookup(op, record) == ex.BlockConfig(16)  # Found, not tuned again.
+  finally:
+    cache.clear_tuned_on_miss()
+  assert calls == [arguments.signature_key(record)]
+
+
+def test_a_shipped_file_of_another_device_kind_is_not_used(monkeypatch, tmp_path):
+  """Two device kinds whose names map to one file name: the file's own kind decides."""
+  assert cache.file_name("TPU v5p (2x)") == cache.file_name("TPU v5p 2x")
+  tokamax.AutotuningResult("TPU v5p (2x)", (_current_entry(16),)).dump(
+    tmp_path / cache.file_name("TPU v5p (2x)")
+  )
+  monkeypatch.setattr(cache, "DATA_DIR", tmp_path)
+  cache.default_result.cache_clear()
+  op, record = ex.BlockedRowRms(), _record()
+  key = arguments.signature_key(record)
+  try:
+    found = cache.lookup_data(op, key, "TPU v5p (2x)", record)
+    assert found is not None and found.fastest_config == ex.BlockConfig(16)
+    assert cache.lookup_data(op, key, "TPU v5p 2x", record) is None
+  finally:
+    cache.default_result.cache_clear()
+
+
+@pytest.mark.parametrize("miss", ["error", "autotune"])
+def test_an_entry_whose_every_candidate_failed_means_heuristics(monkeypatch, miss):
+  """A covered call is not a miss: no lookup error, no tuning again."""
+
+  def no_tuning(*args, **kwargs):
+    raise AssertionError("tuned again")
+
+  monkeypatch.setattr(cache.autotuner, "autotune_call", no_tuning)
+  failed = _current_entry(None, errors=((None, "ValueError: broken"),))
+  op, record = ex.BlockedRowRms(), _record()
+  result = tokamax.AutotuningResult(cache.device_kind(), (failed,))
+  with result, tokamax.config.override(cache_miss=miss):
+    assert cache.lookup(op, record) is None
+    assert op.resolve_config(record) == ex.BlockConfig(64)  # The heuristics' (N = 64).
+
+
+def test_a_fixed_config_is_kept_inside_an_entered_result():
+  record = _record()
+  with tokamax.AutotuningResult(cache.device_kind(), (_current_entry(16),)):
+    assert ex.BlockedRowRms().resolve_config(record) == ex.BlockConfig(16)
+    fixed = ex.BlockedRowRms(config=ex.BlockConfig(32))
+    assert fixed.resolve_config(record) == ex.BlockConfig(32)
+
+
+def test_results_of_the_same_entries_in_any_order_are_equal():
+  a, b, c = (
+    _entry(key=k, config=f'{{"block_cols":{n}}}') for k, n in (("a", 16), ("b", 32), ("c", 8))
+  )
+  one, other = (
+    tokamax.AutotuningResult("cpu", (a, b, c)),
+    tokamax.AutotuningResult("cpu", (c, a, b)),
+  )
+  assert [d.key for d in one.data] == [d.key for d in other.data] == ["a", "b", "c"]
+  assert one == other and hash(one) == hash(other) and one.dumps() == other.dumps()
+  ab, ca = tokamax.AutotuningResult("cpu", (a, b)), tokamax.AutotuningResult("cpu", (c,))
+  assert ab.merge(ca) == ca.merge(ab) == one
+
+
+def test_a_result_gives_no_config_of_another_implementation():
+  """An entry of the op's "xla" implementation does not configure "blocked" for the call."""
+  record = _record()
+  key = arguments.signature_key(record)
+  other = _current_entry(16, implementation="xla")
+  result = tokamax.AutotuningResult(cache.device_kind(), (other,))
+  assert result.data_for(ex.XlaRowRms(), key) is not None
+  assert result.data_for(ex.BlockedRowRms(), key) is None
+  with result:
+    assert ex.BlockedRowRms().resolve_config(record) == ex.BlockConfig(64)  # Heuristics.
+
+
+def test_autotune_tunes_again_an_op_whose_cached_entry_failed():
+  failed = _current_entry(None, errors=((None, "ValueError: broken"),))
+  f = lambda x: ex.row_rms(x, implementation="blocked")
+  with tokamax.AutotuningResult(cache.device_kind(), (failed,)):
+    result = tokamax.autotune(f, _x(), iterations=1, progress=False)
+  (data,) = result.data
+  assert data.config is not None and not data.errors
+  assert {_block(c) for c, _ in data.timings_ms} == {16, 32, 64}
