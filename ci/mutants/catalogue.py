@@ -90,6 +90,8 @@ _GOLDEN_RULES = "suites/golden/test_golden_rules.py"
 _PRECISION = "suites/core/test_precision.py"
 _PUBLIC_DEFAULTS = "suites/core/test_public_defaults.py"
 _SHARDED = "suites/core/test_transforms.py"
+_CACHE = "src/tokamax/_src/autotuning/cache.py"
+_PARTITIONING = "src/tokamax/_src/ops/partitioning.py"
 
 MUTATIONS: tuple[Mutation, ...] = (
   # --- The harness itself ------------------------------------------------------
@@ -3345,6 +3347,188 @@ MUTATIONS: tuple[Mutation, ...] = (
     '  if precision == jax.lax.Precision.HIGH:\n    return "tf32"',
     ("suites/core/test_precision.py", "-k", "triton_input_precision"),
     "Precision.HIGH maps to Triton's tf32 instead of tf32x3.",
+  ),
+  # --- Autotuning caches, dispatch, partitioning, export and goldens (hunt g) -----------
+  Mutation(
+    "autotune.tuned_on_miss_outranks_entered_result",
+    _CACHE,
+    "  kind = kind or device_kind()\n  for active in reversed(result.active_results()):",
+    "  kind = kind or device_kind()\n"
+    "  data = _TUNED_ON_MISS.get((kind, op.spec.name, op.name, key))\n"
+    "  if data is not None:\n"
+    "    return data\n"
+    "  for active in reversed(result.active_results()):",
+    (_AUTOTUNING_RULES, "-k", "outranks_a_config_tuned_on_a_miss"),
+    "A config tuned on an earlier cache miss outranks the result the caller entered.",
+  ),
+  Mutation(
+    "autotune.outermost_result_wins",
+    _CACHE,
+    "  for active in reversed(result.active_results()):",
+    "  for active in result.active_results():",
+    ("suites/tooling/test_autotuning.py", "-k", "context_manager"),
+    "Nested results: the outermost entered result wins, not the innermost.",
+  ),
+  Mutation(
+    "autotune.tuned_on_miss_stored_under_another_key",
+    _CACHE,
+    "    _TUNED_ON_MISS[(device_kind(), op.spec.name, op.name, key)] = data",
+    "    _TUNED_ON_MISS[(device_kind(), op.name, op.spec.name, key)] = data",
+    (_AUTOTUNING_RULES, "-k", "tuned_once_per_signature"),
+    "Configs tuned on a miss are stored under a key the lookup never asks for: every trace"
+    " tunes again.",
+  ),
+  Mutation(
+    "autotune.default_cache_of_another_device_kind",
+    _CACHE,
+    "    if default is not None and default.device_kind == kind:",
+    "    if default is not None:",
+    (_AUTOTUNING_RULES, "-k", "file_of_another_device_kind"),
+    "A shipped cache file tuned on another device kind (whose name maps to the same file) is used.",
+  ),
+  Mutation(
+    "autotune.failed_entry_counts_as_a_miss",
+    _CACHE,
+    "  if data is not None:  # With no working candidate, the heuristics.",
+    "  if data is not None and data.config is not None:",
+    (_AUTOTUNING_RULES, "-k", "every_candidate_failed_means_heuristics"),
+    "An entry whose every candidate failed counts as a miss: with cache_miss='error' the"
+    " call raises, with 'autotune' it tunes the failing op again.",
+  ),
+  Mutation(
+    "autotune.cache_overrides_a_fixed_config",
+    _OP,
+    "    if self.config is not None:\n      return self.config\n"
+    "    tuned = cache.lookup(self, args)\n    if tuned is not None:\n      return tuned\n",
+    "    tuned = cache.lookup(self, args)\n    if tuned is not None:\n      return tuned\n"
+    "    if self.config is not None:\n      return self.config\n",
+    (_AUTOTUNING_RULES, "-k", "fixed_config"),
+    "An entered result (or the shipped cache) overrides an implementation's fixed config.",
+  ),
+  Mutation(
+    "autotune.entries_in_insertion_order",
+    _RESULT,
+    '    object.__setattr__(self, "data", tuple(unique[k] for k in sorted(unique)))',
+    '    object.__setattr__(self, "data", tuple(unique.values()))',
+    (_AUTOTUNING_RULES, "-k", "in_any_order"),
+    "Results keep their entries in insertion order: equal results of other orders differ"
+    " (fingerprint, hash, dumps).",
+  ),
+  Mutation(
+    "autotune.entry_of_another_implementation",
+    _RESULT,
+    "    data = self._index.get((op.spec.name, op.name, key))",
+    "    data = self._index.get((op.spec.name, op.name, key)) or next(\n"
+    "      (d for d in self.data if d.op == op.spec.name and d.key == key), None\n"
+    "    )",
+    (_AUTOTUNING_RULES, "-k", "another_implementation"),
+    "A result without an entry for the implementation gives another implementation's"
+    " config for the same call.",
+  ),
+  Mutation(
+    "autotune.cached_failure_copied",
+    "src/tokamax/_src/autotuning/api.py",
+    "    if cached is not None and cached.config is not None:",
+    "    if cached is not None:",
+    (_AUTOTUNING_RULES, "-k", "tunes_again"),
+    "tokamax.autotune copies a cached entry whose every candidate failed instead of tuning"
+    " the op again.",
+  ),
+  Mutation(
+    "dispatch.unsupported_gradient_pick_used",
+    _OP,
+    "  if forward is None or differentiated is None or forward is differentiated:",
+    "  if forward is None or forward is differentiated:",
+    ("suites/core/test_dispatch.py", "-k", "supports_nothing"),
+    "`implementation=None` with a gradient preference none of whose names supports the call"
+    " fails instead of differentiating the forward's pick.",
+  ),
+  Mutation(
+    "dispatch.op_call_skips_the_platform_check",
+    _OP,
+    "    reason = self.unsupported_reason(record)",
+    "    reason = self._unsupported_reason(record)",
+    ("suites/core/test_dispatch.py", "-k", "checks_its_platform"),
+    "Calling an implementation directly skips the platform check: a GPU kernel runs"
+    " (and fails obscurely) on a CPU instead of raising NotImplementedError.",
+  ),
+  Mutation(
+    "dispatch.default_order_ignores_the_abstract_platform",
+    _OP,
+    "    platform = platform or device_lib.platform()\n    names = tuple(",
+    "    platform = platform or jax.default_backend()\n    names = tuple(",
+    (_TPU_RAGGED, "-k", "names_the_platforms_kernel"),
+    "`implementation=None` orders by the host's backend, not the abstract mesh's device"
+    " (exports for a TPU from a CPU use XLA).",
+  ),
+  Mutation(
+    "partitioning.unnamed_combine_sums",
+    _PARTITIONING,
+    "      return self.combine.get(label)",
+    '      return self.combine.get(label, "sum")',
+    (_KERNEL_SHARDING + "::test_a_split_label_the_output_lacks_needs_its_combine",),
+    "A split label missing from the output and from a `combine` mapping is summed silently"
+    " instead of rejected.",
+  ),
+  Mutation(
+    "partitioning.mean_cotangent_not_divided",
+    _PARTITIONING,
+    "      if plan_ is not None and plan_.out_means:\n        dout = dout / plan_.mean_count\n",
+    "",
+    (_KERNEL_SHARDING, "-k", "loss and xla and auto_rows_mean"),
+    "Under custom_partitioning the backward pass of an output averaged over shards takes"
+    " the whole cotangent on every shard (gradients x the shard count).",
+  ),
+  Mutation(
+    "partitioning.cotangent_not_summed",
+    _PARTITIONING,
+    "  extra = tuple(sorted(vma(grad) - x_axes))",
+    "  extra = tuple(sorted(vma(grad) - axes))",
+    (_KERNEL_SHARDING, "-k", "ragged_dot and triton and groups"),
+    "A kernel's cotangent of an input that lacks a split label is not summed over the"
+    " shards (each device keeps its share).",
+  ),
+  Mutation(
+    "export.cudnn_calls_not_disabled",
+    "src/tokamax/_src/export.py",
+    "  jax.export.DisabledSafetyCheck.custom_call(target) for target in KERNEL_CUSTOM_CALL_TARGETS",
+    "  jax.export.DisabledSafetyCheck.custom_call(target)\n"
+    "  for target in (*TRITON_CUSTOM_CALL_TARGETS, *MOSAIC_CUSTOM_CALL_TARGETS)",
+    (_EXPORT, "-k", "every_kernel"),
+    "DISABLE_JAX_EXPORT_CHECKS leaves out cuDNN's fused attention calls.",
+  ),
+  Mutation(
+    "golden.bitwise_check_by_value",
+    _GOLDEN_SRC,
+    "  if np.array_equal(_to_bits(golden), _to_bits(out)):",
+    "  if np.array_equal(golden, out):",
+    (_GOLDEN_RULES, "-k", "bitwise_equal_means"),
+    "The golden's bitwise check compares values: -0.0 passes for 0.0, and a NaN golden"
+    " matched bit for bit is not PASS.",
+  ),
+  Mutation(
+    "golden.reduction_length_dropped",
+    _GOLDEN_SRC,
+    '    out, golden, tol=tol, reduction_length=entry["reduction_length"], name=result.key',
+    "    out, golden, tol=tol, name=result.key",
+    (_GOLDEN_RULES, "-k", "reduction_length"),
+    "The golden comparison ignores the stored reduction length (atol not scaled by sqrt(L)).",
+  ),
+  Mutation(
+    "golden.regenerate_for_another_family",
+    _GOLDEN_SRC,
+    "  if family != profile.family:",
+    "  if False:",
+    (_GOLDEN_RULES, "-k", "another_family"),
+    "golden.regenerate writes another hardware family's goldens from this machine's outputs.",
+  ),
+  Mutation(
+    "golden.merge_keeps_goldens_the_part_dropped",
+    _GOLDEN_SRC,
+    '  entries = {k: e for k, e in manifest["entries"].items() if e["op"] not in parts}',
+    '  entries = dict(manifest["entries"])',
+    (_GOLDEN_RULES, "-k", "merge_drops"),
+    "golden.merge keeps the data dir's goldens of a merged op that its part no longer has.",
   ),
 )
 
