@@ -100,7 +100,9 @@ def _single(out) -> np.ndarray:
 
 
 def _to_bits(x: np.ndarray) -> np.ndarray:
-  return x.view(np.dtype(f"uint{8 * x.dtype.itemsize}")) if x.dtype.kind == "f" else x
+  # bfloat16 is numpy kind "V", not "f": ask JAX which dtypes are floating.
+  floating = jax.numpy.issubdtype(x.dtype, jax.numpy.floating)
+  return x.view(np.dtype(f"uint{8 * x.dtype.itemsize}")) if floating else x
 
 
 def _from_bits(bits: np.ndarray, dtype: str) -> np.ndarray:

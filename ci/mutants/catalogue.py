@@ -3507,6 +3507,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     " matched bit for bit is not PASS.",
   ),
   Mutation(
+    "golden.bits_of_numpy_floats_only",
+    _GOLDEN_SRC,
+    "  floating = jax.numpy.issubdtype(x.dtype, jax.numpy.floating)",
+    '  floating = x.dtype.kind == "f"',
+    (_GOLDEN_RULES, "-k", "bitwise_equal_means"),
+    "The goldens' bit view skips bfloat16 (numpy kind 'V'): its bitwise check compares values.",
+  ),
+  Mutation(
     "golden.reduction_length_dropped",
     _GOLDEN_SRC,
     '    out, golden, tol=tol, reduction_length=entry["reduction_length"], name=result.key',

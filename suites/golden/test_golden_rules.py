@@ -5,6 +5,7 @@ import dataclasses
 import os
 import shutil
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -121,14 +122,16 @@ def test_merge_takes_each_op_from_its_own_part(tmp_path):
     np.testing.assert_array_equal(value, expected, err_msg=key)
 
 
-def test_bitwise_equal_means_the_same_bits():
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16])
+def test_bitwise_equal_means_the_same_bits(dtype):
   """-0.0 against a golden 0.0 is equal in value, not in bits: CHANGED. A NaN where the
-  golden has the same NaN is bitwise equal: PASS."""
-  zeros = np.zeros((4, 4), np.float32)
+  golden has the same NaN is bitwise equal: PASS. bfloat16 (numpy kind 'V') too."""
+  zeros = np.zeros((4, 4), dtype)
   r = _verdict(zeros, -zeros)
   assert r.status == golden.CHANGED, r
   with_nan = np.linspace(0.5, 2.0, 16, dtype=np.float32).reshape(4, 4)
   with_nan[1, 2] = np.nan
+  with_nan = with_nan.astype(dtype)
   r = _verdict(with_nan.copy(), with_nan)
   assert r.status == golden.PASS and r.detail == "bitwise equal", r
 
