@@ -171,3 +171,71 @@ def test_vjp_check_applies_the_relative_rule_to_gradients():
   grads.assert_vjp_close(bad, _times_two, (x,), key=key)  # The table alone lets it pass ...
   with pytest.raises(AssertionError, match="relative rule"):  # ... the relative rule does not.
     grads.assert_vjp_close(bad, _times_two, (x,), key=key, plain=_times_two)
+
+
+def test_report_of_known_errors():
+  """Errors 0.0 .. 0.9 in a shuffled order: max 0.9 at its index, mean 0.45, 7 above 0.25."""
+  errors = np.array([0.3, 0.1, 0.0, 0.9, 0.5, 0.2, 0.7, 0.4, 0.8, 0.6]).reshape(2, 5)
+  e = np.linspace(-1.0, 1.0, 10).reshape(2, 5)
+  tol = tolerance.Tolerance(atol=0.25, rtol=0.0, fraction=0.0, outlier_factor=np.inf)
+  report = compare.compare(e + errors, e, tol=tol, name="out")
+  assert report.ok
+  assert report.max_error == pytest.approx(0.9, rel=1e-12)
+  assert report.mean_error == pytest.approx(0.45, rel=1e-12)
+  assert (report.num_off, report.size) == (7, 10)
+  # The worst element is (0, 3), not the first one off (0, 0).
+  assert "max abs error 0.9 at (0, 3)" in report.message
+  assert "first indices [(0, 0), (0, 3), (0, 4)" in report.message
+
+
+def test_mean_error_is_over_the_finite_errors():
+  e = np.zeros(4)
+  a = np.array([0.2, 0.4, np.inf, 0.0])
+  report = compare.compare(a, e, tol=tolerance.Tolerance(atol=1.0, rtol=0.0))
+  assert not report.ok and report.max_error == np.inf
+  assert report.mean_error == pytest.approx(0.2, rel=1e-12)  # (0.2 + 0.4 + 0.0) / 3.
+
+
+def _off_by(factor):
+  return _scaled_gradient(lambda x: x * 2.0, factor)
+
+
+def test_vjp_check_compares_gradients_at_twice_the_forward_bound():
+  """float32 gradients of 2x: the gradient bound is 2 x (2e-6 + 1e-5 |ref|).
+
+  A gradient 1.5e-5 too large relatively is outside the forward bound for most elements
+  (3e-5 |ct| > 2e-6 + 2e-5 |ct| where |ct| > 0.2) but inside the gradient bound
+  (4e-6 + 4e-5 |ct|); one 2.5e-5 too large is outside both where |ct| > 0.4.
+  """
+  x = jnp.linspace(0.5, 1.5, 256, dtype=jnp.float32)
+  key = jax.random.key(4)
+  grads.assert_vjp_close(_off_by(1.0 + 1.5e-5), lambda x: x * 2.0, (x,), key=key)
+  with pytest.raises(AssertionError, match="dx"):
+    grads.assert_vjp_close(_off_by(1.0 + 2.5e-5), lambda x: x * 2.0, (x,), key=key, names=("x",))
+
+
+def _nondeterministic_backward():
+  """x * 2 whose gradient drifts by 1 from the second backward pass on; the forward is fixed."""
+  calls = itertools.count()
+
+  @jax.custom_vjp
+  def f(x):
+    return x * 2.0
+
+  def fwd(x):
+    return x * 2.0, None
+
+  def bwd(_, g):
+    return (g * 2.0 + (1.0 if next(calls) > 0 else 0.0),)
+
+  f.defvjp(fwd, bwd)
+  return f
+
+
+def test_assert_deterministic_runs_the_backward_pass():
+  x = jnp.arange(4.0)
+  key = jax.random.key(0)
+  fn = _nondeterministic_backward()
+  grads.assert_deterministic(fn, (x,), key=key, jit=False, gradients=False)  # Forward: fixed.
+  with pytest.raises(AssertionError, match="not deterministic"):
+    grads.assert_deterministic(_nondeterministic_backward(), (x,), key=key, jit=False)

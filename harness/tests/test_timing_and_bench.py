@@ -10,6 +10,7 @@ the rates of its median time.
 import dataclasses
 import json
 import types
+import warnings
 
 import pytest
 
@@ -184,3 +185,37 @@ def test_cupti_times_spread_runs_over_the_arguments_in_seconds(monkeypatch):
   # Fewer iterations than argument tuples: still one run of each.
   out = timing.device_time(lambda x: x, [(1,), (2,), (3,)], warmup=1, iterations=2, method="cupti")
   assert len(out.times_s) == 3
+
+
+@pytest.mark.parametrize(("warmup", "runs"), [(3, 3), (0, 1)])
+def test_warmup_runs_are_run_and_not_timed(warmup, runs):
+  """`warmup` untimed runs (at least one, for compilation), then `iterations` timed ones."""
+  calls = []
+  out = timing.device_time(
+    lambda: calls.append(1), [()], warmup=warmup, iterations=4, method=timing.WALLCLOCK
+  )
+  assert len(calls) == runs + 4 and len(out.times_s) == 4
+
+
+def test_auto_is_wallclock_off_gpu_and_cupti_on_gpu(monkeypatch):
+  monkeypatch.setattr(timing.jax, "default_backend", lambda: "cpu")
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # No CUPTI attempt, no fallback warning.
+    out = timing.device_time(lambda: None, [()], warmup=1, iterations=3)
+  assert out.method == timing.WALLCLOCK and out.fallback_reason is None
+  assert len(out.times_s) == 3
+  monkeypatch.setattr(timing.jax, "default_backend", lambda: "gpu")
+  monkeypatch.setattr(timing, "cupti_times", lambda fn, args_list, n: [1e-3] * n)
+  out = timing.device_time(lambda: None, [()], warmup=1, iterations=3)
+  assert out.method == timing.CUPTI and out.times_s == (1e-3,) * 3
+
+
+def test_cputime_reads_the_process_clock(monkeypatch):
+  """Each reading of the wall clock moves it 1 s, of the process clock 0.25 s."""
+  wall, cpu = FakeClock(tick=1.0), FakeClock(tick=0.25)
+  monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=wall, process_time=cpu))
+  fn = lambda: None
+  out = timing.device_time(fn, [()], warmup=1, iterations=3, method=timing.CPUTIME)
+  assert out.times_s == (0.25,) * 3 and out.method == timing.CPUTIME
+  out = timing.device_time(fn, [()], warmup=1, iterations=3, method=timing.WALLCLOCK)
+  assert out.times_s == (1.0,) * 3 and out.method == timing.WALLCLOCK

@@ -153,6 +153,11 @@ CASES = {
     ValueError,
     "`weights`",
   ),
+  "norm_axis_minus_ndim_minus_one": (
+    lambda: tokamax.layer_norm(jnp.ones((4, 8)), None, None, axis=-3),
+    ValueError,
+    "axis",
+  ),
   "glu_activation": (
     lambda: tokamax.gated_linear_unit(jnp.ones((4, 8)), jnp.ones((8, 2, 5)), activation="swish"),
     TypeError,
@@ -327,3 +332,15 @@ def test_chunk_sizes_must_be_positive(size):
     xla_chunked.ChunkedConfig(kv_chunk_size=size)
   with pytest.raises(ValueError, match="vocab_chunk_size"):
     chunked_xla.ChunkedLossConfig(vocab_chunk_size=size)
+
+
+def test_precision_is_none_one_precision_or_a_pair():
+  from tokamax._src import validation
+
+  P = jax.lax.Precision
+  assert validation.precision(None) is None
+  assert validation.precision("highest") == P.HIGHEST
+  assert validation.precision(("high", None)) == (P.HIGH, None)
+  for bad in ((P.HIGH,) * 3, (P.HIGH,), [P.HIGH, P.HIGH], 3):
+    with pytest.raises(ValueError, match="or a pair"):
+      validation.precision(bad)

@@ -128,3 +128,13 @@ def test_triton_input_precision_follows_jax_precision():
   for configured, expected in (("highest", "ieee"), ("high", "tf32x3"), ("default", "tf32")):
     with jax.default_matmul_precision(configured):
       assert numerics.triton_input_precision(f32, None) == expected, configured
+
+
+def test_triton_input_precision_of_dot_algorithm_presets():
+  """A configured preset: F32_F32_F32 is IEEE; a bfloat16-input preset is not."""
+  from tokamax._src import numerics
+
+  with jax.default_matmul_precision("F32_F32_F32"):
+    assert numerics.triton_input_precision(f32, None) == "ieee"
+  with jax.default_matmul_precision("BF16_BF16_F32"):
+    assert numerics.triton_input_precision(f32, None) == "tf32"

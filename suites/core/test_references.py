@@ -20,3 +20,28 @@ def test_reference_attention_matches_hand_computed_softmax():
   out = references.high_precision(references.attention)(q, k, v, scale=1.0)
   w = np.exp([1.0, 0.0]) / np.exp([1.0, 0.0]).sum()
   np.testing.assert_allclose(out[0, 0, 0, 0], w @ [2.0, 4.0], rtol=1e-12)
+
+
+def test_high_precision_runs_jax_code_in_float64():
+  """1 + 1e-12 - 1 is 1e-12 in float64 and 0 in float32: jnp code too runs in float64."""
+  out = references.high_precision(lambda a: (jnp.asarray(a) + 1e-12) - jnp.asarray(a))(
+    jnp.ones((2,), jnp.float32)
+  )
+  assert out.dtype == np.float64
+  np.testing.assert_allclose(out, 1e-12, rtol=1e-3)
+
+
+def test_high_precision_upcasts_keyword_arguments():
+  """A float32 keyword argument is upcast too: b + 1 - 1 keeps b = 1e-10 in float64 only."""
+  fn = references.high_precision(lambda a, *, b: a * 0.0 + ((jnp.asarray(b) + 1.0) - 1.0))
+  out = fn(jnp.ones((2,), jnp.float32), b=jnp.full((2,), 1e-10, jnp.float32))
+  assert out.dtype == np.float64
+  np.testing.assert_allclose(out, np.float32(1e-10), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+  ("backend", "dtype"), [("cpu", np.float64), ("gpu", np.float64), ("tpu", np.float32)]
+)
+def test_high_precision_dtype_is_float64_except_on_tpu(monkeypatch, backend, dtype):
+  monkeypatch.setattr(references.jax, "default_backend", lambda: backend)
+  assert references.high_precision_dtype() == dtype
