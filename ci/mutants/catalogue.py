@@ -3734,10 +3734,26 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "numerics.any_f32_preset_is_ieee",
     "src/tokamax/_src/numerics.py",
-    '      if "F32_F32_F32" in str(value).upper()',
-    '      if "F32" in str(value).upper()',
+    '  if preset.startswith(("F32_F32_F32", "F64_F64_F64")) or',
+    '  if "F32" in preset or',
     (_PRECISION, "-k", "presets"),
     "Every dot-algorithm preset with an F32 part (BF16_BF16_F32 too) maps to IEEE.",
+  ),
+  Mutation(
+    "numerics.three_pass_presets_one_pass",
+    "src/tokamax/_src/numerics.py",
+    '  if preset.endswith("_X3"):',
+    '  if preset.endswith("_X3") and preset.startswith("F32"):',
+    (_PRECISION, "-k", "presets"),
+    "Three-pass dot-algorithm presets (BF16 and TF32 X3) demoted to one tf32 pass in Triton.",
+  ),
+  Mutation(
+    "numerics.wide_presets_one_pass",
+    "src/tokamax/_src/numerics.py",
+    '  if preset.startswith(("F32_F32_F32", "F64_F64_F64")) or preset.endswith(("_X6", "_X9")):',
+    '  if preset.startswith("F32_F32_F32"):',
+    (_PRECISION, "-k", "presets"),
+    "F64 and six/nine-pass bfloat16 presets demoted to one tf32 pass in Triton.",
   ),
   Mutation(
     "numerics.precision_pair_lower_half",

@@ -138,3 +138,23 @@ def test_triton_input_precision_of_dot_algorithm_presets():
     assert numerics.triton_input_precision(f32, None) == "ieee"
   with jax.default_matmul_precision("BF16_BF16_F32"):
     assert numerics.triton_input_precision(f32, None) == "tf32"
+
+
+@pytest.mark.parametrize(
+  ("preset", "want"),
+  [
+    ("F64_F64_F64", "ieee"),
+    ("BF16_BF16_F32_X9", "ieee"),
+    ("BF16_BF16_F32_X6", "ieee"),
+    ("BF16_BF16_F32_X3", "tf32x3"),
+    ("TF32_TF32_F32_X3", "tf32x3"),
+    ("TF32_TF32_F32", "tf32"),
+    ("F16_F16_F32", "tf32"),
+  ],
+)
+def test_multi_pass_and_wide_presets_keep_their_accuracy_in_triton(preset, want):
+  """Presets of several passes or wide inputs are not demoted to one tf32 pass."""
+  from tokamax._src import numerics
+
+  with jax.default_matmul_precision(preset):
+    assert numerics.triton_input_precision(f32, None) == want

@@ -42,11 +42,18 @@ def _configured_precision() -> jax.lax.Precision:
   try:
     return jax.lax.Precision(value)
   except ValueError:  # A dot-algorithm preset name, e.g. "F32_F32_F32".
-    return (
-      jax.lax.Precision.HIGHEST
-      if "F32_F32_F32" in str(value).upper()
-      else (jax.lax.Precision.DEFAULT)
-    )
+    return _preset_precision(str(value).upper())
+
+
+def _preset_precision(preset: str) -> jax.lax.Precision:
+  """The precision a dot-algorithm preset comes closest to: float32 or wider inputs, or six
+  or nine bfloat16 passes, are HIGHEST; three passes HIGH; one pass of narrower inputs
+  DEFAULT."""
+  if preset.startswith(("F32_F32_F32", "F64_F64_F64")) or preset.endswith(("_X6", "_X9")):
+    return jax.lax.Precision.HIGHEST
+  if preset.endswith("_X3"):
+    return jax.lax.Precision.HIGH
+  return jax.lax.Precision.DEFAULT
 
 
 def row_max_and_sum(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
