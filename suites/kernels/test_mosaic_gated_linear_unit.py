@@ -49,6 +49,15 @@ def test_interpret_matches_reference_with_gradients(
   _check_against_reference(shape, tuple_weights, activation, impl, capfd)
 
 
+@pytest.mark.host_only
+def test_interpret_epilogue_stores_every_column_chunk(capfd):
+  """block_n=128 stored in two epi_n=64 chunks (the output and both residual halves): each
+  chunk goes to its own columns."""
+  config = mosaic.MosaicGluConfig(block_n=128, num_stages=2, epi_n=64, grid_tile_m=2)
+  impl = mosaic.MosaicGatedLinearUnit(interpret=True, config=config)
+  _check_against_reference((64, 128), False, jax.nn.swish, impl, capfd)
+
+
 def _check_against_reference(shape, tuple_weights, activation, impl, capfd):
   rng = np.random.default_rng(len(shape) + shape[-2])
   k, n = shape[-1], 128

@@ -101,6 +101,23 @@ def test_interpret_two_cta_clusters(transpose, capfd):
 
 
 @pytest.mark.host_only
+def test_interpret_epilogue_stores_every_column_chunk(capfd):
+  """block_n=128 stored in two epi_n=64 chunks: each chunk takes its own accumulator columns."""
+  m, k, n = 72, 128, 128
+  rng = np.random.default_rng(6)
+  sizes = jnp.array([30, 0, 35], jnp.int32)  # 7 rows after the last group.
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+  rhs = jnp.asarray(rng.standard_normal((3, k, n)), jnp.bfloat16)
+  config = mosaic.MosaicRaggedDotConfig(block_n=128, num_stages=2, epi_n=64)
+  impl = mosaic.MosaicRaggedDot(interpret=True, config=config)
+  out = api.ragged_dot(lhs, rhs, sizes, preferred_element_type=jnp.float32, implementation=impl)
+  ref = references.high_precision(references.ragged_dot_general)(lhs, rhs, sizes, spec.DEFAULT)
+  assert "RACE DETECTED" not in capfd.readouterr().out
+  assert compare.relative_error(out, ref) < 1e-5
+  assert np.all(np.asarray(out)[65:] == 0)
+
+
+@pytest.mark.host_only
 def test_interpret_preferred_element_type():
   m, k, n, g = 64, 128, 64, 2
   rng = np.random.default_rng(1)

@@ -32,6 +32,9 @@ Config = mosaic_tpu.MosaicTpuLossConfig
 # 16-row tiles (a partial last one at odd B), 128-column tiles and K steps, forward and
 # backward kernels.
 SMALL = Config(block_b=16, block_v=128, block_k=128, bwd_block_b=16, bwd_block_v=128)
+# Backward tiles twice the forward's: the backward's XLA tail starts after its own one tile of
+# 256 columns (44 columns), not after the forward's two tiles of 128.
+WIDE_BACKWARD = Config(block_b=16, block_v=128, block_k=128, bwd_block_b=16, bwd_block_v=256)
 # Backward tiles wider than V=300: the backward recomputes 128-column chunks in XLA.
 XLA_BACKWARD = Config(block_b=16, block_v=128, block_k=128, bwd_block_v=384, vocab_chunk_size=128)
 
@@ -55,6 +58,7 @@ def _inputs(b, h, v, dtype, seed=0, scale=1.0):
     # No tail: V is two whole tiles.
     (9, 128, 256, "bfloat16", "mean", SMALL),
     (37, 256, 300, "float32", "sum", XLA_BACKWARD),
+    (21, 128, 300, "float32", "sum", WIDE_BACKWARD),
   ],
 )
 def test_interpret_matches_reference_with_gradients(b, h, v, dtype, reduction, config):
