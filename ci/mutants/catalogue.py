@@ -3787,6 +3787,166 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_BAD_INPUT, "-k", "norm_axis_minus_ndim_minus_one"),
     "axis == -x.ndim - 1 is accepted.",
   ),
+  Mutation(
+    "kernels.mosaic_tpu_ragged_rhs_transposed_block_index",
+    _TPU_RAGGED_KERNEL,
+    "    return (group_ref[i], j, kk) if transpose_rhs else (group_ref[i], kk, j)",
+    "    return (group_ref[i], kk, j) if transpose_rhs else (group_ref[i], kk, j)",
+    (_TPU_RAGGED + "::test_interpret_matches_reference_with_gradients",),
+    "Mosaic TPU ragged dot (rhs transposed): the rhs block index names the contraction step"
+    " as the row block and the column tile as the contraction block.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_ragged_first_item_per_segment",
+    _TPU_RAGGED_KERNEL,
+    "  first = _changed(tile, 1).astype(jnp.int32)",
+    "  first = _changed(segment, 1).astype(jnp.int32)",
+    (_TPU_RAGGED, "-k", "interpret_matches or interpret_random"),
+    "Mosaic TPU ragged dot: every segment's first item overwrites the whole tile, wiping the"
+    " rows an earlier group stored in a tile they share.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_ragged_store_mask_open_below",
+    _TPU_RAGGED_KERNEL,
+    "    mine = (rows >= start) & (rows < end)",
+    "    mine = rows < end",
+    (_TPU_RAGGED, "-k", "interpret_matches or interpret_random"),
+    "Mosaic TPU ragged dot: a later group's store in a shared tile also writes (zeros over)"
+    " the rows of the groups before it.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_ragged_drhs_acc_reset_per_tile",
+    _TPU_RAGGED_KERNEL,
+    "  first = (live & _changed(group, 1)).astype(jnp.int32)",
+    "  first = (live & _changed(tile, 1)).astype(jnp.int32)",
+    (_TPU_RAGGED, "-k", "interpret_matches and ragged_contracting"),
+    "Mosaic TPU ragged dot drhs: the accumulator is reset at each new row tile, so a group"
+    " spanning several tiles keeps only its last tile's product.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_ragged_drhs_rhs_rows_unmasked",
+    _TPU_RAGGED_KERNEL,
+    "      rows_of_group(rhs_ref[...]),",
+    "      rhs_ref[...],",
+    (_TPU_RAGGED, "-k", "interpret_matches and ragged_contracting"),
+    "Mosaic TPU ragged dot drhs: only the lhs rows outside the group are masked; the rhs"
+    " rows of a partial tile (undefined past M) are multiplied in unmasked.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_ragged_drhs_acc_in_input_dtype",
+    _TPU_RAGGED_KERNEL,
+    "    scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],",
+    "    scratch_shapes=[pltpu.VMEM((block_k, block_n), lhs.dtype)],",
+    (_TPU_RAGGED, "-k", "interpret_matches and ragged_contracting"),
+    "Mosaic TPU ragged dot drhs: the accumulator across a group's row tiles is in the input"
+    " dtype (bfloat16) instead of float32.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_loss_running_max_not_kept",
+    _TPU_LOSS_KERNEL,
+    "    top = jnp.maximum(previous, logits.max(axis=1, keepdims=True))",
+    "    top = jnp.broadcast_to(logits.max(axis=1, keepdims=True), previous.shape)",
+    (_TPU_LOSS, "-k", "large_logits"),
+    "Mosaic TPU loss: the online log-sum-exp takes each vocabulary tile's own maximum, not"
+    " the running one, so rescaling the earlier sum overflows when an earlier tile's"
+    " maximum is far above.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_loss_dw_rows_mask_off_by_one",
+    _TPU_LOSS_KERNEL,
+    "  valid = i * block_b + lax.broadcasted_iota(jnp.int32, (block_b, 1), 0) < rows",
+    "  valid = i * block_b + lax.broadcasted_iota(jnp.int32, (block_b, 1), 0) <= rows",
+    (_TPU_LOSS, "-k", "interpret_matches"),
+    "Mosaic TPU loss backward (dweights): the first undefined row past B of a partial row"
+    " tile is multiplied in.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_loss_dw_label_columns_by_row_tile",
+    _TPU_LOSS_KERNEL,
+    "  dl = _dlogits(x, w_ref[...], lse_ref, label_ref, g_ref, j * block_v, precision)",
+    "  dl = _dlogits(x, w_ref[...], lse_ref, label_ref, g_ref, i * block_v, precision)",
+    (_TPU_LOSS, "-k", "interpret_matches"),
+    "Mosaic TPU loss backward (dweights): the tile's columns are numbered by the row tile"
+    " (the grid's other axis), so the label's -1 lands in the wrong columns.",
+  ),
+  Mutation(
+    "loss.mosaic_tpu_bwd_tail_at_forward_tiles",
+    _LOSS + "mosaic_tpu.py",
+    "  start = n_tiles * config.bwd_block_v",
+    "  start = n_tiles * config.block_v",
+    (_TPU_LOSS, "-k", "interpret_matches and 21-128-300"),
+    "Mosaic TPU loss backward: the XLA tail starts after the forward's vocabulary tiles, not"
+    " the backward kernels' (wrong where block_v != bwd_block_v).",
+  ),
+  Mutation(
+    "kernels.mosaic_ragged_zero_segment_multiplied",
+    _RAGGED + "mosaic_fwd.py",
+    "        steps = jnp.where(g >= 0, k_steps, 0)",
+    "        steps = k_steps",
+    (_MOSAIC_RAGGED, "-k", "interpret_preferred_element_type or interpret_matches"),
+    "Mosaic ragged dot: rows outside every group get lhs @ rhs[0] instead of zeros.",
+  ),
+  Mutation(
+    "kernels.mosaic_ragged_store_size_from_block_start",
+    _RAGGED + "mosaic_fwd.py",
+    "        size = jnp.clip(hi - row0, 0, WG_ROWS) - first",
+    "        size = jnp.clip(hi - row0, 0, WG_ROWS)",
+    (_MOSAIC_RAGGED, "-k", "interpret_preferred_element_type or interpret_matches"),
+    "Mosaic ragged dot: a warpgroup whose segment starts inside its rows stores `first` rows"
+    " too many, over the next segment's rows.",
+  ),
+  Mutation(
+    "kernels.mosaic_ragged_drhs_both_warpgroups_one_row_range",
+    _RAGGED + "mosaic_drhs.py",
+    "          rows = pl.ds(ki * bk + wg * WG_ROWS, WG_ROWS)",
+    "          rows = pl.ds(ki * bk, WG_ROWS)",
+    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[64]",),
+    "Mosaic ragged dot drhs: both compute warpgroups store to the K tile's first 64 rows (a"
+    " write race; the second half is never written).",
+  ),
+  Mutation(
+    "kernels.mosaic_ragged_drhs_steps_from_group_start",
+    _RAGGED + "mosaic_drhs.py",
+    "lax.div(end - row0 + bm - 1, bm)",
+    "lax.div(end - start + bm - 1, bm)",
+    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[64]",),
+    "Mosaic ragged dot drhs: a group's chunk count ignores the rows its aligned first chunk"
+    " starts before the group, so an unaligned group's last rows are dropped.",
+  ),
+  Mutation(
+    "kernels.mosaic_gemm_epilogue_first_chunk_only",
+    "src/tokamax/_src/ops/mosaic_gemm.py",
+    "        o_wg[...] = out[:, c * epi_n : (c + 1) * epi_n]",
+    "        o_wg[...] = out[:, :epi_n]",
+    (_MOSAIC_RAGGED + "::test_interpret_epilogue_stores_every_column_chunk",),
+    "Mosaic GEMM epilogue: every column chunk of the accumulator stores the first chunk's values.",
+  ),
+  Mutation(
+    "kernels.mosaic_glu_store_chunk_column",
+    "src/tokamax/_src/ops/gated_linear_unit/mosaic_kernel.py",
+    "                cols = pl.ds(col + ni * bn + c * epi_n, epi_n)",
+    "                cols = pl.ds(col + ni * bn, epi_n)",
+    (_MOSAIC_GLU + "::test_interpret_epilogue_stores_every_column_chunk",),
+    "Mosaic GLU: every epilogue column chunk of a tile is stored at the tile's first columns.",
+  ),
+  Mutation(
+    "kernels.mosaic_glu_residual_slot_reused_early",
+    "src/tokamax/_src/ops/gated_linear_unit/mosaic_kernel.py",
+    "plgpu.wait_smem_to_gmem(0 if u == 0 else slots - 1, wait_read_only=True)",
+    "plgpu.wait_smem_to_gmem(0 if u == 0 else slots, wait_read_only=True)",
+    (_MOSAIC_GLU, "-k", "interpret"),
+    "Mosaic GLU (residuals): a store slot is overwritten while its previous TMA store may"
+    " still read it (a shared-memory race).",
+  ),
+  Mutation(
+    "kernels.mosaic_glu_residual_halves_swapped",
+    "src/tokamax/_src/ops/gated_linear_unit/mosaic_kernel.py",
+    "    return [(act * up, out_ref, 0), (dgate_factor, res_ref, 0), (act, res_ref, n)]",
+    "    return [(act * up, out_ref, 0), (dgate_factor, res_ref, n), (act, res_ref, 0)]",
+    (_MOSAIC_GLU, "-k", "interpret"),
+    "Mosaic GLU (residuals): the gate cotangent's factor and the activation are stored in"
+    " each other's halves, so the projections' cotangents are swapped.",
+  ),
 )
 
 
