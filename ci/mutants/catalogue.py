@@ -725,8 +725,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "loss.cotangent_tile_width_doubled",
     _LOSS + "mosaic_kernel.py",
-    "tile_scale = load_vector(s_gmem.at[lax.div(c0, block_n), rows])",
-    "tile_scale = load_vector(s_gmem.at[lax.div(c0, 2 * block_n), rows])",
+    "tile_scale = _load_rows(s_gmem.at[lax.div(c0, block_n), rows])",
+    "tile_scale = _load_rows(s_gmem.at[lax.div(c0, 2 * block_n), rows])",
     _IN_FORWARD_TESTS,
     "Loss cotangent kernel: a block takes the factor of the wrong vocabulary tile.",
   ),

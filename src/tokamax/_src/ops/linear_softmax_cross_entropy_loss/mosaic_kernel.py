@@ -74,6 +74,11 @@ def epilogue_bytes(in_itemsize: int, probabilities: bool) -> int:
   return _stats(probabilities) * WG_ROWS * 4 + probs
 
 
+def _load_rows(ref) -> jax.Array:
+  """A [WG_ROWS] vector from `ref`, laid out as the rows of a warpgroup's WGMMA tile."""
+  return plgpu.load(ref, layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
+
+
 def _stats(probabilities: bool) -> int:
   """float32 per row and tile: the log-sum-exp, the label logit (and the maximum)."""
   return 3 if probabilities else 2
@@ -209,9 +214,7 @@ def tile_stats(
     lse = top + jnp.log(exps.sum(axis=1))
 
     def picked():
-      row_labels = plgpu.load(
-        labels_ref.at[pl.ds(row0, WG_ROWS)], layout=row_layout, optimized=False
-      )
+      row_labels = _load_rows(labels_ref.at[pl.ds(row0, WG_ROWS)])
       cols = plgpu.broadcasted_iota(jnp.int32, logits.shape, 1, layout=plgpu.Layout.WGMMA)
       return jnp.where(cols == rows(row_labels - ni * bn), logits, 0.0).sum(axis=1)
 
@@ -308,14 +311,14 @@ def cotangent_in_place(
   groups = max(d for d in range(1, min(want, col_blocks) + 1) if col_blocks % d == 0)
   steps = col_blocks // groups
   stages = min(_COTANGENT_STAGES, steps)
-  row_layout = plgpu.Layout.WGMMA.reduce(1)
+  shape = (_COTANGENT_ROWS, cols)
+  per_row = lambda u: lax.broadcast_in_dim(u, shape, [0])
 
   def kernel(p_gmem, s_gmem, l_gmem, w_gmem):
     band, group = lax.axis_index("band"), lax.axis_index("group")
     rows = pl.ds(band * _COTANGENT_ROWS, _COTANGENT_ROWS)
     col0 = lambda step: (group * steps + step) * cols
     block = lambda step: p_gmem.at[rows, pl.ds(col0(step), cols)]
-    load_vector = lambda ref: plgpu.load(ref, layout=row_layout, optimized=False)
 
     def body(smem, barriers):
       fetch = lambda step, slot: plgpu.copy_gmem_to_smem(
@@ -323,7 +326,7 @@ def cotangent_in_place(
       )
       for step in range(stages - 1):
         fetch(step, step)
-      row_labels, hit = load_vector(l_gmem.at[rows]), load_vector(w_gmem.at[rows])
+      row_labels, hit = _load_rows(l_gmem.at[rows]), _load_rows(w_gmem.at[rows])
 
       @pl.loop(0, steps)
       def _step(step):
@@ -335,11 +338,9 @@ def cotangent_in_place(
           fetch(ahead, lax.rem(ahead, stages))
 
         c0 = col0(step)
-        tile_scale = load_vector(s_gmem.at[lax.div(c0, block_n), rows])
+        tile_scale = _load_rows(s_gmem.at[lax.div(c0, block_n), rows])
         plgpu.barrier_wait(barriers.at[slot])
         p = plgpu.load(smem.at[slot], layout=plgpu.Layout.WGMMA, optimized=False)
-        shape = (_COTANGENT_ROWS, cols)
-        per_row = lambda u: lax.broadcast_in_dim(u, shape, [0])
         columns = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
         at_label = columns == per_row(row_labels - c0)
         out = p.astype(jnp.float32) * per_row(tile_scale) - jnp.where(at_label, per_row(hit), 0.0)
