@@ -324,3 +324,56 @@ def test_interpret_drhs_chunks_at_group_starts(chunk_align, capfd):
   assert out.shape == (sizes.shape[0], k, n)
   assert np.all(np.asarray(out)[[2, 7]] == 0)  # Empty groups.
   assert compare.relative_error(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.host_only
+def test_interpret_drhs_accumulates_in_place(out_dtype, capfd):
+  """`accumulate`: the products added to a random running sum, an empty group keeping its own."""
+  m, k, n = 200, 128, 256  # Two column tiles.
+  rng = np.random.default_rng(5)
+  sizes = jnp.array([70, 0, 130], jnp.int32)  # Group 2 starts off a multiple of 8.
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+  rhs = jnp.asarray(rng.standard_normal((m, n)), jnp.bfloat16)
+  addend = jnp.asarray(4 * rng.standard_normal((3, k, n)), out_dtype)
+  config = mosaic_drhs.MosaicRaggedDotDrhsConfig(block_n=128, block_m=64, num_stages=2, epi_n=64)
+  assert mosaic_drhs.config_reason(config, m, k, n, 2, addend.itemsize, accumulate=True) is None
+  out = mosaic_drhs.ragged_contracting_dot(
+    lhs,
+    rhs,
+    sizes,
+    None,
+    out_dtype=out_dtype,
+    config=config,
+    num_sms=2,
+    accumulate=addend,
+    interpret=plgpu.InterpretGPUParams(detect_races=True),
+  )
+  product = references.high_precision(references.ragged_dot_general)(
+    lhs, rhs, sizes, spec.RAGGED_CONTRACTING
+  )
+  ref = np.asarray(addend, np.float64) + np.asarray(product, np.float64)
+  assert not interpret_pallas_call.get_races().races_found
+  assert "RACE DETECTED" not in capfd.readouterr().out
+  assert out.dtype == out_dtype and out.shape == (3, k, n)
+  assert np.array_equal(np.asarray(out[1]), np.asarray(addend[1]))  # The empty group.
+  # One rounding of the float32 sum to the output's dtype.
+  tol = 1e-5 if out_dtype == jnp.float32 else 2**-8
+  assert compare.relative_error(out, ref) < tol
+  assert compare.relative_error(out, np.asarray(product)) > 0.1  # The addend counts.
+
+
+def test_drhs_accumulate_checks_its_shape_and_dtype():
+  config = mosaic_drhs.MosaicRaggedDotDrhsConfig(block_n=128, block_m=64, num_stages=2, epi_n=64)
+  lhs, rhs = jnp.ones((64, 128), jnp.bfloat16), jnp.ones((64, 128), jnp.bfloat16)
+  with pytest.raises(ValueError, match=r"accumulate must be float32 \(1, 128, 128\)"):
+    mosaic_drhs.ragged_contracting_dot(
+      lhs,
+      rhs,
+      jnp.array([64], jnp.int32),
+      None,
+      out_dtype=jnp.float32,
+      config=config,
+      num_sms=2,
+      accumulate=jnp.ones((1, 128, 128), jnp.bfloat16),
+    )
