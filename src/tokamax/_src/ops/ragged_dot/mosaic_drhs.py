@@ -2,7 +2,7 @@
 
 `out[g] = lhs[rows of g].T @ rhs[rows of g]`, lhs [M,K], rhs [M,N], out [G,K,N].
 
-Persistent over work items (group, K tile, N tile). Each item pipelines over
+Persistent over work items (group, N tile, K tile). Each item pipelines over
 row chunks of `block_m` rows that start at its group's first row rounded down
 to `chunk_align` rows (8 by default, the TMA row tiling): a group of s rows
 starting at row r needs ceil((s + r mod chunk_align) / block_m) chunks, zero
@@ -194,8 +194,10 @@ def ragged_contracting_dot(
         (idx,) = info.index
         gi = lax.div(idx, k_tiles * n_tiles)
         rest = lax.rem(idx, k_tiles * n_tiles)
-        ki = lax.div(rest, n_tiles)
-        ni = lax.rem(rest, n_tiles)
+        # K tiles vary fastest: the CTAs at work share few rhs column tiles, which then stay in
+        # L2 (the loss's dweights read a [rows, V] rhs far larger than L2 for each K tile).
+        ni = lax.div(rest, k_tiles)
+        ki = lax.rem(rest, k_tiles)
         start = bounds_ref[gi, 0]
         end = bounds_ref[gi, 1]
         row0 = lax.div(start, align) * align
