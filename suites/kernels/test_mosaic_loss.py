@@ -230,7 +230,7 @@ def test_gradient_in_forward_matches_the_reference_in_every_column(v, capfd):
   """Peaked logits (scale 3), so that every column's softmax term is well above the bound:
   three row chunks (the last partial), tiles (and a 64-column tail at V=448), each compared.
   At V=512 the chunks' dweights shares add up in the drhs kernel."""
-  b, h = 300, 128
+  b, h = 300, 256
   assert (mosaic.dweights_kernel_reason(h, v, jnp.bfloat16) is None) == (v == 512)
   x, labels, w = _inputs(b, h, v, seed=5, scale=3.0)
   config = mosaic.MosaicLossConfig(
@@ -273,7 +273,7 @@ def test_gradient_in_forward_serves_summed_unsharded_whole_64_column_vocabularie
 def test_gradient_in_forward_leaves_the_primal_one_kernel_pass():
   """Without differentiation the forward is the statistics kernel alone (V is whole tiles:
   no matmul in XLA); the forward rule under differentiation also forms the gradients."""
-  x, labels, w = _inputs(512, 128, 512)
+  x, labels, w = _inputs(512, 256, 512)
   config = mosaic.MosaicLossConfig(block_n=128, num_stages=2, gradient_in_forward=True)
   op = mosaic.MosaicLoss(config=config)
   record = spec.canonicalize(x, labels, w)

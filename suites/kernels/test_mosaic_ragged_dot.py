@@ -326,17 +326,22 @@ def test_interpret_drhs_chunks_at_group_starts(chunk_align, capfd):
   assert compare.relative_error(out, ref) < 1e-5
 
 
-@pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize(
+  "out_dtype, cluster", [(jnp.float32, 1), (jnp.bfloat16, 1), (jnp.bfloat16, 2)]
+)
 @pytest.mark.host_only
-def test_interpret_drhs_accumulates_in_place(out_dtype, capfd):
-  """`accumulate`: the products added to a random running sum, an empty group keeping its own."""
-  m, k, n = 200, 128, 256  # Two column tiles.
+def test_interpret_drhs_accumulates_in_place(out_dtype, cluster, capfd):
+  """`accumulate`: the products added to a random running sum, an empty group keeping its own;
+  with two-CTA clusters, which take adjacent K tiles and share the rhs tiles."""
+  m, k, n = 200, 256, 256  # Two K tiles, two column tiles.
   rng = np.random.default_rng(5)
   sizes = jnp.array([70, 0, 130], jnp.int32)  # Group 2 starts off a multiple of 8.
   lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
   rhs = jnp.asarray(rng.standard_normal((m, n)), jnp.bfloat16)
   addend = jnp.asarray(4 * rng.standard_normal((3, k, n)), out_dtype)
-  config = mosaic_drhs.MosaicRaggedDotDrhsConfig(block_n=128, block_m=64, num_stages=2, epi_n=64)
+  config = mosaic_drhs.MosaicRaggedDotDrhsConfig(
+    block_n=128, block_m=64, num_stages=2, epi_n=64, cluster=cluster
+  )
   assert mosaic_drhs.config_reason(config, m, k, n, 2, addend.itemsize, accumulate=True) is None
   out = mosaic_drhs.ragged_contracting_dot(
     lhs,
@@ -345,7 +350,7 @@ def test_interpret_drhs_accumulates_in_place(out_dtype, capfd):
     None,
     out_dtype=out_dtype,
     config=config,
-    num_sms=2,
+    num_sms=2 * cluster,
     accumulate=addend,
     interpret=plgpu.InterpretGPUParams(detect_races=True),
   )

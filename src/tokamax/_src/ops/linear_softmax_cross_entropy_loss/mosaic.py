@@ -33,7 +33,9 @@ from tokamax._src.ops.ragged_dot import mosaic_drhs
 _DTYPES = ("bfloat16", "float16")
 # `gradient_in_forward` adds each row chunk's share of dweights to their running sum with
 # the drhs GEMM, which loads the sum's tiles while it multiplies (one group of all rows).
-_DWEIGHTS = mosaic_drhs.MosaicRaggedDotDrhsConfig(block_n=256, block_m=64, num_stages=3, epi_n=128)
+_DWEIGHTS = mosaic_drhs.MosaicRaggedDotDrhsConfig(
+  block_n=256, block_m=64, num_stages=3, epi_n=128, cluster=2
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -52,6 +52,8 @@ class MosaicRaggedDotDrhsConfig:
     chunk_align: A group's first row chunk starts at its first row rounded
       down to a multiple of this (a multiple of ROW_ALIGN dividing block_m);
       None: CHUNK_ALIGN.
+    cluster: CTAs per cluster (1 or 2): the CTAs of a cluster take adjacent K
+      tiles of one N tile and share its rhs tiles (TMA multicast).
   """
 
   block_n: int = 256
@@ -59,6 +61,7 @@ class MosaicRaggedDotDrhsConfig:
   num_stages: int = 4
   epi_n: int = 128
   chunk_align: int | None = None
+  cluster: int = 1
 
   @property
   def block_k(self) -> int:
@@ -90,8 +93,10 @@ def config_reason(
   del m
   if (reason := gemm.columns_reason(config, n)) is not None:
     return reason
-  if k % config.block_k:
-    return f"K={k} must be a multiple of {config.block_k}"
+  if (reason := gemm.cluster_reason(config)) is not None:
+    return reason
+  if k % (config.block_k * config.cluster):
+    return f"K={k} must be a multiple of {config.block_k * config.cluster} (block_k x cluster)"
   if (reason := gemm.tile_reason(config, "block_m", in_itemsize)) is not None:
     return reason
   align = chunk_align(config)
@@ -144,7 +149,9 @@ def ragged_contracting_dot(
   g = sizes.shape[0]
   bk, bn, bm = config.block_k, config.block_n, config.block_m
   epi_n = config.epi_n
+  cluster = config.cluster
   k_tiles, n_tiles = k // bk, n // bn
+  k_items = k_tiles // cluster  # Items along K per N tile, each of `cluster` K tiles.
   align = chunk_align(config)
   bounds = group_bounds(sizes, before, m)
   tf = gemm.transforms(lhs.dtype)
@@ -165,7 +172,11 @@ def ragged_contracting_dot(
         (pl.Element(bm), bk), lambda s: (rows(s), ki), transforms=tf, delay_release=0
       ),
       plgpu.BlockSpec(
-        (pl.Element(bm), bn), lambda s: (rows(s), ni), transforms=tf, delay_release=0
+        (pl.Element(bm), bn),
+        lambda s: (rows(s), ni),
+        transforms=tf,
+        delay_release=0,
+        collective_axes=("cluster",) if cluster > 1 else None,
       ),
     ]
     return gemm.pipeline(body, compute_context, steps, in_specs, config.num_stages)
@@ -189,15 +200,17 @@ def ragged_contracting_dot(
     def scope(allocs, o_smem, loaded=None):
       wg = lax.axis_index("wg")
 
-      @plgpu.nd_loop((g * k_tiles * n_tiles,), collective_axes="sm")
+      @plgpu.nd_loop((g * k_items * n_tiles,), collective_axes="sm")
       def _item_loop(info):
         (idx,) = info.index
-        gi = lax.div(idx, k_tiles * n_tiles)
-        rest = lax.rem(idx, k_tiles * n_tiles)
+        gi = lax.div(idx, k_items * n_tiles)
+        rest = lax.rem(idx, k_items * n_tiles)
         # K tiles vary fastest: the CTAs at work share few rhs column tiles, which then stay in
         # L2 (the loss's dweights read a [rows, V] rhs far larger than L2 for each K tile).
-        ni = lax.div(rest, k_tiles)
-        ki = lax.rem(rest, k_tiles)
+        ni = lax.div(rest, k_items)
+        ki = lax.rem(rest, k_items) * cluster
+        if cluster > 1:
+          ki += lax.axis_index("cluster")
         start = bounds_ref[gi, 0]
         end = bounds_ref[gi, 1]
         row0 = lax.div(start, align) * align
@@ -244,10 +257,10 @@ def ragged_contracting_dot(
       plgpu.wait_smem_to_gmem(0)
 
   out_shape = jax.ShapeDtypeStruct((g, k, n), out_dtype)
+  launch = functools.partial(gemm.kernel, num_sms=num_sms, cluster=cluster, interpret=interpret)
   if accumulate is None:
-    call = gemm.kernel(kernel, out_shape, num_sms=num_sms, interpret=interpret)
-    return call(bounds, lhs, rhs)
-  call = gemm.kernel(kernel, (), num_sms=num_sms, interpret=interpret)
+    return launch(kernel, out_shape)(bounds, lhs, rhs)
+  call = launch(kernel, ())
   buffer = jax.new_ref(accumulate)  # The kernel adds through it: XLA aliases the buffer.
   call(bounds, lhs, rhs, buffer)
   return jax.freeze(buffer)
