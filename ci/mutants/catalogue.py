@@ -782,19 +782,10 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "loss.in_forward_shares_not_accumulated",
     _LOSS + "mosaic.py",
-    "      dw = dw + matmul(xc.T, dlogits, w.dtype)  # One cuBLAS GEMM that adds in place.",
-    "      dw = matmul(xc.T, dlogits, w.dtype)",
+    "    return dx_rows, share if dw is None else dw + share, chunk_lse, chunk_picked",
+    "    return dx_rows, share, chunk_lse, chunk_picked",
     _IN_FORWARD_TESTS,
-    "Loss gradient_in_forward (cuBLAS dweights, V=448): dweights is the last row chunk's share"
-    " alone.",
-  ),
-  Mutation(
-    "loss.in_forward_drhs_shares_not_accumulated",
-    _LOSS + "mosaic.py",
-    "        accumulate=dw[None],",
-    "        accumulate=jnp.zeros_like(dw)[None],",
-    _IN_FORWARD_TESTS,
-    "Loss gradient_in_forward (drhs dweights, V=512): each chunk's share replaces the running sum.",
+    "Loss gradient_in_forward: dweights is the last row chunk's share alone.",
   ),
   Mutation(
     "loss.in_forward_mean_as_sum",
@@ -1144,8 +1135,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_ragged_drhs_last_chunk_unmasked",
     _RAGGED + "mosaic_drhs.py",
-    "          @pl.when((first_row < start) | (first_row + bm > end))",
-    "          @pl.when(first_row < start)",
+    "          @pl.when((s == 0) | (s == steps - 1))",
+    "          @pl.when(s == 0)",
     (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[64]",),
     "Mosaic ragged dot drhs: a group's last row chunk is not masked (the next group's rows"
     " add to its gradient).",
@@ -3907,27 +3898,11 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_ragged_drhs_both_warpgroups_one_row_range",
     _RAGGED + "mosaic_drhs.py",
-    "        out_rows = pl.ds(ki * bk + wg * WG_ROWS, WG_ROWS)",
-    "        out_rows = pl.ds(ki * bk, WG_ROWS)",
+    "          rows = pl.ds(ki * bk + wg * WG_ROWS, WG_ROWS)",
+    "          rows = pl.ds(ki * bk, WG_ROWS)",
     (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[64]",),
     "Mosaic ragged dot drhs: both compute warpgroups store to the K tile's first 64 rows (a"
     " write race; the second half is never written).",
-  ),
-  Mutation(
-    "kernels.mosaic_ragged_drhs_accumulate_drops_addend",
-    _RAGGED + "mosaic_drhs.py",
-    "        total = product[:, c * epi_n : (c + 1) * epi_n] + chunk[...].astype(jnp.float32)",
-    "        total = product[:, c * epi_n : (c + 1) * epi_n]",
-    (_MOSAIC_RAGGED, "-k", "accumulates_in_place"),
-    "Mosaic drhs with `accumulate`: the product overwrites the running sum.",
-  ),
-  Mutation(
-    "kernels.mosaic_ragged_drhs_accumulate_addend_columns",
-    _RAGGED + "mosaic_drhs.py",
-    "          plgpu.copy_gmem_to_smem(out_tile(0, bn), o_wg, loaded.at[wg])",
-    "          plgpu.copy_gmem_to_smem(out_ref.at[gi, out_rows, pl.ds(0, bn)], o_wg, loaded.at[wg])",
-    (_MOSAIC_RAGGED, "-k", "accumulates_in_place"),
-    "Mosaic drhs with `accumulate`: every column tile adds the first tile's running sum.",
   ),
   Mutation(
     "kernels.mosaic_ragged_drhs_steps_from_group_start",

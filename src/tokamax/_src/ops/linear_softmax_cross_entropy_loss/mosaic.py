@@ -28,14 +28,8 @@ from jax import lax
 from tokamax._src.ops import kernel_ops, partitioning
 from tokamax._src.ops import mosaic_gemm as gemm
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import chunked_xla, mosaic_kernel, spec
-from tokamax._src.ops.ragged_dot import mosaic_drhs
 
 _DTYPES = ("bfloat16", "float16")
-# `gradient_in_forward` adds each row chunk's share of dweights to their running sum with
-# the drhs GEMM, which loads the sum's tiles while it multiplies (one group of all rows).
-_DWEIGHTS = mosaic_drhs.MosaicRaggedDotDrhsConfig(
-  block_n=256, block_m=64, num_stages=3, epi_n=128, cluster=2
-)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -131,12 +125,6 @@ def in_forward_reason(args: spec.LossArgs) -> str | None:
   return None
 
 
-def dweights_kernel_reason(h: int, v: int, dtype) -> str | None:
-  """Why the drhs GEMM cannot add a chunk's share of [H=`h`, V=`v`] dweights, or None."""
-  size = jnp.dtype(dtype).itemsize
-  return mosaic_drhs.config_reason(_DWEIGHTS, 0, h, v, size, size, accumulate=True)
-
-
 def gradient_in_forward(
   args: spec.LossArgs, config: MosaicLossConfig, interpret=None
 ) -> tuple[jax.Array, UnitGradients]:
@@ -171,7 +159,6 @@ def gradient_in_forward(
   main = n_tiles * bn
   num_sms = gemm.num_sms(interpret is not None)
   matmul = lambda a, c, out: jnp.matmul(a, c, precision=args.precision, preferred_element_type=out)
-  by_kernel = dweights_kernel_reason(*w.shape, w.dtype) is None
 
   def chunk_pass(i, dw):
     """Chunk i's dx rows, dweights with its share (`dw` is None: only its share), lse and
@@ -204,23 +191,8 @@ def gradient_in_forward(
       probs, scale, lc, rw, block_n=bn, num_sms=num_sms, interpret=interpret
     )
     dx_rows = matmul(dlogits, w.T, x.dtype)  # No float32 [rows, H] in memory.
-    if dw is None:
-      dw = matmul(xc.T, dlogits, w.dtype)
-    elif by_kernel:
-      dw = mosaic_drhs.ragged_contracting_dot(
-        xc,
-        dlogits,
-        jnp.array([rows], jnp.int32),
-        None,
-        out_dtype=w.dtype,
-        config=_DWEIGHTS,
-        num_sms=num_sms,
-        accumulate=dw[None],
-        interpret=interpret,
-      )[0]
-    else:
-      dw = dw + matmul(xc.T, dlogits, w.dtype)  # One cuBLAS GEMM that adds in place.
-    return dx_rows, dw, chunk_lse, chunk_picked
+    share = matmul(xc.T, dlogits, w.dtype)  # With `dw`, one GEMM that adds in place.
+    return dx_rows, share if dw is None else dw + share, chunk_lse, chunk_picked
 
   def step(i, carry):
     dx, dw, lse, picked = carry

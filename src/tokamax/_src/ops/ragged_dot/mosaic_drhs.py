@@ -2,7 +2,7 @@
 
 `out[g] = lhs[rows of g].T @ rhs[rows of g]`, lhs [M,K], rhs [M,N], out [G,K,N].
 
-Persistent over work items (group, N tile, K tile). Each item pipelines over
+Persistent over work items (group, K tile, N tile). Each item pipelines over
 row chunks of `block_m` rows that start at its group's first row rounded down
 to `chunk_align` rows (8 by default, the TMA row tiling): a group of s rows
 starting at row r needs ceil((s + r mod chunk_align) / block_m) chunks, zero
@@ -13,11 +13,6 @@ the last row, which TMA reads as zeros: the compute warpgroups zero the rows
 outside the group of the lhs tile in shared memory before their wgmma. Two
 compute warpgroups each own 64 rows of the K tile; a third warpgroup issues the
 TMA loads.
-
-With `accumulate`, the kernel adds the product to an existing [G, K, N] array in
-place: each compute warpgroup loads its rows of the item's output tile by TMA
-while its first wgmma runs, and adds them in the epilogue, so that reading the
-running sum costs no time of its own.
 """
 
 import dataclasses
@@ -52,8 +47,6 @@ class MosaicRaggedDotDrhsConfig:
     chunk_align: A group's first row chunk starts at its first row rounded
       down to a multiple of this (a multiple of ROW_ALIGN dividing block_m);
       None: CHUNK_ALIGN.
-    cluster: CTAs per cluster (1 or 2): the CTAs of a cluster take adjacent K
-      tiles of one N tile and share its rhs tiles (TMA multicast).
   """
 
   block_n: int = 256
@@ -61,48 +54,32 @@ class MosaicRaggedDotDrhsConfig:
   num_stages: int = 4
   epi_n: int = 128
   chunk_align: int | None = None
-  cluster: int = 1
 
   @property
   def block_k(self) -> int:
     return WG_ROWS * NUM_COMPUTE_WGS
 
 
-def smem_bytes(
-  config: MosaicRaggedDotDrhsConfig, in_itemsize: int, out_itemsize: int, accumulate: bool = False
-) -> int:
+def smem_bytes(config: MosaicRaggedDotDrhsConfig, in_itemsize: int, out_itemsize: int) -> int:
   stage = (config.block_k + config.block_n) * config.block_m * in_itemsize
-  # With `accumulate`, a warpgroup's whole output tile (its addend, then its sum).
-  epilogue = NUM_COMPUTE_WGS * WG_ROWS * _epilogue_columns(config, accumulate) * out_itemsize
+  epilogue = NUM_COMPUTE_WGS * WG_ROWS * config.epi_n * out_itemsize
   return config.num_stages * stage + epilogue
 
 
-def _epilogue_columns(config: MosaicRaggedDotDrhsConfig, accumulate: bool) -> int:
-  return config.block_n if accumulate else config.epi_n
-
-
 def config_reason(
-  config: MosaicRaggedDotDrhsConfig,
-  m: int,
-  k: int,
-  n: int,
-  in_itemsize: int,
-  out_itemsize: int,
-  accumulate: bool = False,
+  config: MosaicRaggedDotDrhsConfig, m: int, k: int, n: int, in_itemsize: int, out_itemsize: int
 ):
   del m
   if (reason := gemm.columns_reason(config, n)) is not None:
     return reason
-  if (reason := gemm.cluster_reason(config)) is not None:
-    return reason
-  if k % (config.block_k * config.cluster):
-    return f"K={k} must be a multiple of {config.block_k * config.cluster} (block_k x cluster)"
+  if k % config.block_k:
+    return f"K={k} must be a multiple of {config.block_k}"
   if (reason := gemm.tile_reason(config, "block_m", in_itemsize)) is not None:
     return reason
   align = chunk_align(config)
   if align % ROW_ALIGN or config.block_m % align:
     return f"chunk_align={align} must be a multiple of {ROW_ALIGN} dividing {config.block_m}"
-  return gemm.smem_reason(config, smem_bytes(config, in_itemsize, out_itemsize, accumulate))
+  return gemm.smem_reason(config, smem_bytes(config, in_itemsize, out_itemsize))
 
 
 def chunk_align(config: MosaicRaggedDotDrhsConfig) -> int:
@@ -124,10 +101,9 @@ def ragged_contracting_dot(
   out_dtype,
   config: MosaicRaggedDotDrhsConfig,
   num_sms: int,
-  accumulate: jax.Array | None = None,
   interpret=None,
 ) -> jax.Array:
-  """Per group g, `lhs[rows g].T @ rhs[rows g]` (plus `accumulate[g]`).
+  """Per group g, `lhs[rows g].T @ rhs[rows g]`.
 
   Args:
     lhs: [M, K].
@@ -137,8 +113,6 @@ def ragged_contracting_dot(
     out_dtype: Output dtype.
     config: Tiling.
     num_sms: Persistent CTAs.
-    accumulate: [G, K, N] in `out_dtype` to add the products to, in its own buffer
-      (one rounding of the float32 sum), or None.
     interpret: Pallas interpret parameters, or None.
 
   Returns:
@@ -149,20 +123,12 @@ def ragged_contracting_dot(
   g = sizes.shape[0]
   bk, bn, bm = config.block_k, config.block_n, config.block_m
   epi_n = config.epi_n
-  cluster = config.cluster
   k_tiles, n_tiles = k // bk, n // bn
-  k_items = k_tiles // cluster  # Items along K per N tile, each of `cluster` K tiles.
   align = chunk_align(config)
   bounds = group_bounds(sizes, before, m)
   tf = gemm.transforms(lhs.dtype)
   out_tf = gemm.transforms(out_dtype) if epi_n * jnp.dtype(out_dtype).itemsize >= 128 else ()
   out_dtype = jnp.dtype(out_dtype)
-  if accumulate is not None and (accumulate.shape, accumulate.dtype) != ((g, k, n), out_dtype):
-    raise ValueError(
-      f"accumulate must be {out_dtype.name} {(g, k, n)}, got "
-      f"{accumulate.dtype.name} {accumulate.shape}"
-    )
-  epi_cols = _epilogue_columns(config, accumulate is not None)
 
   def make_pipeline(body, compute_context, steps, row0, ki, ni):
     # Row chunks at element offsets row0 + s * bm (row0 a multiple of align).
@@ -172,120 +138,72 @@ def ragged_contracting_dot(
         (pl.Element(bm), bk), lambda s: (rows(s), ki), transforms=tf, delay_release=0
       ),
       plgpu.BlockSpec(
-        (pl.Element(bm), bn),
-        lambda s: (rows(s), ni),
-        transforms=tf,
-        delay_release=0,
-        collective_axes=("cluster",) if cluster > 1 else None,
+        (pl.Element(bm), bn), lambda s: (rows(s), ni), transforms=tf, delay_release=0
       ),
     ]
     return gemm.pipeline(body, compute_context, steps, in_specs, config.num_stages)
 
   def kernel(bounds_ref, lhs_ref, rhs_ref, out_ref):
     nothing = lambda *_, **__: None
-    scratch = dict(
-      o_smem=plgpu.SMEM((NUM_COMPUTE_WGS, WG_ROWS, epi_cols), out_dtype, transforms=out_tf)
-    )
-    if accumulate is not None:
-      scratch["loaded"] = plgpu.Barrier(num_arrivals=1, num_barriers=NUM_COMPUTE_WGS)
 
     @functools.partial(
       pl.run_scoped,
       allocs=make_pipeline(nothing, nothing, jnp.int32(1), jnp.int32(0), 0, 0).get_allocations(
         lhs_ref, rhs_ref
       ),
-      **scratch,
+      o_smem=plgpu.SMEM((NUM_COMPUTE_WGS, WG_ROWS, epi_n), out_dtype, transforms=out_tf),
       collective_axes="wg",
     )
-    def scope(allocs, o_smem, loaded=None):
+    def scope(allocs, o_smem):
       wg = lax.axis_index("wg")
 
-      @plgpu.nd_loop((g * k_items * n_tiles,), collective_axes="sm")
+      @plgpu.nd_loop((g * k_tiles * n_tiles,), collective_axes="sm")
       def _item_loop(info):
         (idx,) = info.index
-        gi = lax.div(idx, k_items * n_tiles)
-        rest = lax.rem(idx, k_items * n_tiles)
-        # K tiles vary fastest: the CTAs at work share few rhs column tiles, which then stay in
-        # L2 (the loss's dweights read a [rows, V] rhs far larger than L2 for each K tile).
-        ni = lax.div(rest, k_items)
-        ki = lax.rem(rest, k_items) * cluster
-        if cluster > 1:
-          ki += lax.axis_index("cluster")
+        gi = lax.div(idx, k_tiles * n_tiles)
+        rest = lax.rem(idx, k_tiles * n_tiles)
+        ki = lax.div(rest, n_tiles)
+        ni = lax.rem(rest, n_tiles)
         start = bounds_ref[gi, 0]
         end = bounds_ref[gi, 1]
         row0 = lax.div(start, align) * align
         steps = jnp.where(end > start, lax.div(end - row0 + bm - 1, bm), 0)
-        o_wg = o_smem.at[wg]
-        out_rows = pl.ds(ki * bk + wg * WG_ROWS, WG_ROWS)
-        out_tile = lambda c0, cols: out_ref.at[gi, out_rows, pl.ds(ni * bn + c0, cols)]
-
-        def load_addend():
-          plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The previous item's stores.
-          plgpu.copy_gmem_to_smem(out_tile(0, bn), o_wg, loaded.at[wg])
 
         def mma(idxs, a_smem, b_smem, acc):
           (s,) = idxs
           a_wg = a_smem.at[:, pl.ds(wg * WG_ROWS, WG_ROWS)]
-          first_row = row0 + s * bm
 
-          @pl.when((first_row < start) | (first_row + bm > end))
+          @pl.when((s == 0) | (s == steps - 1))
           def _mask_rows_outside_group():
-            row = first_row + plgpu.layout_cast(
-              lax.broadcasted_iota(jnp.int32, (bm, WG_ROWS), 0), plgpu.Layout.WGMMA
+            row = (
+              row0
+              + s * bm
+              + plgpu.layout_cast(
+                lax.broadcasted_iota(jnp.int32, (bm, WG_ROWS), 0), plgpu.Layout.WGMMA
+              )
             )
             keep = (row >= start) & (row < end)
             a_wg[...] = jnp.where(keep, a_wg[...], jnp.zeros((), a_wg.dtype))
             plgpu.commit_smem()
 
           plgpu.wgmma(acc, a_wg.T, b_smem)
-          if accumulate is not None:
-            pl.when(s == 0)(load_addend)  # While the first wgmma runs.
           plgpu.wgmma_wait(0)
           return acc
 
-        store = lambda c: plgpu.copy_smem_to_gmem(o_wg, out_tile(c * epi_n, epi_n))
-        if accumulate is None:
-          compute_context = gemm.stored_accumulator(bn, epi_n, o_wg, out_dtype, store)
-        else:
-          compute_context = _accumulating_context(
-            bn, epi_n, o_wg, loaded.at[wg], steps, load_addend, out_tile
-          )
+        o_wg = o_smem.at[wg]
+
+        def store(c):
+          rows = pl.ds(ki * bk + wg * WG_ROWS, WG_ROWS)
+          plgpu.copy_smem_to_gmem(o_wg, out_ref.at[gi, rows, pl.ds(ni * bn + c * epi_n, epi_n)])
+
+        compute_context = gemm.stored_accumulator(bn, epi_n, o_wg, out_dtype, store)
         make_pipeline(mma, compute_context, steps, row0, ki, ni)(
           lhs_ref, rhs_ref, allocations=allocs
         )
 
       plgpu.wait_smem_to_gmem(0)
 
-  out_shape = jax.ShapeDtypeStruct((g, k, n), out_dtype)
-  launch = functools.partial(gemm.kernel, num_sms=num_sms, cluster=cluster, interpret=interpret)
-  if accumulate is None:
-    return launch(kernel, out_shape)(bounds, lhs, rhs)
-  call = launch(kernel, ())
-  buffer = jax.new_ref(accumulate)  # The kernel adds through it: XLA aliases the buffer.
-  call(bounds, lhs, rhs, buffer)
-  return jax.freeze(buffer)
-
-
-def _accumulating_context(bn, epi_n, o_wg, loaded, steps, load_addend, out_tile):
-  """A pipeline compute context that adds the float32 product to the addend in `o_wg`.
-
-  The addend [WG_ROWS, bn] arrives in `o_wg` by TMA (`load_addend`, issued with the first
-  wgmma, or here for an item of no steps); each column chunk's sum, rounded once, goes
-  back over it, and the tile goes out to `out_tile`.
-  """
-
-  def compute_context(run):
-    @functools.partial(pl.run_scoped, acc=plgpu.ACC((WG_ROWS, bn), jnp.float32))
-    def _acc_scope(acc):
-      run(acc)
-      pl.when(steps == 0)(load_addend)
-      plgpu.barrier_wait(loaded)
-      product = acc[...]
-      for c in range(bn // epi_n):
-        chunk = o_wg.at[:, pl.ds(c * epi_n, epi_n)]
-        total = product[:, c * epi_n : (c + 1) * epi_n] + chunk[...].astype(jnp.float32)
-        chunk[...] = total.astype(chunk.dtype)
-      plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(o_wg, out_tile(0, bn))
-
-  return compute_context
+  call = gemm.kernel(
+    kernel, jax.ShapeDtypeStruct((g, k, n), out_dtype), num_sms=num_sms, interpret=interpret
+  )
+  return call(bounds, lhs, rhs)
