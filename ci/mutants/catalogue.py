@@ -59,6 +59,8 @@ _IN_FORWARD_TESTS = (
 _MOSAIC_RAGGED = "suites/kernels/test_mosaic_ragged_dot.py"
 _MOSAIC_ATTENTION = "suites/kernels/test_attention_mosaic.py"
 _MOSAIC_GLU = "suites/kernels/test_mosaic_gated_linear_unit.py"
+_TRITON_NORM = "suites/kernels/test_triton_layer_norm.py"
+_TRITON_RAGGED = "suites/kernels/test_triton_ragged_dot.py"
 _TPU_RAGGED = "suites/kernels/test_tpu_ragged_dot.py"
 _TPU_RAGGED_KERNEL = _RAGGED + "mosaic_tpu_kernel.py"
 _TPU_ATTENTION = "suites/kernels/test_tpu_attention.py"
@@ -3946,6 +3948,89 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_MOSAIC_GLU, "-k", "interpret"),
     "Mosaic GLU (residuals): the gate cotangent's factor and the activation are stored in"
     " each other's halves, so the projections' cotangents are swapped.",
+  ),
+  # Wrapper logic of the GLU, layer-norm and ragged-dot kernels, kernel_ops, config and tpu.
+  Mutation(
+    "glu.mosaic_fused_up_offset_zero",
+    _GLU + "mosaic.py",
+    "  return fused, fused, n\n",
+    "  return fused, fused, 0\n",
+    (_MOSAIC_GLU, "-k", "interpret"),
+    "Mosaic GLU: fused [K, 2, N] weights read the up projection from the gate's columns.",
+  ),
+  Mutation(
+    "glu.mosaic_pair_dweights_swapped",
+    _GLU + "mosaic.py",
+    '  dws = tuple(jnp.einsum("mk,mn->kn", x, d[:, j], precision=prec) for j in range(2))',
+    '  dws = tuple(jnp.einsum("mk,mn->kn", x, d[:, 1 - j], precision=prec) for j in range(2))',
+    (_MOSAIC_GLU, "-k", "interpret"),
+    "Mosaic GLU backward: with a (gate, up) weight pair, each weight gets the other's gradient.",
+  ),
+  Mutation(
+    "glu.mosaic_pair_dx_gate_only",
+    _GLU + "mosaic.py",
+    "    for j, w in enumerate(args.weights)\n",
+    "    for j, w in enumerate(args.weights[:1])\n",
+    (_MOSAIC_GLU, "-k", "interpret"),
+    "Mosaic GLU backward: with a weight pair, dx misses the up projection's share.",
+  ),
+  Mutation(
+    "glu.mosaic_weights_dtype_unchecked",
+    _GLU + "mosaic.py",
+    "      if np.dtype(w.dtype) != np.dtype(args.x.dtype):",
+    "      if False:",
+    (_MOSAIC_GLU, "-k", "mixed_dtypes"),
+    "Mosaic GLU: weights in another dtype than x are accepted by the kernel.",
+  ),
+  Mutation(
+    "glu.mosaic_empty_dims_accepted",
+    _GLU + "mosaic.py",
+    "    if min(m, k, n) == 0:",
+    "    if min(m, k, n) < 0:",
+    (_MOSAIC_GLU, "-k", "mixed_dtypes"),
+    "Mosaic GLU: an empty M, K or N is handed to the kernel instead of being refused.",
+  ),
+  Mutation(
+    "glu.mosaic_bwd_derivative_unchecked",
+    _GLU + "mosaic.py",
+    "      or _activation_reason(args.activation, derivative=True)\n",
+    "",
+    (_MOSAIC_GLU, "-k", "derivative"),
+    "Mosaic GLU: the backward is taken as supported for an activation whose derivative the"
+    " kernel's epilogue cannot lower.",
+  ),
+  Mutation(
+    "glu.mosaic_residual_epi_wide",
+    _GLU + "mosaic.py",
+    "  narrow = dataclasses.replace(config, epi_n=min(config.epi_n, 64))",
+    "  narrow = config",
+    (_MOSAIC_GLU, "-k", "residual"),
+    "Mosaic GLU: the residual-writing kernel keeps 128-column epilogue buffers (three of them),"
+    " losing pipeline stages.",
+  ),
+  Mutation(
+    "glu.mosaic_up_offset_in_epi_units",
+    _GLU + "mosaic.py",
+    "n_offset // kcfg.block_n,",
+    "n_offset // kcfg.epi_n,",
+    (_MOSAIC_GLU, "-k", "interpret"),
+    "Mosaic GLU: the up half's block offset is counted in epilogue chunks, not column tiles.",
+  ),
+  Mutation(
+    "glu.mosaic_config_reason_ignored",
+    _GLU + "mosaic.py",
+    "    return _config_reason(args, config, False)\n\n  def _bwd_unsupported_reason",
+    "    return None\n\n  def _bwd_unsupported_reason",
+    (_MOSAIC_GLU, "-k", "unsupported"),
+    "Mosaic GLU: a config (or N) the kernel cannot tile is not reported as unsupported.",
+  ),
+  Mutation(
+    "glu.api_precision_dropped",
+    _GLU + "api.py",
+    "    x, weights, activation=activation, precision=precision, implementation=implementation",
+    "    x, weights, activation=activation, implementation=implementation",
+    ("suites/core/test_precision.py", "-k", "glu"),
+    "Public gated_linear_unit: `precision` is not passed on.",
   ),
 )
 

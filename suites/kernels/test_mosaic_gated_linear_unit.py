@@ -207,3 +207,35 @@ def test_kernel_config_reason_clusters_whole_column_tile_pairs():
   assert reason is not None and "cluster" in reason
   single = dataclasses.replace(config, cluster=1)
   assert mosaic_kernel.config_reason(single, 256, k, 384, 2) is None
+
+
+def test_unsupported_reasons_of_mixed_dtypes_and_empty_dimensions():
+  """Weights in another dtype than x, and an empty M, K or N: each named, not run."""
+  impl = mosaic.MosaicGatedLinearUnit(interpret=True)
+  x = jnp.ones((64, 128), jnp.bfloat16)
+  w = jnp.ones((128, 2, 128), jnp.bfloat16)
+  assert impl._unsupported_reason(spec.canonicalize(x, w)) is None
+  for weights in (w.astype(jnp.float16), (w[:, 0], w[:, 1].astype(jnp.float16))):
+    reason = impl._unsupported_reason(spec.canonicalize(x, weights))
+    assert reason is not None and "weights dtype float16" in reason, reason
+  for x_shape, w_shape in (((0, 128), (128, 2, 128)), ((64, 0), (0, 2, 128))):
+    record = spec.canonicalize(jnp.ones(x_shape, jnp.bfloat16), jnp.ones(w_shape, jnp.bfloat16))
+    reason = impl._unsupported_reason(record)
+    assert reason is not None and "empty dimension" in reason, reason
+
+
+def test_backward_reason_names_an_activation_derivative_mosaic_cannot_lower():
+  """rem(1.5, g + 3) lowers in the epilogue, but its derivative needs floor: the forward runs
+  in the kernel, the backward is refused with a reason."""
+  impl = mosaic.MosaicGatedLinearUnit(interpret=True)
+  activation = lambda g: jax.lax.rem(1.5, g + 3.0)
+  record = spec.canonicalize(
+    jnp.ones((64, 128), jnp.bfloat16), jnp.ones((128, 2, 128), jnp.bfloat16), activation=activation
+  )
+  assert impl._unsupported_reason(record) is None
+  reason = impl._bwd_unsupported_reason(record)
+  assert reason is not None and "derivative" in reason and "floor" in reason, reason
+  plain = spec.canonicalize(
+    jnp.ones((64, 128), jnp.bfloat16), jnp.ones((128, 2, 128), jnp.bfloat16), activation=jnp.tanh
+  )
+  assert impl._bwd_unsupported_reason(plain) is None
