@@ -239,6 +239,42 @@ def test_interpreted_one_pass_statistics_do_not_cancel_far_from_zero(persistent)
   np.testing.assert_allclose(out, (x64 - ref_mean[:, None]) * ref_rstd[:, None], atol=1e-3)
 
 
+@pytest.mark.host_only
+@pytest.mark.parametrize("subtract_mean", [False, True], ids=["rms", "layer"])
+def test_interpreted_kernels_use_the_callers_epsilon(subtract_mean):
+  """epsilon=0.5 on rows of variance ~0.1: the default 1e-6 would be far off, forward and
+  backward (whose rstd comes from the forward)."""
+  x, scale, offset, dy = _inputs((6, 40), -1, "float32", True, True, seed=3)
+  x = x * 0.15
+  kw = dict(epsilon=0.5, subtract_mean=subtract_mean)
+  args = spec.canonicalize(x, scale, offset, **kw)
+  config = norm_triton.TritonNormConfig(block_m=2, num_warps=4, bwd_block_m=2, bwd_num_warps=4)
+  with triton_call.interpret():
+    out, residuals = OP._fwd(args, config)
+    grads = OP._bwd(args, config, out, residuals, dy)
+  ref_out, ref_grads = references.high_precision_vjp(
+    lambda a, b, c: references.layer_norm(a, b, c, **kw), (x, scale, offset), dy
+  )
+  assert compare.relative_error(out, ref_out) <= 1e-5
+  for name, rg in zip(("x", "scale", "offset"), ref_grads, strict=True):
+    assert compare.relative_error(grads[name], rg) <= 1e-5, name
+
+
+def test_unsupported_reasons_of_scale_and_offset_dtypes_and_the_longest_row():
+  """float64 scale or offset is named like float64 x; a row of exactly _MAX_D is supported."""
+  x = jnp.ones((4, 8), jnp.float32)
+  base = spec.canonicalize(x, jnp.ones(8, jnp.float32), jnp.ones(8, jnp.float32))
+  assert OP._unsupported_reason(base) is None
+  for name in ("scale", "offset"):
+    f64 = dataclasses.replace(base, **{name: np.ones(8, np.float64)})
+    reason = OP._unsupported_reason(f64)
+    assert reason is not None and f"`{name}` dtype float64" in reason, reason
+  longest = norm_triton._MAX_D
+  assert OP._unsupported_reason(spec.canonicalize(jnp.ones((2, longest)), None, None)) is None
+  too_long = spec.canonicalize(jnp.ones((2, longest + 1)), None, None)
+  assert f"size {longest + 1}" in OP._unsupported_reason(too_long)
+
+
 @pytest.mark.requires("triton")
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("case", GPU_CASES)
