@@ -4088,6 +4088,92 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_TRITON_NORM, "-k", "interpreted_kernels"),
     "Triton layer_norm forward: without an offset, the placeholder pointer (x) is added as one.",
   ),
+  Mutation(
+    "ragged_dot.api_group_offset_dropped",
+    _RAGGED + "api.py",
+    "    preferred_element_type=preferred_element_type,\n    group_offset=group_offset,\n"
+    "    implementation=implementation,\n  )\n\n\ndef ragged_dot_general",
+    "    preferred_element_type=preferred_element_type,\n"
+    "    implementation=implementation,\n  )\n\n\ndef ragged_dot_general",
+    ("suites/core/test_ragged_dot.py", "-k", "passes_the_group_offset"),
+    "Public ragged_dot: `group_offset` is not passed on (rhs is taken as groups 0..).",
+  ),
+  Mutation(
+    "ragged_dot.api_preferred_type_dropped",
+    _RAGGED + "api.py",
+    "    precision=precision,\n    preferred_element_type=preferred_element_type,\n"
+    "    group_offset=group_offset,\n    implementation=implementation,\n  )\n\n\n"
+    "def ragged_dot_general",
+    "    precision=precision,\n    group_offset=group_offset,\n"
+    "    implementation=implementation,\n  )\n\n\ndef ragged_dot_general",
+    ("suites/core/test_ragged_dot.py", "-k", "preferred_element_type"),
+    "Public ragged_dot: `preferred_element_type` is not passed on.",
+  ),
+  Mutation(
+    "ragged_dot.api_precision_dropped",
+    _RAGGED + "api.py",
+    "    spec.dimension_numbers(spec.DEFAULT),\n    precision=precision,",
+    "    spec.dimension_numbers(spec.DEFAULT),",
+    ("suites/core/test_precision.py", "-k", "public_ragged_dot"),
+    "Public ragged_dot: `precision` is not passed on.",
+  ),
+  Mutation(
+    "ragged_dot.mosaic_abstract_dout_out_dtype",
+    _RAGGED + "mosaic.py",
+    "  return jax.ShapeDtypeStruct(args.out_shape, args.lhs.dtype)",
+    "  return jax.ShapeDtypeStruct(args.out_shape, args.out_dtype)",
+    (_MOSAIC_RAGGED, "-k", "float32_output"),
+    "Mosaic ragged dot: the backward's support check takes the cotangent in the output dtype"
+    " (float32), so a float32 output's gradients are refused though `_bwd` casts it.",
+  ),
+  Mutation(
+    "ragged_dot.mosaic_config_reason_ignored",
+    _RAGGED + "mosaic.py",
+    "    return _config_reason(args, config)\n\n  def _bwd_unsupported_reason",
+    "    return None\n\n  def _bwd_unsupported_reason",
+    (_MOSAIC_RAGGED, "-k", "reason"),
+    "Mosaic ragged dot: a config (or N) the kernels cannot tile is not reported as unsupported.",
+  ),
+  Mutation(
+    "ragged_dot.mosaic_rhs_transposed_drhs_swapped",
+    _RAGGED + "mosaic.py",
+    '      "rhs": _with(args, dout, lhs, spec.RAGGED_CONTRACTING, dt),',
+    '      "rhs": _with(args, lhs, dout, spec.RAGGED_CONTRACTING, dt),',
+    (_MOSAIC_RAGGED, "-k", "interpret_matches"),
+    "Mosaic ragged dot (rhs_transposed): drhs is computed as lhs^T dout, the transpose of it.",
+  ),
+  Mutation(
+    "ragged_dot.triton_transposed_strides_swapped",
+    _RAGGED + "triton.py",
+    "    strides = dict(RHS_STRIDE_G=k * n, RHS_STRIDE_K=1, RHS_STRIDE_N=k)",
+    "    strides = dict(RHS_STRIDE_G=k * n, RHS_STRIDE_K=n, RHS_STRIDE_N=1)",
+    (_TRITON_RAGGED, "-k", "interpreted"),
+    "Triton ragged dot (rhs_transposed): rhs [G, N, K] is read with [G, K, N] strides.",
+  ),
+  Mutation(
+    "ragged_dot.triton_k_n_boundary",
+    _RAGGED + "triton.py",
+    "    if k * n >= 2**31:",
+    "    if k * n > 2**31:",
+    (_TRITON_RAGGED, "-k", "unsupported"),
+    "Triton ragged dot: a group's rhs of exactly 2**31 elements overflows its 32-bit offsets.",
+  ),
+  Mutation(
+    "ragged_dot.triton_max_tiles_short",
+    _RAGGED + "triton.py",
+    "  return m // block_m + num_groups + 2",
+    "  return m // block_m + num_groups + 1",
+    (_TRITON_RAGGED, "-k", "row_schedule"),
+    "Triton ragged dot: one row tile too few when every segment ends in a partial tile.",
+  ),
+  Mutation(
+    "ragged_dot.triton_precision_ignored",
+    _RAGGED + "triton.py",
+    "  precision = numerics.triton_input_precision(args.lhs.dtype, args.precision)",
+    "  precision = numerics.triton_input_precision(args.lhs.dtype, None)",
+    (_TRITON_RAGGED, "-k", "input_precision"),
+    "Triton ragged dot: the caller's precision does not reach tl.dot's input precision.",
+  ),
 )
 
 

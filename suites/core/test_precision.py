@@ -80,6 +80,16 @@ def _ragged(impl, precision, layout="default"):
   return f, (lhs, rhs)
 
 
+def _ragged_default_layout(impl, precision):
+  """The public `ragged_dot` (the default layout without dimension numbers)."""
+  sizes = jnp.array([3, 0, 5], jnp.int32)
+
+  def f(lhs, rhs):
+    return tokamax.ragged_dot(lhs, rhs, sizes, precision=precision, implementation=impl).sum()
+
+  return f, (jnp.ones((8, 16), f32), jnp.ones((3, 16, 4), f32))
+
+
 CALLS = {
   "attention-xla": lambda p: _attention("xla", p),
   "attention-xla_chunked": lambda p: _attention("xla_chunked", p),
@@ -90,6 +100,7 @@ CALLS = {
   "ragged_dot-xla": lambda p: _ragged("xla", p),
   "ragged_dot-xla-rhs_transposed": lambda p: _ragged("xla", p, "rhs_transposed"),
   "ragged_dot-xla-ragged_contracting": lambda p: _ragged("xla", p, "ragged_contracting"),
+  "ragged_dot-xla-public_ragged_dot": lambda p: _ragged_default_layout("xla", p),
 }
 
 

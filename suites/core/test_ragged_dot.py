@@ -151,6 +151,21 @@ def test_group_offset_at_the_edges_with_gradients(layout, sizes, offset, local, 
     assert_matches(g, r, what=name)
 
 
+@pytest.mark.parametrize("impl", ("xla", None))
+def test_ragged_dot_passes_the_group_offset_on(impl, inputs):
+  """The public `ragged_dot` with `group_offset`: rhs holds groups 2 and 3 only; the rows of
+  the other groups are zero."""
+  sizes = jnp.array([7, 0, 11, 9, 6], jnp.int32)
+  offset = jnp.array([2], jnp.int32)
+  lhs, rhs = inputs.normal((M, K)), inputs.normal((2, K, N))
+  out = tokamax.ragged_dot(lhs, rhs, sizes, group_offset=offset, implementation=impl)
+  ref = references.high_precision(references.ragged_dot_general)(
+    lhs, rhs, sizes, "default", offset, 2
+  )
+  assert_matches(out, ref)
+  assert np.all(np.asarray(out)[:7] == 0) and np.all(np.asarray(out)[27:] == 0)
+
+
 @pytest.mark.parametrize("layout", spec.LAYOUTS)
 @pytest.mark.parametrize("offset", (None, 1))
 def test_float64_matches_the_reference(layout, offset):

@@ -18,6 +18,7 @@ from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from suites import opdb
+from tokamax._src.ops import kernel_ops
 from tokamax._src.ops.ragged_dot import api, mosaic, mosaic_drhs, mosaic_fwd, spec
 from tokamax_harness import compare, references
 
@@ -225,6 +226,44 @@ def test_unsupported_reasons_name_the_feature():
 def test_platform_reason():
   assert mosaic.MosaicRaggedDot(interpret=True)._platform_reason("cpu", None) is None
   assert "gpu" in mosaic.MosaicRaggedDot()._platform_reason("cpu", None)
+
+
+def test_platform_reason_needs_hopper_exactly(monkeypatch):
+  """wgmma is sm_90 only: an older or a newer GPU (sm_100) is refused, naming the one found."""
+  impl = mosaic.MosaicRaggedDot()
+  for cc, supported in (((9, 0), True), ((8, 0), False), ((10, 0), False), ((12, 0), False)):
+    monkeypatch.setattr(kernel_ops.device_lib, "compute_capability", lambda _d, cc=cc: cc)
+    reason = impl._platform_reason("gpu", None)
+    if supported:
+      assert reason is None
+    else:
+      assert reason is not None and f"sm_{cc[0]}{cc[1]}" in reason, reason
+
+
+def test_interpret_runs_with_race_detection():
+  """The interpreter's race detector is what the interpreted tests' race checks rely on."""
+  assert mosaic.MosaicRaggedDot().interpret_params is None
+  params = mosaic.MosaicRaggedDot(interpret=True).interpret_params
+  assert isinstance(params, plgpu.InterpretGPUParams) and params.detect_races
+
+
+def test_backward_reason_of_a_float32_output():
+  """bfloat16 inputs with a float32 output: the gradients take the cotangent in bfloat16
+  (as `_bwd` casts it), so they are supported."""
+  impl = mosaic.MosaicRaggedDot(interpret=True)
+  sizes = jnp.array([64, 64], jnp.int32)
+  for layout in spec.LAYOUTS:
+    rhs = jnp.ones(_rhs_shape(layout, 128, 256, 256, 2), jnp.bfloat16)
+    record = spec.canonicalize(
+      jnp.ones((128, 256), jnp.bfloat16),
+      rhs,
+      sizes,
+      spec.dimension_numbers(layout),
+      preferred_element_type=jnp.float32,
+    )
+    assert record.out_dtype == jnp.float32
+    assert impl._unsupported_reason(record) is None, layout
+    assert impl._bwd_unsupported_reason(record) is None, layout
 
 
 def test_group_row_bounds_clip_rows_before_past_m():

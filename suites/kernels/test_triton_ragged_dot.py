@@ -75,7 +75,23 @@ def test_row_schedule_covers_each_row_once_within_its_group(seed, block_m):
     int(rng.integers(0, m + 1)), g_all, seed=seed, empty_fraction=0.3
   )
   offset = int(rng.integers(0, g_all)) if seed % 2 else None
-  g = g_all - (offset or 0)
+  _check_row_schedule(m, sizes, offset, block_m)
+
+
+@pytest.mark.parametrize("block_m", [16, 64])
+def test_row_schedule_with_every_segment_ending_in_a_partial_tile(block_m):
+  """Rows before the local groups, each local group and the rows after them all end in a
+  partial tile whose rows add up to less than one tile: the most tiles there can be
+  (M // block_m + G + 2)."""
+  # Group 0 (before the offset): 17 rows; local groups of 18 and 1 rows; 2 rows after.
+  sizes = np.array([17, 18, 1], np.int32)
+  m = 38
+  assert rd_triton.max_tiles(m, 2, block_m) == -(-17 // block_m) + -(-18 // block_m) + 2
+  _check_row_schedule(m, sizes, 1, block_m)
+
+
+def _check_row_schedule(m, sizes, offset, block_m):
+  g = len(sizes) - (offset or 0)
   lhs, rhs = jnp.ones((m, 8)), jnp.ones((g, 8, 8))
   args = spec.canonicalize(
     lhs, rhs, jnp.asarray(sizes), None, group_offset=None if offset is None else jnp.array([offset])
@@ -138,6 +154,23 @@ def test_wrapper_shapes_dtypes_and_gradient_layouts(case):
   dlhs, drhs = rd_triton.gradient_records(args, out)
   assert {dlhs.layout, drhs.layout, args.layout} == set(spec.LAYOUTS)
   assert len(launches) == 3
+
+
+@pytest.mark.parametrize(
+  ("precision", "expected"),
+  [(jax.lax.Precision.HIGHEST, "ieee"), (jax.lax.Precision.DEFAULT, "tf32")],
+  ids=["highest", "default"],
+)
+def test_precision_sets_the_input_precision_of_every_launch(precision, expected):
+  """float32 inputs: the caller's precision picks tl.dot's input precision, forward and
+  both gradients."""
+  lhs, rhs, sizes, _ = _inputs(spec.DEFAULT, 64, 32, 16, 3, "float32", None)
+  args = spec.canonicalize(lhs, rhs, sizes, None, precision)
+  with triton_call.capture() as launches:
+    out, _ = OP._fwd(args, OP._get_heuristics_config(args))
+    OP._bwd(args, None, out, None, jnp.ones(args.out_shape, jnp.float32))
+  assert len(launches) == 3
+  assert [launch.meta["INPUT_PRECISION"] for launch in launches] == [expected] * 3
 
 
 def test_unsupported_reasons():
