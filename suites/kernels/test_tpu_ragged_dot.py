@@ -339,6 +339,21 @@ def test_heuristic_blocks_fit_vmem(device_kind, layout, dtype, m, k, n, g):
   assert chip.name == ("v5e" if device_kind == "TPU v5 lite" else "v5p")
 
 
+def test_chip_roofline_seconds():
+  """The slower of MXU and HBM plus a fixed cost per grid step; float32 takes three MXU
+  passes. The chips by device kind: "TPU v5" and "v5p" are v5p, the rest v5e."""
+  chip = tpu.V5E
+  flops, hbm = chip.bf16_flops_per_s, chip.hbm_bytes_per_s  # One second of each.
+  assert chip.seconds(flops, 0.5 * hbm, 0, 2) == pytest.approx(1.0)
+  assert chip.seconds(0.5 * flops, hbm, 0, 2) == pytest.approx(1.0)
+  assert chip.seconds(flops, 0.5 * hbm, 0, 4) == pytest.approx(3.0)
+  assert chip.seconds(flops, 0.5 * hbm, 0, 1) == pytest.approx(1.0)
+  assert chip.seconds(0, 0, 1000, 2) == pytest.approx(1000 * tpu.STEP_OVERHEAD_S)
+  assert chip.seconds(flops, 0, 10, 2) == pytest.approx(1.0 + 10 * tpu.STEP_OVERHEAD_S)
+  for kind, want in (("TPU v5", tpu.V5P), ("TPU v5p", tpu.V5P), ("TPU v5 lite", tpu.V5E)):
+    assert tpu.chip(kind) is want, kind
+
+
 def test_vmem_limit_is_the_target_chips():
   lhs = jax.ShapeDtypeStruct((4096, 4096), jnp.bfloat16)
   rhs = jax.ShapeDtypeStruct((4, 4096, 4096), jnp.bfloat16)

@@ -283,6 +283,23 @@ def test_cache_miss_options():
     pass
 
 
+def test_override_coerces_checks_and_restores_values():
+  """`override` takes option values in their options' types (refusing what they cannot be)
+  and restores every option afterwards, also when its block raises."""
+  options = tokamax.config.OPTIONS
+  before = dataclasses.asdict(options)
+  with tokamax.config.override(cache_miss="error", use_default_cache=0) as inside:
+    assert inside.cache_miss is tokamax.config.CacheMiss.ERROR
+    assert inside.use_default_cache is False
+  assert dataclasses.asdict(options) == before
+  with pytest.raises(ValueError, match="bogus"), tokamax.config.override(cache_miss="bogus"):
+    pass
+  assert dataclasses.asdict(options) == before
+  with pytest.raises(RuntimeError, match="inside"), tokamax.config.override(cache_miss="autotune"):
+    raise RuntimeError("inside")
+  assert dataclasses.asdict(options) == before
+
+
 def test_default_cache(monkeypatch, tmp_path):
   q = make_inputs()[0]
   kind = jax.devices()[0].device_kind
