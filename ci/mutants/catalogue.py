@@ -4263,6 +4263,87 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/core/test_registry.py",),
     "Op registry: an unknown op name gives None instead of a KeyError naming the known ops.",
   ),
+  Mutation(
+    "glu.mosaic_bwd_fused_precision_dropped",
+    _GLU + "mosaic.py",
+    "      dx = dx_matmul(d2, w2, dx_how, args.precision, self.interpret)",
+    "      dx = dx_matmul(d2, w2, dx_how, None, self.interpret)",
+    (_MOSAIC_GLU, "-k", "precision"),
+    "Mosaic GLU backward (fused weights, XLA matmuls): dx ignores the caller's precision.",
+  ),
+  Mutation(
+    "glu.mosaic_bwd_pair_precision_dropped",
+    _GLU + "mosaic.py",
+    "  prec = args.precision\n",
+    "  prec = None\n",
+    (_MOSAIC_GLU, "-k", "precision"),
+    "Mosaic GLU backward (a weight pair): the four matmuls ignore the caller's precision.",
+  ),
+  Mutation(
+    "glu.mosaic_cotangents_float32",
+    _GLU + "mosaic.py",
+    "  return (dout.reshape(m, 1, -1).astype(jnp.float32) * factors).astype(dtype)",
+    "  return dout.reshape(m, 1, -1).astype(jnp.float32) * factors",
+    (_MOSAIC_GLU, "-k", "interpret"),
+    "Mosaic GLU backward: the projections' cotangents stay float32, so the gradients come back"
+    " in float32 instead of the inputs' dtype.",
+  ),
+  Mutation(
+    "layer_norm.triton_sum_partials_scale_always",
+    _NORM + "triton.py",
+    "    HAS_SCALE=args.scale is not None,\n    HAS_OFFSET=args.offset is not None,\n    num_warps=4,",
+    "    HAS_SCALE=True,\n    HAS_OFFSET=args.offset is not None,\n    num_warps=4,",
+    (_TRITON_NORM, "-k", "interpreted_kernels"),
+    "Triton layer_norm backward: the partial sums of a missing scale are summed into its"
+    " one-element placeholder (reads past the placeholder's partials).",
+  ),
+  Mutation(
+    "dispatch.triton_interpret_gpu_only",
+    "src/tokamax/_src/ops/kernel_ops.py",
+    '        None if platform in ("cpu", "gpu") else f"interpret mode runs on cpu/gpu, not {platform}"\n'
+    "      )\n    return triton_call.unavailable_reason(platform)",
+    '        None if platform in ("gpu",) else f"interpret mode runs on cpu/gpu, not {platform}"\n'
+    "      )\n    return triton_call.unavailable_reason(platform)",
+    ("suites/core/test_readme_example.py",),
+    "Triton ops: Triton's host interpreter is refused on a CPU.",
+  ),
+  Mutation(
+    "dispatch.mosaic_tpu_custom_interpret_params_ignored",
+    "src/tokamax/_src/ops/kernel_ops.py",
+    "    if isinstance(self.interpret, pltpu.InterpretParams):\n      return self.interpret\n",
+    "",
+    (_TPU_RAGGED, "-k", "interpret_params"),
+    "Mosaic TPU ops: interpreter params the caller passes are replaced by the defaults.",
+  ),
+  Mutation(
+    "ragged_dot.mosaic_heuristic_stages_unchecked",
+    _RAGGED + "mosaic.py",
+    "      if _config_reason(args, config) is None:\n        return config",
+    "      return config",
+    (_MOSAIC_RAGGED, "-k", "reason"),
+    "Mosaic ragged dot: the heuristic config keeps 4 stages where K holds fewer blocks"
+    " (an invalid config).",
+  ),
+  Mutation(
+    "glu.mosaic_heuristic_stages_unchecked",
+    _GLU + "mosaic.py",
+    "      config = MosaicGluConfig(\n        block_n=block_n, num_stages=stages, epi_n=min(128, block_n), grid_tile_m=tile_m\n"
+    "      )\n      if _config_reason(args, config, False) is None:\n        return config",
+    "      config = MosaicGluConfig(\n        block_n=block_n, num_stages=stages, epi_n=min(128, block_n), grid_tile_m=tile_m\n"
+    "      )\n      return config",
+    (_MOSAIC_GLU, "-k", "heuristic or unsupported"),
+    "Mosaic GLU: the heuristic config keeps 4 stages where K holds fewer blocks (an invalid"
+    " config).",
+  ),
+  Mutation(
+    "layer_norm.triton_heuristic_stages_over_smem",
+    _NORM + "triton.py",
+    "    bwd_stages = 4 if wide and in_flight <= _SMEM else 0",
+    "    bwd_stages = 4 if wide else 0",
+    (_TRITON_NORM, "-k", "heuristic"),
+    "Triton layer_norm: the heuristic pipelines wide float32 rows through more shared memory"
+    " than an SM has.",
+  ),
 )
 
 

@@ -14,6 +14,7 @@ import pytest
 from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 
 from suites import opdb
+from tokamax._src import jaxprs
 from tokamax._src.ops import kernel_ops
 from tokamax._src.ops.gated_linear_unit import api, mosaic, mosaic_kernel, spec
 from tokamax_harness import compare, references
@@ -239,3 +240,26 @@ def test_backward_reason_names_an_activation_derivative_mosaic_cannot_lower():
     jnp.ones((64, 128), jnp.bfloat16), jnp.ones((128, 2, 128), jnp.bfloat16), activation=jnp.tanh
   )
   assert impl._bwd_unsupported_reason(plain) is None
+
+
+@pytest.mark.parametrize("tuple_weights", [False, True], ids=["fused", "pair"])
+def test_backward_xla_matmuls_take_the_callers_precision(tuple_weights):
+  """The backward's XLA matmuls (dx and dW; four for a weight pair) run at `precision`."""
+  highest = jax.lax.Precision.HIGHEST
+  x = jnp.ones((64, 128), jnp.bfloat16)
+  w = jnp.ones((128, 2, 128), jnp.bfloat16)
+  weights = (w[:, 0], w[:, 1]) if tuple_weights else w
+  impl = mosaic.MosaicGatedLinearUnit(interpret=True, backward="xla")
+
+  def f(a, b):
+    out = api.gated_linear_unit(
+      a, b, activation=jax.nn.swish, precision=highest, implementation=impl
+    )
+    return out.astype(jnp.float32).sum()
+
+  jaxpr = jax.make_jaxpr(jax.grad(f, argnums=(0, 1)))(x, weights).jaxpr
+  found = [
+    e.params["precision"] for e in jaxprs.equations(jaxpr) if e.primitive.name == "dot_general"
+  ]
+  assert len(found) == (4 if tuple_weights else 2), found
+  assert all(p == (highest, highest) for p in found), found

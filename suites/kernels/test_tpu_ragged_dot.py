@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas import tpu as pltpu
 
 import tokamax
 from suites import opdb
@@ -337,6 +338,16 @@ def test_heuristic_blocks_fit_vmem(device_kind, layout, dtype, m, k, n, g):
     # Large shapes get blocks of at least 256 x 256 (few grid steps).
     assert config.block_k * config.block_n >= 256 * 256
   assert chip.name == ("v5e" if device_kind == "TPU v5 lite" else "v5p")
+
+
+def test_interpret_params_are_the_callers():
+  """`interpret=True` takes the default interpreter params; params passed are kept."""
+  assert mosaic_tpu.MosaicTpuRaggedDot().interpret_params is None
+  default = mosaic_tpu.MosaicTpuRaggedDot(interpret=True).interpret_params
+  assert isinstance(default, pltpu.InterpretParams)
+  custom = pltpu.InterpretParams(dma_execution_mode="eager", detect_races=True)
+  assert custom != pltpu.InterpretParams()
+  assert mosaic_tpu.MosaicTpuRaggedDot(interpret=custom).interpret_params is custom
 
 
 def test_chip_roofline_seconds():

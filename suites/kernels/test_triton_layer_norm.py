@@ -88,6 +88,18 @@ def test_heuristic_configs_compile(sm, d):
     assert compiled.metadata.shared <= SMEM_LIMIT[sm]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_heuristic_backward_of_wide_rows_fits_shared_memory_on_sm80(dtype):
+  """D=8192: bfloat16 rows are pipelined through shared memory; float32 ones would take
+  3 stages x 2 x 32 KiB there, over sm_80's limit, so they are not."""
+  args = _record((64, 8192), -1, dtype, True, True, True, 0.0)
+  config = OP._get_heuristics_config(args)
+  assert (config.bwd_stages > 1) == (dtype == "bfloat16")
+  launches, _, _ = _launches(args, config)
+  (bwd,) = [launch for launch in launches if launch.kernel.__name__ == "layer_norm_bwd"]
+  assert triton_call.compile_launch(bwd, 80).metadata.shared <= SMEM_LIMIT[80]
+
+
 @pytest.mark.parametrize("sm", [80, 90])
 def test_pipelined_configs_compile_to_async_copies(sm):
   """Loops with stages copy rows into shared memory (cp.async), STAGES - 1 deep."""
@@ -151,6 +163,7 @@ def test_unsupported_reasons():
   f64 = dataclasses.replace(spec.canonicalize(x, None, None), x=np.ones((4, 8), np.float64))
   assert "float64" in OP._unsupported_reason(f64)
   assert "empty" in OP._unsupported_reason(spec.canonicalize(jnp.ones((0, 8)), None, None))
+  assert "empty" in OP._unsupported_reason(spec.canonicalize(jnp.ones((4, 0)), None, None))
   assert "size 40000" in OP._unsupported_reason(spec.canonicalize(jnp.ones((2, 40000)), None, None))
   assert OP._unsupported_reason(spec.canonicalize(x, None, None)) is None
 
