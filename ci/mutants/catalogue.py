@@ -4344,6 +4344,23 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton layer_norm: the heuristic pipelines wide float32 rows through more shared memory"
     " than an SM has.",
   ),
+  Mutation(
+    "ragged_dot.mosaic_config_out_itemsize_is_input",
+    _RAGGED + "mosaic.py",
+    "    np.dtype(args.out_dtype).itemsize,\n  )",
+    "    np.dtype(args.lhs.dtype).itemsize,\n  )",
+    (_MOSAIC_RAGGED, "-k", "float32_outputs"),
+    "Mosaic ragged dot: the config check sizes the epilogue by the input itemsize, so a float32"
+    " output's config can overflow shared memory.",
+  ),
+  Mutation(
+    "glu.mosaic_pair_weights_swapped",
+    _GLU + "mosaic.py",
+    "    return args.weights[0], args.weights[1], None",
+    "    return args.weights[1], args.weights[0], None",
+    (_MOSAIC_GLU, "-k", "interpret"),
+    "Mosaic GLU: a (gate, up) weight pair is handed to the kernel as (up, gate).",
+  ),
 )
 
 

@@ -266,6 +266,35 @@ def test_backward_reason_of_a_float32_output():
     assert impl._bwd_unsupported_reason(record) is None, layout
 
 
+@pytest.mark.parametrize("layout", spec.LAYOUTS)
+def test_config_reason_counts_a_float32_outputs_epilogue(layout):
+  """block_n=256 with 4 stages fits shared memory with a bfloat16 output, not with a float32
+  one (twice the epilogue buffer): refused there, and the heuristics take fewer stages."""
+  m, k, n, g = 1024, 512, 512, 4
+  op = mosaic.MosaicRaggedDot()
+
+  def record(out_dtype):
+    shapes = (
+      jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+      jax.ShapeDtypeStruct(_rhs_shape(layout, m, k, n, g), jnp.bfloat16),
+    )
+    dims = spec.dimension_numbers(layout)
+    return jax.eval_shape(
+      lambda a, b: spec.canonicalize(
+        a, b, jnp.zeros(g, jnp.int32), dims, preferred_element_type=out_dtype
+      ),
+      *shapes,
+    )
+
+  wide = mosaic.MosaicRaggedDotConfig(block_n=256, num_stages=4, epi_n=128)
+  assert mosaic._config_reason(record(None), wide) is None
+  reason = mosaic._config_reason(record(jnp.float32), wide)
+  assert reason is not None and "shared memory" in reason
+  assert op._get_heuristics_config(record(None)) == wide
+  narrow = op._get_heuristics_config(record(jnp.float32))
+  assert narrow.num_stages < 4 and mosaic._config_reason(record(jnp.float32), narrow) is None
+
+
 def test_group_row_bounds_clip_rows_before_past_m():
   """Rows before the first group beyond M leave every group empty, at row M."""
   sizes = jnp.array([3, 0, 4], jnp.int32)
