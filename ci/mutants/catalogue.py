@@ -4361,6 +4361,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_MOSAIC_GLU, "-k", "interpret"),
     "Mosaic GLU: a (gate, up) weight pair is handed to the kernel as (up, gate).",
   ),
+  Mutation(
+    "ragged_dot.triton_bwd_dout_uncast",
+    _RAGGED + "triton.py",
+    "  dout = dout.astype(args.lhs.dtype)\n",
+    "",
+    (_TRITON_RAGGED, "-k", "wrapper_shapes"),
+    "Triton ragged dot backward: a float32 cotangent (float32 output of 16-bit inputs) reaches"
+    " the gradient kernels uncast, mixing dtypes in tl.dot.",
+  ),
+  Mutation(
+    "ragged_dot.mosaic_bwd_dout_uncast",
+    _RAGGED + "mosaic.py",
+    "  if isinstance(dout, jax.Array):\n    dout = dout.astype(dt)\n",
+    "",
+    (_MOSAIC_RAGGED, "-k", "float32_output"),
+    "Mosaic ragged dot backward: a float32 cotangent (float32 output) reaches the gradient"
+    " kernels uncast, which take 16-bit inputs only.",
+  ),
 )
 
 

@@ -133,6 +133,34 @@ def test_interpret_preferred_element_type():
   assert np.all(np.asarray(out)[57:] == 0)
 
 
+@pytest.mark.host_only
+def test_interpret_gradients_of_a_float32_output(capfd):
+  """bfloat16 inputs, float32 output: the float32 cotangent goes to the gradient kernels in
+  bfloat16 (their input dtype), the gradients come back in bfloat16."""
+  m, k, n = 128, 128, 128
+  rng = np.random.default_rng(3)
+  sizes = jnp.array([70, 45], jnp.int32)  # 13 rows after the last group.
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+  rhs = jnp.asarray(rng.standard_normal((2, k, n)), jnp.bfloat16)
+  impl = mosaic.MosaicRaggedDot(interpret=True, config=SMALL)
+
+  def fn(a, b):
+    return api.ragged_dot(a, b, sizes, preferred_element_type=jnp.float32, implementation=impl)
+
+  out, vjp = jax.vjp(fn, lhs, rhs)
+  ct = jnp.asarray(rng.standard_normal(out.shape), jnp.float32)
+  dlhs, drhs = vjp(ct)
+  ref, (ref_dlhs, ref_drhs) = references.high_precision_vjp(
+    lambda a, b: references.ragged_dot_general(a, b, sizes, spec.DEFAULT), (lhs, rhs), ct
+  )
+  assert "RACE DETECTED" not in capfd.readouterr().out
+  assert out.dtype == jnp.float32 and dlhs.dtype == drhs.dtype == jnp.bfloat16
+  assert compare.relative_error(out, ref) < 1e-5
+  # The cotangent rounded to bfloat16: errors of that order.
+  assert compare.relative_error(dlhs, ref_dlhs) < 5e-3
+  assert compare.relative_error(drhs, ref_drhs) < 5e-3
+
+
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("cluster", [1, 2])
 def test_work_items_cover_every_row_once(seed, cluster):

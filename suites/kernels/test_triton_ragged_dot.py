@@ -154,6 +154,10 @@ def test_wrapper_shapes_dtypes_and_gradient_layouts(case):
   dlhs, drhs = rd_triton.gradient_records(args, out)
   assert {dlhs.layout, drhs.layout, args.layout} == set(spec.LAYOUTS)
   assert len(launches) == 3
+  # The gradient kernels take the float32 cotangent in the inputs' dtype (tl.dot of one dtype).
+  for launch in launches:
+    floats = [a for a in launch.args if jnp.issubdtype(getattr(a, "dtype", int), jnp.floating)]
+    assert len(floats) == 2 and all(a.dtype == args.lhs.dtype for a in floats), launch
 
 
 @pytest.mark.parametrize(
