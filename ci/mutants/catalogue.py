@@ -4379,6 +4379,60 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Mosaic ragged dot backward: a float32 cotangent (float32 output) reaches the gradient"
     " kernels uncast, which take 16-bit inputs only.",
   ),
+  Mutation(
+    "ragged_dot.api_general_group_offset_dropped",
+    _RAGGED + "api.py",
+    "    ragged_dot_dimension_numbers,\n    precision=precision,\n"
+    "    preferred_element_type=preferred_element_type,\n    group_offset=group_offset,\n",
+    "    ragged_dot_dimension_numbers,\n    precision=precision,\n"
+    "    preferred_element_type=preferred_element_type,\n",
+    ("suites/core/test_ragged_dot.py",),
+    "Public ragged_dot_general: `group_offset` is not passed on.",
+  ),
+  Mutation(
+    "ragged_dot.api_general_implementation_dropped",
+    _RAGGED + "api.py",
+    "    ragged_dot_dimension_numbers,\n    precision=precision,\n"
+    "    preferred_element_type=preferred_element_type,\n    group_offset=group_offset,\n"
+    "    implementation=implementation,\n",
+    "    ragged_dot_dimension_numbers,\n    precision=precision,\n"
+    "    preferred_element_type=preferred_element_type,\n    group_offset=group_offset,\n",
+    ("suites/core/test_ragged_dot.py", _MOSAIC_RAGGED),
+    "Public ragged_dot and ragged_dot_general: `implementation` is not passed on (the default"
+    " choice runs).",
+  ),
+  Mutation(
+    "glu.api_implementation_dropped",
+    _GLU + "api.py",
+    "    x, weights, activation=activation, precision=precision, implementation=implementation",
+    "    x, weights, activation=activation, precision=precision",
+    ("suites/core/test_gated_linear_unit.py", _MOSAIC_GLU),
+    "Public gated_linear_unit: `implementation` is not passed on (the default choice runs).",
+  ),
+  Mutation(
+    "dispatch.mosaic_gpu_differentiable",
+    "src/tokamax/_src/ops/kernel_ops.py",
+    '  platforms = ("gpu",)\n  differentiable = False\n\n  interpret: bool = False',
+    '  platforms = ("gpu",)\n  differentiable = True\n\n  interpret: bool = False',
+    (_MOSAIC_GLU, "-k", "fall_back_to_xla"),
+    "Mosaic GPU ops: taken as differentiable by JAX, so their own backward pass is not used.",
+  ),
+  Mutation(
+    "tooling.cache_miss_env_ignored",
+    "src/tokamax/_src/config.py",
+    '    default_factory=lambda: CacheMiss(os.environ.get("TOKAMAX_CACHE_MISS", "heuristics"))',
+    '    default_factory=lambda: CacheMiss("heuristics")',
+    ("suites/tooling/test_autotuning.py", "-k", "override or cache_miss"),
+    "config: TOKAMAX_CACHE_MISS is ignored.",
+  ),
+  Mutation(
+    "tooling.use_default_cache_env_inverted",
+    "src/tokamax/_src/config.py",
+    '  use_default_cache: bool = os.environ.get("TOKAMAX_USE_DEFAULT_CACHE", "1") != "0"',
+    '  use_default_cache: bool = os.environ.get("TOKAMAX_USE_DEFAULT_CACHE", "1") == "0"',
+    ("suites/tooling/test_autotuning.py", "-k", "default_cache"),
+    "config: the shipped config cache is off by default and on with TOKAMAX_USE_DEFAULT_CACHE=0.",
+  ),
 )
 
 

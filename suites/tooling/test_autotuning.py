@@ -21,6 +21,7 @@ import pytest
 
 import tokamax
 from tokamax._src import arguments
+from tokamax._src import config as config_lib
 from tokamax._src.autotuning import api, cache, configs
 from tokamax._src.autotuning import example_user_op as ex
 from tokamax._src.ops.attention import xla_chunked
@@ -281,6 +282,18 @@ def test_cache_miss_options():
     cache.clear_tuned_on_miss()
   with pytest.raises(ValueError, match="unknown option"), tokamax.config.override(no_such_option=1):
     pass
+
+
+def test_cache_miss_option_reads_its_environment_variable(monkeypatch):
+  """TOKAMAX_CACHE_MISS sets the default of `cache_miss` (read when the options are made)."""
+  for value, want in (("error", "ERROR"), ("autotune", "AUTOTUNE"), ("heuristics", "HEURISTICS")):
+    monkeypatch.setenv("TOKAMAX_CACHE_MISS", value)
+    assert config_lib._Options().cache_miss is tokamax.config.CacheMiss[want]
+  monkeypatch.delenv("TOKAMAX_CACHE_MISS")
+  assert config_lib._Options().cache_miss is tokamax.config.CacheMiss.HEURISTICS
+  monkeypatch.setenv("TOKAMAX_CACHE_MISS", "bogus")
+  with pytest.raises(ValueError, match="bogus"):
+    config_lib._Options()
 
 
 def test_override_coerces_checks_and_restores_values():
