@@ -4433,6 +4433,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/tooling/test_autotuning.py", "-k", "default_cache"),
     "config: the shipped config cache is off by default and on with TOKAMAX_USE_DEFAULT_CACHE=0.",
   ),
+  Mutation(
+    "layer_norm.triton_bwd_dy_axis_ignored",
+    _NORM + "triton.py",
+    "  dy = _to_rows(dataclasses.replace(args, x=dy))",
+    "  dy = dy.reshape(m, d)",
+    (_TRITON_NORM, "-k", "interpreted_kernels"),
+    "Triton layer_norm backward: the cotangent's normalised axis is not moved last (rows of"
+    " dy mismatch those of x unless the axis is the last).",
+  ),
 )
 
 
