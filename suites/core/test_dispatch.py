@@ -175,6 +175,34 @@ def test_cudnn_names_a_bias_or_mask_broadcast_over_positions(what):
   assert attention_spec.SPEC.get("cudnn")._unsupported_reason(record) is None
 
 
+@pytest.mark.parametrize(
+  ("h", "hv", "dtype", "kw", "words"),
+  [
+    (64, 64, jnp.float32, {}, "float32"),
+    (64, 128, jnp.bfloat16, {}, "value head dim 128"),
+    (36, 36, jnp.bfloat16, {}, "head dim 36"),
+    (264, 264, jnp.bfloat16, {}, "head dim 264"),
+    (64, 64, jnp.bfloat16, dict(logits_soft_cap=5.0), "logits_soft_cap"),
+    (64, 64, jnp.float16, dict(local_window_size=(4, 0)), "local_window_size"),
+    (64, 64, jnp.bfloat16, dict(key_value_seq_lengths=(3, 16)), "sequence lengths"),
+    (64, 64, jnp.bfloat16, dict(query_seq_lengths=(3, 16)), "sequence lengths"),
+    (256, 256, jnp.bfloat16, dict(is_causal=True), None),
+    (72, 72, jnp.float16, {}, None),
+  ],
+)
+def test_cudnn_unsupported_reasons(h, hv, dtype, kw, words):
+  """What cuDNN's fused attention does not take is named (and so falls back), not computed."""
+  kw = {k: jnp.array(v) if k.endswith("lengths") else v for k, v in kw.items()}
+  q = jax.ShapeDtypeStruct((2, 16, 4, h), dtype)
+  v = jax.ShapeDtypeStruct((2, 16, 4, hv), dtype)
+  record = jax.eval_shape(lambda q, v: attention_spec.canonicalize(q, q, v, **kw), q, v)
+  reason = attention_spec.SPEC.get("cudnn")._unsupported_reason(record)
+  if words is None:
+    assert reason is None
+  else:
+    assert reason is not None and words in reason, reason
+
+
 def test_attention_with_a_bias_or_mask_differentiates_through_its_own_order_on_a_gpu(inputs):
   """The forward keeps Mosaic first; under differentiation a bias puts Triton first and a
   mask alone drops cuDNN (not deterministic)."""

@@ -240,6 +240,32 @@ def test_block_ranges_hold_every_visible_pair(masking):
       )
 
 
+@pytest.mark.parametrize(("held", "streamed"), [(16, 32), (32, 16), (8, 32)])
+@pytest.mark.parametrize("masking", _BLOCK_MASKINGS, ids=lambda m: repr(m)[8:].replace(" ", ""))
+def test_block_ranges_at_unequal_blocks(masking, held, streamed):
+  """As `test_block_ranges_hold_every_visible_pair`, with held blocks of another size than
+  the streamed ones (the forward holds 64 query rows against 128 or 256 keys; the dk/dv
+  kernel 64 keys against 128 query rows): a held block may then start or end inside a
+  streamed block, and a rounding of the wrong way drops that block."""
+  rng = np.random.default_rng(5)
+  t, s = 96, 128
+  for _ in range(4):
+    q_len = int(rng.integers(0, t + 1)) if masking.q_len else t
+    kv_len = int(rng.integers(0, s + 1)) if masking.kv_len else s
+    for r0 in range(0, t, held):
+      rows = r0 + np.arange(held)
+      ranges = mosaic_common.kv_blocks(masking, r0, held, streamed, s // streamed, kv_len)
+      _check_ranges(
+        ranges, streamed, s // streamed, lambda cols: _positional(masking, rows, cols, t, kv_len)
+      )
+    for c0 in range(0, s, held):
+      cols = c0 + np.arange(held)
+      ranges = mosaic_common.q_blocks(masking, c0, held, streamed, t // streamed, q_len, kv_len)
+      _check_ranges(
+        ranges, streamed, t // streamed, lambda r: _positional(masking, r, cols, q_len, kv_len)
+      )
+
+
 def _lower(impl, config, shape, dtype=jnp.bfloat16, grads=False, **kw):
   b, t, s, n, kh, h = shape
   sds = jax.ShapeDtypeStruct
@@ -372,6 +398,54 @@ def test_unsupported_reason_names_the_feature(dtype, h, words):
   record = spec.canonicalize(q, q, q)
   reason = mosaic.MosaicAttention(interpret=True)._unsupported_reason(record)
   assert reason is not None and words in reason
+
+
+def test_unsupported_reason_names_a_value_head_dim_and_an_oversized_config():
+  q = jnp.ones((1, 8, 2, 64), jnp.bfloat16)
+  v = jnp.ones((1, 8, 2, 128), jnp.bfloat16)
+  reason = mosaic.MosaicAttention(interpret=True)._unsupported_reason(spec.canonicalize(q, q, v))
+  assert reason is not None and "value head dim 128" in reason
+  # Three slots of 64 keys and values at head dim 256 take 257 KiB of shared memory, two 193.
+  q = jnp.ones((1, 8, 2, 256), jnp.bfloat16)
+  record = spec.canonicalize(q, q, q)
+  big = mosaic.MosaicAttentionConfig(block_kv=64, num_stages=3)
+  reason = mosaic.MosaicAttention(config=big)._unsupported_reason(record)
+  assert reason is not None and "shared memory" in reason
+  fits = mosaic.MosaicAttentionConfig(block_kv=64)
+  assert mosaic.MosaicAttention(config=fits)._unsupported_reason(record) is None
+
+
+def test_forward_shared_memory_bytes():
+  """The forward's shared memory, counted by hand: 128 query rows, keys and values per slot,
+  staged bias and mask tiles per slot and consumer row, and the float32 log-sum-exp rows."""
+  config = mosaic.MosaicAttentionConfig(block_kv=128, num_stages=3)
+  q, kv = 128 * 64 * 2, 2 * 3 * 128 * 64 * 2
+  assert mosaic.smem_bytes(config, 64) == q + kv + 128 * 4
+  assert mosaic.smem_bytes(config, 64, 4, staged=(2, 1)) == 2 * q + 2 * kv + 3 * 128 * 128 * 3 + 512
+  assert mosaic.smem_bytes(config, 64) <= mosaic._SMEM_BYTES
+  # At head dim 256 two slots of 64 keys fit (193 KiB), three do not (257 KiB).
+  two, three = (mosaic.MosaicAttentionConfig(block_kv=64, num_stages=n) for n in (2, 3))
+  assert mosaic.smem_bytes(two, 256) == 65536 + 131072 + 512 <= mosaic._SMEM_BYTES
+  assert mosaic.smem_bytes(three, 256) > mosaic._SMEM_BYTES
+
+
+@pytest.mark.parametrize("h", [64, 128])
+def test_heuristic_shrinks_key_blocks_for_staged_planes(h):
+  """Full bias and mask planes take slots beside the keys: the heuristic halves its key block
+  until they fit, so the forward stages them (`_stages_extras`)."""
+  b, t, s = 1, 1024, 1024
+  sds = jax.ShapeDtypeStruct
+  q = sds((b, t, 2, h), jnp.bfloat16)
+  plain = jax.eval_shape(spec.canonicalize, q, q, q)
+  bias, mask = sds((1, 2, t, s), jnp.float32), sds((1, 2, t, s), jnp.bool_)
+  full = jax.eval_shape(
+    lambda *a: spec.canonicalize(*a[:3], bias=a[3], mask=a[4]), q, q, q, bias, mask
+  )
+  impl = mosaic.MosaicAttention()
+  config = impl._get_heuristics_config(full)
+  assert impl._get_heuristics_config(plain).block_kv > config.block_kv == 64
+  assert mosaic._stages_extras(config, full)
+  assert mosaic.smem_bytes(config, h, staged=mosaic._staged_itemsizes(full)) <= mosaic._SMEM_BYTES
 
 
 @pytest.mark.parametrize(

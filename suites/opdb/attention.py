@@ -137,6 +137,14 @@ _MOSAIC_CASES = {
     grads=True,
     features=dict(is_causal=True, query_seq_lengths=(150, 37), key_value_seq_lengths=(100, 0)),
   ),
+  # Lengths past the sequence (all of it is seen) or negative (none is), with keys padded
+  # from 72 to 128: the wrapper clips them to [0, T] and [0, S], so the padding stays hidden.
+  "lengths_out_of_range_padded": kc.AttentionKernelCase(
+    dict(b=3, t=64, s=72, n=1, k=1, h=64),
+    "bfloat16",
+    grads=True,
+    features=dict(query_seq_lengths=(80, 20, -2), key_value_seq_lengths=(100, -4, 30)),
+  ),
   "fp16_h128_causal_fwd": kc.AttentionKernelCase(
     dict(b=1, t=256, s=256, n=2, k=2, h=128),
     "float16",
