@@ -1391,6 +1391,121 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton attention: the window's left and right extents are swapped.",
   ),
   Mutation(
+    "kernels.mosaic_attention_bias_column_tile",
+    _ATTENTION + "mosaic_common.py",
+    "  c0 = step * cols\n",
+    "  c0 = step\n",
+    (
+      _MOSAIC_ATTENTION + "::test_interpret_matches_xla[bias_bcast_t_mask_bcast_s_window_gqa_h128]",
+    ),
+    "Mosaic attention: a bias or mask broadcast over queries is read at column `step` instead"
+    " of the step's first key.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_window_full_kv_lo",
+    _ATTENTION + "mosaic_common.py",
+    "    full_lo = jnp.maximum(full_lo, _cdiv(r_last - left, block_kv))",
+    "    full_lo = jnp.maximum(full_lo, _floor_div(r_last - left, block_kv))",
+    (_MOSAIC_ATTENTION, "-k", "block_ranges_hold_every_visible_pair"),
+    "Mosaic attention (forward, dq): the key block on the last row's left window edge runs"
+    " unmasked.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_window_full_q_hi",
+    _ATTENTION + "mosaic_common.py",
+    "    full_hi = jnp.minimum(full_hi, _floor_div(c0 + left + 1, block_q))",
+    "    full_hi = jnp.minimum(full_hi, _cdiv(c0 + left + 1, block_q))",
+    (_MOSAIC_ATTENTION, "-k", "block_ranges_hold_every_visible_pair"),
+    "Mosaic attention backward (dk/dv): the query block past a key block's left window edge"
+    " runs unmasked.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_q_len_partial_block",
+    _ATTENTION + "mosaic_common.py",
+    "    hi = jnp.minimum(hi, _cdiv(q_len, block_q))",
+    "    hi = jnp.minimum(hi, _floor_div(q_len, block_q))",
+    (_MOSAIC_ATTENTION, "-k", "block_ranges_hold_every_visible_pair"),
+    "Mosaic attention backward (dk/dv): the query block holding the last rows before the"
+    " query length is skipped.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_window_right_edge",
+    _ATTENTION + "mosaic_common.py",
+    "(k_ids <= q_ids + right)",
+    "(k_ids < q_ids + right)",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[h128_bwd_blocks_32_window_cross]",),
+    "Mosaic attention: each row's last key of a right window is hidden.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_bwd_dkv_delta_dropped",
+    _ATTENTION + "mosaic_bwd.py",
+    "        ds_t = p_t * (dp_t - lax.broadcast_in_dim(delta, (bkv, bq), [1]))",
+    "        ds_t = p_t * dp_t",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[gqa_plain_h64]",),
+    "Mosaic attention backward (dk): the softmax gradient omits the row term delta = dO.O.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_overlap_acc_not_rescaled",
+    _ATTENTION + "mosaic_fwd.py",
+    "          if o_ref is None:\n            acc = rescale(acc, alpha)",
+    "          if o_ref is None:\n            acc = acc",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[overlap_qk_bias_mask_window_gqa_h128_fwd]",),
+    "Mosaic attention forward (overlap_qk): the output accumulator is not rescaled when a key"
+    " block raises the row maximum.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_overlap_first_step_unmasked",
+    _ATTENTION + "mosaic_fwd.py",
+    "softmax(kv_step, s, m_i, l_i, bias_tile, mask_tile, masked=True)",
+    "softmax(kv_step, s, m_i, l_i, bias_tile, mask_tile, masked=False)",
+    (
+      _MOSAIC_ATTENTION
+      + "::test_interpret_matches_xla[overlap_qk_window_lengths_softcap_padded_fwd]",
+    ),
+    "Mosaic attention forward (overlap_qk): a consumer's first key block runs unmasked.",
+  ),
+  Mutation(
+    "wrappers.attention_mosaic_bias_rows_unpadded",
+    _ATTENTION + "mosaic.py",
+    "  if tb > 1:\n    x = _pad(x, 2, t_pad)",
+    "  if tb > 1 and False:\n    x = _pad(x, 2, t_pad)",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[bias_mask_h256_gqa_softcap_padded]",),
+    "Mosaic attention: a bias or mask over query rows is not padded to the kernels' rows.",
+  ),
+  Mutation(
+    "wrappers.attention_triton_delta_layout",
+    _ATTENTION + "triton.py",
+    "axis=-1).transpose(0, 2, 1)",
+    "axis=-1)",
+    ("suites/kernels/test_attention_triton.py", "-k", "interpreted and bias-bcast-softcap"),
+    "Triton attention backward: delta is passed [B,T,N] where the kernels read [B,N,T].",
+  ),
+  Mutation(
+    "wrappers.attention_triton_mask_bytes_uncounted",
+    _ATTENTION + "triton.py",
+    "    logit_bytes += 0 if args.mask is None else 1",
+    "    logit_bytes += 0",
+    ("suites/kernels/test_attention_triton.py", "-k", "counted_by_hand"),
+    "Triton attention: mask tiles are left out of the shared memory a config needs.",
+  ),
+  Mutation(
+    "wrappers.attention_triton_bwd_lse_bytes_uncounted",
+    _ATTENTION + "triton.py",
+    "  per_stage = (fp.itemsize * (fp.h + fp.hv) + 8) * inner",
+    "  per_stage = fp.itemsize * (fp.h + fp.hv) * inner",
+    ("suites/kernels/test_attention_triton.py", "-k", "counted_by_hand"),
+    "Triton attention: the backward's float32 lse and delta per streamed row are left out"
+    " of its shared memory.",
+  ),
+  Mutation(
+    "wrappers.attention_triton_float32_key_block",
+    _ATTENTION + "triton.py",
+    "    config = dataclasses.replace(config, block_k=config.block_k // 2)",
+    "    config = dataclasses.replace(config, block_k=config.block_k)",
+    ("suites/kernels/test_attention_triton.py", "-k", "test_heuristic_config"),
+    "Triton attention heuristic: float32 keeps the 16-bit key block.",
+  ),
+  Mutation(
     "kernels.mosaic_tpu_ragged_last_tile_dropped",
     _TPU_RAGGED_KERNEL,
     "counts = jnp.where(nonempty, last_tile - first_tile + 1,",

@@ -190,6 +190,9 @@ def test_heuristic_config():
   )
   ampere = attention_triton.heuristic_config(big, 8)
   assert (ampere.num_stages, ampere.block_k) == (2, 64)
+  # float32 halves the key block (its tiles take twice the bytes).
+  f32 = attention_triton.heuristic_config(_args(t=4096, s=4096, h=64, dtype=jnp.float32), 9)
+  assert (f32.block_q, f32.block_k, f32.num_stages) == (128, 32, 3)
   short = attention_triton.heuristic_config(_args(t=20, s=9), 9)
   assert (short.block_q, short.block_k, short.bwd_block_outer) == (32, 16, 32)
   # Bias and mask tiles take shared memory too.
@@ -197,6 +200,23 @@ def test_heuristic_config():
     _args(t=4096, s=4096, h=128, b=1, n=1, k=1, bias=(1, 1, 4096, 4096), mask=(1, 1, 4096, 4096)), 9
   )
   assert biased.num_stages == 2
+
+
+def test_shared_memory_counted_by_hand():
+  """Bias (bfloat16: 2 bytes) and mask (int8: 1) tiles count per logit; head dims pad to
+  powers of two; each backward stage also holds 8 bytes of float32 lse and delta per row."""
+  args = _args(
+    t=256, s=256, h=100, hv=64, b=1, n=1, k=1, bias=(1, 1, 256, 256), mask=(1, 1, 1, 256)
+  )
+  fp = attention_triton.Footprint.of(args)
+  assert fp == attention_triton.Footprint(h=128, hv=64, itemsize=2, logit_bytes=3)
+  config = attention_triton.TritonAttentionConfig(128, 64, 8, 3, 128, 32, 8, 2)
+  fwd_stage = 2 * 64 * (128 + 64) + 3 * 128 * 64
+  assert attention_triton.fwd_shared_memory(config, fp) == 2 * 128 * 128 + 3 * fwd_stage
+  bwd_stage = (2 * (128 + 64) + 8) * 32 + 3 * 128 * 32
+  assert attention_triton.bwd_shared_memory(config, fp) == 2 * 128 * (128 + 64) + 2 * bwd_stage
+  plain = attention_triton.Footprint.of(_args(h=16, dtype=jnp.float32))
+  assert plain == attention_triton.Footprint(h=16, hv=16, itemsize=4, logit_bytes=0)
 
 
 @pytest.mark.parametrize("cc", [8, 9])
