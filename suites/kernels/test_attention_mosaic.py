@@ -75,6 +75,7 @@ def _compare(impl, shape, dtype, grads, seed=0, **kw) -> dict:
   out = impl(q, k, v, **kw)
   ref = ref_impl(*up, precision=hi, **kw)
   res = {"out": _rel_err(out.astype(jnp.float32), ref), "finite": bool(jnp.isfinite(out).all())}
+  res["dtypes"] = [str(out.dtype)]
   if grads:
 
     def loss(f, **extra):
@@ -83,6 +84,7 @@ def _compare(impl, shape, dtype, grads, seed=0, **kw) -> dict:
     g = jax.grad(loss(impl), argnums=(0, 1, 2))(q, k, v)
     gr = jax.grad(loss(ref_impl, precision=hi), argnums=(0, 1, 2))(*up)
     res["grads"] = [_rel_err(a.astype(jnp.float32), r) for a, r in zip(g, gr, strict=True)]
+    res["dtypes"] += [str(a.dtype) for a in g]
     # A bias constant over the keys has a zero gradient (the softmax ignores a shift
     # of its row), so only a bias that varies over them has one to compare.
     if kw.get("bias") is not None and kw["bias"].shape[-1] > 1:
@@ -173,6 +175,8 @@ def _run_case(name: str) -> tuple[dict, str]:
 @pytest.mark.host_only
 def test_interpret_matches_xla(name):
   res, stdout = _run_case(name)
+  # The output and the gradients of query, key and value keep the input dtype.
+  assert set(res["dtypes"]) == {CASES[name].dtype}, res
   assert res["finite"]
   assert res["out"] < 1e-2, res
   if "grads" in res:

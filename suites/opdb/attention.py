@@ -145,6 +145,13 @@ _MOSAIC_CASES = {
     grads=True,
     features=dict(query_seq_lengths=(80, 20, -2), key_value_seq_lengths=(100, -4, 30)),
   ),
+  # A scale other than 1/sqrt(H), in the forward and both backward kernels.
+  "scale_causal_gqa": kc.AttentionKernelCase(
+    dict(b=1, t=128, s=128, n=2, k=1, h=64),
+    "bfloat16",
+    grads=True,
+    features=dict(scale=0.3, is_causal=True),
+  ),
   "fp16_h128_causal_fwd": kc.AttentionKernelCase(
     dict(b=1, t=256, s=256, n=2, k=2, h=128),
     "float16",
