@@ -433,6 +433,21 @@ def test_forward_shared_memory_bytes():
   assert mosaic.smem_bytes(three, 256) > mosaic._SMEM_BYTES
 
 
+@pytest.mark.parametrize("s", [64, 200, 512, 4096])
+@pytest.mark.parametrize("h", [64, 128, 256])
+def test_heuristic_configs_fit(h, s):
+  """The heuristic's config fits shared memory and registers forward and backward."""
+  q = jax.ShapeDtypeStruct((1, 256, 2, h), jnp.bfloat16)
+  kv = jax.ShapeDtypeStruct((1, s, 1, h), jnp.bfloat16)
+  for kw in ({}, dict(is_causal=True)):
+    record = jax.eval_shape(lambda q, kv, kw=kw: spec.canonicalize(q, kv, kv, **kw), q, kv)
+    impl = mosaic.MosaicAttention()
+    config = impl._get_heuristics_config(record)
+    assert mosaic.smem_bytes(config, h) <= mosaic._SMEM_BYTES, config
+    assert mosaic.bwd_config_reason(config, h) is None
+    assert mosaic.MosaicAttention(config=config)._unsupported_reason(record) is None
+
+
 @pytest.mark.parametrize("h", [64, 128])
 def test_heuristic_shrinks_key_blocks_for_staged_planes(h):
   """Full bias and mask planes take slots beside the keys: the heuristic halves its key block
@@ -521,6 +536,10 @@ def test_platform_reason():
 def test_config_validation():
   with pytest.raises(ValueError, match="block_kv"):
     mosaic.MosaicAttentionConfig(block_kv=96)
+  with pytest.raises(ValueError, match="block_kv"):
+    mosaic.MosaicAttentionConfig(block_kv=512)
+  with pytest.raises(ValueError, match="block_kv"):
+    mosaic.MosaicAttentionConfig(block_kv=32)
   with pytest.raises(ValueError, match="num_stages"):
     mosaic.MosaicAttentionConfig(num_stages=1)
   with pytest.raises(ValueError, match="bwd_block_q"):

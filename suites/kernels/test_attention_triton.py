@@ -179,6 +179,10 @@ def test_supported(kw):
 def test_config_validation():
   with pytest.raises(ValueError, match="block_q"):
     attention_triton.TritonAttentionConfig(block_q=48)
+  with pytest.raises(ValueError, match="block_k"):
+    attention_triton.TritonAttentionConfig(block_k=8)
+  with pytest.raises(ValueError, match="bwd_block_inner"):
+    attention_triton.TritonAttentionConfig(bwd_block_inner=96)
   with pytest.raises(ValueError, match="num_warps"):
     attention_triton.TritonAttentionConfig(num_warps=0)
 
