@@ -219,46 +219,17 @@ _BLOCK_MASKINGS = [
 ]
 
 
-@pytest.mark.parametrize("masking", _BLOCK_MASKINGS, ids=lambda m: repr(m)[8:].replace(" ", ""))
-def test_block_ranges_hold_every_visible_pair(masking):
-  """`kv_blocks` and `q_blocks` (the key and query blocks the kernels visit, and those they
-  visit without masks) against a brute-force visibility table, at 16-row blocks whose
-  windows end on block boundaries and at random sequence lengths."""
-  rng = np.random.default_rng(3)
-  t, s, block = 64, 80, 16
-  for _ in range(4):
-    q_len = int(rng.integers(0, t + 1)) if masking.q_len else t
-    kv_len = int(rng.integers(0, s + 1)) if masking.kv_len else s
-    for r0 in range(0, t, block):
-      rows = r0 + np.arange(block)
-      ranges = mosaic_common.kv_blocks(masking, r0, block, block, s // block, kv_len)
-      # kv_blocks sees no query length: rows past it are dropped elsewhere.
-      _check_ranges(
-        ranges, block, s // block, lambda cols: _positional(masking, rows, cols, t, kv_len)
-      )
-    for c0 in range(0, s, block):
-      cols = c0 + np.arange(block)
-      ranges = mosaic_common.q_blocks(masking, c0, block, block, t // block, q_len, kv_len)
-      _check_ranges(
-        ranges, block, t // block, lambda r: _positional(masking, r, cols, q_len, kv_len)
-      )
-
-
-@pytest.mark.parametrize(("held", "streamed"), [(16, 32), (32, 16), (8, 32)])
-@pytest.mark.parametrize("masking", _BLOCK_MASKINGS, ids=lambda m: repr(m)[8:].replace(" ", ""))
-def test_block_ranges_at_unequal_blocks(masking, held, streamed):
-  """As `test_block_ranges_hold_every_visible_pair`, with held blocks of another size than
-  the streamed ones (the forward holds 64 query rows against 128 or 256 keys; the dk/dv
-  kernel 64 keys against 128 query rows): a held block may then start or end inside a
-  streamed block, and a rounding of the wrong way drops that block."""
-  rng = np.random.default_rng(5)
-  t, s = 96, 128
+def _check_block_ranges(masking, t: int, s: int, held: int, streamed: int, seed: int):
+  """`kv_blocks` and `q_blocks` for each held block of `held` rows (or keys) against a
+  brute-force visibility table over streamed blocks of `streamed`, at random lengths."""
+  rng = np.random.default_rng(seed)
   for _ in range(4):
     q_len = int(rng.integers(0, t + 1)) if masking.q_len else t
     kv_len = int(rng.integers(0, s + 1)) if masking.kv_len else s
     for r0 in range(0, t, held):
       rows = r0 + np.arange(held)
       ranges = mosaic_common.kv_blocks(masking, r0, held, streamed, s // streamed, kv_len)
+      # kv_blocks sees no query length: rows past it are dropped elsewhere.
       _check_ranges(
         ranges, streamed, s // streamed, lambda cols: _positional(masking, rows, cols, t, kv_len)
       )
@@ -268,6 +239,24 @@ def test_block_ranges_at_unequal_blocks(masking, held, streamed):
       _check_ranges(
         ranges, streamed, t // streamed, lambda r: _positional(masking, r, cols, q_len, kv_len)
       )
+
+
+@pytest.mark.parametrize("masking", _BLOCK_MASKINGS, ids=lambda m: repr(m)[8:].replace(" ", ""))
+def test_block_ranges_hold_every_visible_pair(masking):
+  """`kv_blocks` and `q_blocks` (the key and query blocks the kernels visit, and those they
+  visit without masks) against a brute-force visibility table, at 16-row blocks whose
+  windows end on block boundaries and at random sequence lengths."""
+  _check_block_ranges(masking, t=64, s=80, held=16, streamed=16, seed=3)
+
+
+@pytest.mark.parametrize(("held", "streamed"), [(16, 32), (32, 16), (8, 32)])
+@pytest.mark.parametrize("masking", _BLOCK_MASKINGS, ids=lambda m: repr(m)[8:].replace(" ", ""))
+def test_block_ranges_at_unequal_blocks(masking, held, streamed):
+  """As `test_block_ranges_hold_every_visible_pair`, with held blocks of another size than
+  the streamed ones (the forward holds 64 query rows against 128 or 256 keys; the dk/dv
+  kernel 64 keys against 128 query rows): a held block may then start or end inside a
+  streamed block, and a rounding of the wrong way drops that block."""
+  _check_block_ranges(masking, t=96, s=128, held=held, streamed=streamed, seed=5)
 
 
 def _lower(impl, config, shape, dtype=jnp.bfloat16, grads=False, **kw):
