@@ -61,6 +61,8 @@ _MOSAIC_ATTENTION = "suites/kernels/test_attention_mosaic.py"
 _MOSAIC_GLU = "suites/kernels/test_mosaic_gated_linear_unit.py"
 _TRITON_NORM = "suites/kernels/test_triton_layer_norm.py"
 _TRITON_RAGGED = "suites/kernels/test_triton_ragged_dot.py"
+_TRITON_CALL = "src/tokamax/_src/triton_call.py"
+_TRITON_CALL_TESTS = "suites/kernels/test_triton_call.py"
 _TPU_RAGGED = "suites/kernels/test_tpu_ragged_dot.py"
 _TPU_RAGGED_KERNEL = _RAGGED + "mosaic_tpu_kernel.py"
 _TPU_ATTENTION = "suites/kernels/test_tpu_attention.py"
@@ -4877,6 +4879,122 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_TRITON_NORM, "-k", "interpreted_kernels"),
     "Triton layer_norm backward: the cotangent's normalised axis is not moved last (rows of"
     " dy mismatch those of x unless the axis is the last).",
+  ),
+  # --- Triton paths: triton_call, layer_norm, gated_linear_unit, ragged_dot, attention ---
+  Mutation(
+    "triton_call.bfloat16_as_float16",
+    _TRITON_CALL,
+    '  "bfloat16": "bf16",',
+    '  "bfloat16": "fp16",',
+    (_TRITON_CALL_TESTS, "-k", "array_types"),
+    "triton_call: bfloat16 arrays compile as float16 pointers.",
+  ),
+  Mutation(
+    "triton_call.uint32_as_int32",
+    _TRITON_CALL,
+    '  "uint32": "u32",',
+    '  "uint32": "i32",',
+    (_TRITON_CALL_TESTS, "-k", "array_types"),
+    "triton_call: uint32 arrays compile as signed int32 pointers.",
+  ),
+  Mutation(
+    "triton_call.int32_range_inclusive",
+    _TRITON_CALL,
+    '"i32" if -(2**31) <= value < 2**31 else "i64"',
+    '"i32" if -(2**31) <= value <= 2**31 else "i64"',
+    (_TRITON_CALL_TESTS, "-k", "scalar_types"),
+    "triton_call: the scalar 2**31 is typed i32 (it overflows).",
+  ),
+  Mutation(
+    "triton_call.bool_as_int32",
+    _TRITON_CALL,
+    '  if isinstance(value, bool):\n    return "i1"\n  if isinstance(value, int',
+    "  if isinstance(value, int",
+    (_TRITON_CALL_TESTS, "-k", "scalar_types"),
+    "triton_call: Python bools are typed as i32 scalars (bool is an int).",
+  ),
+  Mutation(
+    "triton_call.compile_launch_warps_ignored",
+    _TRITON_CALL,
+    '    num_warps=options.get("num_warps", 4),',
+    "    num_warps=4,",
+    (_TRITON_CALL_TESTS, "-k", "compile_launch_follows"),
+    "triton_call: compile_launch compiles with 4 warps whatever the launch asked for.",
+  ),
+  Mutation(
+    "triton_call.compile_launch_stages_ignored",
+    _TRITON_CALL,
+    '    num_stages=options.get("num_stages", 3),',
+    "    num_stages=3,",
+    (_TRITON_CALL_TESTS, "-k", "compile_launch_follows"),
+    "triton_call: compile_launch compiles with 3 stages whatever the launch asked for.",
+  ),
+  Mutation(
+    "triton_call.alignment_hints_dropped",
+    _TRITON_CALL,
+    '  attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}',
+    "  attrs = {}",
+    (_TRITON_CALL_TESTS, "-k", "compile_launch_follows"),
+    "triton_call: pointers are not marked 16-byte aligned (jax-triton's arrays are), so the"
+    " compiled code differs from what runs.",
+  ),
+  Mutation(
+    "triton_call.alignment_hints_on_scalars",
+    _TRITON_CALL,
+    '    aligned = [n for n, t in signature.items() if t.startswith("*")]',
+    "    aligned = list(signature)",
+    (_TRITON_CALL_TESTS, "-k", "compile_launch_follows"),
+    "triton_call: scalar arguments are assumed divisible by 16 too.",
+  ),
+  Mutation(
+    "triton_call.ones_not_specialised",
+    _TRITON_CALL,
+    "and not isinstance(value, bool) and value == 1:",
+    "and not isinstance(value, bool) and value == 0:",
+    (_TRITON_CALL_TESTS, "-k", "compile_launch_follows"),
+    "triton_call: scalars equal to 1 stay runtime arguments (jax-triton makes them constants).",
+  ),
+  Mutation(
+    "triton_call.numpy_int_grid",
+    _TRITON_CALL,
+    "  if isinstance(grid, int | np.integer):",
+    "  if isinstance(grid, int):",
+    (_TRITON_CALL_TESTS, "-k", "grids_of_numpy"),
+    "triton_call: a numpy integer grid is not wrapped in a tuple.",
+  ),
+  Mutation(
+    "triton_call.interpreted_outputs_zeroed",
+    _TRITON_CALL,
+    "np.full(s.shape, np.nan if np.issubdtype(s.dtype, np.inexact) else -1, s.dtype) for s in shapes",
+    "np.zeros(s.shape, s.dtype) for s in shapes",
+    (_TRITON_CALL_TESTS, "-k", "not_written"),
+    "triton_call: interpreted outputs start as zeros, so unwritten elements pass for zeros.",
+  ),
+  Mutation(
+    "triton_call.cache_dir_left_set",
+    _TRITON_CALL,
+    '    if before is None:\n      del os.environ["TRITON_CACHE_DIR"]\n    else:\n'
+    '      os.environ["TRITON_CACHE_DIR"] = before',
+    "    pass",
+    (_TRITON_CALL_TESTS, "-k", "cache_dir"),
+    "triton_call: compiling leaves TRITON_CACHE_DIR set to its temporary directory.",
+  ),
+  Mutation(
+    "triton_call.sm80_refused",
+    _TRITON_CALL,
+    '  if tuple(int(v) for v in str(cc).split(".")) < (8, 0):',
+    '  if tuple(int(v) for v in str(cc).split(".")) < (9, 0):',
+    (_TRITON_CALL_TESTS, "-k", "needs_sm80"),
+    "triton_call: Ampere (sm_80) is refused as too old.",
+  ),
+  Mutation(
+    "triton_call.language_left_patched",
+    _TRITON_CALL,
+    "        if vars(ns).get(name, _MISSING) is not value:",
+    "        if name not in vars(ns):",
+    ("suites/kernels/test_attention_triton.py", "-k", "leaves_triton_language"),
+    "triton_call: names of triton.language the interpreter replaced are not put back (only"
+    " deleted ones), which breaks later compiles in the process.",
   ),
 )
 

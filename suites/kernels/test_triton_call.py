@@ -1,8 +1,17 @@
-"""The launch wrapper's batching: under `jax.vmap` a launch runs once per batch element."""
+"""The launch wrapper: batching (under `jax.vmap` a launch runs once per batch element),
+Triton types, grids, the interpreter's unwritten outputs and compiling for a target."""
+
+import os
+import re
+import tempfile
+import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
+import triton
+import triton.language as tl
 
 from tokamax._src import triton_call
 
@@ -26,3 +35,141 @@ def test_vmap_runs_the_launch_per_element_and_passes_unbatched_arguments_whole()
   # Batched on the second axis, and nested vmaps.
   got = jax.vmap(jax.vmap(f, in_axes=(1, None)), in_axes=(0, None))(xs[:, :, None], w)
   np.testing.assert_allclose(got[0][:, 0], np.asarray(xs) @ np.asarray(w), rtol=1e-5, atol=1e-5)
+
+
+# -- Types, grids and compiling (CPU) ----------------------------------------------
+
+
+@triton.jit
+def _first_half_doubled(x_ptr, y_ptr, i_ptr, N: tl.constexpr):
+  """Writes only the first half of its outputs: y = 2x and i = the index there."""
+  offs = tl.arange(0, N)
+  half = offs < N // 2
+  tl.store(y_ptr + offs, tl.load(x_ptr + offs) * 2.0, mask=half)
+  tl.store(i_ptr + offs, offs, mask=half)
+
+
+@triton.jit
+def _scaled_copy(x_ptr, n, scale, y_ptr, BLOCK: tl.constexpr):
+  offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * scale, mask=offs < n)
+
+
+@pytest.mark.parametrize(
+  "name",
+  [
+    "bfloat16",
+    "float64",
+    "float32",
+    "float16",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint32",
+    "uint8",
+    "bool",
+  ],
+)
+def test_array_types_parse_to_the_triton_dtype_of_the_same_name(name):
+  """Triton's own parser of signature strings reads each array's type back as the
+  `triton.language` dtype named like the array's (bool: int1)."""
+  tl_name = "int1" if name == "bool" else name
+  parsed = tl.str_to_ty(triton_call._type_of(np.zeros(2, name)), None)
+  assert parsed == tl.pointer_type(getattr(tl, tl_name)), parsed
+
+
+def test_scalar_types():
+  """Integers as Triton's launcher specialises them (i32 in the signed 32-bit range, else
+  i64); bools as i1; Python floats as fp64, as jax-triton."""
+  from triton.runtime.jit import mangle_type
+
+  for value in (-(2**31) - 1, -(2**31), 0, 5, 2**31 - 1, 2**40):
+    assert triton_call._type_of(value) == mangle_type(value), value
+  assert triton_call._type_of(2**31) != "i32"
+  assert triton_call._type_of(True) == triton_call._type_of(False) == "i1"
+  assert triton_call._type_of(1.5) == "fp64"
+  with pytest.raises(TypeError):
+    triton_call._type_of("a")
+
+
+def test_grids_of_numpy_ints_and_of_functions_of_the_meta_parameters():
+  x = jnp.zeros(8, jnp.float32)
+  shape = jax.ShapeDtypeStruct((8,), jnp.float32)
+  with triton_call.capture() as launches:
+    triton_call.call(_scaled_copy, x, 8, 1.0, out_shape=shape, grid=np.int64(3), BLOCK=4)
+    triton_call.call(
+      _scaled_copy, x, 8, 1.0, out_shape=shape, grid=lambda meta: (8 // meta["BLOCK"], 1), BLOCK=4
+    )
+  assert [launch.grid for launch in launches] == [(3,), (2, 1)]
+
+
+@pytest.mark.host_only
+def test_interpreted_outputs_not_written_read_nan_or_minus_one():
+  """The interpreter fills outputs with NaN (integers: -1) first, so a kernel that leaves
+  elements unwritten cannot pass for one that wrote zeros; eager and under jit."""
+  x = jnp.asarray(np.random.default_rng(0).standard_normal(8), jnp.float32)
+  shapes = [jax.ShapeDtypeStruct((8,), jnp.float32), jax.ShapeDtypeStruct((8,), jnp.int32)]
+
+  def run(x):
+    return triton_call.call(_first_half_doubled, x, out_shape=shapes, grid=(1,), N=8)
+
+  with triton_call.interpret():
+    outs = [run(x), jax.jit(run)(x)]
+  for y, i in outs:
+    np.testing.assert_array_equal(np.asarray(y)[:4], 2 * np.asarray(x)[:4])
+    assert np.isnan(np.asarray(y)[4:]).all(), y
+    np.testing.assert_array_equal(np.asarray(i), [0, 1, 2, 3, -1, -1, -1, -1])
+
+
+def _signature(compiled) -> dict[str, str]:
+  """Runtime argument name -> its TTIR type and attributes, from the compiled kernel."""
+  ttir = compiled.asm["ttir"]
+  params = re.search(r"tt\.func public @\w+\((.*?)\) attributes", ttir, re.S).group(1)
+  params = re.sub(r"loc\((?:[^()]|\([^()]*\))*\)", "", params)
+  return dict(re.findall(r"%(\w+): ([^,]*?)\s*(?:,|$)", params))
+
+
+def test_compile_launch_follows_the_launch():
+  """As jax-triton: pointers 16-byte aligned, scalars not; a scalar equal to 1 is a
+  constant; the launch's warps and stages."""
+  x = jnp.zeros(64, jnp.bfloat16)
+  shape = jax.ShapeDtypeStruct((64,), jnp.bfloat16)
+  with triton_call.capture() as launches:
+    for n in (64, 1):
+      triton_call.call(
+        _scaled_copy, x, n, 2.0, out_shape=shape, grid=(1,), BLOCK=64, num_warps=2, num_stages=2
+      )
+  general, one = (triton_call.compile_launch(launch, 80) for launch in launches)
+  sig = _signature(general)
+  assert set(sig) == {"x_ptr", "n", "scale", "y_ptr"}, sig
+  for name in ("x_ptr", "y_ptr"):
+    assert sig[name].startswith("!tt.ptr<bf16>") and "tt.divisibility = 16" in sig[name], sig
+  assert sig["n"] == "i32" and sig["scale"] == "f64", sig
+  assert set(_signature(one)) == {"x_ptr", "scale", "y_ptr"}
+  assert (general.metadata.num_warps, general.metadata.num_stages) == (2, 2)
+
+
+def test_compile_for_leaves_the_cache_dir_variable_as_it_was(monkeypatch):
+  """Unset stays unset; a value stays (the value-"" case: test_triton_layer_norm.py)."""
+  signature = {"x_ptr": "*fp32", "n": "i32", "scale": "fp32", "y_ptr": "*fp32"}
+  monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+  assert "cubin" in triton_call.compile_for(_scaled_copy, signature, {"BLOCK": 32}, 80).asm
+  assert "TRITON_CACHE_DIR" not in os.environ
+  path = os.path.join(tempfile.gettempdir(), "tokamax_triton_cache")
+  monkeypatch.setenv("TRITON_CACHE_DIR", path)
+  triton_call.compile_for(_scaled_copy, signature, {"BLOCK": 32}, 80)
+  assert os.environ["TRITON_CACHE_DIR"] == path
+
+
+def test_unavailable_reason_needs_sm80(monkeypatch):
+  monkeypatch.setattr(triton_call, "_import_error", lambda: None)
+  for cc, words in (("7.5", "sm_80 or newer, not sm_75"), ("8.0", None), ("9.0", None)):
+    monkeypatch.setattr(
+      jax, "devices", lambda cc=cc: [types.SimpleNamespace(compute_capability=cc)]
+    )
+    reason = triton_call.unavailable_reason("gpu")
+    assert reason is None if words is None else words in reason, (cc, reason)
+  monkeypatch.setattr(jax, "devices", lambda: [types.SimpleNamespace()])
+  assert "compute capability" in triton_call.unavailable_reason("gpu")
+  assert "not on cpu" in triton_call.unavailable_reason("cpu")
