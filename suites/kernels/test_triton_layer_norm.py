@@ -107,11 +107,12 @@ def test_pipelined_configs_compile_to_async_copies(sm):
   config = dataclasses.replace(
     OP._get_heuristics_config(args),
     bwd_num_warps=16,
-    bwd_prefetch=False,
+    bwd_prefetch=True,  # Stages override the register prefetch.
     bwd_stages=4,
     fwd_programs=264,
     fwd_stages=3,
   )
+  assert config.num_warps != config.bwd_num_warps
   launches, _, _ = _launches(args, config)
   assert [launch.kernel.__name__ for launch in launches] == [
     "layer_norm_fwd_persistent",
@@ -119,10 +120,13 @@ def test_pipelined_configs_compile_to_async_copies(sm):
     "sum_partials",
   ]
   row_bytes = 8192 * 2
-  for launch, buffers in zip(launches[:2], (2 * 1, 3 * 2), strict=True):
+  for launch, buffers, warps in zip(
+    launches[:2], (2 * 1, 3 * 2), (config.num_warps, config.bwd_num_warps), strict=True
+  ):
     compiled = triton_call.compile_launch(launch, sm)
     assert "cp.async" in compiled.asm["ptx"]
     assert buffers * row_bytes <= compiled.metadata.shared <= SMEM_LIMIT[sm]
+    assert compiled.metadata.num_warps == warps
 
 
 @pytest.mark.parametrize("subtract_mean", [False, True], ids=["rms", "layer"])
@@ -262,15 +266,33 @@ def test_interpreted_kernels_use_the_callers_epsilon(subtract_mean):
   kw = dict(epsilon=0.5, subtract_mean=subtract_mean)
   args = spec.canonicalize(x, scale, offset, **kw)
   config = norm_triton.TritonNormConfig(block_m=2, num_warps=4, bwd_block_m=2, bwd_num_warps=4)
-  with triton_call.interpret():
-    out, residuals = OP._fwd(args, config)
-    grads = OP._bwd(args, config, out, residuals, dy)
   ref_out, ref_grads = references.high_precision_vjp(
     lambda a, b, c: references.layer_norm(a, b, c, **kw), (x, scale, offset), dy
   )
-  assert compare.relative_error(out, ref_out) <= 1e-5
-  for name, rg in zip(("x", "scale", "offset"), ref_grads, strict=True):
-    assert compare.relative_error(grads[name], rg) <= 1e-5, name
+  # One program per block, and the persistent forward (register prefetch, then pipelined).
+  for fwd in ({}, dict(fwd_programs=2), dict(fwd_programs=2, fwd_stages=3)):
+    with triton_call.interpret():
+      out, residuals = OP._fwd(args, dataclasses.replace(config, **fwd))
+      grads = OP._bwd(args, config, out, residuals, dy)
+    assert compare.relative_error(out, ref_out) <= 1e-5, fwd
+    for name, rg in zip(("x", "scale", "offset"), ref_grads, strict=True):
+      assert compare.relative_error(grads[name], rg) <= 1e-5, (fwd, name)
+
+
+@pytest.mark.host_only
+def test_interpreted_partial_sums_of_many_programs():
+  """More backward programs (264, one row each) than one block of sum_partials' loop over
+  them (256): dscale and doffset add every block of partial sums."""
+  x, scale, offset, dy = _inputs((264, 20), -1, "float32", True, True, seed=4)
+  args = spec.canonicalize(x, scale, offset)
+  config = norm_triton.TritonNormConfig(block_m=4, num_warps=4, bwd_num_warps=4, bwd_programs=264)
+  with triton_call.interpret():
+    out, residuals = OP._fwd(args, config)
+    grads = OP._bwd(args, config, out, residuals, dy)
+  x64, dy64 = np.asarray(x, np.float64), np.asarray(dy, np.float64)
+  xhat = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-6)
+  np.testing.assert_allclose(grads["scale"], (dy64 * xhat).sum(0), rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(grads["offset"], dy64.sum(0), rtol=1e-5, atol=1e-4)
 
 
 def test_unsupported_reasons_of_scale_and_offset_dtypes_and_the_longest_row():
