@@ -116,6 +116,24 @@ def test_unsupported_reasons():
   assert "mixed dtypes" in OP._unsupported_reason(mixed)
 
 
+def test_unsupported_reasons_of_32_bit_weights_and_an_empty_width():
+  """Both projections' weights (K x 2N elements) index in 32 bits: 2**31 of them are refused,
+  one column fewer each is not; N = 0 is an empty input."""
+
+  def record(k, n):
+    shapes = [
+      jax.ShapeDtypeStruct((8, k), jnp.bfloat16),
+      jax.ShapeDtypeStruct((k, 2, n), jnp.bfloat16),
+    ]
+    return jax.eval_shape(lambda x, w: spec.canonicalize(x, w, activation=jax.nn.swish), *shapes)
+
+  reason = OP._unsupported_reason(record(1 << 16, 1 << 14))
+  assert reason is not None and "2**31" in reason, reason
+  assert OP._unsupported_reason(record(1 << 16, (1 << 14) - 1)) is None
+  reason = OP._unsupported_reason(record(64, 0))
+  assert reason is not None and "empty" in reason, reason
+
+
 @pytest.mark.requires("cpu")
 def test_cpu_names_triton_unavailable():
   x, weights, _ = _inputs((8, 16), 8, "float32", True)
