@@ -249,9 +249,11 @@ def _capture(args, config):
 
 def test_grids_and_constants():
   args = _args(b=3, t=100, s=70, n=6, k=2, h=40, hv=24, bias=(1, 6, 1, 70), mask=(3, 1, 100, 70))
-  config = attention_triton.TritonAttentionConfig(64, 32, 4, 2, 32, 16, 4, 2)
+  config = attention_triton.TritonAttentionConfig(64, 32, 4, 2, 32, 16, 8, 3)
   launches, grads = _capture(args, config)
   fwd, dkdv, dq = launches
+  for launch in (dkdv, dq):  # The backward's own warps and stages.
+    assert (launch.meta["num_warps"], launch.meta["num_stages"]) == (8, 3)
   assert fwd.grid == (2 * 6 * 3,)  # cdiv(T, block_q) * N * B
   assert dkdv.grid == (3 * 2 * 3,)  # cdiv(S, bwd_block_outer) * K * B
   assert dq.grid == (4 * 6 * 3,)  # cdiv(T, bwd_block_outer) * N * B
@@ -262,8 +264,10 @@ def test_grids_and_constants():
   assert [meta[f"MASK_S{d}"] for d in "BNTS"] == [7000, 0, 70, 1]
   assert fwd.args[4].dtype == jnp.int8
   assert (dkdv.meta["BLOCK_M"], dkdv.meta["BLOCK_N"], dq.meta["BLOCK_M"]) == (16, 32, 32)
-  assert dkdv.out_shape[2].shape == (3, 6, 100, 70)
-  assert grads["bias"].shape == (1, 6, 1, 70)  # Summed over the broadcast dims.
+  # The logits' gradient in the bias's dtype (bfloat16 here), summed over the broadcast dims.
+  assert args.bias.dtype == jnp.bfloat16
+  assert dkdv.out_shape[2].shape == (3, 6, 100, 70) and dkdv.out_shape[2].dtype == jnp.bfloat16
+  assert grads["bias"].shape == (1, 6, 1, 70) and grads["bias"].dtype == jnp.bfloat16
 
 
 # -- Compiling for sm_80 and sm_90 (CPU) ------------------------------------------
