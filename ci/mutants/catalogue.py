@@ -59,6 +59,8 @@ _IN_FORWARD_TESTS = (
 _MOSAIC_RAGGED = "suites/kernels/test_mosaic_ragged_dot.py"
 _MOSAIC_ATTENTION = "suites/kernels/test_attention_mosaic.py"
 _MOSAIC_GLU = "suites/kernels/test_mosaic_gated_linear_unit.py"
+_MOSAIC_LOSS = "suites/kernels/test_mosaic_loss.py"
+_GEMM = "src/tokamax/_src/ops/mosaic_gemm.py"
 _TRITON_NORM = "suites/kernels/test_triton_layer_norm.py"
 _TRITON_RAGGED = "suites/kernels/test_triton_ragged_dot.py"
 _TRITON_CALL = "src/tokamax/_src/triton_call.py"
@@ -4816,6 +4818,241 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_MOSAIC_RAGGED, "-k", "float32_output"),
     "Mosaic ragged dot backward: a float32 cotangent (float32 output) reaches the gradient"
     " kernels uncast, which take 16-bit inputs only.",
+  ),
+  # Mosaic GPU GEMM family (mosaic_gemm, ragged_dot, GLU, loss): the hunt of branch hunt-mgpu.
+  Mutation(
+    "wrappers.gemm_n_multiple_unchecked",
+    _GEMM,
+    "  if n % config.block_n or config.block_n % config.epi_n:",
+    "  if config.block_n % config.epi_n:",
+    (_MOSAIC_RAGGED, "-k", "unsupported_reasons_name_the_feature"),
+    "Mosaic GEMMs: an N that is not a multiple of block_n is accepted (its last columns are"
+    " never computed).",
+  ),
+  Mutation(
+    "wrappers.gemm_block_n_over_256",
+    _GEMM,
+    "  if config.block_n > 256 or config.block_n % 64:",
+    "  if config.block_n > 512 or config.block_n % 64:",
+    (_MOSAIC_RAGGED, "-k", "config_reasons_at_their_limits"),
+    "Mosaic GEMMs: block_n past wgmma's 256 columns is accepted.",
+  ),
+  Mutation(
+    "wrappers.gemm_depth_under_128_bytes",
+    _GEMM,
+    "  if value * in_itemsize != _SWIZZLE:",
+    "  if value * in_itemsize > _SWIZZLE:",
+    (_MOSAIC_RAGGED, "-k", "config_reasons_at_their_limits"),
+    "Mosaic GEMMs: a contraction depth under the 128-byte swizzle span is accepted.",
+  ),
+  Mutation(
+    "kernels.mosaic_gemm_store_ladder_start_always_advances",
+    _GEMM,
+    "    start = start + bit",
+    "    start = start + p",
+    (_MOSAIC_RAGGED + "::test_interpret_epilogue_stores_every_column_chunk",),
+    "Mosaic GEMM epilogue: the store ladder moves its next store's first row on by every"
+    " power of two, stored or not.",
+  ),
+  Mutation(
+    "kernels.mosaic_gemm_store_ladder_no_single_row",
+    _GEMM,
+    "  while p >= 1:",
+    "  while p > 1:",
+    (_MOSAIC_RAGGED + "::test_interpret_epilogue_stores_every_column_chunk",),
+    "Mosaic GEMM epilogue: the store ladder stops at two rows, so an odd row count loses its"
+    " last row.",
+  ),
+  Mutation(
+    "kernels.mosaic_gemm_epilogue_slot_unwaited",
+    _GEMM,
+    "        plgpu.wait_smem_to_gmem(0, wait_read_only=True)\n        o_wg[...]",
+    "        o_wg[...]",
+    (_MOSAIC_RAGGED + "::test_interpret_epilogue_stores_every_column_chunk",),
+    "Mosaic GEMM epilogue: a column chunk overwrites the shared-memory buffer while the"
+    " previous chunk's TMA store may still read it (a race).",
+  ),
+  Mutation(
+    "wrappers.ragged_work_items_unaligned",
+    _RAGGED + "mosaic_fwd.py",
+    "  aligned_start = seg_start // ROW_ALIGN * ROW_ALIGN",
+    "  aligned_start = seg_start",
+    (_MOSAIC_RAGGED, "-k", "work_items_cover_every_row_once"),
+    "Mosaic ragged dot: row blocks start at their segment's first row, not a multiple of 8"
+    " (TMA's row tiling).",
+  ),
+  Mutation(
+    "wrappers.ragged_work_items_block_past_m",
+    _RAGGED + "mosaic_fwd.py",
+    "    row0 = jnp.minimum(block_start, m - block_m)",
+    "    row0 = block_start",
+    (_MOSAIC_RAGGED, "-k", "work_items_cover_every_row_once"),
+    "Mosaic ragged dot: a segment's last row block is not moved back to end at row M (it"
+    " reads and stores past lhs).",
+  ),
+  Mutation(
+    "wrappers.ragged_work_items_lo_at_block_start",
+    _RAGGED + "mosaic_fwd.py",
+    "    lo = jnp.maximum(seg_start[seg], block_start)",
+    "    lo = block_start",
+    (_MOSAIC_RAGGED, "-k", "work_items_cover_every_row_once"),
+    "Mosaic ragged dot: a block aligned down before its segment stores from its first row,"
+    " over the previous segment's last rows.",
+  ),
+  Mutation(
+    "wrappers.ragged_work_items_cluster_stride",
+    _RAGGED + "mosaic_fwd.py",
+    "  first_block = (t - (offsets[seg] - count[seg])) * cluster",
+    "  first_block = t - (offsets[seg] - count[seg])",
+    (_MOSAIC_RAGGED, "-k", "work_items_cover_every_row_once"),
+    "Mosaic ragged dot: consecutive cluster items of a segment start one block apart instead"
+    " of `cluster` blocks (blocks written twice, others never).",
+  ),
+  Mutation(
+    "wrappers.ragged_work_items_missing_block_stored",
+    _RAGGED + "mosaic_fwd.py",
+    "    present = valid & (j < blocks[seg])",
+    "    present = valid",
+    (_MOSAIC_RAGGED, "-k", "work_items_cover_every_row_once"),
+    "Mosaic ragged dot: a cluster's missing last block is taken as present (rows past its"
+    " segment get bounds).",
+  ),
+  Mutation(
+    "wrappers.ragged_work_items_segment_off_by_one",
+    _RAGGED + "mosaic_fwd.py",
+    "offsets[None, :] <= t[:, None]",
+    "offsets[None, :] < t[:, None]",
+    (_MOSAIC_RAGGED, "-k", "work_items_cover_every_row_once"),
+    "Mosaic ragged dot: the item at a segment's first offset is given to the previous segment.",
+  ),
+  Mutation(
+    "kernels.mosaic_ragged_item_reads_header",
+    _RAGGED + "mosaic_fwd.py",
+    "        item = lax.div(idx, n_tiles) + 1",
+    "        item = lax.div(idx, n_tiles)",
+    (_MOSAIC_RAGGED + "::test_interpret_preferred_element_type",),
+    "Mosaic ragged dot: work item t is read from row t of the work list, whose row 0 is the"
+    " header.",
+  ),
+  Mutation(
+    "kernels.mosaic_ragged_items_not_times_tiles",
+    _RAGGED + "mosaic_fwd.py",
+    "    total = items_ref[0, 0] * n_tiles",
+    "    total = items_ref[0, 0]",
+    (_MOSAIC_RAGGED, "-k", "interpret_matches and default"),
+    "Mosaic ragged dot: the persistent loop runs one step per work item, not per (item, N"
+    " tile): only the first items' first column tiles are computed.",
+  ),
+  Mutation(
+    "kernels.mosaic_ragged_first_row_from_block",
+    _RAGGED + "mosaic_fwd.py",
+    "        first = jnp.clip(lo - row0, 0, WG_ROWS)",
+    "        first = jnp.clip(lo - block_row0, 0, WG_ROWS)",
+    (_MOSAIC_RAGGED + "::test_interpret_epilogue_stores_every_column_chunk",),
+    "Mosaic ragged dot: the second warpgroup's first stored row is counted from the block's"
+    " first row, not its own.",
+  ),
+  Mutation(
+    "kernels.mosaic_ragged_rhs_tile_untransposed",
+    _RAGGED + "mosaic_fwd.py",
+    "            b = b_smem.T if transpose_rhs else b_smem",
+    "            b = b_smem",
+    (_MOSAIC_RAGGED, "-k", "interpret_matches and rhs_transposed"),
+    "Mosaic ragged dot (rhs_transposed): the [N, K] rhs tile goes to wgmma untransposed.",
+  ),
+  Mutation(
+    "wrappers.ragged_fwd_k_multiple_unchecked",
+    _RAGGED + "mosaic_fwd.py",
+    '  if k % config.block_k:\n    return f"K={k} must be a multiple of block_k={config.block_k}"',
+    '  if False:\n    return f"K={k} must be a multiple of block_k={config.block_k}"',
+    (_MOSAIC_RAGGED, "-k", "config_reasons_at_their_limits"),
+    "Mosaic ragged dot: a K that is not a multiple of block_k is accepted (its last"
+    " columns are never contracted).",
+  ),
+  Mutation(
+    "kernels.mosaic_ragged_drhs_k_tile_index",
+    _RAGGED + "mosaic_drhs.py",
+    "        ki = lax.div(rest, n_tiles)",
+    "        ki = lax.rem(rest, k_tiles)",
+    (_MOSAIC_RAGGED, "-k", "drhs_tiles"),
+    "Mosaic ragged dot drhs: an item's K tile is taken from the wrong digit of its index"
+    " (K tiles computed twice, others never).",
+  ),
+  Mutation(
+    "kernels.mosaic_ragged_drhs_group_index",
+    _RAGGED + "mosaic_drhs.py",
+    "        gi = lax.div(idx, k_tiles * n_tiles)",
+    "        gi = lax.div(idx, n_tiles)",
+    (_MOSAIC_RAGGED, "-k", "drhs_tiles"),
+    "Mosaic ragged dot drhs: an item's group is its index over the N tiles alone (wrong with"
+    " several K tiles).",
+  ),
+  Mutation(
+    "kernels.mosaic_ragged_drhs_store_chunk_column",
+    _RAGGED + "mosaic_drhs.py",
+    "pl.ds(ni * bn + c * epi_n, epi_n)",
+    "pl.ds(ni * bn, epi_n)",
+    (_MOSAIC_RAGGED, "-k", "drhs_tiles"),
+    "Mosaic ragged dot drhs: every epilogue column chunk is stored at the tile's first columns.",
+  ),
+  Mutation(
+    "kernels.mosaic_ragged_drhs_mask_keeps_group_end",
+    _RAGGED + "mosaic_drhs.py",
+    "            keep = (row >= start) & (row < end)",
+    "            keep = (row >= start) & (row <= end)",
+    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[8]",),
+    "Mosaic ragged dot drhs: the row after a group's last (the next group's first) is kept in"
+    " its gradient.",
+  ),
+  Mutation(
+    "kernels.mosaic_ragged_drhs_mask_by_column",
+    _RAGGED + "mosaic_drhs.py",
+    "lax.broadcasted_iota(jnp.int32, (bm, WG_ROWS), 0)",
+    "lax.broadcasted_iota(jnp.int32, (bm, WG_ROWS), 1)",
+    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[8]",),
+    "Mosaic ragged dot drhs: the row mask of the lhs tile is indexed by its K column instead"
+    " of its row.",
+  ),
+  Mutation(
+    "wrappers.ragged_drhs_k_multiple_unchecked",
+    _RAGGED + "mosaic_drhs.py",
+    '  if k % config.block_k:\n    return f"K={k} must be a multiple of {config.block_k}"',
+    '  if False:\n    return f"K={k} must be a multiple of {config.block_k}"',
+    (_MOSAIC_RAGGED, "-k", "names_the_unsupported_gradient"),
+    "Mosaic ragged dot drhs: a K that is not a multiple of its 128-row K tile is accepted.",
+  ),
+  Mutation(
+    "ragged_dot.mosaic_row_block_padding_dropped",
+    _RAGGED + "mosaic.py",
+    "      pad = max(pad, gemm.WG_ROWS * gemm.NUM_COMPUTE_WGS - m)",
+    "      pad = pad",
+    (_MOSAIC_RAGGED + "::test_interpret_preferred_element_type",),
+    "Mosaic ragged dot: an lhs of fewer than 128 rows is not padded to one row block.",
+  ),
+  Mutation(
+    "ragged_dot.mosaic_default_dlhs_untransposed",
+    _RAGGED + "mosaic.py",
+    '      "lhs": _with(args, dout, rhs, spec.RHS_TRANSPOSED, dt),',
+    '      "lhs": _with(args, dout, rhs, spec.DEFAULT, dt),',
+    (_MOSAIC_RAGGED, "-k", "interpret_matches and default"),
+    "Mosaic ragged dot (default): dlhs multiplies dout by rhs, not by its transpose.",
+  ),
+  Mutation(
+    "ragged_dot.mosaic_ragged_contracting_dlhs_untransposed",
+    _RAGGED + "mosaic.py",
+    '    "lhs": _with(args, rhs, dout, spec.RHS_TRANSPOSED, dt),',
+    '    "lhs": _with(args, rhs, dout, spec.DEFAULT, dt),',
+    (_MOSAIC_RAGGED, "-k", "interpret_matches and ragged_contracting"),
+    "Mosaic ragged dot (ragged_contracting): dlhs multiplies rhs by dout, not by its transpose.",
+  ),
+  Mutation(
+    "ragged_dot.mosaic_rhs_transposed_dlhs_transposed",
+    _RAGGED + "mosaic.py",
+    '      "lhs": _with(args, dout, rhs, spec.DEFAULT, dt),',
+    '      "lhs": _with(args, dout, rhs, spec.RHS_TRANSPOSED, dt),',
+    (_MOSAIC_RAGGED, "-k", "interpret_matches and rhs_transposed"),
+    "Mosaic ragged dot (rhs_transposed): dlhs multiplies dout by the transpose of the [G, N, K]"
+    " rhs.",
   ),
   Mutation(
     "ragged_dot.api_general_group_offset_dropped",

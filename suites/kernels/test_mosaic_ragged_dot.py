@@ -345,6 +345,8 @@ def test_kernel_config_reasons_at_their_limits():
   # K of exactly num_stages blocks of 64 runs; one block fewer does not.
   assert mosaic_fwd.config_reason(fwd(num_stages=4), m, 256, n, 2, 4) is None
   assert "num_stages" in mosaic_fwd.config_reason(fwd(num_stages=4), m, 192, n, 2, 4)
+  # K must be whole blocks of 64, even where it holds num_stages of them (288 = 4.5 blocks).
+  assert "block_k" in mosaic_fwd.config_reason(fwd(num_stages=4), m, 288, n, 2, 4)
   # epi_n must divide block_n (stores of whole epilogue tiles).
   assert mosaic_fwd.config_reason(fwd(epi_n=128), m, 512, n, 2, 4) is None
   assert "epi_n" in mosaic_fwd.config_reason(fwd(epi_n=256), m, 512, n, 2, 4)
@@ -364,6 +366,14 @@ def test_kernel_config_reasons_at_their_limits():
   for align in (12, 128):
     reason = mosaic_drhs.config_reason(drhs(**base, chunk_align=align), m, 128, 64, 2, 4)
     assert reason is not None and "chunk_align" in reason
+  # wgmma operand tiles: a contraction depth of exactly 128 bytes, block_n a multiple of 64 up
+  # to 256.
+  assert mosaic_fwd.config_reason(fwd(block_n=256, num_stages=2), m, 512, 512, 2, 2) is None
+  for bad, what in (({"block_n": 320}, "block_n"), ({"block_k": 32}, "block_k")):
+    reason = mosaic_fwd.config_reason(fwd(num_stages=2, epi_n=64, **bad), m, 512, 640, 2, 2)
+    assert reason is not None and what in reason and "must" in reason, reason
+  # N must be whole block_n tiles.
+  assert "N=192" in mosaic_fwd.config_reason(fwd(), m, 512, 192, 2, 4)
 
 
 def test_backward_reason_names_the_unsupported_gradient():
@@ -420,3 +430,29 @@ def test_interpret_drhs_chunks_at_group_starts(chunk_align, capfd):
   assert out.shape == (sizes.shape[0], k, n)
   assert np.all(np.asarray(out)[[2, 7]] == 0)  # Empty groups.
   assert compare.relative_error(out, ref) < 1e-5
+
+
+@pytest.mark.host_only
+def test_interpret_drhs_tiles_of_k_and_n_and_epilogue_chunks(capfd):
+  """ragged_contracting through the op: two K tiles (K=256), two N tiles of 128 columns each
+  stored in two epi_n=64 chunks, M=100 padded to whole 8-row tiles, an empty group."""
+  m, k, n = 100, 256, 256
+  rng = np.random.default_rng(12)
+  sizes = jnp.array([37, 0, 41, 22], jnp.int32)  # The last group ends at the last row.
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+  rhs = jnp.asarray(rng.standard_normal((m, n)), jnp.bfloat16)
+  config = mosaic.MosaicRaggedDotConfig(block_n=128, num_stages=2, epi_n=64)
+  impl = mosaic.MosaicRaggedDot(interpret=True, config=config)
+  dims = spec.dimension_numbers(spec.RAGGED_CONTRACTING)
+  out = api.ragged_dot_general(
+    lhs, rhs, sizes, dims, preferred_element_type=jnp.float32, implementation=impl
+  )
+  assert "RACE DETECTED" not in capfd.readouterr().out
+  # float64 per group: lhs[rows of g].T @ rhs[rows of g].
+  a, b = np.asarray(lhs, np.float64), np.asarray(rhs, np.float64)
+  ends = np.cumsum(np.asarray(sizes))
+  want = np.stack(
+    [a[e - s : e].T @ b[e - s : e] for s, e in zip(np.asarray(sizes), ends, strict=True)]
+  )
+  assert out.shape == want.shape
+  np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=1e-5, atol=1e-4)
