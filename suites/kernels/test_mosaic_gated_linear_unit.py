@@ -289,3 +289,56 @@ def test_interpret_gradients_fall_back_to_xla_where_the_derivative_cannot_lower(
   assert compare.relative_error(out, ref) < 5e-3
   assert compare.relative_error(dx, ref_dx) < 1e-2
   assert compare.relative_error(dw, ref_dw) < 1e-2
+
+
+@pytest.mark.host_only
+def test_interpret_cluster_pairs_cover_every_column_tile(capfd):
+  """Clusters of two CTAs over four column tiles (two pairs), with the residuals: each pair
+  takes its own two tiles of both projections and of both residual halves."""
+  rng = np.random.default_rng(13)
+  k, n = 128, 256
+  x = jnp.asarray(rng.standard_normal((64, k)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((k, 2, n)) / np.sqrt(k), jnp.bfloat16)
+  impl = mosaic.MosaicGatedLinearUnit(
+    interpret=True, config=dataclasses.replace(SMALL, cluster=2), backward="xla"
+  )
+
+  def fn(a, b):
+    return api.gated_linear_unit(a, b, activation=jax.nn.swish, implementation=impl)
+
+  out, vjp = jax.vjp(fn, x, w)  # The kernel that also writes the residuals.
+  ct = jnp.asarray(rng.standard_normal(out.shape), jnp.bfloat16)
+  dx, dw = vjp(ct)
+  assert "RACE DETECTED" not in capfd.readouterr().out
+  xf, wf, cf = (np.asarray(a, np.float64) for a in (x, w, ct))
+  gate, up = xf @ wf[:, 0], xf @ wf[:, 1]
+  sig = 1 / (1 + np.exp(-gate))
+  act = gate * sig
+  d_gate, d_up = cf * up * (sig + act * (1 - sig)), cf * act
+  want_dw = np.stack([xf.T @ d_gate, xf.T @ d_up], axis=1)
+  np.testing.assert_allclose(np.asarray(out, np.float64), act * up, rtol=2e-2, atol=2e-2)
+  assert compare.relative_error(out, act * up) < 5e-3
+  assert compare.relative_error(dx, d_gate @ wf[:, 0].T + d_up @ wf[:, 1].T) < 1e-2
+  for j in range(2):  # Each projection's weights, a column tile at a time.
+    for c in range(0, n, 64):
+      got, want = dw[:, j, c : c + 64], want_dw[:, j, c : c + 64]
+      assert compare.relative_error(got, want) < 1e-2, (j, c)
+
+
+def test_kernel_config_reason_limits_of_k_and_shared_memory():
+  """K in whole blocks; shared memory counts both projections' tiles per stage and, with
+  residuals, the ring of two epilogue buffers."""
+  cfg = lambda **kw: mosaic_kernel.MosaicGluKernelConfig(**{"block_n": 128, "epi_n": 128, **kw})
+  m, n = 256, 256
+  # 160 = 2.5 blocks of 64: whole stages for num_stages=2, but not whole blocks.
+  reason = mosaic_kernel.config_reason(cfg(num_stages=2), m, 160, n, 2)
+  assert reason is not None and "multiple of block_k" in reason, reason
+  assert mosaic_kernel.config_reason(cfg(num_stages=2), m, 192, n, 2) is None
+  # A stage: x's 128 rows and both projections' 128 columns, 64 deep: 48 KiB in bfloat16.
+  assert mosaic_kernel.config_reason(cfg(num_stages=4), m, 512, n, 2) is None
+  reason = mosaic_kernel.config_reason(cfg(num_stages=5), m, 512, n, 2)
+  assert reason is not None and "shared memory" in reason, reason
+  # With residuals, two 32 KiB epilogue buffers: three stages fit, four do not.
+  assert mosaic_kernel.config_reason(cfg(num_stages=3), m, 512, n, 2, True) is None
+  reason = mosaic_kernel.config_reason(cfg(num_stages=4), m, 512, n, 2, True)
+  assert reason is not None and "shared memory" in reason, reason
