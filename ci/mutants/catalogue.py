@@ -5165,6 +5165,173 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Mosaic GLU: the residuals keep the padding rows of an M that is not a multiple of 8.",
   ),
   Mutation(
+    "kernels.mosaic_loss_tile_lse_without_maximum",
+    _LOSS + "mosaic_kernel.py",
+    "    lse = top + jnp.log(exps.sum(axis=1))",
+    "    lse = jnp.log(exps.sum(axis=1))",
+    (_MOSAIC_LOSS, "-k", "kernel_alone"),
+    "Mosaic loss kernel: a tile's log-sum-exp leaves out the row maximum it was shifted by.",
+  ),
+  Mutation(
+    "kernels.mosaic_loss_label_logit_not_reset",
+    _LOSS + "mosaic_kernel.py",
+    "    stats_smem[1] = plgpu.layout_cast(jnp.zeros((WG_ROWS,), jnp.float32), row_layout)",
+    "    pass",
+    (_MOSAIC_LOSS, "-k", "kernel_alone"),
+    "Mosaic loss kernel: an item whose flags skip the label search stores the previous item's"
+    " label logits, not zeros.",
+  ),
+  Mutation(
+    "kernels.mosaic_loss_label_flags_first_tile_only",
+    _LOSS + "mosaic_kernel.py",
+    "(labels >= 0) & (labels < n_tiles * block_n)",
+    "(labels >= 0) & (labels < block_n)",
+    (_MOSAIC_LOSS, "-k", "kernel_alone"),
+    "Mosaic loss kernel: only labels of the first vocabulary tile are flagged, so the label"
+    " search skips every other tile.",
+  ),
+  Mutation(
+    "kernels.mosaic_loss_maxima_not_stored",
+    _LOSS + "mosaic_kernel.py",
+    "    for i in range(_stats(probabilities)):",
+    "    for i in range(2):",
+    (_MOSAIC_LOSS, "-k", "maxima"),
+    "Mosaic loss kernel: the tiles' row maxima are never stored (the gradient pass reads an"
+    " unwritten buffer).",
+  ),
+  Mutation(
+    "kernels.mosaic_loss_warpgroups_one_row_range",
+    _LOSS + "mosaic_kernel.py",
+    "        row0 = mi * bm + wg * WG_ROWS",
+    "        row0 = mi * bm",
+    (_MOSAIC_LOSS, "-k", "kernel_alone"),
+    "Mosaic loss kernel: both warpgroups take the row tile's first 64 rows' labels and store"
+    " there.",
+  ),
+  Mutation(
+    "kernels.mosaic_loss_previous_stats_unwaited",
+    _LOSS + "mosaic_kernel.py",
+    "    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The previous item's stores.",
+    "    pass",
+    (_MOSAIC_LOSS, "-k", "kernel_alone"),
+    "Mosaic loss kernel: an item's statistics overwrite the buffer the previous item's stores"
+    " may still read (a race).",
+  ),
+  Mutation(
+    "kernels.mosaic_loss_probability_slot_unwaited",
+    _LOSS + "mosaic_kernel.py",
+    "PROBS_STORE_COLUMNS):\n        plgpu.wait_smem_to_gmem(0, wait_read_only=True)",
+    "PROBS_STORE_COLUMNS):\n        pass",
+    (_MOSAIC_LOSS, "-k", "maxima"),
+    "Mosaic loss kernel: a 128-column chunk of exponentials overwrites the slot its previous"
+    " chunk's store may still read (a race).",
+  ),
+  Mutation(
+    "kernels.mosaic_loss_cotangent_slot_unwaited",
+    _LOSS + "mosaic_kernel.py",
+    "          plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The slot's previous store.",
+    "          pass",
+    (_MOSAIC_LOSS, "-k", "cotangent_kernel"),
+    "Loss cotangent kernel: a prefetch overwrites the slot whose store may still read it (a race).",
+  ),
+  Mutation(
+    "kernels.mosaic_loss_cotangent_groups_not_divisors",
+    _LOSS + "mosaic_kernel.py",
+    "if col_blocks % d == 0",
+    "if col_blocks % 1 == 0",
+    (_MOSAIC_LOSS, "-k", "cotangent_kernel"),
+    "Loss cotangent kernel: the column groups need not divide the column blocks (the last"
+    " blocks are left as exponentials).",
+  ),
+  Mutation(
+    "kernels.mosaic_loss_cotangent_stages_unclamped",
+    _LOSS + "mosaic_kernel.py",
+    "  stages = min(_COTANGENT_STAGES, steps)",
+    "  stages = _COTANGENT_STAGES",
+    (_MOSAIC_LOSS, "-k", "cotangent_kernel"),
+    "Loss cotangent kernel: three prefetch stages even for a group of fewer column blocks"
+    " (reads past the group).",
+  ),
+  Mutation(
+    "wrappers.loss_mosaic_alignment_slack_uncounted",
+    _LOSS + "mosaic_kernel.py",
+    "in_itemsize + 2048 if probabilities else 0",
+    "in_itemsize if probabilities else 0",
+    (_MOSAIC_LOSS, "-k", "gradient_in_forward_lowers"),
+    "Mosaic loss kernel: the exponentials' slot is counted without Mosaic GPU's alignment"
+    " slack (four stages of 256 columns accepted, over shared memory).",
+  ),
+  Mutation(
+    "wrappers.loss_mosaic_h_multiple_unchecked",
+    _LOSS + "mosaic_kernel.py",
+    "  if h % config.block_k:",
+    "  if False:",
+    (_MOSAIC_LOSS, "-k", "exactly_num_stages"),
+    "Mosaic loss kernel: an H that is not a multiple of block_k is accepted.",
+  ),
+  Mutation(
+    "loss.mosaic_probabilities_smem_unchecked",
+    _LOSS + "mosaic.py",
+    "_kernel_config(args.x.dtype, config), h, itemsize, config.gradient_in_forward",
+    "_kernel_config(args.x.dtype, config), h, itemsize, False",
+    (_MOSAIC_LOSS, "-k", "gradient_in_forward_lowers"),
+    "Mosaic loss: the support check of a gradient_in_forward config leaves out the"
+    " exponentials' shared memory.",
+  ),
+  Mutation(
+    "loss.mosaic_label_tiles_maxed",
+    _LOSS + "mosaic.py",
+    "label_tiles[:, :b].sum(0)",
+    "label_tiles[:, :b].max(0)",
+    (_MOSAIC_LOSS, "-k", "interpret_matches"),
+    "Mosaic loss: the label logit is the tiles' maximum (0 where the tile lacks the label),"
+    " so a negative label logit becomes 0.",
+  ),
+  Mutation(
+    "loss.in_forward_tail_label_offset",
+    _LOSS + "mosaic.py",
+    "jnp.where(jnp.arange(main, v) == lc[:, None], tail, 0.0)",
+    "jnp.where(jnp.arange(v - main) == lc[:, None], tail, 0.0)",
+    (_MOSAIC_LOSS, "-k", "gradient_in_forward_matches"),
+    "Loss gradient_in_forward: the tail's label columns counted from 0, not from the tail's"
+    " first vocabulary column.",
+  ),
+  Mutation(
+    "loss.in_forward_tail_lse_dropped",
+    _LOSS + "mosaic.py",
+    "      chunk_lse = jnp.logaddexp(chunk_lse, jax.nn.logsumexp(tail, axis=1))",
+    "      chunk_lse = chunk_lse",
+    (_MOSAIC_LOSS, "-k", "gradient_in_forward_matches"),
+    "Loss gradient_in_forward: the rows' log-sum-exps leave out the columns past the last"
+    " whole tile.",
+  ),
+  Mutation(
+    "loss.in_forward_last_partial_chunk_dropped",
+    _LOSS + "mosaic.py",
+    "  count = -(-b // rows)",
+    "  count = b // rows",
+    (_MOSAIC_LOSS, "-k", "gradient_in_forward_matches"),
+    "Loss gradient_in_forward: the row chunk count rounds down, so a last partial chunk is"
+    " never computed.",
+  ),
+  Mutation(
+    "loss.in_forward_first_chunk_twice",
+    _LOSS + "mosaic.py",
+    "lax.fori_loop(1, count, step, init)",
+    "lax.fori_loop(0, count, step, init)",
+    (_MOSAIC_LOSS, "-k", "gradient_in_forward_matches"),
+    "Loss gradient_in_forward: the loop starts again at chunk 0, whose dweights share the"
+    " initial value already holds.",
+  ),
+  Mutation(
+    "loss.in_forward_reason_ignored",
+    _LOSS + "mosaic.py",
+    "    if config.gradient_in_forward and in_forward_reason(args) is None:",
+    "    if config.gradient_in_forward:",
+    (_MOSAIC_LOSS, "-k", "gradient_in_forward_falls_back"),
+    "Mosaic loss: gradient_in_forward taken where it cannot serve (reduction none).",
+  ),
+  Mutation(
     "ragged_dot.api_general_group_offset_dropped",
     _RAGGED + "api.py",
     "    ragged_dot_dimension_numbers,\n    precision=precision,\n"

@@ -80,8 +80,10 @@ def test_the_kernel_alone_gives_each_tiles_logsumexp_and_label_logit():
     n_tiles=3,
     config=config,
     num_sms=2,
-    interpret=plgpu.InterpretGPUParams(),
+    # Three items per CTA: each item's statistics wait out the previous item's stores.
+    interpret=plgpu.InterpretGPUParams(detect_races=True),
   )
+  assert not interpret_pallas_call.get_races().races_found
   logits = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
   tiles = logits[:, :384].reshape(130, 3, 128)
   top = tiles.max(-1, keepdims=True)
@@ -152,6 +154,11 @@ def test_kernel_config_reason_takes_exactly_num_stages_blocks():
   # One stage cannot serve: each warpgroup holds a stage while its wgmma is in flight.
   single = mosaic_kernel.MosaicLossKernelConfig(block_n=128, block_k=64, num_stages=1)
   assert "num_stages=1" in mosaic_kernel.config_reason(single, 256, 2)
+  # H in whole blocks of block_k, even where it holds num_stages of them (160 = 2.5 blocks).
+  two = dataclasses.replace(config, num_stages=2)
+  assert mosaic_kernel.config_reason(two, 192, 2) is None
+  reason = mosaic_kernel.config_reason(two, 160, 2)
+  assert reason is not None and "multiple of block_k" in reason, reason
   # Through the op: H=128 (two blocks of 64) runs with two stages, not three.
   x, labels, w = _inputs(16, 128, 256)
   record = spec.canonicalize(x, labels, w)
@@ -194,9 +201,12 @@ def test_the_kernel_gives_each_tiles_maxima_and_exponentials_for_the_gradient():
 
 
 @pytest.mark.host_only
-@pytest.mark.parametrize(("v", "block_n"), [(576, 256), (512, 128)])
-def test_the_cotangent_kernel_writes_each_tiles_softmax_term_less_the_label(v, block_n):
-  """576 columns: blocks of 64 and a 64-column tail tile; 512: blocks of 128. Labels in
+@pytest.mark.parametrize(
+  ("v", "block_n", "num_sms"), [(576, 256, 2), (512, 128, 2), (1024, 256, 1)]
+)
+def test_the_cotangent_kernel_writes_each_tiles_softmax_term_less_the_label(v, block_n, num_sms):
+  """576 columns: blocks of 64 and a 64-column tail tile; 512: blocks of 128; 1024 on one SM:
+  two column groups of four blocks, more than the three stages (each slot reused). Labels in
   several tiles, on tile edges, and -1 (padding rows: no column)."""
   rows = 128
   rng = np.random.default_rng(7)
@@ -211,7 +221,7 @@ def test_the_cotangent_kernel_writes_each_tiles_softmax_term_less_the_label(v, b
     jnp.asarray(labels),
     hit,
     block_n=block_n,
-    num_sms=2,
+    num_sms=num_sms,
     interpret=plgpu.InterpretGPUParams(detect_races=True),
   )
   assert not interpret_pallas_call.get_races().races_found
@@ -264,6 +274,36 @@ def test_gradient_in_forward_serves_summed_unsharded_whole_64_column_vocabularie
   assert "vocabulary shard" in mosaic.in_forward_reason(shard)
   with pytest.raises(ValueError, match="row_chunks"):
     mosaic.MosaicLossConfig(row_chunks=0)
+
+
+@pytest.mark.host_only
+def test_gradient_in_forward_falls_back_for_reduction_none(capfd):
+  """gradient_in_forward cannot serve reduction none (each row's cotangent comes in the
+  backward pass): the recomputing backward runs, and the gradients match the reference."""
+  b, h, v = 16, 128, 256
+  x, labels, w = _inputs(b, h, v, seed=9)
+  config = mosaic.MosaicLossConfig(
+    block_n=128, num_stages=2, grid_tile_m=2, gradient_in_forward=True, row_chunks=2
+  )
+  impl = mosaic.MosaicLoss(interpret=True, config=config)
+
+  def fn(x, w):
+    return api.linear_softmax_cross_entropy_loss(
+      x, labels, w, reduction="none", implementation=impl
+    )
+
+  out, vjp = jax.vjp(fn, x, w)
+  ct = jnp.asarray(np.random.default_rng(2).standard_normal(b), jnp.float32)
+  dx, dw = vjp(ct)
+  ref, (ref_dx, ref_dw) = references.high_precision_vjp(
+    lambda a, c: references.linear_softmax_cross_entropy_loss(a, labels, c, reduction="none"),
+    (x, w),
+    ct,
+  )
+  assert "RACE DETECTED" not in capfd.readouterr().out
+  assert compare.relative_error(out, ref) < 1e-4
+  assert compare.relative_error(dx, ref_dx) < 1e-2
+  assert compare.relative_error(dw, ref_dw) < 1e-2
 
 
 def test_gradient_in_forward_leaves_the_primal_one_kernel_pass():
