@@ -87,3 +87,32 @@ def test_bfloat16_inputs_give_a_float32_loss_and_bfloat16_gradients(reduction, i
     x, labels, w, reduction=reduction
   )
   np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("reduction", ("sum", "none"))
+def test_chunked_labels_at_the_chunk_edges_and_in_the_overlap(reduction, inputs):
+  """V=50 in chunks of 16: the last chunk is shifted back to columns [34, 50), of which [34, 48)
+  the third chunk covers too. Labels at every chunk edge and in that overlap count once, in
+  the loss and in both gradients."""
+  from tokamax._src.ops.linear_softmax_cross_entropy_loss import chunked_xla
+
+  labels = jnp.array([0, 15, 16, 31, 32, 33, 34, 40, 47, 48, 49], jnp.int32)
+  x = inputs.normal((labels.shape[0], 8))
+  w = inputs.normal((8, 50), 0.5)
+  op = chunked_xla.ChunkedXlaLoss(config=chunked_xla.ChunkedLossConfig(vocab_chunk_size=16))
+
+  def run(x, w):
+    return tokamax.linear_softmax_cross_entropy_loss(
+      x, labels, w, reduction=reduction, implementation=op
+    )
+
+  def reference(x, w):
+    return references.linear_softmax_cross_entropy_loss(x, labels, w, reduction=reduction)
+
+  out, vjp = jax.vjp(run, x, w)
+  dout = inputs.normal(out.shape)
+  ref_out, ref_grads = references.high_precision_vjp(reference, (x, w), dout)
+  assert_matches(out, ref_out, what="loss")
+  dx, dw = vjp(dout)
+  assert_matches(dx, ref_grads[0], what="dx")
+  assert_matches(dw, ref_grads[1], what="dweights")
