@@ -1,6 +1,7 @@
 """The one dispatch rule: None, one name, a sequence, unknown names, backward fallback."""
 
 import dataclasses
+import types
 
 import jax
 import jax.numpy as jnp
@@ -362,3 +363,27 @@ def test_an_implementation_called_directly_checks_its_platform(inputs):
   assert not impl.supported_on()
   with pytest.raises(NotImplementedError, match=r"nowhere\]: runs on no_such_platform, not on"):
     impl(x, None, None)
+
+
+def test_supported_on_asks_about_the_device_given():
+  """`supported_on(device)` answers for that device's platform, not the default backend's."""
+  impl = _NowhereNorm()
+  elsewhere = types.SimpleNamespace(platform="no_such_platform")
+  assert impl.supported_on(elsewhere)
+  assert not impl.supported_on(jax.devices("cpu")[0])
+  assert not norm_spec.SPEC.get("xla").supported_on(elsewhere)
+
+
+@pytest.mark.parametrize("batch", ((2, 3), ()), ids=("two_batch_dims", "no_batch_dims"))
+def test_an_implementation_called_directly_keeps_the_public_layout(batch, inputs):
+  """`Op.__call__` maps the canonical [B, ...] output back to the query's batch dims, and a
+  fixed config is the one the call resolves to."""
+  from tokamax._src.ops.attention import xla_chunked
+
+  config = xla_chunked.ChunkedConfig(kv_chunk_size=7)
+  impl = xla_chunked.XlaChunkedAttention(config=config)
+  q = inputs.normal((*batch, 12, 2, 8))
+  assert impl.bind(q, q, q).default_config == config
+  out = impl(q, q, q, is_causal=True)
+  assert out.shape == q.shape
+  assert_matches(out, references.high_precision(references.attention)(q, q, q, is_causal=True))
