@@ -2,13 +2,20 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import tokamax
 from tokamax._src.ops.ragged_dot import spec as ragged_spec
 
 f32 = jnp.float32
 Q = jnp.ones((2, 8, 4, 16), f32) * 0.5
+
+
+def _one_device_sharding(*spec):
+  """A NamedSharding of `spec` over a one-device mesh (the checks run before any split)."""
+  return NamedSharding(Mesh(np.array(jax.devices()[:1]), ("x",)), PartitionSpec(*spec))
 
 
 def attn(**overrides):
@@ -88,6 +95,37 @@ CASES = {
     TypeError,
     "`bias`",
   ),
+  "attention_value_dtype": (lambda: attn(value=Q.astype(jnp.bfloat16)), TypeError, "`value`"),
+  "attention_value_rank": (
+    lambda: attn(value=Q[None]),
+    ValueError,
+    "`query`, `key` and `value` must have one rank",
+  ),
+  "attention_all_rank_2": (
+    lambda: attn(query=Q[0, 0], key=Q[0, 0], value=Q[0, 0]),
+    ValueError,
+    "`query` must have rank >= 3",
+  ),
+  "attention_q_sharding_not_named": (
+    lambda: attn(q_sharding=PartitionSpec("x")),
+    TypeError,
+    "`q_sharding` must be a NamedSharding",
+  ),
+  "attention_q_sharding_longer_than_query": (
+    lambda: attn(q_sharding=_one_device_sharding(None, None, None, None, None)),
+    ValueError,
+    "more entries than query dims",
+  ),
+  "attention_q_sharding_splits_t": (
+    lambda: attn(q_sharding=_one_device_sharding(None, "x")),
+    ValueError,
+    "splitting T or H",
+  ),
+  "attention_q_sharding_splits_h": (
+    lambda: attn(q_sharding=_one_device_sharding(None, None, None, "x")),
+    ValueError,
+    "splitting T or H",
+  ),
   "norm_scale_shape": (
     lambda: tokamax.layer_norm(jnp.ones((4, 8)), jnp.ones(7), None),
     ValueError,
@@ -117,6 +155,11 @@ CASES = {
     lambda: tokamax.layer_norm(jnp.ones((4, 8)), None, None, axis=2),
     ValueError,
     "axis",
+  ),
+  "norm_float_axis": (
+    lambda: tokamax.layer_norm(jnp.ones((4, 8)), None, None, axis=0.5),
+    ValueError,
+    "`axis` must be an int",
   ),
   "norm_int_x": (
     lambda: tokamax.layer_norm(jnp.ones((4, 8), jnp.int32), None, None),
@@ -270,6 +313,13 @@ CASES = {
     ),
     ValueError,
     "`labels`",
+  ),
+  "loss_weights_rank": (
+    lambda: tokamax.linear_softmax_cross_entropy_loss(
+      jnp.ones((4, 8)), jnp.zeros(4, jnp.int32), jnp.ones((8, 5, 1))
+    ),
+    ValueError,
+    "`weights`",
   ),
   "loss_x_rank": (
     lambda: tokamax.linear_softmax_cross_entropy_loss(
