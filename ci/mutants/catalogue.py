@@ -6302,6 +6302,65 @@ MUTATIONS: tuple[Mutation, ...] = (
     "XLA attention (with a mask or bias): no finite floor under the row max, so a fully masked"
     " row subtracts -inf (NaN).",
   ),
+  Mutation(
+    "attention.xla_query_blocks_ignore_windows",
+    _ATTENTION + "xla.py",
+    "  if not (args.is_causal or args.local_window) or t < 2 * QUERY_BLOCK_ROWS:",
+    "  if not args.is_causal or t < 2 * QUERY_BLOCK_ROWS:",
+    ("suites/core/test_attention.py", "-k", "cover_the_visible_keys"),
+    "XLA attention: a local window without causality keeps one block over every key.",
+  ),
+  Mutation(
+    "attention.chunked_key_positions_relative",
+    _ATTENTION + "xla_chunked.py",
+    "    k_pos = start + jnp.arange(self.size)",
+    "    k_pos = jnp.arange(self.size)",
+    ("suites/core/test_attention.py", "-k", "chunked_any_chunk_size and causal"),
+    "Chunked attention: key positions counted from the chunk, not the sequence.",
+  ),
+  Mutation(
+    "attention.chunked_dbias_unpadded",
+    _ATTENTION + "xla_chunked.py",
+    "  dbias0 = None if bias is None else jnp.zeros(bias.shape, acc_dtype)",
+    "  dbias0 = None if args.bias is None else jnp.zeros(args.bias.shape, acc_dtype)",
+    ("suites/core/test_attention.py", "-k", "bias_gradient_over_several_chunks"),
+    "Chunked attention backward: the bias cotangent is not padded to whole chunks, so the last"
+    " partial chunk's columns are written at a clamped (earlier) offset.",
+  ),
+  Mutation(
+    "attention.chunked_dk_not_cast",
+    _ATTENTION + "xla_chunked.py",
+    '    "key": unchunk(dk).astype(args.key.dtype),',
+    '    "key": unchunk(dk),',
+    ("suites/core/test_attention.py", "-k", "bfloat16"),
+    "Chunked attention backward: dk stays in the float32 accumulator for bfloat16 inputs.",
+  ),
+  Mutation(
+    "loss.chunked_running_max_starts_at_zero",
+    _LOSS + "chunked_xla.py",
+    "  init = (jnp.full((b,), -jnp.inf, acc), jnp.zeros((b,), acc), jnp.zeros((b,), acc))",
+    "  init = (jnp.zeros((b,), acc), jnp.zeros((b,), acc), jnp.zeros((b,), acc))",
+    ("suites/core/test_loss.py", "-k", "far_below"),
+    "Chunked loss: the running max starts at 0, so rows whose logits are all far below zero"
+    " underflow to a log-sum-exp of -inf.",
+  ),
+  Mutation(
+    "layer_norm.backward_normalized_without_rstd",
+    _NORM + "xla.py",
+    "  normalized = (xf - mean) * rstd\n  dy",
+    "  normalized = xf - mean\n  dy",
+    ("suites/core/test_layer_norm.py", "-k", "test_forward_and_gradient and layernorm-xla"),
+    "layer_norm backward: the normalised input is recomputed without 1/std.",
+  ),
+  Mutation(
+    "ragged_dot.offset_padding_for_the_wrong_layouts",
+    _RAGGED + "xla.py",
+    "    if args.layout != spec.RAGGED_CONTRACTING:\n      zero",
+    "    if args.layout == spec.RAGGED_CONTRACTING:\n      zero",
+    ("suites/core/test_ragged_dot.py", "-k", "group_offset"),
+    "XLA ragged_dot with a group offset: the zero groups go around the ragged-contracting rhs"
+    " instead of the grouped ones.",
+  ),
 )
 
 

@@ -238,12 +238,13 @@ def test_xla_query_blocks_cover_the_visible_keys(t, s, causal, window, expected,
 
 @pytest.mark.parametrize(
   "bias_shape",
-  [(2, 4, 24, 1), (1, 1, 24, 1)],
-  ids=("keys_broadcast", "all_but_rows_broadcast"),
+  [(2, 4, 24, 1), (1, 1, 24, 1), (2, 1, 24, 24)],
+  ids=("keys_broadcast", "all_but_rows_broadcast", "heads_broadcast"),
 )
 def test_chunked_bias_gradient_over_several_chunks(bias_shape, inputs):
   """The bias cotangent accumulated over 4 key chunks of 7 (the last one partial), for biases
-  broadcast along the keys (one column summed over every chunk) and along other axes."""
+  broadcast along the keys (one column summed over every chunk) and along other axes (each
+  chunk's columns written in place, into a cotangent padded to the chunks)."""
   from tokamax._src.ops.attention import xla_chunked
 
   q, k, v = (inputs.normal((2, 24, 4, 8)) for _ in range(3))

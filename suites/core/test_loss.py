@@ -116,3 +116,34 @@ def test_chunked_labels_at_the_chunk_edges_and_in_the_overlap(reduction, inputs)
   dx, dw = vjp(dout)
   assert_matches(dx, ref_grads[0], what="dx")
   assert_matches(dw, ref_grads[1], what="dweights")
+
+
+@pytest.mark.parametrize("impl", ("xla", "chunked_xla"))
+def test_logits_far_below_zero(impl, inputs):
+  """Every logit near -120 (x's last feature is 1, its weights -120), over 3 vocabulary chunks
+  of 16: exp(logit) underflows in float32, so the log-sum-exp must come from each row's
+  running max, not from zero."""
+  from tokamax._src.ops.linear_softmax_cross_entropy_loss import chunked_xla
+
+  if impl == "chunked_xla":
+    impl = chunked_xla.ChunkedXlaLoss(config=chunked_xla.ChunkedLossConfig(vocab_chunk_size=16))
+  x = jnp.concatenate([inputs.normal((6, 7)), jnp.ones((6, 1))], axis=1)
+  w = jnp.concatenate([inputs.normal((7, 40), 0.5), jnp.full((1, 40), -120.0)], axis=0)
+  labels = inputs.ints((6,), 0, 40)
+
+  def run(x, w):
+    return tokamax.linear_softmax_cross_entropy_loss(
+      x, labels, w, reduction="none", implementation=impl
+    )
+
+  def reference(x, w):
+    return references.linear_softmax_cross_entropy_loss(x, labels, w, reduction="none")
+
+  out, vjp = jax.vjp(run, x, w)
+  dout = inputs.normal(out.shape)
+  ref_out, ref_grads = references.high_precision_vjp(reference, (x, w), dout)
+  assert_matches(out, ref_out, what="loss")
+  dx, dw = vjp(dout)
+  # dx's last column is -120 x (sum of the softmax - 1): zero up to float32 rounding of 120.
+  assert_matches(dx[:, :7], ref_grads[0][:, :7], what="dx")
+  assert_matches(dw, ref_grads[1], what="dweights")
