@@ -95,6 +95,7 @@ CASES = {
     TypeError,
     "`bias`",
   ),
+  "attention_bias_not_an_array": (lambda: attn(bias="bias"), TypeError, "`bias` must be an array"),
   "attention_value_dtype": (lambda: attn(value=Q.astype(jnp.bfloat16)), TypeError, "`value`"),
   "attention_value_rank": (
     lambda: attn(value=Q[None]),
