@@ -6263,7 +6263,7 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "attention.chunked_heuristic_chunk_not_capped",
     _ATTENTION + "xla_chunked.py",
-    "    return ChunkedConfig(kv_chunk_size=min(512, args.key.shape[1]))",
+    "    return ChunkedConfig(kv_chunk_size=min(512, max(args.key.shape[1], 1)))",
     "    return ChunkedConfig(kv_chunk_size=512)",
     ("suites/core/test_dispatch.py", "-k", "bound_arguments"),
     "Chunked attention heuristics: the chunk is not capped at S (padding short sequences to 512).",
@@ -6424,6 +6424,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     "",
     ("suites/core/test_attention.py", "-k", "test_forward_and_gradient and soft_cap-xla]"),
     "Public attention: `logits_soft_cap` is not passed on.",
+  ),
+  Mutation(
+    "attention.chunked_no_keys_chunk_of_zero",
+    _ATTENTION + "xla_chunked.py",
+    "    self.size = max(min(size, s), 1)",
+    "    self.size = min(size, s)",
+    ("suites/core/test_attention.py", "-k", "no_keys"),
+    "Chunked attention with no keys (S = 0): chunks of 0 keys (a division by zero).",
+  ),
+  Mutation(
+    "attention.xla_backward_chunk_of_no_keys",
+    _ATTENTION + "xla.py",
+    "kv_chunk_size=max(args.key.shape[1], 1))",
+    "kv_chunk_size=args.key.shape[1])",
+    ("suites/core/test_attention.py", "-k", "no_keys and xla]"),
+    "XLA attention backward with no keys (S = 0): a chunk size of 0, refused by its config.",
   ),
 )
 

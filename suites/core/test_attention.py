@@ -275,3 +275,22 @@ def test_window_and_length_forms_canonicalize_alike():
   np.testing.assert_array_equal(args.q_seq_lengths, [2] * 6)
   np.testing.assert_array_equal(args.kv_seq_lengths, [1, 3, 4] * 2)
   assert args.q_seq_lengths.dtype == jnp.int32
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_no_keys_gives_zero_rows_and_zero_gradients(impl, inputs):
+  """S = 0: every query row sees no key, so (by the op's definition) outputs zeros and gets a
+  zero gradient; the key, value and bias cotangents are empty. Differentiating used to fail
+  on a chunk size of 0."""
+  q = inputs.normal((2, 5, 4, 8))
+  k, v = jnp.zeros((2, 0, 2, 8)), jnp.zeros((2, 0, 2, 6))
+  bias = jnp.zeros((2, 4, 5, 0))
+  run = lambda q, k, v, bias: tokamax.dot_product_attention(
+    q, k, v, bias, is_causal=True, implementation=impl
+  )
+  out, vjp = jax.vjp(run, q, k, v, bias)
+  assert out.shape == (2, 5, 4, 6)
+  np.testing.assert_array_equal(np.asarray(out), 0.0)
+  dq, dk, dv, dbias = vjp(inputs.normal(out.shape))
+  np.testing.assert_array_equal(np.asarray(dq), 0.0)
+  assert (dk.shape, dv.shape, dbias.shape) == (k.shape, v.shape, bias.shape)

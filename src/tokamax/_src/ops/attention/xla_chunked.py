@@ -40,8 +40,9 @@ class _Chunks:
 
   def __init__(self, args: spec.AttentionArgs, size: int):
     s = args.key.shape[1]
-    self.size = min(size, s)
-    self.count = math.ceil(s / self.size)
+    # No keys (S = 0): one chunk of one zero-padded key, which `in_range` hides.
+    self.size = max(min(size, s), 1)
+    self.count = math.ceil(s / self.size) or 1
     self.padded = self.count * self.size
     self.s = s
     self.key = _pad_s(args.key, 1, self.padded)
@@ -194,8 +195,8 @@ class XlaChunkedAttention(op.Op):
     return backward(args, config, out, residuals, dout)
 
   def _get_heuristics_config(self, args):
-    return ChunkedConfig(kv_chunk_size=min(512, args.key.shape[1]))
+    return ChunkedConfig(kv_chunk_size=min(512, max(args.key.shape[1], 1)))
 
   def _get_autotuning_configs(self, args):
-    s = args.key.shape[1]
+    s = max(args.key.shape[1], 1)
     return {ChunkedConfig(kv_chunk_size=min(c, s)) for c in (128, 256, 512, 1024, 2048)}
