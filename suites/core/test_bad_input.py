@@ -51,6 +51,17 @@ CASES = {
     ValueError,
     "local_window_size",
   ),
+  "attention_float_window": (
+    lambda: attn(local_window_size=1.5),
+    ValueError,
+    "local_window_size",
+  ),
+  "attention_bool_window": (
+    lambda: attn(local_window_size=(True, 2)),
+    ValueError,
+    "local_window_size",
+  ),
+  "attention_string_precision": (lambda: attn(precision="bogus"), ValueError, "precision"),
   "attention_bad_window": (
     lambda: attn(local_window_size=(1, 2, 3)),
     ValueError,

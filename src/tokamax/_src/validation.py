@@ -69,7 +69,17 @@ def broadcastable(name: str, shape: Sequence[int], target: Sequence[int], layout
 def precision(value: Any) -> Any:
   """A canonical, hashable precision."""
   if value is None or isinstance(value, jax.lax.Precision | str):
-    return None if value is None else jax.lax.Precision(value)
+    return None if value is None else _one_precision(value)
   if isinstance(value, tuple) and len(value) == 2:
-    return tuple(None if p is None else jax.lax.Precision(p) for p in value)
+    return tuple(None if p is None else _one_precision(p) for p in value)
   raise ValueError(f"`precision` must be None, a jax.lax.Precision or a pair, got {value!r}.")
+
+
+def _one_precision(value: Any) -> jax.lax.Precision:
+  try:
+    return jax.lax.Precision(value)
+  except ValueError as e:
+    names = ", ".join(repr(p.name.lower()) for p in jax.lax.Precision)
+    raise ValueError(
+      f"`precision` must be a jax.lax.Precision or one of {names}, got {value!r}."
+    ) from e

@@ -63,12 +63,21 @@ def _batch_broadcast(name: str, x, batch_shape: tuple[int, ...], trailing: int):
   return x.reshape((math.prod(batch_shape), *x.shape[len(batch_shape) :]))
 
 
+def _is_int(value) -> bool:
+  return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
 def _window(local_window_size) -> tuple[int, int] | None:
   if local_window_size is None:
     return None
-  if isinstance(local_window_size, int | np.integer):
+  # Floats and bools are refused, not truncated: a window of 1.5 keys has no meaning.
+  if _is_int(local_window_size):
     window = (int(local_window_size), int(local_window_size))
-  elif isinstance(local_window_size, tuple | list) and len(local_window_size) == 2:
+  elif (
+    isinstance(local_window_size, tuple | list)
+    and len(local_window_size) == 2
+    and all(_is_int(w) for w in local_window_size)
+  ):
     window = tuple(int(w) for w in local_window_size)
   else:
     raise ValueError(
