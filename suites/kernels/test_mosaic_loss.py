@@ -30,6 +30,28 @@ def _inputs(b, h, v, seed=0, scale=1.0):
   return x, labels, w
 
 
+def _check_none_reduction_vjp(impl, x, labels, w, ct_seed):
+  """The per-row losses and both gradients of a random cotangent against the reference."""
+
+  def fn(x, w):
+    return api.linear_softmax_cross_entropy_loss(
+      x, labels, w, reduction="none", implementation=impl
+    )
+
+  out, vjp = jax.vjp(fn, x, w)
+  ct = jnp.asarray(np.random.default_rng(ct_seed).standard_normal(x.shape[0]), jnp.float32)
+  dx, dw = vjp(ct)
+  ref, (ref_dx, ref_dw) = references.high_precision_vjp(
+    lambda a, c: references.linear_softmax_cross_entropy_loss(a, labels, c, reduction="none"),
+    (x, w),
+    ct,
+  )
+  assert out.shape == (x.shape[0],) and out.dtype == jnp.float32
+  assert compare.relative_error(out, ref) < 1e-4
+  assert compare.relative_error(dx, ref_dx) < 1e-2
+  assert compare.relative_error(dw, ref_dw) < 1e-2
+
+
 @pytest.mark.parametrize(
   ("b", "h", "v", "scale"),
   [
@@ -41,27 +63,9 @@ def _inputs(b, h, v, seed=0, scale=1.0):
 @pytest.mark.host_only
 def test_interpret_matches_reference_with_gradients(b, h, v, scale, capfd):
   x, labels, w = _inputs(b, h, v, seed=b + v, scale=scale)
-  impl = mosaic.MosaicLoss(interpret=True, config=SMALL)
-
-  def fn(x, w):
-    return api.linear_softmax_cross_entropy_loss(
-      x, labels, w, reduction="none", implementation=impl
-    )
-
-  out, vjp = jax.vjp(fn, x, w)
-  ct = jnp.asarray(np.random.default_rng(1).standard_normal(b), jnp.float32)
-  dx, dw = vjp(ct)
-  ref, (ref_dx, ref_dw) = references.high_precision_vjp(
-    lambda a, c: references.linear_softmax_cross_entropy_loss(a, labels, c, reduction="none"),
-    (x, w),
-    ct,
-  )
+  _check_none_reduction_vjp(mosaic.MosaicLoss(interpret=True, config=SMALL), x, labels, w, 1)
   assert not interpret_pallas_call.get_races().races_found
   assert "RACE DETECTED" not in capfd.readouterr().out
-  assert out.shape == (b,) and out.dtype == jnp.float32
-  assert compare.relative_error(out, ref) < 1e-4
-  assert compare.relative_error(dx, ref_dx) < 1e-2
-  assert compare.relative_error(dw, ref_dw) < 1e-2
 
 
 @pytest.mark.host_only
@@ -285,25 +289,8 @@ def test_gradient_in_forward_falls_back_for_reduction_none(capfd):
   config = mosaic.MosaicLossConfig(
     block_n=128, num_stages=2, grid_tile_m=2, gradient_in_forward=True, row_chunks=2
   )
-  impl = mosaic.MosaicLoss(interpret=True, config=config)
-
-  def fn(x, w):
-    return api.linear_softmax_cross_entropy_loss(
-      x, labels, w, reduction="none", implementation=impl
-    )
-
-  out, vjp = jax.vjp(fn, x, w)
-  ct = jnp.asarray(np.random.default_rng(2).standard_normal(b), jnp.float32)
-  dx, dw = vjp(ct)
-  ref, (ref_dx, ref_dw) = references.high_precision_vjp(
-    lambda a, c: references.linear_softmax_cross_entropy_loss(a, labels, c, reduction="none"),
-    (x, w),
-    ct,
-  )
+  _check_none_reduction_vjp(mosaic.MosaicLoss(interpret=True, config=config), x, labels, w, 2)
   assert "RACE DETECTED" not in capfd.readouterr().out
-  assert compare.relative_error(out, ref) < 1e-4
-  assert compare.relative_error(dx, ref_dx) < 1e-2
-  assert compare.relative_error(dw, ref_dw) < 1e-2
 
 
 def test_gradient_in_forward_leaves_the_primal_one_kernel_pass():
