@@ -45,3 +45,31 @@ def test_high_precision_upcasts_keyword_arguments():
 def test_high_precision_dtype_is_float64_except_on_tpu(monkeypatch, backend, dtype):
   monkeypatch.setattr(references.jax, "default_backend", lambda: backend)
   assert references.high_precision_dtype() == dtype
+
+
+def test_reference_attention_caps_the_biased_logits():
+  """The soft cap applies to scale * q.k + bias (bias first), checked by loops in numpy."""
+  rng = np.random.default_rng(0)
+  q, k, v = (rng.standard_normal((1, 3, 1, 4)) for _ in range(3))
+  bias = rng.standard_normal((1, 1, 3, 3)) * 4.0
+  scale, cap = 0.7, 2.0
+  out = references.high_precision(references.attention)(
+    q, k, v, bias, scale=scale, logits_soft_cap=cap
+  )
+  want = np.zeros((3, 4))
+  for i in range(3):
+    logits = np.array(
+      [cap * np.tanh((scale * q[0, i, 0] @ k[0, j, 0] + bias[0, 0, i, j]) / cap) for j in range(3)]
+    )
+    w = np.exp(logits - logits.max())
+    want[i] = (w / w.sum()) @ v[0, :, 0]
+  np.testing.assert_allclose(out[0, :, 0], want, rtol=1e-10)
+
+
+def test_reference_layer_norm_scale_offset_without_scale():
+  """With no scale the normalised value is multiplied by 1 + scale_offset (numpy, float64)."""
+  x = np.random.default_rng(1).standard_normal((3, 8))
+  out = references.high_precision(references.layer_norm)(x, None, None, scale_offset=0.5)
+  centred = x - x.mean(-1, keepdims=True)
+  want = centred / np.sqrt((centred**2).mean(-1, keepdims=True) + 1e-6) * 1.5
+  np.testing.assert_allclose(out, want, rtol=1e-10)
