@@ -204,3 +204,37 @@ def test_requires_and_platform_markers_skip_with_the_reason():
   assert reason == f"requires {other}; this is {profile.describe()}"
   assert _skip_reason(_Item(getattr(pytest.mark, other))) is not None
   assert _skip_reason(_Item()) is None
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu", "tpu"])
+def test_platform_markers_run_on_their_platform_only(fake_device, platform):
+  fake_device(_FakeDevice(platform, "fake", "9.0" if platform == "gpu" else None))
+  for marker in ("gpu", "tpu"):
+    reason = _skip_reason(_Item(getattr(pytest.mark, marker)))
+    assert (reason is None) == (marker == platform), (marker, reason)
+
+
+@pytest.mark.parametrize(
+  ("platform", "choice", "expected"),
+  [
+    ("cpu", "auto", True),
+    ("gpu", "auto", False),
+    ("tpu", "auto", False),
+    ("gpu", "on", True),
+    ("cpu", "off", False),
+  ],
+)
+def test_interpret_fixture(fake_device, platform, choice, expected):
+  fake_device(_FakeDevice(platform, "fake", "9.0" if platform == "gpu" else None))
+  request = types.SimpleNamespace(config=types.SimpleNamespace(getoption=lambda name: choice))
+  assert plugin.interpret.__wrapped__(request) is expected
+
+
+def test_rng_key_differs_between_parametrized_cases():
+  def key(nodeid):
+    node = types.SimpleNamespace(nodeid=nodeid, name=nodeid.split("::")[-1], originalname="test_f")
+    return jax.random.key_data(plugin.rng_key.__wrapped__(types.SimpleNamespace(node=node)))
+
+  a, b = key("t.py::test_f[a]"), key("t.py::test_f[b]")
+  assert (a != b).any()
+  assert (a == key("t.py::test_f[a]")).all()
