@@ -90,6 +90,8 @@ def layer_norm(x, scale, offset, *, bug=None, axis=-1, epsilon=1e-6, **unused):
   def bwd(res, g):
     xhat, rstd, scale = res
     g = g.astype(jnp.float32)
+    if bug == "cotangent_row_mean":  # Right for a constant cotangent only.
+      g = jnp.broadcast_to(g.mean(-1, keepdims=True), g.shape)
     gx = g * scale
     dx = gx - gx.mean(-1, keepdims=True)
     if bug != "dropped_grad_term":
@@ -199,3 +201,12 @@ def test_masked_rows_are_checked():
   assert int(np.min(kwargs["query_seq_lengths"])) < case.shape_dict["t"]
   with pytest.raises(AssertionError):
     checks.check_forward(case, garbage_in_padding)
+
+
+def test_backward_that_only_sees_the_cotangents_mean_is_caught():
+  """A backward right for a constant cotangent (e.g. the gradient of a sum) but not for others:
+  the VJP check draws a random cotangent."""
+  case = _case("layer_norm", "plain")
+  buggy = _named(layer_norm, "cotangent_row_mean", bug="cotangent_row_mean")
+  with pytest.raises(AssertionError, match="dx"):
+    checks.check_vjp(case, buggy)
