@@ -93,6 +93,7 @@ def test_detect_gpu(fake_device, kind, cc, runnable):
   assert profile.has_f64 and profile.device_count == 2 and profile.memory_bytes == 80 << 30
   assert profile.reason_cannot_run(hardware.MOSAIC_TPU).startswith("Mosaic TPU needs a TPU")
   assert profile.reason_cannot_run(hardware.XLA) is None
+  assert f"(gpu sm_{cc.replace('.', '')}, family" in profile.describe()
 
 
 def test_detect_tpu(fake_device):
