@@ -98,3 +98,23 @@ def test_junit_ids_of_items_name_their_class():
     "suites.core.test_x.TestZ",
     "test_y",
   )
+
+
+def test_markdown_names_a_single_test_not_reached(tmp_path):
+  path = tmp_path / "j.xml"
+  path.write_text(_JUNIT)
+  doc = summary.from_junit([str(path)], "host", collected=5)
+  assert "4 of 5 collected tests ran; 1 not reached (time limit)." in summary.markdown(doc)
+
+
+def test_a_later_run_overrides_an_earlier_outcome(tmp_path):
+  """A resumed run reruns the first run's failures: its outcome is the one that counts."""
+  first, second = tmp_path / "a.xml", tmp_path / "b.xml"
+  case = '<testcase classname="suites.t" name="test_flaky"{}</testcase>'
+  first.write_text(f"<testsuite>{case.format('><failure message="x"/>')}</testsuite>")
+  second.write_text(f"<testsuite>{case.format('>')}</testsuite>")
+  doc = summary.from_junit([str(first), str(second)], "host", collected=1)
+  (row,) = doc["rows"]
+  assert (row["passed"], row["failed"], doc["ran"], doc["runs"]) == (1, 0, 1, 2)
+  doc = summary.from_junit([str(second), str(first)], "host", collected=1)
+  assert (doc["rows"][0]["passed"], doc["rows"][0]["failed"]) == (0, 1)
