@@ -3,12 +3,25 @@
 import dataclasses
 import enum
 import json
+import statistics
 import types
 
 import pytest
 
 from bench import records
 from bench import run as run_lib
+
+
+class _Compiled:
+  def __init__(self, name):
+    self.name = name
+
+  def memory_analysis(self):
+    return None
+
+
+def _fake_compile(bcase, c, args_list):
+  return _Compiled(c.name), [()]
 
 
 @pytest.mark.requires("cpu")
@@ -56,18 +69,11 @@ def test_rounds_alternate_the_order_of_contenders(monkeypatch):
   """Odd rounds run the contenders in reverse, so that no contender always follows another."""
   timed = []
 
-  class Compiled:
-    def __init__(self, name):
-      self.name = name
-
-    def memory_analysis(self):
-      return None
-
   def fake_time(compiled, calls, **kwargs):
     timed.append(compiled.name)
     return types.SimpleNamespace(median_ms=1.0, method="fake")
 
-  monkeypatch.setattr(run_lib, "_compile", lambda bcase, c, args_list: (Compiled(c.name), [()]))
+  monkeypatch.setattr(run_lib, "_compile", _fake_compile)
   monkeypatch.setattr(run_lib.timing, "device_time", fake_time)
   contenders = [run_lib.Contender(name, fn=None) for name in ("a", "b", "c")]
   bcase = types.SimpleNamespace(op="op", id="case")
@@ -126,3 +132,51 @@ def test_vary_times_the_heuristic_config_with_one_field_changed(tmp_path):
   varied = [r for r in records.load(str(out)) if r.config]
   assert sorted(r.config["kv_chunk_size"] for r in varied) == [64, 128]
   assert {r.implementation for r in varied} == {"xla_chunked"}
+
+
+def test_time_case_warms_up_once_and_drops_a_contender_that_fails_later(monkeypatch):
+  """Warm-up runs before the first round only; a contender whose later round fails has no
+  record, though its first round had timed."""
+  calls = []
+
+  def fake_time(compiled, args, *, warmup, iterations):
+    calls.append((compiled.name, warmup))
+    if compiled.name == "b" and len(calls) > 2:
+      raise RuntimeError("lost the device")
+    return types.SimpleNamespace(median_ms=1.0, method="fake")
+
+  monkeypatch.setattr(run_lib, "_compile", _fake_compile)
+  monkeypatch.setattr(run_lib.timing, "device_time", fake_time)
+  contenders = [run_lib.Contender(name, fn=None) for name in ("a", "b")]
+  bcase = types.SimpleNamespace(op="op", id="case")
+  ran = run_lib.time_case(
+    bcase, contenders, [()], rounds=2, iterations=1, warmup=5, log=lambda _: None
+  )
+  assert [c.name for c in ran] == ["a"]
+  assert calls == [("a", 5), ("b", 5), ("b", 1), ("a", 1)]
+
+
+def test_case_records_compare_with_the_ops_anchor_of_the_same_run():
+  def contender(name, rounds):
+    return run_lib.Contender(name, fn=None, rounds_ms=rounds)
+
+  timed = [
+    contender("xla", [20.0, 21.0, 30.0]),  # Timed first, but cuDNN is attention's anchor.
+    contender("mosaic", [8.0, 9.0, 8.5]),
+    contender("cudnn", [7.0, 7.5, 10.0]),
+  ]
+  case = types.SimpleNamespace(
+    feature="plain", id="c", shape_dict={"b": 2, "rows": (4, 8)}, dtype="bfloat16"
+  )
+  bcase = types.SimpleNamespace(op="dot_product_attention", mode="fwd_bwd", case=case)
+  env = {"commit": "abc", "date": None}
+  recs = run_lib.case_records(bcase, timed, env, "dev", types.SimpleNamespace(flops=1e12))
+  by_name = {r.implementation: r for r in recs}
+  assert set(by_name) == {"xla", "mosaic"}  # The anchor has no record of its own.
+  mosaic = by_name["mosaic"]
+  assert (mosaic.anchor, mosaic.anchor_ms, mosaic.median_ms) == ("cudnn", 7.5, 8.5)
+  per_round = statistics.median([8.0 / 7.0, 9.0 / 7.5, 8.5 / 10.0])
+  assert mosaic.extra["ratio_median_of_rounds"] == pytest.approx(per_round)
+  # A training step counts 3.5 forwards of FLOPs.
+  assert mosaic.extra["tflops_per_s"] == pytest.approx(3.5 * 1e12 / 8.5e-3 / 1e12)
+  assert mosaic.shape == {"b": 2, "rows0": 4, "rows1": 8}
