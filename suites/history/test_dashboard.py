@@ -252,13 +252,28 @@ def test_wallclock_then_cupti_gives_two_series(tmp_path):
   assert page["body"]["regressed"] == "0" and len(page["rows"]) == 2
 
 
+def test_baseline_is_the_latest_runs_and_cpu_hosts_are_named():
+  """The baseline is the last `window` runs before the latest (2 here), not the first ones; a CPU
+  series names its host."""
+  records = [_timed(f"w{d}", d, ms, "cupti") for d, ms in enumerate((1.0, 1.0, 2.0, 2.0, 2.0), 1)]
+  (row,) = dashboard.series_table(records, window=2)
+  assert (row["baseline_ms"], row["ratio"], row["runs"]) == (2.0, 1.0, 2)
+  cpu = [dict(r, device_kind="cpu", host=h) for r in records[:1] for h in ("x86 x2", "arm x4")]
+  assert sorted(t["device_kind"] for t in dashboard.series_table(cpu)) == [
+    "cpu (arm x4)",
+    "cpu (x86 x2)",
+  ]
+
+
 def test_table_flags_a_planted_regression(tmp_path):
   """Four quiet CUPTI runs at 1.0 ms, then 1.3 ms: flagged; the unchanged series is not."""
   records = []
   for day, ms in enumerate((1.0, 1.01, 0.99, 1.0, 1.3), start=1):
     records.append(_timed(f"c{day}", day, ms, "cupti"))
     records.append(_timed(f"c{day}", day, 2.0, "cupti", impl="triton"))
-  table = {t["implementation"]: t for t in dashboard.series_table(records)}
+  rows = dashboard.series_table(records)
+  assert [t["status"] for t in rows] == ["SLOWER", "ok"]  # Regressions lead the table.
+  table = {t["implementation"]: t for t in rows}
   assert table["xla"]["status"] == "SLOWER" and table["xla"]["baseline_ms"] == 1.0
   assert table["xla"]["ratio"] == pytest.approx(1.3) and table["xla"]["runs"] == 4
   assert table["triton"]["status"] == "ok" and table["triton"]["ratio"] == 1.0
