@@ -151,8 +151,9 @@ def compute(
       if reason is None:
         try:
           reason = impl.unsupported_reason(args, kwargs)
-        except Exception as e:
-          reason = f"unsupported_reason raised {e!r}"
+        except Exception as e:  # A broken implementation (e.g. its module): an error, not a skip.
+          results.append(Result(key, ERROR, f"unsupported_reason raised {e!r}"[:500]))
+          continue
       if reason is not None:
         results.append(Result(key, SKIP, f"{impl.name}: {reason}"))
         continue

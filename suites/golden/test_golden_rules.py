@@ -172,3 +172,35 @@ def test_merge_drops_the_goldens_a_part_no_longer_has(tmp_path):
   merged_manifest, merged = golden.load(FAMILY, out)
   assert gone not in merged and gone not in merged_manifest["entries"]
   assert set(merged) == set(arrays) - {gone}
+
+
+def test_each_case_is_compared_with_its_own_reference():
+  results = golden.compute(FAMILY, ops=["layer_norm"])
+  ran = [r for r in results if not r.status]
+  assert len({r.entry["case"] for r in ran}) > 1
+  assert all(r.entry["reference_ok"] for r in ran), [
+    r.key for r in ran if not r.entry["reference_ok"]
+  ]
+
+
+def test_an_implementation_without_a_golden_is_missing_not_passed(tmp_path):
+  manifest, _ = golden.load(FAMILY)
+  key = _float32_layer_norm_key(manifest)
+  (r,), stored = golden.check(FAMILY, data_dir=str(tmp_path), keys=[key])
+  assert stored is None and r.status == golden.MISSING, (r.status, r.detail)
+
+
+def test_a_broken_implementation_is_an_error_not_a_skip(monkeypatch):
+  manifest, _ = golden.load(FAMILY)
+  key = _float32_layer_norm_key(manifest)
+  real = golden.implementations
+
+  def broken(op, profile):
+    return [
+      dataclasses.replace(i, error="ImportError: planted") if i.name == "xla" else i
+      for i in real(op, profile)
+    ]
+
+  monkeypatch.setattr(golden, "implementations", broken)
+  (r,) = golden.compute(FAMILY, keys=[key])
+  assert r.status == golden.ERROR and "planted" in r.detail, (r.status, r.detail)
