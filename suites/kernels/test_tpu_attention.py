@@ -126,13 +126,14 @@ def test_block_ranges_cover_every_visible_pair(seed):
 
 
 @pytest.mark.parametrize("causal", (False, True))
-@pytest.mark.parametrize("window", (None, (0, 0), (3, 9), (20, 2), (9, 30)))
+@pytest.mark.parametrize("window", (None, (0, 0), (3, 9), (20, 2), (9, 30), (7, 17)))
 @pytest.mark.parametrize(("block_q", "block_kv"), ((8, 16), (16, 8)))
 def test_block_ranges_at_every_length(block_q, block_kv, causal, window):
   """Every query and key length of a 37 x 45 call, as `test_block_ranges_cover_every_visible_pair`
   checks a few random ones: blocks small against the window, so that partly hidden and whole
   blocks meet at every boundary (a length one past a block's last row or key, a window edge
-  one key inside a block). The block functions are index arithmetic: numpy runs them here."""
+  one key inside a block; left = 7 puts the left edge of a block's last row on a key block's
+  first key). The block functions are index arithmetic: numpy runs them here."""
   t, s = 37, 45
   p = mosaic_tpu_kernel.Params(
     block_q=block_q, block_kv=block_kv, scale=1.0, causal=causal, window=window
@@ -356,3 +357,18 @@ def test_cost_model_counts_skipped_blocks():
     times = [mosaic_tpu.estimated_seconds(r, 256, 256) for r in (plain, causal, window)]
   assert times[0] > times[1] > times[2]
   assert mosaic_tpu._visited_fraction(causal, 256, 256) == pytest.approx(136 / 256)
+
+
+def test_backward_blocks_checked_against_the_backwards_vmem():
+  """2048 x 2048 float32 blocks at H=256: the forward's two float32 [block_q, block_kv]
+  temporaries and its blocks fit v5e's 64 MiB; the backward's four temporaries alone take
+  64 MiB, so its blocks (and only they) are refused."""
+  record = _record(1, 8192, 8192, 1, 1, 256, "float32")
+  config = mosaic_tpu.MosaicTpuAttentionConfig(
+    block_q=2048, block_kv=2048, bwd_block_q=2048, bwd_block_kv=2048
+  )
+  with export.abstract_tpu("TPU v5 lite"):
+    assert mosaic_tpu.config_reason(record, config) is None
+    reason = mosaic_tpu.bwd_config_reason(record, config)
+  assert reason is not None and "bwd_blocks need" in reason and "over the 67108864" in reason
+  assert mosaic_tpu.vmem_bytes(record, 2048, 2048, backward=True) > 4 * 2048 * 2048 * 4

@@ -296,3 +296,22 @@ def test_cost_model_prefers_large_blocks():
   small, large = Config(block_b=128, block_v=128, block_k=128), Config(block_b=512, block_v=1024)
   with export.abstract_tpu():
     assert mosaic_tpu.estimated_seconds(record, large) < mosaic_tpu.estimated_seconds(record, small)
+
+
+def test_unsupported_reasons_at_the_edges():
+  """Mosaic's tiling: row tiles of 8 sublanes for float32 and 16 for bfloat16; block_k a
+  divisor of H that is a multiple of 128 (or H itself)."""
+
+  def reason(dtype="float32", h=256, **config):
+    record = _record(64, h, 512, dtype)
+    with export.abstract_tpu():
+      return mosaic_tpu.config_reason(record, Config(**{"block_k": 128, **config}))
+
+  assert reason(block_b=8) is None
+  assert "block_b=8 must be a multiple of 16" in reason("bfloat16", block_b=8)
+  assert reason("bfloat16", block_b=16) is None
+  # H=256: 64 divides it but is no multiple of 128; H itself is fine.
+  assert "block_k=64 must divide H=256" in reason(block_b=16, block_k=64)
+  assert reason(block_b=16, block_k=256) is None
+  assert reason(h=96, block_b=16, block_k=96) is None
+  assert "block_k=32 must divide H=96" in reason(h=96, block_b=16, block_k=32)

@@ -388,3 +388,63 @@ def test_cost_model_prefers_large_blocks_and_counts_vmem():
   # Double-buffered bf16 blocks, double-buffered output, float32 accumulator and values.
   expected = 2 * (128 * 128 * 2) * 2 + 2 * 128 * 128 * 2 + 4 * 128 * 128 * 2
   assert mosaic_tpu.vmem_bytes(record, small) == expected
+
+
+def test_unsupported_reasons_at_the_edges():
+  """Mosaic's tiling: row blocks of 8 sublanes for float32 and 16 for bfloat16, 128 rows for
+  "ragged_contracting" (they are the lanes of the transposed lhs); block_k dividing K."""
+
+  def reason(layout, dtype, m=256, k=384, n=256, **config):
+    lhs = jax.ShapeDtypeStruct((m, k), dtype)
+    rhs = jax.ShapeDtypeStruct(_rhs_shape(layout, m, k, n, 2), dtype)
+    record = jax.eval_shape(
+      lambda a, b: spec.canonicalize(
+        a, b, jnp.array([100, 156], jnp.int32), spec.dimension_numbers(layout)
+      ),
+      lhs,
+      rhs,
+    )
+    config = mosaic_tpu.MosaicTpuRaggedDotConfig(**{"block_k": 128, **config})
+    with export.abstract_tpu():
+      return mosaic_tpu.config_reason(record, config)
+
+  assert reason(spec.DEFAULT, "float32", block_m=8) is None
+  assert "block_m=8 must be a multiple of 16" in reason(spec.DEFAULT, "bfloat16", block_m=8)
+  assert reason(spec.DEFAULT, "bfloat16", block_m=16) is None
+  assert "block_m=64 must be a multiple of 128" in reason(
+    spec.RAGGED_CONTRACTING, "float32", block_m=64
+  )
+  assert reason(spec.RAGGED_CONTRACTING, "float32", block_m=256) is None
+  # K=384: 128 divides it, 256 (a multiple of 128, at most K) does not.
+  assert reason(spec.DEFAULT, "float32", block_k=384) is None
+  assert "block_k=256 must divide K=384" in reason(spec.DEFAULT, "float32", block_k=256)
+  assert "block_k=256 must divide K=384" in reason(spec.RHS_TRANSPOSED, "float32", block_k=256)
+
+
+def test_target_device_kind_is_a_tpus_only():
+  """The target is the abstract mesh's TPU, else a TPU at hand: none on a CPU or GPU host
+  (whose chip is then v5e)."""
+  if jax.devices()[0].platform == "tpu":
+    pytest.skip("a TPU at hand is the target")
+  assert tpu.target_device_kind() is None
+  assert tpu.chip() is tpu.V5E
+  with export.abstract_tpu("TPU v5"):
+    assert tpu.target_device_kind() == "TPU v5"
+    assert tpu.chip() is tpu.V5P
+
+
+@pytest.mark.parametrize("layout", [spec.DEFAULT, spec.RHS_TRANSPOSED])
+def test_groups_that_fill_every_row(layout):
+  """Groups that cover all M rows (no zero segment after them): the work list's dead items
+  repeat the last group's item and must leave its rows as that item stored them."""
+  m, k, n = 40, 128, 128
+  rng = np.random.default_rng(7)
+  sizes = jnp.array([10, 0, 30], jnp.int32)
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+  rhs = jnp.asarray(rng.standard_normal(_rhs_shape(layout, m, k, n, 3)), jnp.float32)
+  config = mosaic_tpu.MosaicTpuRaggedDotConfig(block_m=16, block_k=128, block_n=128)
+  impl = mosaic_tpu.MosaicTpuRaggedDot(interpret=True, config=config)
+  out = spec.SPEC(lhs, rhs, sizes, spec.dimension_numbers(layout), implementation=impl)
+  ref = references.high_precision(references.ragged_dot_general)(lhs, rhs, sizes, layout)
+  assert compare.relative_error(out, ref) < _BOUND["float32"]
+  assert np.all(np.asarray(out)[30:] != 0)
