@@ -308,6 +308,7 @@ def test_unsupported_reasons_at_the_edges():
       return mosaic_tpu.config_reason(record, Config(**{"block_k": 128, **config}))
 
   assert reason(block_b=8) is None
+  assert reason(block_b=8, block_v=512) is None  # One tile of the whole V=512.
   assert "block_b=8 must be a multiple of 16" in reason("bfloat16", block_b=8)
   assert reason("bfloat16", block_b=16) is None
   # H=256: 64 divides it but is no multiple of 128; H itself is fine.

@@ -448,3 +448,20 @@ def test_groups_that_fill_every_row(layout):
   ref = references.high_precision(references.ragged_dot_general)(lhs, rhs, sizes, layout)
   assert compare.relative_error(out, ref) < _BOUND["float32"]
   assert np.all(np.asarray(out)[30:] != 0)
+
+
+def test_contracting_vmem_counts_the_masked_and_transposed_operands():
+  """ragged_contracting: double-buffered lhs [bm, bk] and rhs [bm, bn] blocks and output
+  [bk, bn] block, the float32 accumulator, and float32 temporaries: both masked operands and
+  the transposed lhs."""
+  lhs = jax.ShapeDtypeStruct((4096, 2048), jnp.bfloat16)
+  rhs = jax.ShapeDtypeStruct((4096, 2048), jnp.bfloat16)
+  dims = spec.dimension_numbers(spec.RAGGED_CONTRACTING)
+  record = jax.eval_shape(
+    lambda a, b: spec.canonicalize(a, b, jnp.zeros(4, jnp.int32), dims), lhs, rhs
+  )
+  assert record.out_dtype == jnp.bfloat16
+  config = mosaic_tpu.MosaicTpuRaggedDotConfig(block_m=512, block_k=256, block_n=1024)
+  blocks = 2 * 512 * (256 + 1024) * 2 + 2 * 256 * 1024 * 2
+  temps = 4 * 256 * 1024 + 4 * 512 * (256 + 1024) + 4 * 512 * 256
+  assert mosaic_tpu.vmem_bytes(record, config) == blocks + temps == 7.5 * (1 << 20)
