@@ -374,3 +374,16 @@ def test_backward_blocks_checked_against_the_backwards_vmem():
     reason = mosaic_tpu.bwd_config_reason(record, config)
   assert reason is not None and "bwd_blocks need" in reason and "over the 67108864" in reason
   assert mosaic_tpu.vmem_bytes(record, 2048, 2048, backward=True) > 4 * 2048 * 2048 * 4
+
+
+def test_logits_far_below_zero():
+  """A bias that puts every logit near -150 (exp underflows to 0 in float32): the softmax is
+  the same as without it, since the running maximum starts at -inf, not 0. The bound allows
+  for float32 logits of that size (spacing 1.5e-5)."""
+  q, k, v, rng = _inputs(dict(b=1, t=16, s=200, n=2, k=1, h=64), "float32")
+  bias = jnp.asarray(rng.standard_normal((1, 1, 1, 200)) - 150.0, jnp.float32)
+  config = mosaic_tpu.MosaicTpuAttentionConfig(block_q=8, block_kv=128)
+  impl = mosaic_tpu.MosaicTpuAttention(interpret=True, config=config)
+  out = tokamax.dot_product_attention(q, k, v, bias, implementation=impl)
+  ref = references.high_precision(references.attention)(q, k, v, bias)
+  assert compare.relative_error(out, ref) < 1e-4

@@ -316,3 +316,23 @@ def test_unsupported_reasons_at_the_edges():
   assert reason(block_b=16, block_k=256) is None
   assert reason(h=96, block_b=16, block_k=96) is None
   assert "block_k=32 must divide H=96" in reason(h=96, block_b=16, block_k=32)
+
+
+def test_interpret_logits_far_below_zero():
+  """Every logit near -200 (exp underflows to 0 in float32): the log-sum-exp must take the
+  row's own maximum (the running maximum starts at -inf, not 0). The bound allows for float32
+  logits of that size."""
+  rng = np.random.default_rng(8)
+  b, h, v = 21, 128, 300
+  x = jnp.asarray(np.abs(rng.standard_normal((b, h))) * 30.0, jnp.float32)
+  w = jnp.asarray(-np.abs(rng.standard_normal((h, v))) / np.sqrt(h), jnp.float32)
+  labels = jnp.asarray(rng.integers(0, v, b), jnp.int32)
+  hi = jax.lax.Precision.HIGHEST
+  impl = mosaic_tpu.MosaicTpuLoss(interpret=True, config=SMALL)
+  out = api.linear_softmax_cross_entropy_loss(
+    x, labels, w, reduction="none", precision=hi, implementation=impl
+  )
+  logits = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  assert logits.max() < -110
+  want = np.logaddexp.reduce(logits, axis=1) - logits[np.arange(b), np.asarray(labels)]
+  np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-3)

@@ -419,6 +419,8 @@ def test_unsupported_reasons_at_the_edges():
   assert reason(spec.DEFAULT, "float32", block_k=384) is None
   assert "block_k=256 must divide K=384" in reason(spec.DEFAULT, "float32", block_k=256)
   assert "block_k=256 must divide K=384" in reason(spec.RHS_TRANSPOSED, "float32", block_k=256)
+  # 192 divides K=384 but is no multiple of 128 (lanes).
+  assert "block_k=192 must be a multiple of 128" in reason(spec.DEFAULT, "float32", block_k=192)
 
 
 def test_target_device_kind_is_a_tpus_only():
