@@ -7591,6 +7591,39 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_TPU_RAGGED, "-k", "unsupported_reasons"),
     "TPU ragged_dot config check: block_k need not be a multiple of 128 (or K).",
   ),
+  Mutation(
+    "attention.mosaic_tpu_vmem_broadcast_plane_as_full",
+    _ATTENTION + "mosaic_tpu.py",
+    "    (block_q if x.shape[2] > 1 else 1)",
+    "    block_q",
+    (_TPU_ATTENTION, "-k", "plane_blocks"),
+    "TPU attention VMEM: a plane broadcast in T counted as [block_q, block_kv] blocks.",
+  ),
+  Mutation(
+    "attention.mosaic_tpu_vmem_forward_planes_dropped",
+    _ATTENTION + "mosaic_tpu.py",
+    "    inputs = block_q * h * size + block_kv * (h + hv) * size + planes",
+    "    inputs = block_q * h * size + block_kv * (h + hv) * size",
+    (_TPU_ATTENTION, "-k", "plane_blocks"),
+    "TPU attention VMEM: the forward leaves out the bias and mask blocks.",
+  ),
+  Mutation(
+    "loss.mosaic_tpu_bwd_vmem_two_temporaries",
+    _LOSS + "mosaic_tpu.py",
+    "  temps = 3 * 4 * bb * bv",
+    "  temps = 2 * 4 * bb * bv",
+    (_TPU_LOSS, "-k", "counts_the_larger"),
+    "TPU loss backward VMEM: two float32 tile temporaries counted, not three.",
+  ),
+  Mutation(
+    "loss.mosaic_tpu_bwd_vmem_dx_output_dropped",
+    _LOSS + "mosaic_tpu.py",
+    "max(3 * 4 * bb * h,",
+    "max(4 * bb * h,",
+    (_TPU_LOSS, "-k", "counts_the_larger"),
+    "TPU loss backward VMEM: dx's double-buffered float32 output block left out (accumulator"
+    " only).",
+  ),
 )
 
 

@@ -387,3 +387,22 @@ def test_logits_far_below_zero():
   out = tokamax.dot_product_attention(q, k, v, bias, implementation=impl)
   ref = references.high_precision(references.attention)(q, k, v, bias)
   assert compare.relative_error(out, ref) < 1e-4
+
+
+def test_vmem_counts_the_plane_blocks():
+  """A bias broadcast in T ([1, N, 1, S]: a [1, block_kv] block) and a full mask ([B, 1, T,
+  S]: [block_q, block_kv]) add their double-buffered float32/int32 blocks to the forward's
+  and the backward's VMEM."""
+  b, t, s, n, h = 2, 1024, 1024, 4, 128
+  plain = _record(b, t, s, n, n, h, "bfloat16")
+  structs = [jax.ShapeDtypeStruct(x, jnp.bfloat16) for x in ((b, t, n, h), (b, s, n, h))]
+  bias = jax.ShapeDtypeStruct((1, n, 1, s), jnp.float32)
+  mask = jax.ShapeDtypeStruct((b, 1, t, s), jnp.bool_)
+  with_planes = jax.eval_shape(
+    lambda q, k, bias, mask: spec.canonicalize(q, k, k, bias, mask), *structs, bias, mask
+  )
+  for bq, bk in ((128, 256), (256, 512)):
+    planes = 2 * (bk * 4 + bq * bk * 4)
+    for backward in (False, True):
+      got = mosaic_tpu.vmem_bytes(with_planes, bq, bk, backward)
+      assert got - mosaic_tpu.vmem_bytes(plain, bq, bk, backward) == planes, (bq, bk, backward)

@@ -336,3 +336,21 @@ def test_interpret_logits_far_below_zero():
   assert logits.max() < -110
   want = np.logaddexp.reduce(logits, axis=1) - logits[np.arange(b), np.asarray(labels)]
   np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-3)
+
+
+def test_backward_vmem_counts_the_larger_kernel():
+  """The backward kernels' VMEM: double-buffered x [block_b, H] and weights [H, block_v]
+  blocks, three double-buffered float32 [block_b, 128] row blocks (lse, labels, cotangents),
+  three float32 [block_b, block_v] tile temporaries, and the larger of dx's float32
+  accumulator and double-buffered float32 output [block_b, H] or dweights' float32
+  accumulator and double-buffered output [H, block_v] in the weights' dtype."""
+  record = _record(4096, 1024, 65536)  # bfloat16.
+  h = 1024
+
+  def expected(bb, bv):
+    common = 2 * (bb * h + h * bv) * 2 + 3 * 2 * 4 * bb * 128 + 3 * 4 * bb * bv
+    return common + max(4 * bb * h + 2 * 4 * bb * h, 4 * h * bv + 2 * 2 * h * bv)
+
+  for bb, bv in ((256, 512), (1024, 128)):  # The dweights blocks larger; then dx's.
+    config = Config(bwd_block_b=bb, bwd_block_v=bv)
+    assert mosaic_tpu.bwd_vmem_bytes(record, config) == expected(bb, bv), (bb, bv)
