@@ -7624,6 +7624,23 @@ MUTATIONS: tuple[Mutation, ...] = (
     "TPU loss backward VMEM: dx's double-buffered float32 output block left out (accumulator"
     " only).",
   ),
+  Mutation(
+    "attention.mosaic_tpu_keys_padded_to_query_blocks",
+    _ATTENTION + "mosaic_tpu.py",
+    "      _heads_first(k, p.block_kv),\n      _heads_first(v, p.block_kv),\n      *lengths,",
+    "      _heads_first(k, p.block_q),\n      _heads_first(v, p.block_q),\n      *lengths,",
+    (_TPU_ATTENTION_CASE + "[mqa_window_t_gt_s_hv128]",),
+    "TPU attention forward: keys and values padded to whole query blocks, not key blocks (the"
+    " keys past the last whole key block are dropped).",
+  ),
+  Mutation(
+    "tooling.tpu_device_kind_case_sensitive",
+    "src/tokamax/_src/tpu.py",
+    '  kind = (device_kind if device_kind is not None else target_device_kind() or "").lower()',
+    '  kind = device_kind if device_kind is not None else target_device_kind() or ""',
+    (_TPU_RAGGED, "-k", "roofline"),
+    'TPU chips: the device kind compared case-sensitively ("TPU v5" is taken as v5e).',
+  ),
 )
 
 
