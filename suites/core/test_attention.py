@@ -10,6 +10,7 @@ import pytest
 import tokamax
 from suites.core.conftest import assert_matches, references
 from tokamax._src import jaxprs
+from tokamax._src.ops.attention import spec
 
 IMPLEMENTATIONS = ("xla", "xla_chunked", None)
 
@@ -294,3 +295,15 @@ def test_no_keys_gives_zero_rows_and_zero_gradients(impl, inputs):
   dq, dk, dv, dbias = vjp(inputs.normal(out.shape))
   np.testing.assert_array_equal(np.asarray(dq), 0.0)
   assert (dk.shape, dv.shape, dbias.shape) == (k.shape, v.shape, bias.shape)
+
+
+@pytest.mark.parametrize(("t", "s"), [(8, 0), (0, 8)], ids=["no_keys", "no_queries"])
+@pytest.mark.parametrize("name", ["mosaic", "triton", "cudnn", "mosaic_tpu"])
+def test_kernels_refuse_empty_inputs_that_xla_computes(name, t, s):
+  """A kernel given no keys (or no queries) names it, so that `None` falls back to XLA (the
+  Mosaic and cuDNN kernels took S = 0 before)."""
+  q = jnp.ones((1, t, 2, 64), jnp.bfloat16)
+  kv = jnp.ones((1, s, 2, 64), jnp.bfloat16)
+  args = spec.SPEC.canonicalize(q, kv, kv)
+  op = spec.SPEC.implementation_class(name)()
+  assert op._unsupported_reason(args) == "empty query, key or value"

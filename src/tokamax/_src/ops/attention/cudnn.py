@@ -28,6 +28,8 @@ class CudnnAttention(op.Op):
     return super()._platform_reason(platform, dev)
 
   def _unsupported_reason(self, args) -> str | None:
+    if (reason := spec.empty_reason(args)) is not None:
+      return reason
     h, hv = args.query.shape[-1], args.value.shape[-1]
     if args.query.dtype not in (jnp.bfloat16, jnp.float16):
       return f"dtype {args.query.dtype} (cuDNN takes bfloat16 and float16)"

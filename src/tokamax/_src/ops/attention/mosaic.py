@@ -338,6 +338,8 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
   config_cls = MosaicAttentionConfig
 
   def _unsupported_reason(self, args: attention_spec.AttentionArgs) -> str | None:
+    if (reason := attention_spec.empty_reason(args)) is not None:
+      return reason
     h, hv = args.query.shape[-1], args.value.shape[-1]
     if args.query.dtype not in (jnp.bfloat16, jnp.float16):
       return f"dtype {args.query.dtype} (the Mosaic kernel takes bfloat16 and float16)"

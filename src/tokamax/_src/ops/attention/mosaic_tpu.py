@@ -179,6 +179,8 @@ class MosaicTpuAttention(kernel_ops.MosaicTpuOp):
   config_cls = MosaicTpuAttentionConfig
 
   def _unsupported_reason(self, args: spec.AttentionArgs) -> str | None:
+    if (reason := spec.empty_reason(args)) is not None:
+      return reason
     dtype = np.dtype(args.query.dtype).name
     if dtype not in _DTYPES:
       return f"dtype {dtype} (the Mosaic TPU kernel takes {', '.join(_DTYPES)})"

@@ -166,6 +166,14 @@ def canonicalize(
   )
 
 
+def empty_reason(args: AttentionArgs) -> str | None:
+  """Why a kernel does not take `args`: an empty query, key or value (the XLA forms do), or
+  None."""
+  if any(0 in x.shape for x in (args.query, args.key, args.value)):
+    return "empty query, key or value"
+  return None
+
+
 def finalize(args: AttentionArgs, out: jax.Array) -> jax.Array:
   return out.reshape((*args.batch_shape, *out.shape[1:]))
 

@@ -356,8 +356,8 @@ def unsupported_reason(args: spec.AttentionArgs) -> str | None:
   h, hv = q.shape[-1], v.shape[-1]
   if max(h, hv) > MAX_HEAD_DIM:
     return f"head dims {h} and {hv} (the Triton kernels take at most {MAX_HEAD_DIM})"
-  if 0 in q.shape or 0 in k.shape or 0 in v.shape:
-    return "empty query, key or value"
+  if (reason := spec.empty_reason(args)) is not None:
+    return reason
   _, t, n, _ = q.shape
   s, kh = k.shape[1], k.shape[2]
   if max(t * n, s * kh) * max(h, hv) >= 2**31:
