@@ -3676,6 +3676,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Kernels take a call with no queries.",
   ),
   Mutation(
+    "loss.mosaic_takes_no_rows",
+    "src/tokamax/_src/ops/linear_softmax_cross_entropy_loss/mosaic.py",
+    "    if (reason := spec.empty_reason(args)) is not None:\n      return reason\n",
+    "",
+    ("suites/core/test_loss.py", "-k", "refuse_empty"),
+    "The Mosaic GPU loss takes B = 0 instead of leaving it to XLA.",
+  ),
+  Mutation(
+    "loss.mosaic_tpu_reason_divides_by_zero",
+    "src/tokamax/_src/ops/linear_softmax_cross_entropy_loss/mosaic_tpu.py",
+    "    if (reason := spec.empty_reason(args)) is not None:\n      return reason\n",
+    "",
+    ("suites/core/test_loss.py", "-k", "refuse_empty"),
+    "The Mosaic TPU loss's reason check divides by B = 0 or H = 0 (ZeroDivisionError).",
+  ),
+  Mutation(
     "validation.rank_accepts_higher",
     "src/tokamax/_src/validation.py",
     "  if np.ndim(value) not in expected:",

@@ -8,6 +8,7 @@ import pytest
 import tokamax
 from suites.core.conftest import assert_matches, references
 from tokamax._src import numerics
+from tokamax._src.ops.linear_softmax_cross_entropy_loss import spec as loss_spec
 
 SHAPES = {"small": (8, 16, 50), "vocab_50257": (6, 8, 50257), "one_row": (1, 4, 3)}
 
@@ -147,3 +148,15 @@ def test_logits_far_below_zero(impl, inputs):
   # dx's last column is -120 x (sum of the softmax - 1): zero up to float32 rounding of 120.
   assert_matches(dx[:, :7], ref_grads[0][:, :7], what="dx")
   assert_matches(dw, ref_grads[1], what="dweights")
+
+
+@pytest.mark.parametrize(("b", "h"), [(0, 128), (256, 0)], ids=["no_rows", "empty_h"])
+@pytest.mark.parametrize("name", ["mosaic", "mosaic_tpu"])
+def test_kernels_refuse_empty_inputs_that_xla_computes(name, b, h):
+  """No rows or H = 0: the kernels name it (the Mosaic TPU reason raised ZeroDivisionError,
+  the Mosaic GPU one took B = 0), so that `None` computes the call in XLA."""
+  x = jnp.ones((b, h), jnp.bfloat16)
+  w = jnp.ones((h, 512), jnp.bfloat16)
+  args = loss_spec.SPEC.canonicalize(x, jnp.zeros((b,), jnp.int32), w)
+  op = loss_spec.SPEC.implementation_class(name)()
+  assert op._unsupported_reason(args) == f"empty dimension (B={b}, H={h})"

@@ -226,6 +226,8 @@ class MosaicLoss(kernel_ops.MosaicGpuOp):
     dtype = np.dtype(args.x.dtype).name
     if dtype not in _DTYPES:
       return f"input dtype {dtype} (supported: {', '.join(_DTYPES)})"
+    if (reason := spec.empty_reason(args)) is not None:
+      return reason
     config = self.config if self.config is not None else self._get_heuristics_config(args)
     h, v = args.weights.shape
     if v < config.block_n:

@@ -265,6 +265,8 @@ class MosaicTpuLoss(kernel_ops.MosaicTpuOp):
     dtype = np.dtype(args.x.dtype).name
     if dtype not in _DTYPES:
       return f"input dtype {dtype} (supported: {', '.join(_DTYPES)})"
+    if (reason := spec.empty_reason(args)) is not None:
+      return reason
     config = self.config if self.config is not None else self._get_heuristics_config(args)
     return config_reason(args, config)
 

@@ -57,6 +57,14 @@ def canonicalize(x, labels, weights, *, reduction="sum", precision=None) -> Loss
   )
 
 
+def empty_reason(args: LossArgs) -> str | None:
+  """Why a kernel does not take `args`: no rows or an empty H (the XLA forms do), or None."""
+  b, h = args.x.shape
+  if b == 0 or h == 0:
+    return f"empty dimension (B={b}, H={h})"
+  return None
+
+
 def reduce(args: LossArgs, per_row: jax.Array) -> jax.Array:
   if args.reduction == "sum":
     return per_row.sum()
