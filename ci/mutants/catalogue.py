@@ -7729,6 +7729,145 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_TPU_RAGGED, "-k", "roofline"),
     'TPU chips: the device kind compared case-sensitively ("TPU v5" is taken as v5e).',
   ),
+  # --- Infrastructure hunt: partitioning, autotuning, benchmarking, export, config ---------
+  Mutation(
+    "partitioning.minor_factor_split",
+    _PARTITIONING,
+    "  return label[0] if isinstance(label, tuple) else label",
+    "  return label[-1] if isinstance(label, tuple) else label",
+    (_KERNEL_SHARDING + "::test_kv_heads_split_with_their_query_groups",),
+    "A compound label (query heads (k, g)) splits by its minor factor, not its major one.",
+  ),
+  Mutation(
+    "partitioning.unsplittable_label_split",
+    _PARTITIONING,
+    "        factor in rule.split\n        and factor not in factors",
+    "        factor is not None\n        and factor not in factors",
+    (_KERNEL_SHARDING + "::test_rows_split_and_an_unsplittable_axis_warns_once",),
+    "Any named label sharded over devices is split, also one the rule does not allow"
+    " (layer_norm's normalized axis): no warning, wrong statistics.",
+  ),
+  Mutation(
+    "partitioning.indivisible_axis_split",
+    _PARTITIONING,
+    "        and sizes[factor] % count == 0",
+    "        and sizes[factor] >= count",
+    (_KERNEL_SHARDING + "::test_an_axis_the_devices_do_not_divide_is_replicated",),
+    "An axis that the devices do not divide evenly (6 rows over 4) is split.",
+  ),
+  Mutation(
+    "partitioning.indivisible_axis_silently_replicated",
+    _PARTITIONING,
+    "      elif factor not in factors:",
+    "      elif factor not in rule.split:",
+    (_KERNEL_SHARDING + "::test_an_axis_the_devices_do_not_divide_is_replicated",),
+    "A splittable axis left whole (the devices do not divide it) is gathered without the warning.",
+  ),
+  Mutation(
+    "partitioning.warned_every_call",
+    _PARTITIONING,
+    "  if key in _warned:\n    return\n",
+    "",
+    (_KERNEL_SHARDING + "::test_rows_split_and_an_unsplittable_axis_warns_once",),
+    "The replication warning repeats on every call instead of once.",
+  ),
+  Mutation(
+    "partitioning.warning_key_ignores_field",
+    _PARTITIONING,
+    "  key = (op_name, field, axis, label, mesh_axes)",
+    "  key = (op_name, axis, label, mesh_axes)",
+    (_KERNEL_SHARDING, "-k", "warns_for_each_field"),
+    "Two fields replicated along the same axis and label (attention's key and value"
+    " sequences) warn once between them: the second field goes unnamed.",
+  ),
+  Mutation(
+    "partitioning.compound_spec_by_whole_label",
+    _PARTITIONING,
+    "    return PartitionSpec(*(factors.get(_major(label)) for label in labels))",
+    "    return PartitionSpec(*(factors.get(label) for label in labels))",
+    (_KERNEL_SHARDING + "::test_kv_heads_split_with_their_query_groups",),
+    "The partition spec looks a compound label up whole: query heads are never split with"
+    " their K/V heads.",
+  ),
+  Mutation(
+    "partitioning.grad_sums_only_combined_labels",
+    _PARTITIONING,
+    "      if f not in present and how in (None, rule.combine_of(f))",
+    "      if f not in present and how == rule.combine_of(f)",
+    (_KERNEL_SHARDING + "::test_vocabulary_shards_add_their_shares_of_the_loss",),
+    "Cotangent sums take only labels whose combine is None: x's cotangent is not summed"
+    " over vocabulary shards.",
+  ),
+  Mutation(
+    "partitioning.mean_over_every_shard",
+    _PARTITIONING,
+    "    return math.prod(s.count for s in self.shards.values() if set(s.axes) <= set(self.out_means))",
+    "    return math.prod(s.count for s in self.shards.values())",
+    (_KERNEL_SHARDING + "::test_vocabulary_shards_add_their_shares_of_the_loss",),
+    "The mean's shard count includes summed (vocabulary) shards.",
+  ),
+  Mutation(
+    "partitioning.backward_sums_by_position",
+    _PARTITIONING,
+    "          for i, g in zip(index, grads, strict=True)",
+    "          for i, g in enumerate(grads)",
+    (_KERNEL_SHARDING, "-k", "loss and xla and auto_rows_mean"),
+    "custom_partitioning backward: each cotangent takes the sums of the leaf at its"
+    " position among the float leaves, not its own (the loss's weights take the labels')",
+  ),
+  Mutation(
+    "partitioning.mean_summed",
+    _PARTITIONING,
+    "        out = jax.lax.pmean(out, plan_.out_means)",
+    "        out = jax.lax.psum(out, plan_.out_means)",
+    (_KERNEL_SHARDING, "-k", "loss and xla and auto_rows_mean"),
+    "An output averaged over row shards (a mean loss) is summed over them.",
+  ),
+  Mutation(
+    "partitioning.minor_factor_size_whole_axis",
+    _PARTITIONING,
+    "          sizes.setdefault(f, n // known)",
+    "          sizes.setdefault(f, n)",
+    (_KERNEL_SHARDING, "-k", "attention and xla and auto_batch"),
+    "The size of a compound label's unknown factor is the whole axis, not its share (the"
+    " query groups of GQA), so Shardy's rule has the wrong factor size.",
+  ),
+  Mutation(
+    "partitioning.localized_only_when_summed",
+    _PARTITIONING,
+    "    if plan_ is not None and self.rule.localize is not None and plan_.splits:",
+    "    if plan_ is not None and self.rule.localize is not None and plan_.out_sums:",
+    (_KERNEL_SHARDING, "-k", "ragged_dot and triton and rows_and_columns"),
+    "A shard's record is localized only when the output is summed: ragged_dot's row shards"
+    " keep the global group sizes.",
+  ),
+  Mutation(
+    "partitioning.size_one_factor_in_compound",
+    _PARTITIONING,
+    "        factors = [f for f in label if sizes[f] != 1] or [label[0]]",
+    "        factors = list(label)",
+    (_KERNEL_SHARDING, "-k", "attention and xla and auto_mqa"),
+    "Shardy's rule keeps a size-1 factor in a compound one (the single K/V head of MQA's"
+    " query heads), which Shardy refuses.",
+  ),
+  Mutation(
+    "partitioning.vmap_batches_every_operand",
+    _PARTITIONING,
+    "      in_axes = [0 if b else None for b in in_batched]",
+    "      in_axes = [0 for b in in_batched]",
+    (_KERNEL_SHARDING, "-k", "layer_norm and xla and auto_rows_under_vmap"),
+    "custom_partitioning's vmap rule maps every operand over axis 0, also the unbatched"
+    " ones (layer_norm's scale).",
+  ),
+  Mutation(
+    "partitioning.backward_cotangent_replicated",
+    _PARTITIONING,
+    "      in_specs = plan_.in_specs + ((plan_.out_spec,) if backward else ())",
+    "      in_specs = plan_.in_specs + ((PartitionSpec(),) if backward else ())",
+    (_KERNEL_SHARDING, "-k", "layer_norm and xla and auto_rows and not vmap"),
+    "custom_partitioning backward: the output's cotangent reaches every shard whole, not"
+    " as the shard's part.",
+  ),
 )
 
 

@@ -87,6 +87,21 @@ def test_a_mesh_axis_splits_one_label_only():
   assert not plan.out_sums
 
 
+def test_a_replicated_axis_warns_for_each_field():
+  """Key and value sequences (one label, one axis) sharded where the op cannot split them:
+  both fields are named, once each."""
+  q, kv = jnp.ones((4, 8, 4, 16)), jnp.ones((4, 8, 2, 16))
+  args = attention_spec.canonicalize(q, kv, kv)
+  sequence = P(None, "model")
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for _ in range(2):
+      plan = _plan("test_kv_sequence", args, P(), sequence, sequence)
+  assert not plan.splits
+  assert sorted(str(w.message).split("`")[1] for w in caught) == ["key", "value"]
+  assert all("axis 1 (s)" in str(w.message) for w in caught)
+
+
 def test_kv_heads_split_with_their_query_groups():
   q, kv = jnp.ones((4, 8, 4, 16)), jnp.ones((4, 8, 2, 16))
   args = attention_spec.canonicalize(q, kv, kv)
