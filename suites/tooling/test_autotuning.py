@@ -107,6 +107,40 @@ def test_finds_ops_in_jitted_function_and_gradient():
   assert grad[("linear_softmax_cross_entropy_loss", "chunked_xla")] == "forward_and_vjp"
 
 
+def test_an_op_in_the_gradient_and_again_forward_is_tuned_with_its_vjp():
+  """The gradient's call and a later forward-only call of one signature: one entry, its
+  backward pass timed too."""
+  q = make_inputs()[0]
+
+  def f(q):
+    grad = jax.grad(lambda q: jnp.sum(attention_only(q)))(q)
+    return jnp.sum(grad) + jnp.sum(attention_only(q))
+
+  assert names(api.find_ops(f, q)) == {("dot_product_attention", "xla_chunked"): "forward_and_vjp"}
+
+
+def test_modes_of_one_implementation_merge_across_calls(monkeypatch):
+  """With all_implementations, "xla_chunked" is reached from its own call in the gradient and
+  from the forward-only "xla" call: it is tuned once, with its backward pass."""
+  tuned = []
+
+  def fake_autotune_call(op, args, *, mode, **kwargs):
+    tuned.append((op.name, mode))
+    key = arguments.signature_key(args)
+    return api.AutotuningData(op.spec.name, op.name, key, mode, config=None)
+
+  monkeypatch.setattr(api.autotuner, "autotune_call", fake_autotune_call)
+  q = make_inputs()[0]
+
+  def f(q):
+    grad = jax.grad(lambda q: jnp.sum(attention_only(q)))(q)
+    plain = tokamax.dot_product_attention(q, q, q, implementation="xla")
+    return jnp.sum(grad) + jnp.sum(plain)
+
+  tokamax.autotune(f, q, all_implementations=True, ignore_cache=True, progress=False)
+  assert [mode for name, mode in tuned if name == "xla_chunked"] == ["forward_and_vjp"]
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _ChunkedWithXlaGradient(xla_chunked.XlaChunkedAttention):
   """Chunked forward whose gradient comes from the XLA implementation."""
@@ -311,6 +345,21 @@ def test_override_coerces_checks_and_restores_values():
   with pytest.raises(RuntimeError, match="inside"), tokamax.config.override(cache_miss="autotune"):
     raise RuntimeError("inside")
   assert dataclasses.asdict(options) == before
+
+
+def test_nested_overrides_retrace_with_every_option():
+  """A trace made inside `override(use_default_cache=False)` alone is not reused inside it
+  nested in `override(cache_miss="error")`: there the miss raises."""
+  x = jax.random.normal(jax.random.key(6), (8, 64), jnp.float32)
+  f = jax.jit(lambda x: ex.row_rms(x, implementation="blocked"))
+  with tokamax.config.override(use_default_cache=False):
+    f(x)  # A miss under "heuristics": traced and cached.
+  with (
+    tokamax.config.override(cache_miss="error"),
+    tokamax.config.override(use_default_cache=False),
+    pytest.raises(LookupError, match="no tuned config"),
+  ):
+    f(x)
 
 
 def test_default_cache(monkeypatch, tmp_path):

@@ -47,6 +47,31 @@ def test_the_median_run_decides(monkeypatch):
   assert _block(data.config) == 16
 
 
+def test_the_fastest_candidate_wins_whatever_its_config_text(monkeypatch):
+  """Block 16 (first in text order) runs in 5 ms, block 32 in 1 ms: 32 wins, listed first."""
+  canned = iter([[5.0, 5.0, 5.0], [1.0, 1.0, 1.0]])  # Candidates are timed in text order.
+  monkeypatch.setattr(autotuner.benchmarking, "time_compiled", lambda *a, **k: next(canned))
+  data = (
+    ex.BlockedRowRms()
+    .bind(_x())
+    .autotune(candidates=[ex.BlockConfig(16), ex.BlockConfig(32)], iterations=3)
+  )
+  assert [(_block(c), t) for c, t in data.timings_ms] == [(32, 1.0), (16, 5.0)]
+  assert _block(data.config) == 32
+
+
+def test_find_ops_reports_each_signature_of_an_op():
+  """One op called at two shapes (and again at the first): two calls to tune, in order."""
+
+  def f(x, y):
+    rms = lambda a: ex.row_rms(a, implementation="blocked").sum()
+    return rms(x) + rms(y) + rms(2 * x)
+
+  found = api.find_ops(f, _x(64), _x(32))
+  assert [(b.op.name, mode) for b, mode in found] == [("blocked", "forward")] * 2
+  assert [b.args.x.shape for b, _ in found] == [(8, 64), (8, 32)]
+
+
 @jax.custom_vjp
 def _no_backward(x):
   return x
@@ -162,6 +187,15 @@ def test_a_later_entry_of_the_same_key_wins():
   assert tokamax.AutotuningResult("cpu", (b, a)).data == (a,)
 
 
+def test_results_of_another_device_kind_or_version_differ():
+  """The same entries tuned on another device kind (or by another version) are another result."""
+  entries = (_entry(),)
+  base = tokamax.AutotuningResult("cpu", entries, library_version="1.0")
+  assert base == tokamax.AutotuningResult("cpu", entries, library_version="1.0")
+  assert base != tokamax.AutotuningResult("TPU v5 lite", entries, library_version="1.0")
+  assert base != tokamax.AutotuningResult("cpu", entries, library_version="0.9")
+
+
 # -- Configs ------------------------------------------------------------------------
 
 
@@ -211,6 +245,14 @@ def test_configs_decode_to_their_class():
     configs.decode(_Config, '{"zeta":1,"block_q":64}')
 
 
+def test_configs_of_numpy_scalars_encode_as_plain_numbers():
+  """Heuristics computed with NumPy give NumPy scalars: they encode as the plain numbers."""
+  config = _Config(zeta=np.int64(3), alpha=(np.int32(64), 32), split=np.int64(2))
+  text = configs.encode(config)
+  assert text == '{"alpha":[64,32],"inner":{"stages":2},"order":"row","split":2,"zeta":3}'
+  assert configs.decode(_Config, text) == _Config(zeta=3, alpha=(64, 32), split=2)
+
+
 # -- Timing inputs and keys -----------------------------------------------------------
 
 
@@ -240,6 +282,22 @@ def test_timing_inputs_hold_valid_integer_values():
   filled = inputs.fill_integer_fields(record, ragged_dot_spec.SPEC, seed=3)
   assert filled.group_sizes.dtype == np.int32 and filled.group_sizes.shape == (4,)
   assert filled.group_sizes.sum() == 100 and (filled.group_sizes >= 0).all()
+
+
+def test_integer_inputs_follow_the_seed():
+  """Random group sizes of ragged_dot: one seed gives the same sizes, another other sizes."""
+  lhs = jax.ShapeDtypeStruct((1000, 16), jnp.float32)
+  rhs = jax.ShapeDtypeStruct((8, 16, 8), jnp.float32)
+  sizes = jax.ShapeDtypeStruct((8,), jnp.int32)
+  record = jax.eval_shape(ragged_dot_spec.SPEC.canonicalize, lhs, rhs, sizes)
+
+  def group_sizes(seed):
+    filled = inputs.fill_integer_fields(record, ragged_dot_spec.SPEC, seed=seed)
+    assert filled.group_sizes.sum() == 1000
+    return np.asarray(filled.group_sizes)
+
+  np.testing.assert_array_equal(group_sizes(0), group_sizes(0))
+  assert not np.array_equal(group_sizes(0), group_sizes(1))
 
 
 def test_signature_keys_tell_static_arguments_apart():
@@ -450,3 +508,39 @@ def test_autotune_tunes_again_an_op_whose_cached_entry_failed():
   (data,) = result.data
   assert data.config is not None and not data.errors
   assert {_block(c) for c, _ in data.timings_ms} == {16, 32, 64}
+
+
+def test_a_current_shipped_entry_is_not_tuned_again(monkeypatch):
+  """autotune takes a current entry of the shipped cache as it is, without timing."""
+
+  def no_tuning(*args, **kwargs):
+    raise AssertionError("tuned again")
+
+  monkeypatch.setattr(api.autotuner, "autotune_call", no_tuning)
+  shipped = _current_entry(16)
+  monkeypatch.setattr(
+    cache, "default_result", lambda kind: tokamax.AutotuningResult(kind, (shipped,))
+  )
+  f = lambda x: ex.row_rms(x, implementation="blocked")
+  with tokamax.config.override(use_default_cache=True):
+    result = tokamax.autotune(f, _x(), progress=False)
+  (data,) = result.data
+  assert (data.key, data.config) == (shipped.key, configs.encode(ex.BlockConfig(16)))
+
+
+@pytest.mark.parametrize("miss", ["error", "autotune"])
+def test_a_shipped_entry_whose_every_candidate_failed_means_heuristics(monkeypatch, miss):
+  """As for an entered result: the call is covered, its heuristics run (no error, no tuning)."""
+
+  def no_tuning(*args, **kwargs):
+    raise AssertionError("tuned again")
+
+  monkeypatch.setattr(cache.autotuner, "autotune_call", no_tuning)
+  failed = _current_entry(None, errors=((None, "ValueError: broken"),))
+  monkeypatch.setattr(
+    cache, "default_result", lambda kind: tokamax.AutotuningResult(kind, (failed,))
+  )
+  op, record = ex.BlockedRowRms(), _record()
+  with tokamax.config.override(cache_miss=miss, use_default_cache=True):
+    assert cache.lookup(op, record) is None
+    assert op.resolve_config(record) == ex.BlockConfig(64)  # The heuristics' (N = 64).
