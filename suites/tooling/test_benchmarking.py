@@ -171,3 +171,32 @@ def test_random_arrays_of_each_kind():
   assert b.dtype == jnp.bool_ and b.shape == (3, 5) and bool(b.all())
   i = benchmarking.random_array(key, (7,), jnp.int32)
   assert i.dtype == jnp.int32 and not np.asarray(i).any()
+  c = benchmarking.random_array(key, (4096,), jnp.complex64)
+  assert c.dtype == jnp.complex64 and 0.9 < float(jnp.std(jnp.real(c))) < 1.1
+
+
+def test_wallclock_timing_leaves_out_a_warm_up_run():
+  """The first call (slow here, as a first call with one-time costs is) runs untimed."""
+  calls = []
+
+  def fn(x):
+    calls.append(None)
+    if len(calls) == 1:
+      time.sleep(0.3)
+    return x
+
+  times = benchmarking.time_compiled(fn, jnp.ones(4), iterations=3, method="wallclock")
+  assert len(calls) == 4 and len(times) == 3
+  assert max(times) < 150, times
+
+
+def test_lowering_and_compilation_times_are_told_apart():
+  """A function slow to trace (0.6 s of host sleep) is slow to lower, not to compile."""
+
+  def slow_to_trace(x):
+    time.sleep(0.6)
+    return jnp.sin(x)
+
+  data = tokamax.benchmark(slow_to_trace, jnp.ones(4), iterations=1, method="wallclock")
+  assert data.lower_time_ms >= 600
+  assert data.compile_time_ms < data.lower_time_ms

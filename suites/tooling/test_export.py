@@ -7,6 +7,9 @@ implementation that exists is exported for CUDA where it can be lowered
 without a GPU; the GPU check script (ci/gpu/tooling.py) covers the rest.
 """
 
+import inspect
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -224,3 +227,12 @@ def test_every_kernel_custom_call_is_allowed_by_the_disabled_checks():
   for target in targets:
     assert jax.export.DisabledSafetyCheck.custom_call(target) in tokamax.DISABLE_JAX_EXPORT_CHECKS
     assert export.kernel_custom_calls(f"stablehlo.custom_call @{target}(%0)") == {target}
+
+
+def test_every_cudnn_call_that_jax_emits_is_allowed():
+  """The fused attention custom calls named in JAX's own cuDNN lowering are all allowed."""
+  fused = pytest.importorskip("jax._src.cudnn.fused_attention_stablehlo")
+  targets = set(re.findall(r'"(__cudnn\$fmha\w+)"', inspect.getsource(fused)))
+  assert len(targets) >= 4, targets
+  for target in sorted(targets):
+    assert jax.export.DisabledSafetyCheck.custom_call(target) in tokamax.DISABLE_JAX_EXPORT_CHECKS
