@@ -8113,6 +8113,84 @@ MUTATIONS: tuple[Mutation, ...] = (
     'Default cache file names keep a trailing underscore ("TPU_v5p_2x_.json"): the shipped'
     " file of such a device kind is not found.",
   ),
+  Mutation(
+    "autotune.mode_unchecked",
+    "src/tokamax/_src/autotuning/autotuner.py",
+    '  if mode not in ("forward", "forward_and_vjp"):\n    raise',
+    '  if mode not in ("forward", "forward_and_vjp", "vjp"):\n    raise',
+    (_AUTOTUNING_RULES, "-k", "two_tuning_modes"),
+    'autotune_call accepts "vjp" (the backward pass alone) as a tuning mode.',
+  ),
+  Mutation(
+    "autotune.candidate_listing_errors_swallowed",
+    "src/tokamax/_src/autotuning/api.py",
+    '    except Exception as e:\n      if not ignore_errors:\n        raise\n      results.append(_failed(key, mode, f"candidates:',
+    '    except Exception as e:\n      results.append(_failed(key, mode, f"candidates:',
+    (_AUTOTUNING_RULES, "-k", "candidates_fail"),
+    "An op whose candidates cannot be listed is recorded as failed also with ignore_errors=False.",
+  ),
+  Mutation(
+    "autotune.candidate_listing_failure_unrecorded",
+    "src/tokamax/_src/autotuning/api.py",
+    '      results.append(_failed(key, mode, f"candidates: {type(e).__name__}: {e}"))',
+    "      continue",
+    (_AUTOTUNING_RULES, "-k", "candidates_fail"),
+    "An op whose candidates cannot be listed is left out of the result silently.",
+  ),
+  Mutation(
+    "autotune.push_innermost_first",
+    _RESULT,
+    "  context = _ACTIVE((*_ACTIVE.value, result))",
+    "  context = _ACTIVE((result, *_ACTIVE.value))",
+    (
+      "suites/tooling/test_autotuning.py::test_context_manager_changes_the_config_in_the_lowered_program",
+    ),
+    "An entered result goes first in the active results: the outer result outranks it.",
+  ),
+  Mutation(
+    "bench.random_integers_one",
+    _BENCHMARKING_SRC,
+    "    return jnp.ones(shape, dtype)\n  return jnp.zeros(shape, dtype)",
+    "    return jnp.ones(shape, dtype)\n  return jnp.ones(shape, dtype)",
+    (_BENCHMARKING, "-k", "random_arrays_of_each_kind"),
+    "Random integer inputs are ones, not zeros (an index past a size-1 axis).",
+  ),
+  Mutation(
+    "bench.timed_runs_not_awaited",
+    _BENCHMARKING_SRC,
+    "    jax.block_until_ready(fn(args))\n    times.append",
+    "    fn(args)\n    times.append",
+    (_BENCHMARKING, "-k", "include_the_computation"),
+    "Wall-clock timing does not wait for each run: it times the dispatch.",
+  ),
+  Mutation(
+    "autotune.enum_decoded_by_name",
+    "src/tokamax/_src/autotuning/configs.py",
+    "    return hint(value)",
+    "    return hint[value]",
+    (_AUTOTUNING_RULES + "::test_configs_decode_to_their_class",),
+    "Enum config fields decode by member name, not by the value they were encoded as.",
+  ),
+  Mutation(
+    "export.generic_custom_calls_missed",
+    "src/tokamax/_src/export.py",
+    "  return {a or b for a, b in _CUSTOM_CALL.findall(text)}",
+    "  return {a for a, b in _CUSTOM_CALL.findall(text) if a}",
+    (_EXPORT + "::test_custom_call_targets_of_both_stablehlo_forms",),
+    "custom_call_targets reads only the pretty form, missing calls printed in the generic"
+    " form (call_target_name).",
+  ),
+  Mutation(
+    "autotune.failed_candidate_timed",
+    "src/tokamax/_src/autotuning/autotuner.py",
+    '      bar.update(f"skipped {text}", advance=1)\n      continue\n',
+    '      bar.update(f"skipped {text}", advance=1)\n',
+    (
+      "suites/tooling/test_autotuning.py::test_candidate_errors_and_timeouts_are_recorded_not_fatal",
+    ),
+    "A candidate that failed to compile is timed anyway: its compile error is replaced by"
+    " a KeyError.",
+  ),
 )
 
 

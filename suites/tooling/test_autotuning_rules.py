@@ -156,6 +156,30 @@ def test_every_candidate_failing_raises_unless_errors_are_ignored():
     tokamax.autotune(f, _x(), iterations=1, ignore_errors=False, progress=False)
 
 
+def test_only_the_two_tuning_modes_are_accepted():
+  """The benchmarking mode "vjp" (the backward pass alone) is not a tuning mode."""
+  with pytest.raises(ValueError, match="`mode` must be 'forward' or 'forward_and_vjp'"):
+    ex.BlockedRowRms().bind(_x()).autotune(mode="vjp", iterations=1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _NoCandidates(ex.BlockedRowRms):
+  """Listing the candidates fails."""
+
+  def _get_autotuning_configs(self, args):
+    raise ValueError("no candidates here")
+
+
+def test_an_op_whose_candidates_fail_is_recorded_unless_errors_raise():
+  f = lambda x: ex.row_rms(x, implementation=_NoCandidates())
+  result = tokamax.autotune(f, _x(), progress=False)
+  (data,) = result.data
+  assert (data.implementation, data.config, data.timings_ms) == ("blocked", None, ())
+  assert data.errors == ((None, "candidates: ValueError: no candidates here"),)
+  with pytest.raises(ValueError, match="no candidates here"):
+    tokamax.autotune(f, _x(), ignore_errors=False, progress=False)
+
+
 # -- Results ------------------------------------------------------------------------
 
 
