@@ -8191,6 +8191,33 @@ MUTATIONS: tuple[Mutation, ...] = (
     "A candidate that failed to compile is timed anyway: its compile error is replaced by"
     " a KeyError.",
   ),
+  Mutation(
+    "partitioning.rule_arrays_uncounted",
+    _PARTITIONING,
+    "      if len(labels) != len(leaves):\n        raise",
+    "      if len(labels) < len(leaves):\n        raise",
+    (_KERNEL_SHARDING, "-k", "do_not_fit"),
+    "A rule naming more arrays than a field holds is not refused with the field's name"
+    " (a bare zip length error instead).",
+  ),
+  Mutation(
+    "partitioning.rule_rank_unchecked",
+    _PARTITIONING,
+    '        if len(lab) != np.ndim(x):\n          raise ValueError(f"rule labels {lab} for {name!r} of rank {np.ndim(x)}")\n',
+    "",
+    (_KERNEL_SHARDING, "-k", "do_not_fit"),
+    "Rule labels of the wrong rank for an array are not refused: the plan fails later"
+    " without naming the field.",
+  ),
+  Mutation(
+    "tooling.use_default_cache_env_misnamed",
+    "src/tokamax/_src/config.py",
+    '  use_default_cache: bool = os.environ.get("TOKAMAX_USE_DEFAULT_CACHE", "1") != "0"',
+    '  use_default_cache: bool = os.environ.get("TOKAMAX_DEFAULT_CACHE", "1") != "0"',
+    ("suites/tooling/test_autotuning.py", "-k", "use_default_cache_option"),
+    "config: the default-cache option reads a misnamed environment variable, so"
+    " TOKAMAX_USE_DEFAULT_CACHE=0 does not turn the shipped cache off.",
+  ),
 )
 
 

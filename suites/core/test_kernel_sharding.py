@@ -102,6 +102,22 @@ def test_a_replicated_axis_warns_for_each_field():
   assert all("axis 1 (s)" in str(w.message) for w in caught)
 
 
+def test_rules_that_do_not_fit_the_arrays_are_refused():
+  """Labels of the wrong rank, or for the wrong number of arrays: an error naming the field."""
+  args = norm_spec.canonicalize(jnp.ones((8, 4)), jnp.ones(4), None)
+
+  def rule(x_labels):
+    return partitioning.Rule(
+      inputs={"x": x_labels, "scale": ("d",)}, output=("r0", "d"), split=frozenset({"r0"})
+    )
+
+  with pytest.raises(ValueError, match=r"rule labels \('r0',\) for 'x' of rank 2"):
+    rule(("r0",)).leaf_labels(args)
+  with pytest.raises(ValueError, match="rule names 2 arrays for field 'x', not 1"):
+    rule([("r0", "d"), ("r0", "d")]).leaf_labels(args)
+  assert rule(("r0", "d")).leaf_labels(args) == [("x", ("r0", "d")), ("scale", ("d",))]
+
+
 def test_kv_heads_split_with_their_query_groups():
   q, kv = jnp.ones((4, 8, 4, 16)), jnp.ones((4, 8, 2, 16))
   args = attention_spec.canonicalize(q, kv, kv)

@@ -9,6 +9,8 @@ import dataclasses
 import functools
 import io
 import json
+import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -328,6 +330,18 @@ def test_cache_miss_option_reads_its_environment_variable(monkeypatch):
   monkeypatch.setenv("TOKAMAX_CACHE_MISS", "bogus")
   with pytest.raises(ValueError, match="bogus"):
     config_lib._Options()
+
+
+def test_use_default_cache_option_reads_its_environment_variable():
+  """TOKAMAX_USE_DEFAULT_CACHE=0 turns the shipped cache off (read when tokamax is imported)."""
+  root = pathlib.Path(__file__).resolve().parents[2]
+  env = dict(os.environ, TOKAMAX_USE_DEFAULT_CACHE="0", JAX_PLATFORMS="cpu")
+  env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), str(root), env.get("PYTHONPATH", "")])
+  script = "import tokamax\nprint('use_default_cache', tokamax.config.OPTIONS.use_default_cache)\n"
+  run = subprocess.run(
+    [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True, timeout=120
+  )
+  assert "use_default_cache False" in run.stdout.splitlines()
 
 
 def test_override_coerces_checks_and_restores_values():
