@@ -168,9 +168,12 @@ def results(request) -> dict[str, str | None]:
     JAX_PLATFORMS="cpu",
     PJRT_NPROC="64",
   )
+  root = Path(__file__).resolve().parents[2]
+  # This tree's tokamax, not an installed one (an editable install of another checkout).
+  env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), str(root), env.get("PYTHONPATH", "")])
   run = subprocess.run(
     [sys.executable, "-m", "suites.core.kernel_sharding_checks", *selected],
-    cwd=Path(__file__).resolve().parents[2],
+    cwd=root,
     env=env,
     capture_output=True,
     text=True,

@@ -82,6 +82,8 @@ def test_vmap_matches_loop(name, inputs):
 def test_sharded_over_eight_host_devices():
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
   root = Path(__file__).resolve().parents[2]
+  # This tree's tokamax, not an installed one (an editable install of another checkout).
+  env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), str(root), env.get("PYTHONPATH", "")])
   result = subprocess.run(
     [sys.executable, "-m", "suites.core.sharding_checks"],
     cwd=root,

@@ -464,8 +464,11 @@ def test_signature_keys_name_functions_not_their_addresses():
     "w = jax.ShapeDtypeStruct((4096, 2, 14336), jnp.bfloat16)\n"
     "print(arguments.signature_key(spec.SPEC.canonicalize(x, w, activation=jax.nn.silu)))\n"
   )
+  root = pathlib.Path(__file__).resolve().parents[2]
+  env = dict(os.environ)
+  env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), str(root), env.get("PYTHONPATH", "")])
   other = subprocess.run(
-    [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True, timeout=120
   )
   assert other.stdout.strip() == key(jax.nn.silu)
 
