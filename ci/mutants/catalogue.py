@@ -8218,6 +8218,30 @@ MUTATIONS: tuple[Mutation, ...] = (
     "config: the default-cache option reads a misnamed environment variable, so"
     " TOKAMAX_USE_DEFAULT_CACHE=0 does not turn the shipped cache off.",
   ),
+  Mutation(
+    "bench.forward_res_without_residuals",
+    _BENCHMARKING_SRC,
+    "      return out, jax.tree.leaves(vjp_fn)",
+    "      return out, []",
+    (_BENCHMARKING + "::test_forward_res_returns_the_residuals",),
+    'Mode "forward_res" returns no residuals (times the plain forward pass).',
+  ),
+  Mutation(
+    "bench.asdict_without_median",
+    _BENCHMARKING_SRC,
+    '    out["median_evaluation_time_ms"] = self.median_evaluation_time_ms\n',
+    "",
+    (_BENCHMARKING + "::test_benchmark_times_the_compiled_function",),
+    "BenchmarkData.asdict leaves out the median time.",
+  ),
+  Mutation(
+    "autotune.default_integer_inputs_one",
+    "src/tokamax/_src/autotuning/inputs.py",
+    "  return np.zeros(shape, np.int32)",
+    "  return np.ones(shape, np.int32)",
+    (_AUTOTUNING_RULES + "::test_timing_inputs_keep_the_records_integer_dtypes",),
+    "Integer fields that the spec does not fill get ones, not zeros.",
+  ),
 )
 
 
