@@ -3692,6 +3692,30 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The Mosaic TPU loss's reason check divides by B = 0 or H = 0 (ZeroDivisionError).",
   ),
   Mutation(
+    "config.truthy_string_for_a_bool_option",
+    "src/tokamax/_src/config.py",
+    "    if not isinstance(value, bool):\n      raise TypeError",
+    "    if False:\n      raise TypeError",
+    (_BAD_INPUT, "-k", "option"),
+    "override(use_default_cache='false') silently turns the shipped cache on.",
+  ),
+  Mutation(
+    "config.env_false_is_true",
+    "src/tokamax/_src/config.py",
+    "  if value.strip().lower() in _FALSE:\n    return False",
+    "  if value.strip() == '0':\n    return False",
+    (_BAD_INPUT, "-k", "env_flag"),
+    "TOKAMAX_USE_DEFAULT_CACHE=false reads as true (only '0' turns it off).",
+  ),
+  Mutation(
+    "config.env_unknown_value_accepted",
+    "src/tokamax/_src/config.py",
+    "  raise ValueError(f\"{name}={value!r}: expected one of {', '.join(_TRUE + _FALSE)}.\")",
+    "  return default",
+    (_BAD_INPUT, "-k", "env_flag"),
+    "An unknown boolean environment value is taken as the default, silently.",
+  ),
+  Mutation(
     "validation.rank_accepts_higher",
     "src/tokamax/_src/validation.py",
     "  if np.ndim(value) not in expected:",
@@ -5338,7 +5362,7 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "tooling.override_value_uncoerced",
     "src/tokamax/_src/config.py",
-    "      setattr(OPTIONS, name, type(old[name])(value))",
+    "      setattr(OPTIONS, name, _option_value(name, value, old[name]))",
     "      setattr(OPTIONS, name, value)",
     ("suites/tooling/test_autotuning.py", "-k", "override or cache_miss_options"),
     "config.override: values are stored unchecked (an unknown cache_miss is accepted).",
@@ -6052,8 +6076,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "tooling.use_default_cache_env_inverted",
     "src/tokamax/_src/config.py",
-    '  use_default_cache: bool = os.environ.get("TOKAMAX_USE_DEFAULT_CACHE", "1") != "0"',
-    '  use_default_cache: bool = os.environ.get("TOKAMAX_USE_DEFAULT_CACHE", "1") == "0"',
+    '    default_factory=lambda: _env_flag("TOKAMAX_USE_DEFAULT_CACHE", default=True)',
+    '    default_factory=lambda: not _env_flag("TOKAMAX_USE_DEFAULT_CACHE", default=True)',
     ("suites/tooling/test_autotuning.py", "-k", "default_cache"),
     "config: the shipped config cache is off by default and on with TOKAMAX_USE_DEFAULT_CACHE=0.",
   ),
@@ -8212,8 +8236,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "tooling.use_default_cache_env_misnamed",
     "src/tokamax/_src/config.py",
-    '  use_default_cache: bool = os.environ.get("TOKAMAX_USE_DEFAULT_CACHE", "1") != "0"',
-    '  use_default_cache: bool = os.environ.get("TOKAMAX_DEFAULT_CACHE", "1") != "0"',
+    '    default_factory=lambda: _env_flag("TOKAMAX_USE_DEFAULT_CACHE", default=True)',
+    '    default_factory=lambda: _env_flag("TOKAMAX_DEFAULT_CACHE", default=True)',
     ("suites/tooling/test_autotuning.py", "-k", "use_default_cache_option"),
     "config: the default-cache option reads a misnamed environment variable, so"
     " TOKAMAX_USE_DEFAULT_CACHE=0 does not turn the shipped cache off.",

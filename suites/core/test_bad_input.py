@@ -406,3 +406,33 @@ def test_precision_is_none_one_precision_or_a_pair():
   for bad in ((P.HIGH,) * 3, (P.HIGH,), [P.HIGH, P.HIGH], 3):
     with pytest.raises(ValueError, match="or a pair"):
       validation.precision(bad)
+
+
+def test_a_bool_option_takes_bools_only():
+  from tokamax._src import config
+
+  with pytest.raises(TypeError, match="use_default_cache"), config.override(use_default_cache="no"):
+    pass
+  with pytest.raises(ValueError, match="cache_miss"), config.override(cache_miss="sometimes"):
+    pass
+  with config.override(use_default_cache=False) as options:
+    assert options.use_default_cache is False
+
+
+@pytest.mark.parametrize(
+  ("value", "expected"),
+  [("0", False), ("false", False), ("Off", False), ("1", True), ("yes", True), ("", True)],
+)
+def test_env_flag_reads_words_and_digits(monkeypatch, value, expected):
+  from tokamax._src import config
+
+  monkeypatch.setenv("TOKAMAX_TEST_FLAG", value)
+  assert config._env_flag("TOKAMAX_TEST_FLAG", default=True) is expected
+
+
+def test_env_flag_refuses_other_values(monkeypatch):
+  from tokamax._src import config
+
+  monkeypatch.setenv("TOKAMAX_TEST_FLAG", "maybe")
+  with pytest.raises(ValueError, match="TOKAMAX_TEST_FLAG='maybe'"):
+    config._env_flag("TOKAMAX_TEST_FLAG", default=True)

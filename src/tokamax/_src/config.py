@@ -27,6 +27,34 @@ class CacheMiss(enum.StrEnum):
   ERROR = "error"
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _env_flag(name: str, *, default: bool) -> bool:
+  """A boolean environment variable: 1/true/yes/on or 0/false/no/off; anything else raises."""
+  value = os.environ.get(name)
+  if value is None or not value.strip():
+    return default
+  if value.strip().lower() in _FALSE:
+    return False
+  if value.strip().lower() in _TRUE:
+    return True
+  raise ValueError(f"{name}={value!r}: expected one of {', '.join(_TRUE + _FALSE)}.")
+
+
+def _option_value(name: str, value, current):
+  """`value` as option `name`'s type; a bool option takes only bools (no truthy strings)."""
+  if isinstance(current, bool):
+    if not isinstance(value, bool):
+      raise TypeError(f"option {name!r} must be a bool, got {value!r}.")
+    return value
+  try:
+    return type(current)(value)
+  except ValueError as e:
+    raise ValueError(f"option {name!r}: {e}") from e
+
+
 @dataclasses.dataclass
 class _Options:
   """Attributes:
@@ -39,7 +67,9 @@ class _Options:
   cache_miss: CacheMiss = dataclasses.field(
     default_factory=lambda: CacheMiss(os.environ.get("TOKAMAX_CACHE_MISS", "heuristics"))
   )
-  use_default_cache: bool = os.environ.get("TOKAMAX_USE_DEFAULT_CACHE", "1") != "0"
+  use_default_cache: bool = dataclasses.field(
+    default_factory=lambda: _env_flag("TOKAMAX_USE_DEFAULT_CACHE", default=True)
+  )
 
 
 OPTIONS = _Options()
@@ -57,7 +87,7 @@ def override(**changes):
       raise ValueError(f"unknown option {name!r}; options are {list(old)}.")
   try:
     for name, value in changes.items():
-      setattr(OPTIONS, name, type(old[name])(value))
+      setattr(OPTIONS, name, _option_value(name, value, old[name]))
     key = tuple(sorted((k, str(v)) for k, v in dataclasses.asdict(OPTIONS).items()))
     with _TRACE_CONTEXT(key):
       yield OPTIONS
