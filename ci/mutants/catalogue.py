@@ -3694,8 +3694,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "config.truthy_string_for_a_bool_option",
     "src/tokamax/_src/config.py",
-    "    if not isinstance(value, bool):\n      raise TypeError",
-    "    if False:\n      raise TypeError",
+    "    if not (isinstance(value, bool | np.bool_) or (isinstance(value, int) and value in (0, 1))):",
+    "    if not (isinstance(value, bool | np.bool_ | str) or (isinstance(value, int) and value in (0, 1))):",
     (_BAD_INPUT, "-k", "option"),
     "override(use_default_cache='false') silently turns the shipped cache on.",
   ),

@@ -415,6 +415,8 @@ def test_a_bool_option_takes_bools_only():
     pass
   with pytest.raises(ValueError, match="cache_miss"), config.override(cache_miss="sometimes"):
     pass
+  with pytest.raises(TypeError, match="use_default_cache"), config.override(use_default_cache=2):
+    pass
   with config.override(use_default_cache=False) as options:
     assert options.use_default_cache is False
 

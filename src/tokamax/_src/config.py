@@ -11,6 +11,7 @@ import enum
 import os
 
 import jax
+import numpy as np
 
 
 class CacheMiss(enum.StrEnum):
@@ -44,11 +45,11 @@ def _env_flag(name: str, *, default: bool) -> bool:
 
 
 def _option_value(name: str, value, current):
-  """`value` as option `name`'s type; a bool option takes only bools (no truthy strings)."""
+  """`value` as option `name`'s type; a bool option takes bools and 0/1, not truthy strings."""
   if isinstance(current, bool):
-    if not isinstance(value, bool):
+    if not (isinstance(value, bool | np.bool_) or (isinstance(value, int) and value in (0, 1))):
       raise TypeError(f"option {name!r} must be a bool, got {value!r}.")
-    return value
+    return bool(value)
   try:
     return type(current)(value)
   except ValueError as e:
