@@ -145,6 +145,14 @@ _MOSAIC_CASES = {
     grads=True,
     features=dict(query_seq_lengths=(80, 20, -2), key_value_seq_lengths=(100, -4, 30)),
   ),
+  # Query lengths alone: every key block runs unmasked (`kv_blocks` ignores query lengths),
+  # so only the forward's epilogue zeroes the rows past them.
+  "q_lengths_unmasked_blocks": kc.AttentionKernelCase(
+    dict(b=2, t=128, s=128, n=1, k=1, h=64),
+    "bfloat16",
+    grads=True,
+    features=dict(query_seq_lengths=(100, 30)),
+  ),
   # A scale other than 1/sqrt(H), in the forward and both backward kernels.
   "scale_causal_gqa": kc.AttentionKernelCase(
     dict(b=1, t=128, s=128, n=2, k=1, h=64),
