@@ -1980,6 +1980,183 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Mosaic attention backward: the dq kernel's registers count one score tile, not S and dP.",
   ),
   Mutation(
+    "kernels.mosaic_attention_fwd_staged_tile_columns",
+    _ATTENTION + "mosaic_fwd.py",
+    "pl.ds(kv_step * bkv, bkv)]",
+    "pl.ds(kv_step * bq, bkv)]",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[mask_only_dead_rows_fwd]",),
+    "Mosaic attention forward: the producer stages a full plane's tile at key column"
+    " step * block_q instead of step * block_kv.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_fwd_global_tile_rows_of_tile",
+    _ATTENTION + "mosaic_fwd.py",
+    "common.extra_tile(plane, values, r0, kv_step, bq, bkv)",
+    "common.extra_tile(plane, values, tile_r0, kv_step, bq, bkv)",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[overlap_qk_bias_mask_window_gqa_h128_fwd]",),
+    "Mosaic attention forward: a full bias plane not staged in shared memory is read at the"
+    " first consumer's rows by both consumers.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_fwd_q_len_row_off_by_one",
+    _ATTENTION + "mosaic_fwd.py",
+    "(common.iota((bq, h), 0) + r0 < q_len)",
+    "(common.iota((bq, h), 0) + r0 <= q_len)",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[q_lengths_unmasked_blocks]",),
+    "Mosaic attention forward: the first row past the query length keeps its output.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_query_tile_ranges_first_consumer",
+    _ATTENTION + "mosaic_common.py",
+    "kv_blocks(m, r0 + i * block_q, block_q",
+    "kv_blocks(m, r0, block_q",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[h256_gqa_causal]",),
+    "Mosaic attention (forward, dq): every consumer of a query tile walks the first"
+    " consumer's key blocks.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_window_right_q_range",
+    _ATTENTION + "mosaic_common.py",
+    "    lo = jnp.maximum(lo, _floor_div(c0 - right, block_q))",
+    "    lo = jnp.maximum(lo, _floor_div(c0 - right + 1, block_q))",
+    (_MOSAIC_ATTENTION, "-k", "block_ranges_hold_every_visible_pair"),
+    "Mosaic attention backward (dk/dv): a key block's query range starts one row late under"
+    " a right window.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_dq_tile_rows_of_tile",
+    _ATTENTION + "mosaic_bwd.py",
+    "common.extra_tiles(planes, r0, kv_step, bq, bkv)",
+    "common.extra_tiles(planes, tile_r0, kv_step, bq, bkv)",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[bias_mask_full_softcap]",),
+    "Mosaic attention backward (dq): both consumers read the full bias and mask planes at the"
+    " first consumer's rows.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_dkv_row_plane_of_tile",
+    _ATTENTION + "mosaic_bwd.py",
+    "planes = common.extra_planes(refs_bm, batch, kv_head * groups + g, c0, bkv)",
+    "planes = common.extra_planes(refs_bm, batch, kv_head * groups + g, tile_c0, bkv)",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[bias_bcast_t_mask_bcast_s_causal_padded]",),
+    "Mosaic attention backward (dk/dv): the second consumer reads a bias over keys at the"
+    " first consumer's keys.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_dkv_natural_exp",
+    _ATTENTION + "mosaic_bwd.py",
+    "        p_t = jnp.exp2(logits",
+    "        p_t = jnp.exp(logits",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[gqa_plain_h64]",),
+    "Mosaic attention backward (dk/dv): the probabilities are exp, not exp2, of log2-domain"
+    " logits.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_dk_times_do",
+    _ATTENTION + "mosaic_bwd.py",
+    "ds_t.astype(dtype), q_smem.at[slot]",
+    "ds_t.astype(dtype), do_smem.at[slot]",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[gqa_plain_h64]",),
+    "Mosaic attention backward (dk): dS^T multiplies the dO block instead of the query block.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_dkv_do_first_dp_keys",
+    _ATTENTION + "mosaic_bwd.py",
+    "          plgpu.barrier_wait(do_bar.at[slot])\n          dp_t = _mm_t(v_smem.at[wg]",
+    "          plgpu.barrier_wait(do_bar.at[slot])\n          dp_t = _mm_t(k_smem.at[wg]",
+    (
+      _MOSAIC_ATTENTION
+      + "::test_interpret_matches_xla[h256_bwd_blocks_32_one_slot_lengths_window_softcap_padded]",
+    ),
+    "Mosaic attention backward (dk pass with one slot, dO first): dP^T is computed from the"
+    " key block instead of the value block.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_dkv_delta_from_lse_slot",
+    _ATTENTION + "mosaic_bwd.py",
+    "        delta = plgpu.load(delta_smem.at[slot], layout=_COL)",
+    "        delta = plgpu.load(lse_smem.at[slot], layout=_COL)",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[gqa_plain_h64]",),
+    "Mosaic attention backward (dk): delta is read from the log-sum-exp slot.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_dkv_ranges_first_consumer",
+    _ATTENTION + "mosaic_bwd.py",
+    "common.q_blocks(m, tile_c0 + i * bkv, bkv",
+    "common.q_blocks(m, tile_c0, bkv",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[h256_gqa_causal]",),
+    "Mosaic attention backward (dk/dv): every consumer of a key tile walks the first"
+    " consumer's query blocks.",
+  ),
+  Mutation(
+    "wrappers.attention_mosaic_lengths_rows_swapped",
+    _ATTENTION + "mosaic.py",
+    "jnp.stack([jnp.minimum(q_len, t), jnp.minimum(kv_len, s)])",
+    "jnp.stack([jnp.minimum(kv_len, s), jnp.minimum(q_len, t)])",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[lengths_causal_padded]",),
+    "Mosaic attention: the kernels get the key lengths as query lengths and the other way round.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_fwd_dead_rows_of_bias_unguarded",
+    _ATTENTION + "mosaic_fwd.py",
+    "        if ok is not None or mask_tile is not None or bias_tile is not None:",
+    "        if ok is not None or mask_tile is not None:",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[minus_inf_bias_rows_fwd]",),
+    "Mosaic attention forward: a row whose bias is -inf everywhere keeps a -inf maximum in"
+    " an unmasked step, so its probabilities are exp2(-inf + inf) = NaN.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_fwd_dead_rows_of_mask_unguarded",
+    _ATTENTION + "mosaic_fwd.py",
+    "        if ok is not None or mask_tile is not None or bias_tile is not None:",
+    "        if ok is not None or bias_tile is not None:",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[mask_only_dead_rows_fwd]",),
+    "Mosaic attention forward: without a bias, a row the mask hides entirely keeps a -inf"
+    " maximum in an unmasked step, so its probabilities are exp2(-inf + inf) = NaN.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_fwd_overlap_first_max_dropped",
+    _ATTENTION + "mosaic_fwd.py",
+    "          return acc, m_new, l_i, p16\n\n        def pipelined_step",
+    "          return acc, m_i, l_i, p16\n\n        def pipelined_step",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[overlap_qk_bias_mask_window_gqa_h128_fwd]",),
+    "Mosaic attention forward (overlap_qk): the first step's row maximum is not carried on"
+    " (the next step's rescale then zeroes the first key block).",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_fwd_consumer_ranges_swapped",
+    _ATTENTION + "mosaic_fwd.py",
+    "(jnp.where(wg == 0, a, b_) for a, b_",
+    "(jnp.where(wg == 1, a, b_) for a, b_",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[h256_gqa_causal]",),
+    "Mosaic attention forward: each consumer walks the other consumer's key blocks.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_dkv_consumer_ranges_swapped",
+    _ATTENTION + "mosaic_bwd.py",
+    "      c0 = tile_c0 + wg * bkv\n      lo, full_lo, full_hi, hi = (jnp.where(wg == 0, x, y)",
+    "      c0 = tile_c0 + wg * bkv\n      lo, full_lo, full_hi, hi = (jnp.where(wg == 1, x, y)",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[h256_gqa_causal]",),
+    "Mosaic attention backward (dk/dv): each consumer walks the other consumer's query blocks.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_mask_or_positional",
+    _ATTENTION + "mosaic_common.py",
+    "    ok = keep if ok is None else ok & keep",
+    "    ok = keep if ok is None else ok | keep",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[bias_bcast_t_mask_bcast_s_causal_padded]",),
+    "Mosaic attention: in masked steps a key is visible when the mask or the positional rule"
+    " allows it, instead of both.",
+  ),
+  Mutation(
+    "wrappers.attention_mosaic_dkv_registers_one_output",
+    _ATTENTION + "mosaic.py",
+    "  dkv = config.bwd_block_kv * (outputs * head_dim + 2 * config.bwd_block_q)",
+    "  dkv = config.bwd_block_kv * (head_dim + 2 * config.bwd_block_q)",
+    (_MOSAIC_ATTENTION, "-k", "backward_config_reason"),
+    "Mosaic attention backward: the dk/dv kernel's registers count one accumulator where one"
+    " pass holds both dk and dv.",
+  ),
+  Mutation(
     "kernels.mosaic_tpu_ragged_last_tile_dropped",
     _TPU_RAGGED_KERNEL,
     "counts = jnp.where(nonempty, last_tile - first_tile + 1,",

@@ -110,10 +110,6 @@ def _mask(seed, shape, p=0.7, dead_rows=0.2):
   return mask & jax.random.bernoulli(live, 1.0 - dead_rows, (*shape[:3], 1))
 
 
-def _bias(seed, shape, dtype=jnp.float32):
-  return (2.0 * jax.random.normal(jax.random.key(seed), shape)).astype(dtype)
-
-
 # name -> `kernel_cases.AttentionKernelCase` (in the op database).
 CASES = opdb.get("dot_product_attention").kernel_cases["mosaic"]
 
@@ -128,7 +124,7 @@ def _kwargs(features: dict) -> dict:
   kw = {}
   for name, value in features.items():
     if isinstance(value, kernel_cases.RandomBias):
-      value = _bias(value.seed, value.shape, jnp.dtype(value.dtype))
+      value = value.draw()
     elif isinstance(value, kernel_cases.RandomMask):
       value = _mask(value.seed, value.shape, value.p, value.dead_rows)
     elif name.endswith("seq_lengths"):
@@ -137,7 +133,12 @@ def _kwargs(features: dict) -> dict:
   return kw
 
 
-_EXTRA_CASES = [name for name in CASES if name.startswith("bias")]
+# The cases whose mask, or bias with -inf rows, may hide whole query rows.
+_EXTRA_CASES = [
+  name
+  for name, case in CASES.items()
+  if "mask" in case.features or getattr(case.features.get("bias"), "dead_rows", 0)
+]
 
 
 def _case_main(name: str) -> None:
@@ -340,8 +341,10 @@ def test_overlap_qk_lowers_for_cuda(h, block_kv):
 
 @pytest.mark.parametrize("name", _EXTRA_CASES)
 def test_bias_mask_cases_mask_whole_rows(name):
-  """The random masks of the interpret cases leave some query rows with no key."""
-  mask = _kwargs(CASES[name].features)["mask"]
+  """The random masks (or -inf bias rows) of the interpret cases leave some query rows with
+  no key."""
+  kw = _kwargs(CASES[name].features)
+  mask = kw["mask"] if "mask" in kw else jnp.isfinite(kw["bias"])
   t = CASES[name].shape["t"]
   if mask.shape[2] == t:
     assert not mask.any(axis=-1).all() and mask.any()

@@ -305,6 +305,20 @@ _MOSAIC_CASES = {
     ),
     config=dict(dq_block_kv=32, bwd_block_q=32, bwd_block_kv=128),
   ),
+  # Rows that see no key in steps without positional masks: a mask alone (no bias), and a
+  # bias alone with -inf rows (no mask); the forward must not take exp2(-inf - -inf) there.
+  "mask_only_dead_rows_fwd": kc.AttentionKernelCase(
+    dict(b=1, t=128, s=256, n=2, k=1, h=64),
+    "bfloat16",
+    grads=False,
+    features=dict(mask=kc.RandomMask(25, (1, 2, 128, 256))),
+  ),
+  "minus_inf_bias_rows_fwd": kc.AttentionKernelCase(
+    dict(b=1, t=128, s=256, n=2, k=1, h=64),
+    "bfloat16",
+    grads=False,
+    features=dict(bias=kc.RandomBias(26, (1, 2, 128, 256), dead_rows=0.2)),
+  ),
   # overlap_qk (forward only: no race at all). Batch 0 leaves the second consumer
   # of the tile no key block (rows >= 64 see none), so only one runs the pipeline.
   "overlap_qk_window_lengths_softcap_padded_fwd": kc.AttentionKernelCase(

@@ -15,14 +15,22 @@ import jax
 
 @dataclasses.dataclass(frozen=True)
 class RandomBias:
-  """A random normal bias plane drawn from `seed` (scaled by 2)."""
+  """A random normal bias plane drawn from `seed` (scaled by 2), a `dead_rows` share of its
+  rows -inf (rows that see no key)."""
 
   seed: int
   shape: tuple[int, ...]
   dtype: str = "float32"
+  dead_rows: float = 0.0
 
   def draw(self):
-    return (2.0 * jax.random.normal(jax.random.key(self.seed), self.shape)).astype(self.dtype)
+    key = jax.random.key(self.seed)
+    bias = 2.0 * jax.random.normal(key, self.shape)
+    if self.dead_rows:
+      live = jax.random.fold_in(key, 1)
+      rows = jax.random.bernoulli(live, 1.0 - self.dead_rows, (*self.shape[:3], 1))
+      bias = jax.numpy.where(rows, bias, -jax.numpy.inf)
+    return bias.astype(self.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
