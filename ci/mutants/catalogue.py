@@ -1253,8 +1253,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_attention_dead_row_max",
     _ATTENTION + "mosaic_fwd.py",
-    "          m_new = jnp.where(m_new == -jnp.inf, 0.0, m_new)",
-    "          m_new = m_new",
+    "          m_exp = jnp.where(m_new == -jnp.inf, 0.0, m_new)",
+    "          m_exp = m_new",
     (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[bias_mask_full_softcap]",),
     "Mosaic attention forward: a row that has seen no key keeps a -inf maximum, so its"
     " probabilities are exp2(-inf + inf) = NaN.",
@@ -1629,8 +1629,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_attention_fwd_alpha_inverted",
     _ATTENTION + "mosaic_fwd.py",
-    "        alpha = jnp.exp2(m_i - m_new)",
-    "        alpha = jnp.exp2(m_new - m_i)",
+    "        alpha = jnp.exp2(m_i - m_exp)",
+    "        alpha = jnp.exp2(m_exp - m_i)",
     (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[h256_gqa_causal]",),
     "Mosaic attention forward: the rescale factor of a raised row maximum is inverted.",
   ),
@@ -2155,6 +2155,16 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_MOSAIC_ATTENTION, "-k", "backward_config_reason"),
     "Mosaic attention backward: the dk/dv kernel's registers count one accumulator where one"
     " pass holds both dk and dv.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_fwd_dead_row_max_carried_as_zero",
+    _ATTENTION + "mosaic_fwd.py",
+    "        return probs.astype(dtype), m_new, l_new, alpha",
+    "        return probs.astype(dtype), m_exp, l_new, alpha",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[window_far_negative_bias_fwd]",),
+    "Mosaic attention forward: a row that saw nothing in a step carries the 0 its"
+    " exponentials subtracted on as its max, so logits all far below 0 underflow in later"
+    " steps (the product bug fixed with this entry).",
   ),
   Mutation(
     "kernels.mosaic_tpu_ragged_last_tile_dropped",

@@ -319,6 +319,16 @@ _MOSAIC_CASES = {
     grads=False,
     features=dict(bias=kc.RandomBias(26, (1, 2, 128, 256), dead_rows=0.2)),
   ),
+  # A bias of about -100 on every logit, with a window: rows 74..127 see nothing of their
+  # consumer's first key block (64 keys), and then only logits far below 0. The softmax
+  # ignores the shift; a running max held at 0 after the empty block would underflow them.
+  "window_far_negative_bias_fwd": kc.AttentionKernelCase(
+    dict(b=1, t=128, s=128, n=1, k=1, h=64),
+    "bfloat16",
+    grads=False,
+    features=dict(bias=kc.RandomBias(27, (1, 1, 1, 1), shift=-100.0), local_window_size=(10, 10)),
+    config=dict(block_kv=64),
+  ),
   # overlap_qk (forward only: no race at all). Batch 0 leaves the second consumer
   # of the tile no key block (rows >= 64 see none), so only one runs the pipeline.
   "overlap_qk_window_lengths_softcap_padded_fwd": kc.AttentionKernelCase(

@@ -15,17 +15,22 @@ import jax
 
 @dataclasses.dataclass(frozen=True)
 class RandomBias:
-  """A random normal bias plane drawn from `seed` (scaled by 2), a `dead_rows` share of its
-  rows -inf (rows that see no key)."""
+  """A random normal bias plane drawn from `seed` (scaled by 2, plus `shift`), a `dead_rows`
+  share of its rows -inf (rows that see no key).
+
+  The softmax ignores a shift constant over a row's keys: one far below 0 checks that
+  a kernel's running maximum follows the logits down.
+  """
 
   seed: int
   shape: tuple[int, ...]
   dtype: str = "float32"
   dead_rows: float = 0.0
+  shift: float = 0.0
 
   def draw(self):
     key = jax.random.key(self.seed)
-    bias = 2.0 * jax.random.normal(key, self.shape)
+    bias = 2.0 * jax.random.normal(key, self.shape) + self.shift
     if self.dead_rows:
       live = jax.random.fold_in(key, 1)
       rows = jax.random.bernoulli(live, 1.0 - self.dead_rows, (*self.shape[:3], 1))

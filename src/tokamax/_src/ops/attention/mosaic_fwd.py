@@ -151,12 +151,16 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
         else:
           capped = common.hide(capped, ok, mask_tile)
           m_new = jnp.maximum(m_i, capped.max(axis=1))
-        # A row may still have seen nothing.
+        # A row may still have seen nothing: its exponentials then subtract 0, not -inf
+        # (exp2(-inf + inf) is NaN), but its max stays -inf. Carried on, a max of 0 would
+        # bound the row's later maxima below by 0, and logits all far below 0 would
+        # underflow to zero probabilities instead of the softmax of their differences.
+        m_exp = m_new
         if ok is not None or mask_tile is not None or bias_tile is not None:
-          m_new = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-        m_b = lax.broadcast_in_dim(m_new, (bq, bkv), [0])
+          m_exp = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+        m_b = lax.broadcast_in_dim(m_exp, (bq, bkv), [0])
         probs = jnp.exp2(s * c - m_b) if capped is None else jnp.exp2(capped - m_b)
-        alpha = jnp.exp2(m_i - m_new)
+        alpha = jnp.exp2(m_i - m_exp)
         l_new = l_i * alpha + probs.sum(axis=1)
         return probs.astype(dtype), m_new, l_new, alpha
 
