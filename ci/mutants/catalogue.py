@@ -2167,6 +2167,49 @@ MUTATIONS: tuple[Mutation, ...] = (
     " steps (the product bug fixed with this entry).",
   ),
   Mutation(
+    "wrappers.attention_mosaic_fwd_rows_padded_to_one_block",
+    _ATTENTION + "mosaic.py",
+    "    t_pad = _round_up(t, mosaic_fwd.NUM_CONSUMERS * BLOCK_Q)",
+    "    t_pad = _round_up(t, BLOCK_Q)",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[plain_padded_keys]",),
+    "Mosaic attention forward: queries are padded to one consumer's block instead of a"
+    " CTA's two, so a last half tile (all 64 rows of T = 64) is never computed.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_fwd_query_rows_of_tile",
+    _ATTENTION + "mosaic_fwd.py",
+    "q_ref.at[batch, pl.ds(r0, bq), head]",
+    "q_ref.at[batch, pl.ds(tile_r0, bq), head]",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[gqa_plain_h64]",),
+    "Mosaic attention forward: both consumers load the first consumer's query rows.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_dq_rows_of_tile",
+    _ATTENTION + "mosaic_bwd.py",
+    "      rows = (batch, pl.ds(r0, bq), head)",
+    "      rows = (batch, pl.ds(tile_r0, bq), head)",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[gqa_plain_h64]",),
+    "Mosaic attention backward (dq): both consumers load, and store dq at, the first"
+    " consumer's rows.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_dkv_cols_of_tile",
+    _ATTENTION + "mosaic_bwd.py",
+    "      cols = (batch, pl.ds(c0, bkv), kv_head)",
+    "      cols = (batch, pl.ds(tile_c0, bkv), kv_head)",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[gqa_plain_h64]",),
+    "Mosaic attention backward (dk/dv): both consumers load, and store dk and dv at, the"
+    " first consumer's keys.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_query_tile_q_len_row",
+    _ATTENTION + "mosaic_common.py",
+    "  q_len = len_ref[0, batch] if m.q_len else t",
+    "  q_len = len_ref[1, batch] if m.q_len else t",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[lengths_causal_padded]",),
+    "Mosaic attention (forward, dq): the key length is read as the query length.",
+  ),
+  Mutation(
     "kernels.mosaic_tpu_ragged_last_tile_dropped",
     _TPU_RAGGED_KERNEL,
     "counts = jnp.where(nonempty, last_tile - first_tile + 1,",
