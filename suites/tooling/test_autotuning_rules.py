@@ -34,28 +34,24 @@ def _block(text: str) -> int:
   return json.loads(text)["block_cols"]
 
 
+def _tuned(monkeypatch, runs_ms, blocks):
+  """Autotunes BlockedRowRms over `blocks` with canned run times (timed in text order)."""
+  canned = iter(runs_ms)
+  monkeypatch.setattr(autotuner.benchmarking, "time_compiled", lambda *a, **k: next(canned))
+  candidates = [ex.BlockConfig(b) for b in blocks]
+  return ex.BlockedRowRms().bind(_x()).autotune(candidates=candidates, iterations=3)
+
+
 def test_the_median_run_decides(monkeypatch):
   """Block 16: runs of 1, 1 and 100 ms (median 1, mean 34); block 32: 5, 5, 5 ms."""
-  canned = iter([[1.0, 1.0, 100.0], [5.0, 5.0, 5.0]])  # Candidates are timed in text order.
-  monkeypatch.setattr(autotuner.benchmarking, "time_compiled", lambda *a, **k: next(canned))
-  data = (
-    ex.BlockedRowRms()
-    .bind(_x())
-    .autotune(candidates=[ex.BlockConfig(32), ex.BlockConfig(16)], iterations=3)
-  )
+  data = _tuned(monkeypatch, [[1.0, 1.0, 100.0], [5.0, 5.0, 5.0]], (32, 16))
   assert [(_block(c), t) for c, t in data.timings_ms] == [(16, 1.0), (32, 5.0)]
   assert _block(data.config) == 16
 
 
 def test_the_fastest_candidate_wins_whatever_its_config_text(monkeypatch):
   """Block 16 (first in text order) runs in 5 ms, block 32 in 1 ms: 32 wins, listed first."""
-  canned = iter([[5.0, 5.0, 5.0], [1.0, 1.0, 1.0]])  # Candidates are timed in text order.
-  monkeypatch.setattr(autotuner.benchmarking, "time_compiled", lambda *a, **k: next(canned))
-  data = (
-    ex.BlockedRowRms()
-    .bind(_x())
-    .autotune(candidates=[ex.BlockConfig(16), ex.BlockConfig(32)], iterations=3)
-  )
+  data = _tuned(monkeypatch, [[5.0, 5.0, 5.0], [1.0, 1.0, 1.0]], (16, 32))
   assert [(_block(c), t) for c, t in data.timings_ms] == [(32, 1.0), (16, 5.0)]
   assert _block(data.config) == 32
 
@@ -474,15 +470,20 @@ def test_a_shipped_file_of_another_device_kind_is_not_used(monkeypatch, tmp_path
     cache.default_result.cache_clear()
 
 
-@pytest.mark.parametrize("miss", ["error", "autotune"])
-def test_an_entry_whose_every_candidate_failed_means_heuristics(monkeypatch, miss):
-  """A covered call is not a miss: no lookup error, no tuning again."""
+def _failed_entry_that_must_not_retune(monkeypatch):
+  """An entry whose every candidate failed; tuning again raises."""
 
   def no_tuning(*args, **kwargs):
     raise AssertionError("tuned again")
 
   monkeypatch.setattr(cache.autotuner, "autotune_call", no_tuning)
-  failed = _current_entry(None, errors=((None, "ValueError: broken"),))
+  return _current_entry(None, errors=((None, "ValueError: broken"),))
+
+
+@pytest.mark.parametrize("miss", ["error", "autotune"])
+def test_an_entry_whose_every_candidate_failed_means_heuristics(monkeypatch, miss):
+  """A covered call is not a miss: no lookup error, no tuning again."""
+  failed = _failed_entry_that_must_not_retune(monkeypatch)
   op, record = ex.BlockedRowRms(), _record()
   result = tokamax.AutotuningResult(cache.device_kind(), (failed,))
   with result, tokamax.config.override(cache_miss=miss):
@@ -555,12 +556,7 @@ def test_a_current_shipped_entry_is_not_tuned_again(monkeypatch):
 @pytest.mark.parametrize("miss", ["error", "autotune"])
 def test_a_shipped_entry_whose_every_candidate_failed_means_heuristics(monkeypatch, miss):
   """As for an entered result: the call is covered, its heuristics run (no error, no tuning)."""
-
-  def no_tuning(*args, **kwargs):
-    raise AssertionError("tuned again")
-
-  monkeypatch.setattr(cache.autotuner, "autotune_call", no_tuning)
-  failed = _current_entry(None, errors=((None, "ValueError: broken"),))
+  failed = _failed_entry_that_must_not_retune(monkeypatch)
   monkeypatch.setattr(
     cache, "default_result", lambda kind: tokamax.AutotuningResult(kind, (failed,))
   )
