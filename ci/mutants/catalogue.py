@@ -4295,15 +4295,15 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "config.env_false_is_true",
     "src/tokamax/_src/config.py",
-    "  if value.strip().lower() in _FALSE:\n    return False",
-    "  if value.strip() == '0':\n    return False",
+    "  if value in _FALSE:\n    return False",
+    "  if value == '0':\n    return False",
     (_BAD_INPUT, "-k", "env_flag"),
     "TOKAMAX_USE_DEFAULT_CACHE=false reads as true (only '0' turns it off).",
   ),
   Mutation(
     "config.env_unknown_value_accepted",
     "src/tokamax/_src/config.py",
-    "  raise ValueError(f\"{name}={value!r}: expected one of {', '.join(_TRUE + _FALSE)}.\")",
+    "  raise ValueError(f\"{name}={raw!r}: expected one of {', '.join(_TRUE + _FALSE)}.\")",
     "  return default",
     (_BAD_INPUT, "-k", "env_flag"),
     "An unknown boolean environment value is taken as the default, silently.",
@@ -7552,7 +7552,7 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "attention.chunked_heuristic_chunk_not_capped",
     _ATTENTION + "xla_chunked.py",
-    "    return ChunkedConfig(kv_chunk_size=min(512, max(args.key.shape[1], 1)))",
+    "    return ChunkedConfig(kv_chunk_size=min(512, chunkable_keys(args)))",
     "    return ChunkedConfig(kv_chunk_size=512)",
     ("suites/core/test_dispatch.py", "-k", "bound_arguments"),
     "Chunked attention heuristics: the chunk is not capped at S (padding short sequences to 512).",
@@ -7717,7 +7717,7 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "attention.chunked_no_keys_chunk_of_zero",
     _ATTENTION + "xla_chunked.py",
-    "    self.size = max(min(size, s), 1)",
+    "    self.size = min(size, chunkable_keys(args))",
     "    self.size = min(size, s)",
     ("suites/core/test_attention.py", "-k", "no_keys"),
     "Chunked attention with no keys (S = 0): chunks of 0 keys (a division by zero).",
@@ -7725,7 +7725,7 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "attention.xla_backward_chunk_of_no_keys",
     _ATTENTION + "xla.py",
-    "kv_chunk_size=max(args.key.shape[1], 1))",
+    "kv_chunk_size=xla_chunked.chunkable_keys(args))",
     "kv_chunk_size=args.key.shape[1])",
     ("suites/core/test_attention.py", "-k", "no_keys and xla]"),
     "XLA attention backward with no keys (S = 0): a chunk size of 0, refused by its config.",

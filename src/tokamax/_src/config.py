@@ -34,14 +34,15 @@ _FALSE = ("0", "false", "no", "off")
 
 def _env_flag(name: str, *, default: bool) -> bool:
   """A boolean environment variable: 1/true/yes/on or 0/false/no/off; anything else raises."""
-  value = os.environ.get(name)
-  if value is None or not value.strip():
+  raw = os.environ.get(name)
+  value = (raw or "").strip().lower()
+  if not value:
     return default
-  if value.strip().lower() in _FALSE:
+  if value in _FALSE:
     return False
-  if value.strip().lower() in _TRUE:
+  if value in _TRUE:
     return True
-  raise ValueError(f"{name}={value!r}: expected one of {', '.join(_TRUE + _FALSE)}.")
+  raise ValueError(f"{name}={raw!r}: expected one of {', '.join(_TRUE + _FALSE)}.")
 
 
 def _option_value(name: str, value, current):

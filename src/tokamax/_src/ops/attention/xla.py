@@ -111,7 +111,7 @@ def bias_grad(args: spec.AttentionArgs, out: jax.Array, dout: jax.Array) -> jax.
 def _backward(args: spec.AttentionArgs, out, lse, dout) -> dict:
   # The analytic backward from the log-sum-exp, as one key chunk: its cotangent GEMMs run
   # in the inputs' dtype (JAX's own derivative of `attend` multiplies in float32).
-  whole = xla_chunked.ChunkedConfig(kv_chunk_size=max(args.key.shape[1], 1))
+  whole = xla_chunked.ChunkedConfig(kv_chunk_size=xla_chunked.chunkable_keys(args))
   return xla_chunked.backward(args, whole, out, lse, dout)
 
 

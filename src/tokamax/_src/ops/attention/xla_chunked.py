@@ -35,13 +35,18 @@ def _pad_s(x: jax.Array | None, axis: int, length: int) -> jax.Array | None:
   return jnp.pad(x, pad)
 
 
+def chunkable_keys(args: spec.AttentionArgs) -> int:
+  """The most keys a chunk may span: S, or 1 where there are none (one hidden padding key)."""
+  return max(args.key.shape[1], 1)
+
+
 class _Chunks:
   """The padded key-side arrays and the per-chunk slices of them."""
 
   def __init__(self, args: spec.AttentionArgs, size: int):
     s = args.key.shape[1]
     # No keys (S = 0): one chunk of one zero-padded key, which `in_range` hides.
-    self.size = max(min(size, s), 1)
+    self.size = min(size, chunkable_keys(args))
     self.count = math.ceil(s / self.size) or 1
     self.padded = self.count * self.size
     self.s = s
@@ -195,8 +200,8 @@ class XlaChunkedAttention(op.Op):
     return backward(args, config, out, residuals, dout)
 
   def _get_heuristics_config(self, args):
-    return ChunkedConfig(kv_chunk_size=min(512, max(args.key.shape[1], 1)))
+    return ChunkedConfig(kv_chunk_size=min(512, chunkable_keys(args)))
 
   def _get_autotuning_configs(self, args):
-    s = max(args.key.shape[1], 1)
+    s = chunkable_keys(args)
     return {ChunkedConfig(kv_chunk_size=min(c, s)) for c in (128, 256, 512, 1024, 2048)}
