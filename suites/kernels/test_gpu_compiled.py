@@ -80,7 +80,8 @@ def _attention_inputs(b, t, s, n, kh, h, dtype, kw):
     kw["query_seq_lengths"] = jnp.asarray(rng.integers(t // 2, t + 1, b), jnp.int32)
     kw["key_value_seq_lengths"] = jnp.asarray(rng.integers(1, s + 1, b), jnp.int32)
   bias_shape, mask_shape = kw.pop("bias", None), kw.pop("mask", None)
-  bias = None if bias_shape is None else _normal(keys[3], bias_shape, jnp.float32, 2.0)
+  bias_shift = kw.pop("bias_shift", 0.0)
+  bias = None if bias_shape is None else _normal(keys[3], bias_shape, jnp.float32, 2.0) + bias_shift
   mask = None
   if mask_shape is not None:  # About 30% of keys hidden, and every key of about 10% of rows.
     rows = (*mask_shape[:3], 1)
