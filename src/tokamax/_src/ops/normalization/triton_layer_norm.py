@@ -257,6 +257,39 @@ def sum_partials(
 
 
 @triton.jit
+def sum_partials_together(
+  dscale_partials_ptr,
+  doffset_partials_ptr,
+  programs,
+  dscale_ptr,
+  doffset_ptr,
+  D: tl.constexpr,
+  BLOCK_P: tl.constexpr,
+  BLOCK_C: tl.constexpr,
+  HAS_SCALE: tl.constexpr,
+  HAS_OFFSET: tl.constexpr,
+):
+  """As `sum_partials`, with both vectors' loads of a block issued before either sum."""
+  cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+  col_ok = cols < D
+  dscale = tl.zeros((BLOCK_C,), tl.float32)
+  doffset = tl.zeros((BLOCK_C,), tl.float32)
+  for start in range(0, programs, BLOCK_P):
+    if HAS_SCALE:
+      s = _load_rows(dscale_partials_ptr, start, programs, cols, col_ok, D, BLOCK_P)
+    if HAS_OFFSET:
+      o = _load_rows(doffset_partials_ptr, start, programs, cols, col_ok, D, BLOCK_P)
+    if HAS_SCALE:
+      dscale += tl.sum(s, axis=0)
+    if HAS_OFFSET:
+      doffset += tl.sum(o, axis=0)
+  if HAS_SCALE:
+    tl.store(dscale_ptr + cols, dscale.to(dscale_ptr.dtype.element_ty), mask=col_ok)
+  if HAS_OFFSET:
+    tl.store(doffset_ptr + cols, doffset.to(doffset_ptr.dtype.element_ty), mask=col_ok)
+
+
+@triton.jit
 def _sum_rows(
   ptr, rows, cols, col_ok, out_ptr, D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr
 ):
