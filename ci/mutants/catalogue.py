@@ -6841,11 +6841,20 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.triton_layer_norm_sum_partials_overwritten",
     _NORM + "triton_layer_norm.py",
-    "    total += tl.sum(_load_rows(",
-    "    total = tl.sum(_load_rows(",
+    "      dscale += tl.sum(s, axis=0)",
+    "      dscale = tl.sum(s, axis=0)",
     (_TRITON_NORM, "-k", "many_programs"),
     "Triton layer_norm sum_partials: each block of partial rows replaces the running total"
     " (only with more programs than one block, > 256).",
+  ),
+  Mutation(
+    "kernels.triton_layer_norm_sum_partials_offset_overwritten",
+    _NORM + "triton_layer_norm.py",
+    "      doffset += tl.sum(o, axis=0)",
+    "      doffset = tl.sum(o, axis=0)",
+    (_TRITON_NORM, "-k", "many_programs"),
+    "Triton layer_norm sum_partials: each block of doffset's partial rows replaces its running"
+    " total (only with more programs than one block, > 256).",
   ),
   Mutation(
     "kernels.triton_layer_norm_persistent_first_row",

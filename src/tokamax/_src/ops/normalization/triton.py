@@ -56,8 +56,6 @@ class TritonNormConfig:
   fwd_stages: int = 0
   bwd_stages: int = 0
   fwd_one_pass: bool = False
-  partials_sum: str = "triton"
-  sum_block_c: int = _SUM_BLOCK_C
 
   # The fields the forward kernel ignores (see `Op._forward_config`).
   BACKWARD_FIELDS: ClassVar[tuple[str, ...]] = (
@@ -66,8 +64,6 @@ class TritonNormConfig:
     "bwd_programs",
     "bwd_prefetch",
     "bwd_stages",
-    "partials_sum",
-    "sum_block_c",
   )
 
 
@@ -174,28 +170,19 @@ def backward(
   )
   grads = {"x": _from_rows(args, dx), "scale": None, "offset": None}
   if args.scale is not None or has_offset:
-    grads["scale"], grads["offset"] = _sum_partials(args, dscale, doffset, programs, config)
+    grads["scale"], grads["offset"] = _sum_partials(args, dscale, doffset, programs)
   return grads
 
 
 def _sum_partials(
-  args: spec.NormArgs, dscale: jax.Array, doffset: jax.Array, programs: int, config
+  args: spec.NormArgs, dscale: jax.Array, doffset: jax.Array, programs: int
 ) -> tuple[jax.Array | None, jax.Array | None]:
   """dscale and doffset (or None) in their parameters' dtypes, from per-program partials."""
   vectors = (args.scale, args.offset)
-  if config.partials_sum == "xla":
-    return tuple(
-      None if v is None else jnp.sum(p, axis=0).astype(v.dtype)
-      for p, v in zip((dscale, doffset), vectors, strict=True)
-    )
-  block_c = config.sum_block_c
-  kernel = (
-    kernels.sum_partials_together if config.partials_sum == "together" else kernels.sum_partials
-  )
   d = next(v.shape[0] for v in vectors if v is not None)
   # As with the partials, a missing vector gets a one-element placeholder output.
   sums = triton_call.call(
-    kernel,
+    kernels.sum_partials,
     dscale,
     doffset,
     programs,
@@ -205,10 +192,10 @@ def _sum_partials(
       else jax.ShapeDtypeStruct((1,), jnp.float32)
       for v in vectors
     ],
-    grid=(_cdiv(d, block_c),),
+    grid=(_cdiv(d, _SUM_BLOCK_C),),
     D=d,
     BLOCK_P=min(256, max(16, 1 << (programs - 1).bit_length())),
-    BLOCK_C=block_c,
+    BLOCK_C=_SUM_BLOCK_C,
     HAS_SCALE=args.scale is not None,
     HAS_OFFSET=args.offset is not None,
     num_warps=4,

@@ -247,29 +247,11 @@ def sum_partials(
   HAS_SCALE: tl.constexpr,
   HAS_OFFSET: tl.constexpr,
 ):
-  """dscale and doffset: the [programs, D] partial sums added over programs."""
-  cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-  col_ok = cols < D
-  if HAS_SCALE:
-    _sum_rows(dscale_partials_ptr, programs, cols, col_ok, dscale_ptr, D, BLOCK_P, BLOCK_C)
-  if HAS_OFFSET:
-    _sum_rows(doffset_partials_ptr, programs, cols, col_ok, doffset_ptr, D, BLOCK_P, BLOCK_C)
+  """dscale and doffset: the [programs, D] partial sums added over programs.
 
-
-@triton.jit
-def sum_partials_together(
-  dscale_partials_ptr,
-  doffset_partials_ptr,
-  programs,
-  dscale_ptr,
-  doffset_ptr,
-  D: tl.constexpr,
-  BLOCK_P: tl.constexpr,
-  BLOCK_C: tl.constexpr,
-  HAS_SCALE: tl.constexpr,
-  HAS_OFFSET: tl.constexpr,
-):
-  """As `sum_partials`, with both vectors' loads of a block issued before either sum."""
+  Both vectors' loads of a block are issued before either sum (one round of
+  latency per block, not two: 3.1-3.8 against 5.6-9.7 us on the H200).
+  """
   cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
   col_ok = cols < D
   dscale = tl.zeros((BLOCK_C,), tl.float32)
@@ -287,16 +269,6 @@ def sum_partials_together(
     tl.store(dscale_ptr + cols, dscale.to(dscale_ptr.dtype.element_ty), mask=col_ok)
   if HAS_OFFSET:
     tl.store(doffset_ptr + cols, doffset.to(doffset_ptr.dtype.element_ty), mask=col_ok)
-
-
-@triton.jit
-def _sum_rows(
-  ptr, rows, cols, col_ok, out_ptr, D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr
-):
-  total = tl.zeros((BLOCK_C,), tl.float32)
-  for start in range(0, rows, BLOCK_P):
-    total += tl.sum(_load_rows(ptr, start, rows, cols, col_ok, D, BLOCK_P), axis=0)
-  tl.store(out_ptr + cols, total.to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
 @triton.jit
