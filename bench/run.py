@@ -19,7 +19,8 @@ noisy pairs; odd rounds in reverse order); a record's time is the median of its 
 anchor. `--sweep` also times each implementation's autotuning candidates
 (`_get_autotuning_configs` on the bound arguments, through `with_config`);
 `--vary FIELD=V1,V2` (repeatable) times the heuristics' config with that one field
-set to each value (JSON values), for an A/B of a kernel option.
+set to each value (JSON values), for an A/B of a kernel option; `--vary F1+F2=A1+A2,B1+B2`
+sets two fields together.
 `--kernels` adds each contender's per-kernel CUPTI times (`extra.kernels_ms`; GPU
 only) and `--hlo DIR` saves each compiled program's optimised HLO.
 `--out` writes the records in the schema of `bench.records`.
@@ -106,7 +107,8 @@ def varied_configs(
   impl: cases_lib.Implementation, args: tuple, kwargs: dict, vary: Mapping[str, Sequence[Any]]
 ) -> list[Any]:
   """The heuristics' config for this call with each field of `vary` set to each of its values
-  (one field at a time; values equal to the heuristics' own and unknown fields are left out)."""
+  (one field at a time, or the fields of a `F1+F2` key together; values equal to the
+  heuristics' own and unknown fields are left out)."""
   instance = impl.instance
   if instance is None or not vary:
     return []
@@ -114,13 +116,16 @@ def varied_configs(
   if not dataclasses.is_dataclass(base):
     return []
   names = {f.name for f in dataclasses.fields(base)}
-  return [
-    dataclasses.replace(base, **{name: value})
-    for name, values in vary.items()
-    if name in names
-    for value in values
-    if getattr(base, name) != value
-  ]
+  out = []
+  for name, values in vary.items():
+    fields = name.split("+")
+    if not set(fields) <= names:
+      continue
+    for value in values:
+      change = dict(zip(fields, value if len(fields) > 1 else (value,), strict=True))
+      if any(getattr(base, f) != v for f, v in change.items()):
+        out.append(dataclasses.replace(base, **change))
+  return out
 
 
 def _with_config(impl: cases_lib.Implementation, config: Any) -> Callable:
@@ -502,13 +507,22 @@ def _csv(s: str | None) -> list[str] | None:
 
 
 def parse_vary(items: Sequence[str] | None) -> dict[str, list[Any]]:
-  """`FIELD=V1,V2` strings -> {field: [values]}, the values parsed as JSON (bare words as strings)."""
+  """`FIELD=V1,V2` strings -> {field: [values]}, the values parsed as JSON (bare words as strings).
+
+  `F1+F2=A1+A2,B1+B2` varies two fields together: {"F1+F2": [(A1, A2), (B1, B2)]}.
+  """
   out: dict[str, list[Any]] = {}
   for item in items or ():
     name, sep, values = item.partition("=")
-    if not sep or not name or not values:
-      raise ValueError(f"--vary expects FIELD=V1[,V2...], got {item!r}")
-    out.setdefault(name, []).extend(_json_or_word(v) for v in values.split(","))
+    fields = name.split("+")
+    if not sep or not all(fields) or not values:
+      raise ValueError(f"--vary expects FIELD=V1[,V2...] or F1+F2=A1+A2[,...], got {item!r}")
+    for value in values.split(","):
+      parts = value.split("+") if len(fields) > 1 else [value]
+      if len(parts) != len(fields):
+        raise ValueError(f"--vary {name}: {value!r} needs one value per field, joined by '+'")
+      parsed = tuple(_json_or_word(v) for v in parts)
+      out.setdefault(name, []).append(parsed if len(fields) > 1 else parsed[0])
   return out
 
 
@@ -532,7 +546,7 @@ def main(argv=None) -> int:
     "--vary",
     action="append",
     metavar="FIELD=V1,V2",
-    help="time the heuristics' config with FIELD=V",
+    help="time the heuristics' config with FIELD=V (F1+F2=A1+A2: two fields together)",
   )
   parser.add_argument("--iterations", type=int, default=30)
   parser.add_argument("--warmup", type=int, default=3)

@@ -116,9 +116,32 @@ def test_none_is_held_to_the_fastest_implementation_it_may_pick(
 def test_vary_parses_fields_and_json_values():
   got = run_lib.parse_vary(["num_stages=3,4", "fast=true", "mode=wide", "num_stages=5"])
   assert got == {"num_stages": [3, 4, 5], "fast": [True], "mode": ["wide"]}
-  for bad in ("num_stages", "=3", "num_stages="):
+  for bad in ("num_stages", "=3", "num_stages=", "a+=1+2"):
     with pytest.raises(ValueError, match="FIELD=V1"):
       run_lib.parse_vary([bad])
+
+
+def test_vary_parses_fields_varied_together():
+  got = run_lib.parse_vary(["num_stages+epi_n=3+256,4+64"])
+  assert got == {"num_stages+epi_n": [(3, 256), (4, 64)]}
+  with pytest.raises(ValueError, match="one value per field"):
+    run_lib.parse_vary(["num_stages+epi_n=3"])
+
+
+def test_varied_configs_change_the_fields_of_a_joint_key_together():
+  @dataclasses.dataclass(frozen=True)
+  class Config:
+    a: int = 1
+    b: int = 2
+
+  instance = types.SimpleNamespace(
+    bind=lambda *a, **k: types.SimpleNamespace(args=None),
+    _get_heuristics_config=lambda args: Config(),
+  )
+  impl = types.SimpleNamespace(instance=instance)
+  vary = {"a+b": [(1, 2), (3, 4)], "a": [5], "a+c": [(1, 1)]}
+  got = run_lib.varied_configs(impl, (), {}, vary)
+  assert got == [Config(a=3, b=4), Config(a=5, b=2)]
 
 
 @pytest.mark.requires("cpu")
