@@ -75,6 +75,9 @@ _GPU_BENCH = (
   base.BenchCall(dict(m=16384, k=4096, n=2048, g=8), "bfloat16", "equal_groups"),
   base.BenchCall(dict(m=32768, k=7168, n=2048, g=64), "bfloat16", "equal_groups"),
   base.BenchCall(dict(m=32768, k=7168, n=2048, g=64), "bfloat16", "skewed"),
+  # The G64 step's weight gradient on its own: ragged_dot_general contracting over the
+  # ragged rows (lhs [M, K], dout [M, N] -> [G, K, N]), the Mosaic drhs kernel.
+  base.BenchCall(dict(m=32768, k=7168, n=2048, g=64), "bfloat16", "drhs_equal_groups"),
 )
 
 # Kernel cases (`kernel_cases`). Triton's run in its interpreter on CPU and compiled on a
@@ -198,4 +201,7 @@ INFO = base.OpInfo(
   sizes=_sizes,
   anchors={"jax.lax": _jax_lax},
   kernel_cases=_KERNEL_CASES,
+  bench_features={
+    "drhs_equal_groups": {"layout": "ragged_contracting", "equal_groups": True},
+  },
 )

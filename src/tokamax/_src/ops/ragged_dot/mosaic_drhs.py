@@ -54,6 +54,7 @@ class MosaicRaggedDotDrhsConfig:
   num_stages: int = 4
   epi_n: int = 128
   chunk_align: int | None = None
+  mask_every_edge: bool = False
 
   @property
   def block_k(self) -> int:
@@ -173,7 +174,14 @@ def ragged_contracting_dot(
           (s,) = idxs
           a_wg = a_smem.at[:, pl.ds(wg * WG_ROWS, WG_ROWS)]
 
-          @pl.when((s == 0) | (s == steps - 1))
+          # Only a chunk that holds rows outside the group: one starting before it (an
+          # unaligned first row) or running past its end.
+          first_partial = (s == 0) & (row0 < start)
+          last_partial = (s == steps - 1) & (row0 + steps * bm > end)
+          if config.mask_every_edge:
+            first_partial, last_partial = s == 0, s == steps - 1
+
+          @pl.when(first_partial | last_partial)
           def _mask_rows_outside_group():
             row = (
               row0
