@@ -1141,11 +1141,29 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_ragged_drhs_last_chunk_unmasked",
     _RAGGED + "mosaic_drhs.py",
-    "          @pl.when((s == 0) | (s == steps - 1))",
-    "          @pl.when(s == 0)",
+    "          @pl.when(first_partial | last_partial)",
+    "          @pl.when(first_partial)",
     (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[64]",),
     "Mosaic ragged dot drhs: a group's last row chunk is not masked (the next group's rows"
     " add to its gradient).",
+  ),
+  Mutation(
+    "kernels.mosaic_ragged_drhs_first_chunk_unmasked",
+    _RAGGED + "mosaic_drhs.py",
+    "          @pl.when(first_partial | last_partial)",
+    "          @pl.when(last_partial)",
+    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[8]",),
+    "Mosaic ragged dot drhs: an unaligned group's first row chunk is not masked (the previous"
+    " group's rows add to its gradient).",
+  ),
+  Mutation(
+    "kernels.mosaic_ragged_drhs_overshoot_under_a_chunk_unmasked",
+    _RAGGED + "mosaic_drhs.py",
+    "          last_partial = (s == steps - 1) & (row0 + steps * bm > end)",
+    "          last_partial = (s == steps - 1) & (row0 + steps * bm > end + bm // 2)",
+    (_MOSAIC_RAGGED + "::test_interpret_drhs_masks_chunks_just_past_a_group_only",),
+    "Mosaic ragged dot drhs: a last chunk that runs past its group by less than half a chunk"
+    " is not masked (the skip condition off by a margin).",
   ),
   Mutation(
     "kernels.mosaic_attention_bwd_dq_scale",

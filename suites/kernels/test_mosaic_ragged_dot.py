@@ -433,6 +433,37 @@ def test_interpret_drhs_chunks_at_group_starts(chunk_align, capfd):
 
 
 @pytest.mark.host_only
+def test_interpret_drhs_masks_chunks_just_past_a_group_only(capfd):
+  """Chunks of 64 rows at multiples of 64: a group ending 1 and 6 rows before its last
+  chunk's end (those rows belong to the next group and must not count), and groups whose
+  chunks hold only their own rows (ends at 256 and 320: no masking needed)."""
+  m, k, n = 320, 128, 64
+  rng = np.random.default_rng(5)
+  sizes = jnp.array([63, 137, 50, 6, 64], jnp.int32)  # Ends 63, 200, 250, 256, 320.
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+  rhs = jnp.asarray(rng.standard_normal((m, n)), jnp.bfloat16)
+  config = mosaic_drhs.MosaicRaggedDotDrhsConfig(
+    block_n=64, block_m=64, num_stages=2, epi_n=64, chunk_align=64
+  )
+  out = mosaic_drhs.ragged_contracting_dot(
+    lhs,
+    rhs,
+    sizes,
+    None,
+    out_dtype=jnp.float32,
+    config=config,
+    num_sms=2,
+    interpret=plgpu.InterpretGPUParams(detect_races=True),
+  )
+  ref = references.high_precision(references.ragged_dot_general)(
+    lhs, rhs, sizes, spec.RAGGED_CONTRACTING
+  )
+  assert not interpret_pallas_call.get_races().races_found
+  assert "RACE DETECTED" not in capfd.readouterr().out
+  assert compare.relative_error(out, ref) < 1e-5
+
+
+@pytest.mark.host_only
 def test_interpret_drhs_tiles_of_k_and_n_and_epilogue_chunks(capfd):
   """ragged_contracting through the op: two K tiles (K=256), two N tiles of 128 columns each
   stored in two epi_n=64 chunks, M=100 padded to whole 8-row tiles, an empty group."""

@@ -54,7 +54,6 @@ class MosaicRaggedDotDrhsConfig:
   num_stages: int = 4
   epi_n: int = 128
   chunk_align: int | None = None
-  mask_every_edge: bool = False
 
   @property
   def block_k(self) -> int:
@@ -178,8 +177,6 @@ def ragged_contracting_dot(
           # unaligned first row) or running past its end.
           first_partial = (s == 0) & (row0 < start)
           last_partial = (s == steps - 1) & (row0 + steps * bm > end)
-          if config.mask_every_edge:
-            first_partial, last_partial = s == 0, s == steps - 1
 
           @pl.when(first_partial | last_partial)
           def _mask_rows_outside_group():
