@@ -54,6 +54,7 @@ class MosaicRaggedDotDrhsConfig:
   num_stages: int = 4
   epi_n: int = 128
   chunk_align: int | None = None
+  flat: bool = True
 
   @property
   def block_k(self) -> int:
@@ -129,6 +130,10 @@ def ragged_contracting_dot(
   tf = gemm.transforms(lhs.dtype)
   out_tf = gemm.transforms(out_dtype) if epi_n * jnp.dtype(out_dtype).itemsize >= 128 else ()
   out_dtype = jnp.dtype(out_dtype)
+  if config.flat:
+    return _flat_contracting_dot(
+      lhs, rhs, bounds, out_dtype=out_dtype, config=config, num_sms=num_sms, interpret=interpret
+    )
 
   def make_pipeline(body, compute_context, steps, row0, ki, ni):
     # Row chunks at element offsets row0 + s * bm (row0 a multiple of align).
@@ -212,3 +217,183 @@ def ragged_contracting_dot(
     kernel, jax.ShapeDtypeStruct((g, k, n), out_dtype), num_sms=num_sms, interpret=interpret
   )
   return call(bounds, lhs, rhs)
+
+
+def step_table(
+  bounds: jax.Array, tiles: int, m: int, bm: int, align: int, num_sms: int
+) -> tuple[jax.Array, jax.Array]:
+  """Each CTA's pipeline steps: the work item and row chunk of each.
+
+  Items (group, K tile, N tile) go to CTAs round robin, as `nd_loop` deals them;
+  an item takes one step per row chunk of its group, and an empty group one
+  (fully masked: it writes zeros).
+
+  Args:
+    bounds: int32 [G, 2] first and end row of each group.
+    tiles: K tiles times N tiles.
+    m: Rows of lhs.
+    bm: Rows per chunk.
+    align: Row alignment of a group's first chunk.
+    num_sms: Persistent CTAs.
+
+  Returns:
+    int32 [S, 2] (item, chunk) of the steps, CTA after CTA (S is a static bound
+    on their number), and int32 [num_sms + 1] the first step of each CTA.
+  """
+  g = bounds.shape[0]
+  items = g * tiles
+  start, end = bounds[:, 0], bounds[:, 1]
+  row0 = start // align * align
+  chunks = jnp.maximum((end - row0 + bm - 1) // bm, 1)
+  per_item = jnp.repeat(chunks, tiles, total_repeat_length=items)
+  rounds = pl.cdiv(items, num_sms)
+  # CTA c takes items c, c + num_sms, ...: list them CTA-major.
+  order = jnp.arange(rounds * num_sms, dtype=jnp.int32).reshape(rounds, num_sms).T.reshape(-1)
+  steps = jnp.where(order < items, per_item[jnp.minimum(order, items - 1)], 0)
+  offsets = jnp.concatenate(
+    [jnp.zeros(1, jnp.int32), jnp.cumsum(steps.reshape(num_sms, rounds).sum(axis=1))]
+  )
+  # Each group adds at most two chunks beyond its rows / bm (an unaligned start, a partial end).
+  bound = tiles * (pl.cdiv(m, bm) + 2 * g)
+  item = jnp.repeat(order, steps, total_repeat_length=bound)
+  first = jnp.repeat(jnp.cumsum(steps) - steps, steps, total_repeat_length=bound)
+  chunk = jnp.arange(bound, dtype=jnp.int32) - first
+  return jnp.stack([item, chunk], axis=1).astype(jnp.int32), offsets.astype(jnp.int32)
+
+
+def _flat_contracting_dot(lhs, rhs, bounds, *, out_dtype, config, num_sms, interpret):
+  """`ragged_contracting_dot` as one pipeline per CTA over all its items' row chunks.
+
+  The loads of an item's first chunks run while the previous item finishes and
+  stores its tile: the epilogue runs inside the pipeline body, at each item's
+  last chunk.
+  """
+  m, k = lhs.shape
+  n = rhs.shape[1]
+  g = bounds.shape[0]
+  bk, bn, bm = config.block_k, config.block_n, config.block_m
+  epi_n = config.epi_n
+  k_tiles, n_tiles = k // bk, n // bn
+  tiles = k_tiles * n_tiles
+  align = chunk_align(config)
+  table, offsets = step_table(bounds, tiles, m, bm, align, num_sms)
+  tf = gemm.transforms(lhs.dtype)
+  out_tf = gemm.transforms(out_dtype) if epi_n * out_dtype.itemsize >= 128 else ()
+
+  def kernel(bounds_ref, table_ref, offsets_ref, lhs_ref, rhs_ref, out_ref):
+    sm = lax.axis_index("sm")
+    base = offsets_ref[sm]
+    steps = offsets_ref[sm + 1] - base
+
+    def step(f):
+      """Group, K tile, N tile, chunk, group rows and first chunk row of step f."""
+      item = table_ref[base + f, 0]
+      chunk = table_ref[base + f, 1]
+      gi = lax.div(item, tiles)
+      rest = lax.rem(item, tiles)
+      start = bounds_ref[gi, 0]
+      end = bounds_ref[gi, 1]
+      row0 = lax.div(start, align) * align
+      return gi, lax.div(rest, n_tiles), lax.rem(rest, n_tiles), chunk, start, end, row0
+
+    def rows(f):
+      _, _, _, chunk, _, _, row0 = step(f)
+      return pl.multiple_of(row0 + chunk * bm, align)
+
+    in_specs = [
+      plgpu.BlockSpec(
+        (pl.Element(bm), bk), lambda f: (rows(f), step(f)[1]), transforms=tf, delay_release=0
+      ),
+      plgpu.BlockSpec(
+        (pl.Element(bm), bn), lambda f: (rows(f), step(f)[2]), transforms=tf, delay_release=0
+      ),
+    ]
+
+    # Pallas's interpreter cannot store to a wgmma accumulator: there the finished tile is
+    # subtracted by one more wgmma, identity times its negation in float32 (exact).
+    reset_smem = (
+      dict(
+        eye=plgpu.SMEM((NUM_COMPUTE_WGS, WG_ROWS, WG_ROWS), jnp.float32),
+        neg=plgpu.SMEM((NUM_COMPUTE_WGS, WG_ROWS, bn), jnp.float32),
+      )
+      if interpret is not None
+      else {}
+    )
+
+    @functools.partial(
+      pl.run_scoped,
+      o_smem=plgpu.SMEM((NUM_COMPUTE_WGS, WG_ROWS, epi_n), out_dtype, transforms=out_tf),
+      **reset_smem,
+      collective_axes="wg",
+    )
+    def scope(o_smem, eye=None, neg=None):
+      wg = lax.axis_index("wg")
+      o_wg = o_smem.at[wg]
+
+      def mma(idxs, a_smem, b_smem, acc):
+        (f,) = idxs
+        gi, ki, ni, chunk, start, end, row0 = step(f)
+        chunks = jnp.maximum(lax.div(end - row0 + bm - 1, bm), 1)
+        last = chunk == chunks - 1
+        a_wg = a_smem.at[:, pl.ds(wg * WG_ROWS, WG_ROWS)]
+        # Only a chunk that holds rows outside the group: one starting before it (an
+        # unaligned first row) or running past its end (all of an empty group's).
+        first_partial = (chunk == 0) & (row0 < start)
+        last_partial = last & (row0 + chunks * bm > end)
+
+        @pl.when(first_partial | last_partial)
+        def _mask_rows_outside_group():
+          row = (
+            row0
+            + chunk * bm
+            + plgpu.layout_cast(
+              lax.broadcasted_iota(jnp.int32, (bm, WG_ROWS), 0), plgpu.Layout.WGMMA
+            )
+          )
+          keep = (row >= start) & (row < end)
+          a_wg[...] = jnp.where(keep, a_wg[...], jnp.zeros((), a_wg.dtype))
+          plgpu.commit_smem()
+
+        plgpu.wgmma(acc, a_wg.T, b_smem)
+        plgpu.wgmma_wait(0)
+
+        @pl.when(last)
+        def _store_tile():
+          total = acc[...]
+          out = total.astype(out_dtype)
+          rows_k = pl.ds(ki * bk + wg * WG_ROWS, WG_ROWS)
+          for c in range(bn // epi_n):
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            o_wg[...] = out[:, c * epi_n : (c + 1) * epi_n]
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(o_wg, out_ref.at[gi, rows_k, pl.ds(ni * bn + c * epi_n, epi_n)])
+
+          # The next item starts from zero.
+          if neg is None:
+            acc[...] = jnp.zeros((WG_ROWS, bn), jnp.float32)
+          else:
+            neg.at[wg][...] = -total
+            plgpu.commit_smem()
+            plgpu.wgmma(acc, eye.at[wg], neg.at[wg])
+            plgpu.wgmma_wait(0)
+
+        return acc
+
+      def compute_context(run):
+        @functools.partial(pl.run_scoped, acc=plgpu.ACC((WG_ROWS, bn), jnp.float32))
+        def _acc_scope(acc):
+          if eye is not None:
+            i = lax.broadcasted_iota(jnp.int32, (WG_ROWS, WG_ROWS), 0)
+            j = lax.broadcasted_iota(jnp.int32, (WG_ROWS, WG_ROWS), 1)
+            eye.at[wg][...] = (i == j).astype(jnp.float32)
+            plgpu.commit_smem()
+          run(acc)
+
+      pipeline = gemm.pipeline(mma, compute_context, steps, in_specs, config.num_stages)
+      pipeline(lhs_ref, rhs_ref)
+      plgpu.wait_smem_to_gmem(0)
+
+  call = gemm.kernel(
+    kernel, jax.ShapeDtypeStruct((g, k, n), out_dtype), num_sms=num_sms, interpret=interpret
+  )
+  return call(bounds, table, offsets, lhs, rhs)
