@@ -41,18 +41,13 @@ class MosaicRaggedDotConfig:
   num_stages: int = 4
   epi_n: int = 128
   cluster: int = 1
-  flat_drhs: bool = True
 
 
 def _kernel_config(args: spec.RaggedDotArgs, config: MosaicRaggedDotConfig):
   block = gemm.swizzle_elems(args.lhs.dtype)
   if args.layout == spec.RAGGED_CONTRACTING:
     return mosaic_drhs.MosaicRaggedDotDrhsConfig(
-      block_n=config.block_n,
-      block_m=block,
-      num_stages=config.num_stages,
-      epi_n=config.epi_n,
-      flat=config.flat_drhs,
+      block_n=config.block_n, block_m=block, num_stages=config.num_stages, epi_n=config.epi_n
     )
   return mosaic_fwd.MosaicRaggedDotFwdConfig(
     block_n=config.block_n,
