@@ -6875,6 +6875,23 @@ MUTATIONS: tuple[Mutation, ...] = (
     " total (only with more programs than one block, > 256).",
   ),
   Mutation(
+    "kernels.triton_layer_norm_sum_partials_last_block_dropped",
+    _NORM + "triton_layer_norm.py",
+    "  for start in range(0, programs, BLOCK_P):",
+    "  for start in range(0, programs - 1, BLOCK_P):",
+    (_TRITON_NORM, "-k", "many_programs"),
+    "Triton layer_norm sum_partials: the loop stops one program short, so with one program"
+    " past a whole block of partial rows (257 with blocks of 256) the last block is not summed.",
+  ),
+  Mutation(
+    "kernels.triton_layer_norm_sum_partials_last_row_dropped",
+    _NORM + "triton_layer_norm.py",
+    "      s = _load_rows(dscale_partials_ptr, start, programs, cols, col_ok, D, BLOCK_P)",
+    "      s = _load_rows(dscale_partials_ptr, start, programs - 1, cols, col_ok, D, BLOCK_P)",
+    (_TRITON_NORM, "-k", "interpreted_kernels"),
+    "Triton layer_norm sum_partials: the last program's partial dscale row is read as zeros.",
+  ),
+  Mutation(
     "kernels.triton_layer_norm_persistent_first_row",
     _NORM + "triton_layer_norm.py",
     "    for start in tl.range(pid * BLOCK_M, m, step, num_stages=STAGES):",

@@ -280,12 +280,15 @@ def test_interpreted_kernels_use_the_callers_epsilon(subtract_mean):
 
 
 @pytest.mark.host_only
-def test_interpreted_partial_sums_of_many_programs():
-  """More backward programs (264, one row each) than one block of sum_partials' loop over
-  them (256): dscale and doffset add every block of partial sums."""
-  x, scale, offset, dy = _inputs((264, 20), -1, "float32", True, True, seed=4)
+@pytest.mark.parametrize("programs", [264, 257])
+def test_interpreted_partial_sums_of_many_programs(programs):
+  """More backward programs (one row each) than one block of sum_partials' loop over them
+  (256), down to a last block of one row: dscale and doffset add every block of partial sums."""
+  x, scale, offset, dy = _inputs((programs, 20), -1, "float32", True, True, seed=4)
   args = spec.canonicalize(x, scale, offset)
-  config = norm_triton.TritonNormConfig(block_m=4, num_warps=4, bwd_num_warps=4, bwd_programs=264)
+  config = norm_triton.TritonNormConfig(
+    block_m=4, num_warps=4, bwd_num_warps=4, bwd_programs=programs
+  )
   with triton_call.interpret():
     out, residuals = OP._fwd(args, config)
     grads = OP._bwd(args, config, out, residuals, dy)
