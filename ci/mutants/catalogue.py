@@ -2574,6 +2574,23 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/history/test_bench_run.py", "-k", "fastest"),
     "bench.run holds None's training step to cuDNN, whose nondeterministic backward None never picks.",
   ),
+  Mutation(
+    "bench.vary_joint_needs_every_field_changed",
+    "bench/run.py",
+    "      if any(getattr(base, f) != v for f, v in change.items()):",
+    "      if all(getattr(base, f) != v for f, v in change.items()):",
+    ("suites/history/test_bench_run.py", "-k", "joint"),
+    "bench.run --vary F1+F2: a pair that changes only one of its fields is dropped as if it were"
+    " the heuristics' own config.",
+  ),
+  Mutation(
+    "bench.vary_values_unsplit",
+    "bench/run.py",
+    '      parts = value.split("+") if len(fields) > 1 else [value]',
+    "      parts = [value] * len(fields)",
+    ("suites/history/test_bench_run.py", "-k", "varied_together"),
+    "bench.run --vary F1+F2=A1+A2: every field gets the whole 'A1+A2' text.",
+  ),
   # --- Argument checks, output dtypes, benchmarking and the comparators --------------
   Mutation(
     "attention.key_batch_dims_unchecked",

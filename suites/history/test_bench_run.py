@@ -139,9 +139,10 @@ def test_varied_configs_change_the_fields_of_a_joint_key_together():
     _get_heuristics_config=lambda args: Config(),
   )
   impl = types.SimpleNamespace(instance=instance)
-  vary = {"a+b": [(1, 2), (3, 4)], "a": [5], "a+c": [(1, 1)]}
+  vary = {"a+b": [(1, 2), (3, 4), (1, 5)], "a": [5], "a+c": [(1, 1)]}
   got = run_lib.varied_configs(impl, (), {}, vary)
-  assert got == [Config(a=3, b=4), Config(a=5, b=2)]
+  # (1, 2) is the heuristics' own; (1, 5) changes one field of the two; a+c names no field c.
+  assert got == [Config(a=3, b=4), Config(a=1, b=5), Config(a=5, b=2)]
 
 
 @pytest.mark.requires("cpu")
