@@ -114,6 +114,40 @@ def test_unsupported_reasons():
   assert "activation" in OP._unsupported_reason(dataclasses.replace(args, activation=jnp.sin))
   mixed = dataclasses.replace(args, x=args.x.astype(jnp.bfloat16))
   assert "mixed dtypes" in OP._unsupported_reason(mixed)
+  f64 = dataclasses.replace(
+    args, x=np.asarray(args.x, np.float64), weights=np.asarray(args.weights, np.float64)
+  )
+  reason = OP._unsupported_reason(f64)
+  assert reason is not None and "dtype float64" in reason, reason
+
+
+@pytest.mark.host_only
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "pair"])
+def test_mixed_dtypes_are_refused_by_name_and_fall_back_to_xla(fused):
+  """float32 x with a float16 weight: XLA promotes, the kernel (one dtype per tl.dot) refuses
+  and names the weight; implementation=None and [triton, "xla"] fall back to XLA's promoted
+  float32 result (Triton's interpreter makes triton a candidate on this host)."""
+  x, weights, _ = _inputs((20, 16), 8, "float32", fused)
+  if fused:
+    weights, name = weights.astype(jnp.float16), "weights is float16, x is float32"
+  else:
+    weights, name = (weights[0], weights[1].astype(jnp.float16)), "weights[1] (up) is float16"
+  reason = OP._unsupported_reason(spec.canonicalize(x, weights, activation=jax.nn.silu))
+  assert reason is not None and name in reason, reason
+  ref = references.high_precision(references.gated_linear_unit)(x, weights, activation=jax.nn.silu)
+  with triton_call.interpret():
+    with pytest.raises(NotImplementedError, match=r"mixed dtypes: weights"):
+      api.gated_linear_unit(x, weights, activation=jax.nn.silu, implementation="triton")
+    for implementation in (None, [OP, "xla"]):
+      out = api.gated_linear_unit(
+        x,
+        weights,
+        activation=jax.nn.silu,
+        precision=jax.lax.Precision.HIGHEST,
+        implementation=implementation,
+      )
+      assert out.dtype == jnp.float32 and out.shape == (20, 8)
+      assert compare.relative_error(out, ref) < 1e-5
 
 
 def test_unsupported_reasons_of_32_bit_weights_and_an_empty_width():

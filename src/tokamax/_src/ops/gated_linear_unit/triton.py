@@ -129,10 +129,15 @@ class TritonGatedLinearUnit(kernel_ops.TritonOp):
   config_cls = TritonGluConfig
 
   def _unsupported_reason(self, args: spec.GluArgs) -> str | None:
-    dtypes = {np.dtype(a.dtype).name for a in (args.x, *jax.tree.leaves(args.weights))}
-    if len(dtypes) != 1:
-      return f"mixed dtypes {sorted(dtypes)}"
-    (dtype,) = dtypes
+    dtype = np.dtype(args.x.dtype).name
+    if isinstance(args.weights, tuple):
+      named = (("weights[0] (gate)", args.weights[0]), ("weights[1] (up)", args.weights[1]))
+    else:
+      named = (("weights", args.weights),)
+    for name, w in named:
+      if np.dtype(w.dtype).name != dtype:
+        # XLA would promote; the kernel's tl.dot takes one dtype.
+        return f"mixed dtypes: {name} is {np.dtype(w.dtype).name}, x is {dtype}"
     if dtype not in _DTYPES:
       return f"dtype {dtype} (supported: {', '.join(_DTYPES)})"
     if _activation_name(args.activation) is None:
