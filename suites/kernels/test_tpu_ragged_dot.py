@@ -7,6 +7,7 @@ Not covered here (needs a TPU): Mosaic's own compilation of the lowered kernels
 """
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -266,7 +267,12 @@ def test_export_for_tpu_v5p():
   exported = _export(
     lambda a, b, s: tokamax.ragged_dot(a, b, s), lhs, rhs, sizes, device_kind="TPU v5"
   )
-  assert "tpu_custom_call" in exported.mlir_module()
+  text = exported.mlir_module()
+  assert "tpu_custom_call" in text
+  # The kernel asks Mosaic for v5p's scoped VMEM limit (32 MiB of its 64 MiB), the limit its
+  # blocks were checked against.
+  sizes = re.findall(r"\\22size\\22: (\d+)", text)
+  assert sizes and set(sizes) == {str(32 << 20)}, sizes
 
 
 def test_mosaic_names_the_platforms_kernel():
@@ -290,6 +296,8 @@ def test_unsupported_reasons_name_the_feature():
   with pytest.raises(NotImplementedError, match="dtype float16"):
     impl(lhs, rhs, sizes)
   lhs, rhs = lhs.astype(jnp.float32), rhs.astype(jnp.float32)
+  with pytest.raises(NotImplementedError, match="preferred_element_type float16"):
+    api.ragged_dot(lhs, rhs, sizes, preferred_element_type=jnp.float16, implementation=impl)
   with pytest.raises(NotImplementedError, match="block_n=100 must be a multiple of 128"):
     impl.with_config(mosaic_tpu.MosaicTpuRaggedDotConfig(block_n=100))(lhs, rhs, sizes)
   with pytest.raises(NotImplementedError, match="block_k=256 must divide K=128"):
@@ -338,6 +346,26 @@ def test_heuristic_blocks_fit_vmem(device_kind, layout, dtype, m, k, n, g):
     # Large shapes get blocks of at least 256 x 256 (few grid steps).
     assert config.block_k * config.block_n >= 256 * 256
   assert chip.name == ("v5e" if device_kind == "TPU v5 lite" else "v5p")
+
+
+@pytest.mark.parametrize(("dtype", "m", "block_m"), [("float32", 12, 16), ("bfloat16", 40, 48)])
+def test_heuristic_blocks_of_fewer_rows_than_a_block(dtype, m, block_m):
+  """M under 128 rows with K = 64: the one candidate is the rows padded to whole sublanes
+  (8 for float32, 16 for bfloat16), all of K (no multiple of 128 divides it) and all of N;
+  the call runs in the kernel with it and matches the reference."""
+  k, n = 64, 128
+  rng = np.random.default_rng(m)
+  sizes = jnp.array([m // 3, 0, m - m // 3 - 2], jnp.int32)  # The last 2 rows in no group.
+  lhs = jnp.asarray(rng.standard_normal((m, k)), dtype)
+  rhs = jnp.asarray(rng.standard_normal((3, k, n)), dtype)
+  impl = mosaic_tpu.MosaicTpuRaggedDot(interpret=True)
+  record = spec.canonicalize(lhs, rhs, sizes)
+  config = impl._get_heuristics_config(record)
+  assert config == mosaic_tpu.MosaicTpuRaggedDotConfig(block_m=block_m, block_k=k, block_n=n)
+  assert impl._unsupported_reason(record) is None
+  out = api.ragged_dot(lhs, rhs, sizes, implementation=impl)
+  ref = references.high_precision(references.ragged_dot_general)(lhs, rhs, sizes, spec.DEFAULT)
+  assert compare.relative_error(out, ref) < _BOUND[dtype]
 
 
 def test_interpret_params_are_the_callers():

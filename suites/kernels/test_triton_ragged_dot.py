@@ -254,6 +254,33 @@ def test_interpreted_kernels_match_float64_reference(case):
   interpreted.assert_errors_within_bound(_interpreted_errors(case))
 
 
+@pytest.mark.parametrize("layout", spec.LAYOUTS)
+@pytest.mark.host_only
+def test_interpreted_groups_of_one_row_past_a_block(layout):
+  """Groups of 1, 17 and 33 rows (one row past a multiple of block_m = 16), an empty one and
+  one of exactly 16 rows: each group's last row block holds one row, which the grouped rows
+  and the contraction over a group's rows (ragged_contracting, and the default layout's rhs
+  gradient) must still take."""
+  m, k, n = 70, 24, 40
+  sizes = jnp.array([1, 17, 0, 16, 33], jnp.int32)  # 67 rows; the last 3 are in no group.
+  g = sizes.shape[0]
+  rng = np.random.default_rng(11)
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+  rhs = jnp.asarray(rng.standard_normal(_rhs_shape(layout, m, k, n, g)), jnp.float32)
+  args = spec.canonicalize(
+    lhs, rhs, sizes, spec.dimension_numbers(layout), jax.lax.Precision.HIGHEST
+  )
+  dout = jnp.asarray(rng.standard_normal(args.out_shape), jnp.float32)
+  with triton_call.interpret():
+    out = rd_triton.ragged_dot(args, SMALL)
+    grads = [rd_triton.ragged_dot(r, SMALL) for r in rd_triton.gradient_records(args, dout)]
+  ref_out, ref_grads = references.high_precision_vjp(
+    lambda a, b: _reference(layout, a, b, sizes, None, g), (lhs, rhs), dout
+  )
+  for name, x, r in zip(("out", "lhs", "rhs"), (out, *grads), (ref_out, *ref_grads), strict=True):
+    assert compare.relative_error(x, r) < 1e-5, name
+
+
 @pytest.mark.requires("triton")
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("case", GPU_CASES)
