@@ -317,6 +317,60 @@ def test_unsupported_reasons_name_the_feature():
   assert out.shape == (64, 128)
 
 
+# (layout, m, k, n, g, blocks (m, k, n)) -> (flops, HBM bytes, grid steps), by hand from the
+# model's rules: row segments are the tiles plus one per group (plus the two zero segments of
+# the row-ragged layouts); an operand block is fetched again whenever its index changes,
+# except that with one contraction step it stays while its index holds.
+_COST_CASES = {
+  # 8 row tiles + 3 groups + 1 = 12 items (each group boundary and the two zero segments can
+  # split a tile); 2 K steps, 3 N tiles.
+  "default_two_k_steps": (
+    (spec.DEFAULT, 1000, 512, 384, 3, (128, 256, 128)),
+    (2 * 12 * 128 * 512 * 384, 3 * (24 * 128 * 256 + 24 * 256 * 128) * 2 + 1000 * 384 * 4, 72),
+  ),
+  # One K step: lhs fetched once per row tile (8), rhs once per group (3).
+  "default_one_k_step": (
+    (spec.DEFAULT, 1000, 256, 384, 3, (128, 256, 384)),
+    (2 * 12 * 128 * 256 * 384, (8 * 128 * 256 + 3 * 256 * 384) * 2 + 1000 * 384 * 4, 12),
+  ),
+  # Contracting rows: 4 row tiles + 3 groups = 7 items, 2 K tiles, 1 N tile.
+  "ragged_contracting": (
+    (spec.RAGGED_CONTRACTING, 1000, 256, 384, 3, (256, 128, 384)),
+    (2 * 7 * 256 * 256 * 384, 14 * 256 * (128 + 384) * 2 + 3 * 256 * 384 * 4, 14),
+  ),
+}
+
+
+@pytest.mark.parametrize("name", list(_COST_CASES))
+def test_cost_model_counts_by_hand(name, monkeypatch):
+  """The flops, HBM bytes and grid steps the cost model hands the chip's roofline."""
+  (layout, m, k, n, g, (bm, bk, bn)), expected = _COST_CASES[name]
+  lhs = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
+  rhs = jax.ShapeDtypeStruct(_rhs_shape(layout, m, k, n, g), jnp.bfloat16)
+  record = jax.eval_shape(
+    lambda a, b: spec.canonicalize(
+      a,
+      b,
+      jnp.zeros(g, jnp.int32),
+      spec.dimension_numbers(layout),
+      preferred_element_type=jnp.float32,
+    ),
+    lhs,
+    rhs,
+  )
+  seen = []
+
+  class Chip:
+    def seconds(self, flops, hbm_bytes, steps, itemsize):
+      seen.append((flops, hbm_bytes, steps, itemsize))
+      return 0.0
+
+  monkeypatch.setattr(tpu, "chip", Chip)
+  config = mosaic_tpu.MosaicTpuRaggedDotConfig(block_m=bm, block_k=bk, block_n=bn)
+  mosaic_tpu.estimated_seconds(record, config)
+  assert seen == [(*expected, 2)]
+
+
 @pytest.mark.parametrize("device_kind", ["TPU v5 lite", "TPU v5"])
 @pytest.mark.parametrize("layout", spec.LAYOUTS)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
