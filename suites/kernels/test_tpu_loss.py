@@ -241,6 +241,54 @@ def test_unsupported_reasons_name_the_feature():
   assert out.shape == ()
 
 
+# B1000 H512 V1000 bfloat16 with 256 x 256 blocks: 4 row tiles, 3 whole vocabulary tiles
+# (768 columns) and a tail of 232 columns that XLA computes; by hand from the model's rules.
+_TAIL = 1000 - 768
+_FWD_COSTS = {
+  # Two contraction steps: the x block is read again for every vocabulary tile.
+  256: (
+    2 * 512 * (4 * 256 * 768 + 1000 * _TAIL),
+    (4 * 512 * 768 + 3 * 4 * 256 * 512) * 2 + (512 * _TAIL + 1000 * 512) * 2,
+    4 * 3 * 2,
+  ),
+  # One contraction step: the x block stays across the vocabulary tiles.
+  512: (
+    2 * 512 * (4 * 256 * 768 + 1000 * _TAIL),
+    (4 * 512 * 768 + 4 * 256 * 512) * 2 + (512 * _TAIL + 1000 * 512) * 2,
+    4 * 3,
+  ),
+}
+
+
+@pytest.mark.parametrize("block_k", list(_FWD_COSTS))
+def test_cost_model_counts_by_hand(block_k, monkeypatch):
+  """The flops, HBM bytes and grid steps of the forward and backward cost models."""
+  record = _record(1000, 512, 1000, "bfloat16")
+  seen = []
+
+  class Chip:
+    def seconds(self, flops, hbm_bytes, steps, itemsize):
+      seen.append((flops, hbm_bytes, steps, itemsize))
+      return 0.0
+
+  monkeypatch.setattr(tpu, "chip", Chip)
+  config = mosaic_tpu.MosaicTpuLossConfig(
+    block_b=256, block_v=256, block_k=block_k, bwd_block_b=256, bwd_block_v=256
+  )
+  mosaic_tpu.estimated_seconds(record, config)
+  mosaic_tpu.bwd_estimated_seconds(record, config)
+  # Backward: dx reads the weights per row tile, writes float32 dx; dweights reads x per
+  # vocabulary tile, reads and writes its columns; the tail: three [H, tail] and two [B, H].
+  dx_hbm = (4 * 512 * 768 + 1000 * 512) * 2 + 4 * 1000 * 512
+  dw_hbm = (3 * 4 * 256 * 512 + 2 * 512 * 768) * 2
+  tail_hbm = (3 * 512 * _TAIL + 2 * 1000 * 512) * 2
+  bwd_flops = 8 * 4 * 256 * 512 * 768 + 6 * 1000 * 512 * _TAIL
+  assert seen == [
+    (*_FWD_COSTS[block_k], 2),
+    (bwd_flops, dx_hbm + dw_hbm + tail_hbm, 2 * 4 * 3, 2),
+  ]
+
+
 @pytest.mark.parametrize("device_kind", ["TPU v5 lite", "TPU v5"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize(
