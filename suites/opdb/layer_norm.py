@@ -100,6 +100,11 @@ _KERNEL_CASES = {
     "f32_d2000_rms_offset_1": kc.LayerNormKernelCase(
       (33, 2000), -1, "float32", False, True, False, 1.0
     ),
+    # Rows of 8192 and more rows than the heuristics' 528 persistent forward programs (1000:
+    # some programs take two rows), and the backward pipelined through shared memory.
+    "bf16_d8192_persistent": kc.LayerNormKernelCase(
+      (1000, 8192), -1, "bfloat16", True, True, True, 0.0
+    ),
   },
 }
 
