@@ -564,3 +564,16 @@ def test_a_shipped_entry_whose_every_candidate_failed_means_heuristics(monkeypat
   with tokamax.config.override(cache_miss=miss, use_default_cache=True):
     assert cache.lookup(op, record) is None
     assert op.resolve_config(record) == ex.BlockConfig(64)  # The heuristics' (N = 64).
+
+
+def test_merging_results_of_one_older_version_keeps_that_version():
+  """Results tuned by 0.0.1 merge into a 0.0.1 result, not one claiming this version tuned it;
+  parts of two versions get this version."""
+  a = tokamax.AutotuningResult("cpu", (_entry(key="a"),), library_version="0.0.1")
+  b = tokamax.AutotuningResult("cpu", (_entry(key="b"),), library_version="0.0.1")
+  assert tokamax.__version__ != "0.0.1"
+  assert a.merge(b).library_version == "0.0.1"
+  assert (a | b).library_version == "0.0.1"
+  assert a.merge().library_version == "0.0.1"
+  newer = tokamax.AutotuningResult("cpu", (_entry(key="c"),), library_version="0.0.2")
+  assert a.merge(b, newer).library_version == tokamax.__version__

@@ -192,14 +192,21 @@ class AutotuningResult:
   # -- Combination and use --------------------------------------------------------
 
   def merge(self, *others: "AutotuningResult") -> "AutotuningResult":
-    """One result with the entries of all; a later result wins on a shared key."""
+    """One result with the entries of all; a later result wins on a shared key.
+
+    The merged result keeps the library version of its parts where they all
+    share one (merging results tuned by one older version does not relabel them
+    as tuned by this one); parts of several versions get the current version.
+    """
     for other in others:
       if other.device_kind != self.device_kind:
         raise ValueError(
           f"cannot merge results of device kinds {self.device_kind!r} and {other.device_kind!r}."
         )
     data = itertools.chain(self.data, *(o.data for o in others))
-    return AutotuningResult(self.device_kind, tuple(data), version.__version__)
+    versions = {self.library_version, *(o.library_version for o in others)}
+    merged_version = versions.pop() if len(versions) == 1 else version.__version__
+    return AutotuningResult(self.device_kind, tuple(data), merged_version)
 
   def __or__(self, other: "AutotuningResult") -> "AutotuningResult":
     return self.merge(other)
