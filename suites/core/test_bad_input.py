@@ -438,3 +438,23 @@ def test_env_flag_refuses_other_values(monkeypatch):
   monkeypatch.setenv("TOKAMAX_TEST_FLAG", "maybe")
   with pytest.raises(ValueError, match="TOKAMAX_TEST_FLAG='maybe'"):
     config._env_flag("TOKAMAX_TEST_FLAG", default=True)
+
+
+@pytest.mark.parametrize(("value", "expected"), [(" 0 ", False), ("\tOn\n", True)])
+def test_env_flag_ignores_surrounding_whitespace(monkeypatch, value, expected):
+  from tokamax._src import config
+
+  monkeypatch.setenv("TOKAMAX_TEST_FLAG", value)
+  assert config._env_flag("TOKAMAX_TEST_FLAG", default=not expected) is expected
+
+
+@pytest.mark.parametrize("value", [None, "", "  "])
+def test_an_unset_or_empty_env_flag_takes_its_default(monkeypatch, value):
+  from tokamax._src import config
+
+  if value is None:
+    monkeypatch.delenv("TOKAMAX_TEST_FLAG", raising=False)
+  else:
+    monkeypatch.setenv("TOKAMAX_TEST_FLAG", value)
+  assert config._env_flag("TOKAMAX_TEST_FLAG", default=False) is False
+  assert config._env_flag("TOKAMAX_TEST_FLAG", default=True) is True

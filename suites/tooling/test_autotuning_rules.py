@@ -577,3 +577,100 @@ def test_merging_results_of_one_older_version_keeps_that_version():
   assert a.merge().library_version == "0.0.1"
   newer = tokamax.AutotuningResult("cpu", (_entry(key="c"),), library_version="0.0.2")
   assert a.merge(b, newer).library_version == tokamax.__version__
+
+
+# -- Hunt: the autotuner's arguments, results' keys and JSON, where configs come from ----------
+
+
+def test_the_median_not_the_fastest_run_decides(monkeypatch):
+  """Block 16: runs of 1, 9 and 9 ms (fastest 1, median 9); block 32: 5, 5, 5 ms: 32 wins."""
+  data = _tuned(monkeypatch, [[1.0, 9.0, 9.0], [5.0, 5.0, 5.0]], (16, 32))
+  assert [(_block(c), t) for c, t in data.timings_ms] == [(32, 5.0), (16, 9.0)]
+  assert _block(data.config) == 32
+
+
+def test_the_autotuner_times_with_the_iterations_method_and_seed_asked_for(monkeypatch):
+  calls = []
+
+  def fake_time_compiled(compiled, args, *, iterations, method):
+    calls.append((iterations, method, [np.asarray(a) for a in jax.tree.leaves(args)]))
+    return [1.0] * iterations
+
+  monkeypatch.setattr(autotuner.benchmarking, "time_compiled", fake_time_compiled)
+  bound = ex.BlockedRowRms().bind(_x())
+  candidates = [ex.BlockConfig(16), ex.BlockConfig(32)]
+  bound.autotune(candidates=candidates, iterations=7, method="wallclock", seed=3)
+  assert [(i, m) for i, m, _ in calls] == [(7, "wallclock")] * 2
+  seed3 = calls[0][2]
+  calls.clear()
+  bound.autotune(candidates=candidates, iterations=2, seed=0)
+  assert [(i, m) for i, m, _ in calls] == [(2, None)] * 2
+  seed0 = calls[0][2]
+  assert len(seed3) == len(seed0) >= 1
+  assert any(not np.array_equal(a, b) for a, b in zip(seed3, seed0, strict=True))
+
+
+def test_a_candidate_error_keeps_the_first_line_of_its_message():
+  error = ValueError("block 24 is broken\n  at line 3 of the kernel")
+  assert autotuner._short_error(error) == "ValueError: block 24 is broken"
+
+
+def test_a_tuned_entry_records_the_heuristics_choice_not_the_winner(monkeypatch):
+  """The heuristics pick 64 columns for N = 64; block 16 wins the race."""
+  data = _tuned(monkeypatch, [[1.0, 1.0, 1.0], [5.0, 5.0, 5.0]], (16, 32))
+  assert data.config == '{"block_cols":16}'
+  assert data.heuristic == '{"block_cols":64}'
+
+
+def test_merge_checks_the_device_kind_of_every_result():
+  a, b = tokamax.AutotuningResult("cpu", (_entry(key="a"),)), tokamax.AutotuningResult("cpu")
+  tpu = tokamax.AutotuningResult("TPU v5 lite", (_entry(key="c"),))
+  with pytest.raises(ValueError, match="device kinds"):
+    a.merge(b, tpu)
+
+
+def test_entries_of_two_implementations_at_one_key_are_both_kept():
+  xla = _entry(implementation="xla", config=None)
+  blocked = _entry(implementation="blocked", config='{"block_cols":32}')
+  result = tokamax.AutotuningResult("cpu", (blocked, xla))
+  assert [(d.implementation, d.config) for d in result.data] == [
+    ("blocked", '{"block_cols":32}'),
+    ("xla", None),
+  ]
+  assert result.data_for(ex.BlockedRowRms(), "k").fastest_config == ex.BlockConfig(32)
+
+
+def test_dumped_entries_keep_their_mode_and_heuristic():
+  entry = _entry(mode="forward_and_vjp", heuristic='{"block_cols":64}')
+  (dumped,) = json.loads(tokamax.AutotuningResult("cpu", (entry,)).dumps())["data"]
+  assert dumped["mode"] == "forward_and_vjp"
+  assert dumped["heuristic"] == {"block_cols": 64}
+
+
+def test_json_without_the_format_name_is_rejected():
+  obj = json.loads(tokamax.AutotuningResult("cpu", (_entry(),)).dumps())
+  del obj["format"]
+  with pytest.raises(ValueError, match="not an autotuning result"):
+    tokamax.AutotuningResult.from_json(obj)
+
+
+def test_a_shipped_entry_is_not_taken_without_arguments_to_check_it(monkeypatch):
+  """Staleness depends on the arguments: a lookup by key alone gets no shipped entry."""
+  shipped = _current_entry(16)
+  monkeypatch.setattr(
+    cache, "default_result", lambda kind: tokamax.AutotuningResult(kind, (shipped,))
+  )
+  op, record = ex.BlockedRowRms(), _record()
+  key, kind = arguments.signature_key(record), cache.device_kind()
+  with tokamax.config.override(use_default_cache=True):
+    assert cache.lookup_data(op, key, kind, record).fastest_config == ex.BlockConfig(16)
+    assert cache.lookup_data(op, key, kind) is None
+
+
+def test_bound_default_config_is_the_one_a_call_would_use():
+  bound = ex.BlockedRowRms().bind(_x())
+  assert bound.default_config == ex.BlockConfig(64)  # The heuristics' (N = 64).
+  with tokamax.AutotuningResult(cache.device_kind(), (_current_entry(16),)):
+    assert bound.default_config == ex.BlockConfig(16)
+    fixed = ex.BlockedRowRms(config=ex.BlockConfig(32)).bind(_x())
+    assert fixed.default_config == ex.BlockConfig(32)
