@@ -98,6 +98,9 @@ _PRECISION = "suites/core/test_precision.py"
 _PUBLIC_DEFAULTS = "suites/core/test_public_defaults.py"
 _SHARDED = "suites/core/test_transforms.py"
 _CACHE = "src/tokamax/_src/autotuning/cache.py"
+_AUTOTUNER_SRC = "src/tokamax/_src/autotuning/autotuner.py"
+_API_SRC = "src/tokamax/_src/autotuning/api.py"
+_CONFIG_SRC = "src/tokamax/_src/config.py"
 _PARTITIONING = "src/tokamax/_src/ops/partitioning.py"
 
 MUTATIONS: tuple[Mutation, ...] = (
@@ -9303,6 +9306,259 @@ MUTATIONS: tuple[Mutation, ...] = (
     "  return np.ones(shape, np.int32)",
     (_AUTOTUNING_RULES + "::test_timing_inputs_keep_the_records_integer_dtypes",),
     "Integer fields that the spec does not fill get ones, not zeros.",
+  ),
+  # -- Autotuning and config hunt (hunt-auto) --
+  Mutation(
+    "autotune.min_not_median",
+    _AUTOTUNER_SRC,
+    "timings.append((text, float(np.median(times))))",
+    "timings.append((text, float(np.min(times))))",
+    ("suites/tooling/test_autotuning_rules.py::test_the_median_not_the_fastest_run_decides",),
+    "The fastest single run decides, not the median.",
+  ),
+  Mutation(
+    "autotune.iterations_ignored",
+    _AUTOTUNER_SRC,
+    "        compiled[i], fns[i][1], iterations=iterations, method=method",
+    "        compiled[i], fns[i][1], iterations=DEFAULT_ITERATIONS, method=method",
+    (
+      "suites/tooling/test_autotuning_rules.py::test_the_autotuner_times_with_the_iterations_method_and_seed_asked_for",
+    ),
+    "The autotuner times every candidate DEFAULT_ITERATIONS times whatever `iterations` says.",
+  ),
+  Mutation(
+    "autotune.method_ignored",
+    _AUTOTUNER_SRC,
+    "        compiled[i], fns[i][1], iterations=iterations, method=method",
+    "        compiled[i], fns[i][1], iterations=iterations, method=None",
+    (
+      "suites/tooling/test_autotuning_rules.py::test_the_autotuner_times_with_the_iterations_method_and_seed_asked_for",
+    ),
+    "The autotuner ignores the timing `method` asked for.",
+  ),
+  Mutation(
+    "autotune.seed_ignored",
+    _AUTOTUNER_SRC,
+    "  record = concrete_record(abstract, op.spec, seed)",
+    "  record = concrete_record(abstract, op.spec)",
+    (
+      "suites/tooling/test_autotuning_rules.py::test_the_autotuner_times_with_the_iterations_method_and_seed_asked_for",
+    ),
+    "The autotuner times on inputs of seed 0 whatever `seed` says.",
+  ),
+  Mutation(
+    "autotune.timeout_in_ms",
+    _AUTOTUNER_SRC,
+    "        if i in started and now - started[i] > timeout_s:",
+    "        if i in started and now - started[i] > timeout_s * 1000:",
+    (
+      "suites/tooling/test_autotuning.py::test_candidate_errors_and_timeouts_are_recorded_not_fatal",
+    ),
+    "The compile timeout is multiplied by 1000 (seconds taken for milliseconds): a slow compile is awaited.",
+  ),
+  Mutation(
+    "autotune.compile_error_on_wrong_candidate",
+    _AUTOTUNER_SRC,
+    "  errors = {texts[i]: message for i, message in failures.items()}",
+    "  errors = {texts[i - 1]: message for i, message in failures.items()}",
+    (
+      "suites/tooling/test_autotuning.py::test_candidate_errors_and_timeouts_are_recorded_not_fatal",
+    ),
+    "A candidate's compile error is recorded under the previous candidate's config.",
+  ),
+  Mutation(
+    "autotune.heuristic_records_the_winner",
+    _AUTOTUNER_SRC,
+    "    heuristic=configs.encode(op._get_heuristics_config(abstract)),",
+    "    heuristic=timings[0][0] if timings else None,",
+    (
+      "suites/tooling/test_autotuning_rules.py::test_a_tuned_entry_records_the_heuristics_choice_not_the_winner",
+    ),
+    "The entry records the chosen config as the heuristics' choice.",
+  ),
+  Mutation(
+    "autotune.short_error_last_line",
+    _AUTOTUNER_SRC,
+    "  return f\"{type(e).__name__}: {text[0] if text else ''}\"[:500]",
+    "  return f\"{type(e).__name__}: {text[-1] if text else ''}\"[:500]",
+    (
+      "suites/tooling/test_autotuning_rules.py::test_a_candidate_error_keeps_the_first_line_of_its_message",
+    ),
+    "A candidate's error keeps the last line of its message, not the first.",
+  ),
+  Mutation(
+    "autotune.merge_earlier_wins",
+    _RESULT,
+    "    data = itertools.chain(self.data, *(o.data for o in others))",
+    "    data = itertools.chain(*(o.data for o in others), self.data)",
+    ("suites/tooling/test_autotuning.py::test_merge",),
+    "merge: the first result wins on a shared key, not the later.",
+  ),
+  Mutation(
+    "autotune.merge_checks_only_the_first_device_kind",
+    _RESULT,
+    "    for other in others:\n      if other.device_kind",
+    "    for other in others[:1]:\n      if other.device_kind",
+    ("suites/tooling/test_autotuning_rules.py::test_merge_checks_the_device_kind_of_every_result",),
+    "merge checks the device kind of the first other result only.",
+  ),
+  Mutation(
+    "autotune.first_entry_of_a_key_wins",
+    _RESULT,
+    "    unique = {_entry_key(d): d for d in self.data}",
+    "    unique = {_entry_key(d): d for d in reversed(self.data)}",
+    ("suites/tooling/test_autotuning_rules.py::test_a_later_entry_of_the_same_key_wins",),
+    "A result keeps the first entry of a key, not the last.",
+  ),
+  Mutation(
+    "autotune.entries_deduped_without_implementation",
+    _RESULT,
+    "    unique = {_entry_key(d): d for d in self.data}",
+    "    unique = {(d.op, '', d.key): d for d in self.data}",
+    (
+      "suites/tooling/test_autotuning_rules.py::test_entries_of_two_implementations_at_one_key_are_both_kept",
+    ),
+    "Entries of two implementations of one op at one key collapse into one.",
+  ),
+  Mutation(
+    "autotune.dumps_forgets_mode",
+    _RESULT,
+    '          "mode": d.mode,',
+    '          "mode": "forward",',
+    ("suites/tooling/test_autotuning_rules.py::test_dumped_entries_keep_their_mode_and_heuristic",),
+    "A dumped entry always says mode forward.",
+  ),
+  Mutation(
+    "autotune.dumps_drops_heuristic",
+    _RESULT,
+    '          "heuristic": load(d.heuristic),',
+    '          "heuristic": None,',
+    ("suites/tooling/test_autotuning_rules.py::test_dumped_entries_keep_their_mode_and_heuristic",),
+    "A dumped entry loses the heuristics' config of its tuning.",
+  ),
+  Mutation(
+    "autotune.format_name_unchecked",
+    _RESULT,
+    '    if obj.get("format") != FORMAT:',
+    '    if obj.get("format") not in (FORMAT, None):',
+    ("suites/tooling/test_autotuning_rules.py::test_json_without_the_format_name_is_rejected",),
+    "JSON without a format name loads as an autotuning result.",
+  ),
+  Mutation(
+    "autotune.merge_stamps_current_version",
+    _RESULT,
+    "    merged_version = versions.pop() if len(versions) == 1 else version.__version__",
+    "    merged_version = version.__version__",
+    (
+      "suites/tooling/test_autotuning_rules.py::test_merging_results_of_one_older_version_keeps_that_version",
+    ),
+    "merge labels merged results with the current version, not the version its parts share.",
+  ),
+  Mutation(
+    "autotune.use_default_cache_option_ignored",
+    _CACHE,
+    "  if config.OPTIONS.use_default_cache and args is not None:",
+    "  if args is not None:",
+    ("suites/tooling/test_autotuning.py::test_default_cache",),
+    "The shipped cache is consulted even with use_default_cache off.",
+  ),
+  Mutation(
+    "autotune.default_cache_for_abstract_lookups",
+    _CACHE,
+    "  if config.OPTIONS.use_default_cache and args is not None:",
+    "  if config.OPTIONS.use_default_cache:",
+    (
+      "suites/tooling/test_autotuning_rules.py::test_a_shipped_entry_is_not_taken_without_arguments_to_check_it",
+    ),
+    "A shipped entry is taken without args (its staleness unchecked).",
+  ),
+  Mutation(
+    "autotune.stale_shipped_entry_falls_through",
+    _CACHE,
+    "      return data if data is not None and _current(data, op, args) else None",
+    "      return data if data is not None else None",
+    (
+      "suites/tooling/test_autotuning_rules.py::test_shipped_entries_must_match_todays_config_fields",
+    ),
+    "A shipped entry is used without the staleness check.",
+  ),
+  Mutation(
+    "config.env_flag_case_sensitive",
+    _CONFIG_SRC,
+    '  value = (raw or "").strip().lower()',
+    '  value = (raw or "").strip()',
+    ("suites/core/test_bad_input.py::test_env_flag_reads_words_and_digits",),
+    'Flag values are matched case-sensitively ("False" raises).',
+  ),
+  Mutation(
+    "config.env_flag_unstripped",
+    _CONFIG_SRC,
+    '  value = (raw or "").strip().lower()',
+    '  value = (raw or "").lower()',
+    ("suites/core/test_bad_input.py::test_env_flag_ignores_surrounding_whitespace",),
+    'Flag values keep surrounding spaces (" 0 " raises).',
+  ),
+  Mutation(
+    "config.env_flag_empty_is_true",
+    _CONFIG_SRC,
+    "  if not value:\n    return default",
+    "  if not value:\n    return True",
+    ("suites/core/test_bad_input.py::test_an_unset_or_empty_env_flag_takes_its_default",),
+    "An unset flag is true whatever its default.",
+  ),
+  Mutation(
+    "config.unknown_option_accepted",
+    _CONFIG_SRC,
+    "    if name not in old:\n      raise",
+    "    if name not in old and False:\n      raise",
+    ("suites/tooling/test_autotuning.py::test_cache_miss_options",),
+    "override accepts (and sets) an unknown option name.",
+  ),
+  Mutation(
+    "dispatch.resolve_falls_back_to_the_default_config",
+    _OP,
+    "      return tuned\n    return self._get_heuristics_config(args)",
+    "      return tuned\n    return self.config_cls()",
+    (
+      "suites/tooling/test_autotuning_rules.py::test_an_entry_whose_every_candidate_failed_means_heuristics",
+    ),
+    "Without a tuned config, the config class's defaults are used, not the heuristics.",
+  ),
+  Mutation(
+    "autotune.forward_config_resets_to_defaults",
+    _OP,
+    "    heuristic = self._get_heuristics_config(args)\n    return dataclasses.replace",
+    "    heuristic = type(config)()\n    return dataclasses.replace",
+    (
+      "suites/tooling/test_autotuning.py::test_forward_tuning_times_one_candidate_per_forward_program",
+    ),
+    "The forward config resets backward fields to the class defaults, not the heuristics' values.",
+  ),
+  Mutation(
+    "autotune.forward_config_of_no_backward_fields",
+    _OP,
+    '    names = getattr(type(config), "BACKWARD_FIELDS", ())\n    if not names:\n      return config',
+    '    names = getattr(type(config), "BACKWARD_FIELDS", ())\n    if not names:\n      return self._get_heuristics_config(args)',
+    ("suites/tooling/test_autotuning_rules.py::test_the_median_run_decides",),
+    "A config without backward fields is replaced by the heuristics' config when forward-tuned.",
+  ),
+  Mutation(
+    "autotune.bound_default_config_ignores_cache",
+    _OP,
+    "    return self.op.resolve_config(self.args)",
+    "    return self.op._get_heuristics_config(self.args)",
+    (
+      "suites/tooling/test_autotuning_rules.py::test_bound_default_config_is_the_one_a_call_would_use",
+    ),
+    "BoundArguments.default_config ignores fixed and tuned configs.",
+  ),
+  Mutation(
+    "autotune.unsupported_implementations_tuned",
+    _API_SRC,
+    "      supported = op.unsupported_reason(bound.args) is None",
+    "      supported = True",
+    ("suites/tooling/test_autotuning.py::test_ignore_cache_and_all_implementations",),
+    "all_implementations tunes implementations that do not support the call.",
   ),
 )
 
