@@ -458,3 +458,12 @@ def test_an_unset_or_empty_env_flag_takes_its_default(monkeypatch, value):
     monkeypatch.setenv("TOKAMAX_TEST_FLAG", value)
   assert config._env_flag("TOKAMAX_TEST_FLAG", default=False) is False
   assert config._env_flag("TOKAMAX_TEST_FLAG", default=True) is True
+
+
+def test_a_bool_option_takes_numpy_bools():
+  from tokamax._src import config
+
+  with config.override(use_default_cache=np.False_) as options:
+    assert options.use_default_cache is False
+  with config.override(use_default_cache=np.True_) as options:
+    assert options.use_default_cache is True

@@ -674,3 +674,17 @@ def test_bound_default_config_is_the_one_a_call_would_use():
     assert bound.default_config == ex.BlockConfig(16)
     fixed = ex.BlockedRowRms(config=ex.BlockConfig(32)).bind(_x())
     assert fixed.default_config == ex.BlockConfig(32)
+
+
+def test_config_for_gives_the_decoded_config_of_a_bound_call():
+  bound = ex.BlockedRowRms().bind(_x())
+  result = tokamax.AutotuningResult(cache.device_kind(), (_current_entry(16),))
+  assert result.config_for(bound) == ex.BlockConfig(16)
+  assert result.config_for(ex.XlaRowRms().bind(_x())) is None
+
+
+def test_dumping_to_a_path_replaces_what_was_there(tmp_path):
+  path = tmp_path / "result.json"
+  tokamax.AutotuningResult("cpu", (_entry(key="old"),)).dump(path)
+  tokamax.AutotuningResult("cpu", (_entry(key="new"),)).dump(str(path))
+  assert [d.key for d in tokamax.AutotuningResult.load(path).data] == ["new"]
