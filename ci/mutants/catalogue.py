@@ -9560,6 +9560,40 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/tooling/test_autotuning.py::test_ignore_cache_and_all_implementations",),
     "all_implementations tunes implementations that do not support the call.",
   ),
+  Mutation(
+    "autotune.config_for_returns_json_text",
+    _RESULT,
+    "    return None if data is None else data.fastest_config",
+    "    return None if data is None else data.config",
+    (
+      "suites/tooling/test_autotuning_rules.py::test_config_for_gives_the_decoded_config_of_a_bound_call",
+    ),
+    "AutotuningResult.config_for returns the config's JSON text, not the decoded config.",
+  ),
+  Mutation(
+    "autotune.dump_appends_to_a_path",
+    _RESULT,
+    '      with open(fp, "w") as f:',
+    '      with open(fp, "a") as f:',
+    ("suites/tooling/test_autotuning_rules.py::test_dumping_to_a_path_replaces_what_was_there",),
+    "Dumping to a path appends to what the file held.",
+  ),
+  Mutation(
+    "autotune.loads_truncates_timings",
+    _RESULT,
+    "timings_ms=tuple((dump(c), float(t)) for c, t",
+    "timings_ms=tuple((dump(c), int(t)) for c, t",
+    ("suites/tooling/test_autotuning.py::test_round_trip_keeps_failed_candidates",),
+    "Loaded timings are truncated to whole milliseconds.",
+  ),
+  Mutation(
+    "config.numpy_bool_option_refused",
+    _CONFIG_SRC,
+    "    if not (isinstance(value, bool | np.bool_) or",
+    "    if not (isinstance(value, bool) or",
+    ("suites/core/test_bad_input.py::test_a_bool_option_takes_numpy_bools",),
+    "A bool option refuses numpy bools.",
+  ),
 )
 
 
