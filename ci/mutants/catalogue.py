@@ -9594,6 +9594,26 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/core/test_bad_input.py::test_a_bool_option_takes_numpy_bools",),
     "A bool option refuses numpy bools.",
   ),
+  Mutation(
+    "autotune.default_cache_file_lowercased",
+    _CACHE,
+    "  path = DATA_DIR / file_name(kind)",
+    "  path = DATA_DIR / file_name(kind.lower())",
+    (
+      "suites/tooling/test_autotuning_rules.py::test_a_shipped_file_of_another_device_kind_is_not_used",
+    ),
+    "The shipped cache is looked for under the lower-cased device kind's file name.",
+  ),
+  Mutation(
+    "autotune.unrecorded_heuristic_counts_as_current",
+    _CACHE,
+    "  return data.heuristic == configs.encode(op._get_heuristics_config(args))",
+    "  return data.heuristic in (None, configs.encode(op._get_heuristics_config(args)))",
+    (
+      "suites/tooling/test_autotuning.py::test_default_cache_skips_entries_tuned_under_other_heuristics",
+    ),
+    "A shipped entry that recorded no heuristic counts as current.",
+  ),
 )
 
 
