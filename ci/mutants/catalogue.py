@@ -2864,11 +2864,20 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "ragged_dot.preferred_element_type_ignored",
     _RAGGED + "spec.py",
-    "  out_dtype = np.dtype(preferred_element_type) if preferred_element_type is not None"
-    " else lhs.dtype",
-    "  out_dtype = lhs.dtype",
+    '    validation.dtype("preferred_element_type", preferred_element_type)\n'
+    "    if preferred_element_type is not None\n"
+    "    else lhs.dtype",
+    "    lhs.dtype",
     ("suites/core/test_ragged_dot.py", "-k", "preferred"),
     "preferred_element_type is ignored: the output has the inputs' dtype.",
+  ),
+  Mutation(
+    "ragged_dot.preferred_type_unnamed",
+    _RAGGED + "spec.py",
+    '    validation.dtype("preferred_element_type", preferred_element_type)',
+    "    np.dtype(preferred_element_type)",
+    ("suites/core/test_bad_input.py", "-k", "preferred_type_not_a_dtype"),
+    "A preferred_element_type that is no dtype raises NumPy's error, which names no argument.",
   ),
   Mutation(
     "ragged_dot.group_offset_shape_unchecked",

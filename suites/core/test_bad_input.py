@@ -228,6 +228,13 @@ CASES = {
     TypeError,
     "group_sizes",
   ),
+  "ragged_preferred_type_not_a_dtype": (
+    lambda: tokamax.ragged_dot(
+      jnp.ones((6, 4)), jnp.ones((2, 4, 5)), jnp.array([2, 4]), preferred_element_type="bogus"
+    ),
+    TypeError,
+    "`preferred_element_type` must be a dtype",
+  ),
   "ragged_k_mismatch": (
     lambda: tokamax.ragged_dot(jnp.ones((6, 4)), jnp.ones((2, 3, 5)), jnp.array([2, 4])),
     ValueError,

@@ -35,6 +35,14 @@ def integer(name: str, value: Any) -> jax.Array:
   return value
 
 
+def dtype(name: str, value: Any) -> np.dtype:
+  """`value` as a NumPy dtype (ml_dtypes' too)."""
+  try:
+    return np.dtype(value)
+  except TypeError as e:
+    raise TypeError(f"`{name}` must be a dtype, got {value!r}.") from e
+
+
 def rank(name: str, value: Any, expected: int | Sequence[int], layout: str = "") -> None:
   expected = (expected,) if isinstance(expected, int) else tuple(expected)
   if np.ndim(value) not in expected:

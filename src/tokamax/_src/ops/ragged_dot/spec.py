@@ -172,7 +172,11 @@ def canonicalize(
     group_offset = group_offset.reshape(1).astype(jnp.int32)
     if local > g_all:
       raise ValueError(f"{local} local groups exceed the {g_all} entries of `group_sizes`.")
-  out_dtype = np.dtype(preferred_element_type) if preferred_element_type is not None else lhs.dtype
+  out_dtype = (
+    validation.dtype("preferred_element_type", preferred_element_type)
+    if preferred_element_type is not None
+    else lhs.dtype
+  )
   return RaggedDotArgs(
     lhs=lhs,
     rhs=rhs,
