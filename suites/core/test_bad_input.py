@@ -46,6 +46,15 @@ CASES = {
   "attention_value_len": (lambda: attn(value=jnp.ones((2, 7, 4, 16))), ValueError, "value"),
   "attention_bias_shape": (lambda: attn(bias=jnp.ones((2, 4, 8, 5))), ValueError, "bias"),
   "attention_mask_dtype": (lambda: attn(mask=jnp.ones((2, 4, 8, 8))), TypeError, "mask"),
+  "attention_scale_not_a_number": (lambda: attn(scale="a"), TypeError, "`scale` must be a number"),
+  "attention_scale_nan": (lambda: attn(scale=float("nan")), ValueError, "`scale` must be finite"),
+  "attention_soft_cap_not_a_number": (
+    lambda: attn(logits_soft_cap="a"),
+    TypeError,
+    "`logits_soft_cap` must be a number",
+  ),
+  # A truthy word: "no" would have meant causal.
+  "attention_causal_word": (lambda: attn(is_causal="no"), TypeError, "`is_causal` must be a bool"),
   "attention_negative_window": (
     lambda: attn(local_window_size=(-1, 2)),
     ValueError,
@@ -137,6 +146,21 @@ CASES = {
     lambda: attn(q_sharding=_one_device_sharding(None, None, None, "x")),
     ValueError,
     "splitting T or H",
+  ),
+  "norm_scale_offset_not_a_number": (
+    lambda: tokamax.layer_norm(jnp.ones((4, 8)), jnp.ones(8), None, scale_offset="a"),
+    TypeError,
+    "`scale_offset` must be a number",
+  ),
+  "norm_epsilon_not_a_number": (
+    lambda: tokamax.layer_norm(jnp.ones((4, 8)), None, None, epsilon="1e-6"),
+    TypeError,
+    "`epsilon` must be a number",
+  ),
+  "norm_subtract_mean_word": (
+    lambda: tokamax.layer_norm(jnp.ones((4, 8)), None, None, subtract_mean="no"),
+    TypeError,
+    "`subtract_mean` must be a bool",
   ),
   "norm_scale_shape": (
     lambda: tokamax.layer_norm(jnp.ones((4, 8)), jnp.ones(7), None),
@@ -390,6 +414,19 @@ def test_bad_input_is_named(name):
   call, error, word = CASES[name]
   with pytest.raises(error, match=word):
     call()
+
+
+@pytest.mark.parametrize("value", [True, False, np.bool_(True), 0, 1, np.int32(1), jnp.array(True)])
+def test_flags_take_bools_numpy_bools_zero_and_one(value):
+  q = jnp.asarray(np.random.default_rng(0).standard_normal((1, 6, 2, 8)), jnp.float32)
+  out = tokamax.dot_product_attention(q, q, q, is_causal=value)
+  ref = tokamax.dot_product_attention(q, q, q, is_causal=bool(value))
+  np.testing.assert_array_equal(out, ref)
+  x = q.reshape(12, 8)
+  np.testing.assert_array_equal(
+    tokamax.layer_norm(x, None, None, subtract_mean=value),
+    tokamax.layer_norm(x, None, None, subtract_mean=bool(value)),
+  )
 
 
 @pytest.mark.parametrize("size", (0, -4))

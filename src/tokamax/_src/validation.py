@@ -35,6 +35,30 @@ def integer(name: str, value: Any) -> jax.Array:
   return value
 
 
+def finite(name: str, value: Any) -> float:
+  """`value` (a real number, not a bool or a string) as a finite float."""
+  if isinstance(value, bool | np.bool_ | str | bytes):
+    raise TypeError(f"`{name}` must be a number, got {value!r}.")
+  try:
+    number = float(value)
+  except (TypeError, ValueError) as e:
+    raise TypeError(f"`{name}` must be a number, got {value!r}.") from e
+  if not np.isfinite(number):
+    raise ValueError(f"`{name}` must be finite, got {value!r}.")
+  return number
+
+
+def flag(name: str, value: Any) -> bool:
+  """`value` as a bool: bools, NumPy bools, 0 and 1 only (a truthy "no" is refused)."""
+  if isinstance(value, bool | np.bool_) or (
+    isinstance(value, int | np.integer) and value in (0, 1)
+  ):
+    return bool(value)
+  if getattr(value, "dtype", None) == np.bool_ and np.shape(value) == ():
+    return bool(value)  # A concrete 0-d boolean array.
+  raise TypeError(f"`{name}` must be a bool, got {value!r}.")
+
+
 def dtype(name: str, value: Any) -> np.dtype:
   """`value` as a NumPy dtype (ml_dtypes' too)."""
   try:

@@ -145,10 +145,11 @@ def canonicalize(
       validation.broadcastable(name, x.shape, batch_shape, "[*#B]")
       x = jnp.broadcast_to(x, batch_shape).reshape((b,)).astype(jnp.int32)
     lengths[name] = x
-  if scale is None:
-    scale = 1.0 / math.sqrt(h)
-  if logits_soft_cap is not None and not logits_soft_cap > 0:
-    raise ValueError(f"`logits_soft_cap` must be positive, got {logits_soft_cap!r}.")
+  scale = 1.0 / math.sqrt(h) if scale is None else validation.finite("scale", scale)
+  if logits_soft_cap is not None:
+    logits_soft_cap = validation.finite("logits_soft_cap", logits_soft_cap)
+    if not logits_soft_cap > 0:
+      raise ValueError(f"`logits_soft_cap` must be positive, got {logits_soft_cap!r}.")
   return AttentionArgs(
     query=q.reshape((b, t, n, h)),
     key=k.reshape((b, s, kh, h)),
@@ -157,10 +158,10 @@ def canonicalize(
     mask=mask,
     q_seq_lengths=lengths["query_seq_lengths"],
     kv_seq_lengths=lengths["key_value_seq_lengths"],
-    scale=float(scale),
-    is_causal=bool(is_causal),
+    scale=scale,
+    is_causal=validation.flag("is_causal", is_causal),
     local_window=_window(local_window_size),
-    soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
+    soft_cap=logits_soft_cap,
     precision=validation.precision(precision),
     batch_shape=batch_shape,
   )

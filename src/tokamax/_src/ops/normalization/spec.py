@@ -37,6 +37,7 @@ def canonicalize(
           f"`{name}` must have shape ({x.shape[axis]},) to match `x.shape[{axis}]`, "
           f"got {value.shape}."
         )
+  epsilon = validation.finite("epsilon", epsilon)
   if not epsilon >= 0:
     raise ValueError(f"`epsilon` must be >= 0, got {epsilon!r}.")
   return NormArgs(
@@ -44,9 +45,9 @@ def canonicalize(
     scale=None if scale is None else validation.floating("scale", scale),
     offset=None if offset is None else validation.floating("offset", offset),
     axis=axis,
-    epsilon=float(epsilon),
-    scale_offset=float(scale_offset),
-    subtract_mean=bool(subtract_mean),
+    epsilon=epsilon,
+    scale_offset=validation.finite("scale_offset", scale_offset),
+    subtract_mean=validation.flag("subtract_mean", subtract_mean),
   )
 
 
