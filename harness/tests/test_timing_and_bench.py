@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 
-from tokamax_harness import bench, timing
+from tokamax_harness import bench, hardware, timing
 
 
 class FakeClock:
@@ -219,3 +219,38 @@ def test_cputime_reads_the_process_clock(monkeypatch):
   assert out.times_s == (0.25,) * 3 and out.method == timing.CPUTIME
   out = timing.device_time(fn, [()], warmup=1, iterations=3, method=timing.WALLCLOCK)
   assert out.times_s == (1.0,) * 3 and out.method == timing.WALLCLOCK
+
+
+def test_record_adds_to_the_benchmark_extra_info():
+  """The fixture's own extra_info stays; the record's fields join it."""
+  fixture = types.SimpleNamespace(extra_info={"set_by_the_test": 1})
+  info = bench.record(fixture, _measurement("fwd"))
+  assert fixture.extra_info["set_by_the_test"] == 1
+  assert fixture.extra_info["tflops_per_s"] == pytest.approx(3.0)
+  assert fixture.extra_info["device_time_median_ms"] == pytest.approx(2000.0)
+  assert info["gb_per_s"] == pytest.approx(2.0)
+  assert bench.record(None, _measurement("fwd"))["op"] == "layer_norm"
+
+
+def test_a_record_names_its_implementation_case_and_device(monkeypatch):
+  h100 = hardware.Profile(
+    platform="gpu",
+    device_kind="NVIDIA H100 80GB HBM3",
+    family="h100",
+    compute_capability=(9, 0),
+    memory_bytes=None,
+    device_count=1,
+    has_f64=True,
+    runnable=frozenset({"xla"}),
+  )
+  monkeypatch.setattr(bench.hardware, "detect", lambda: h100)
+  d = _measurement("fwd_bwd").as_dict()
+  assert (d["op"], d["implementation"], d["case"], d["mode"], d["dtype"]) == (
+    "layer_norm",
+    "xla",
+    "plain",
+    "fwd_bwd",
+    "float32",
+  )
+  assert (d["device_kind"], d["family"]) == ("NVIDIA H100 80GB HBM3", "h100")
+  assert (d["flops"], d["bytes"]) == (18e12, 12e9)
