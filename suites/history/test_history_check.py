@@ -207,3 +207,40 @@ def test_run_keeps_the_rates_at_the_median_of_round_medians():
     assert r["gb_per_s"] == pytest.approx(gb / (r["device_time_median_ms"] * 1e-3), rel=1e-9)
     anchor = r["anchor_rounds_ms"]
     assert len(anchor) == 6 and r["anchor_median_ms"] == statistics.median(anchor)
+
+
+def test_a_baseline_with_one_run_past_tolerance_is_not_clean():
+  """One baseline run already past tolerance: a record past it is DRIFT only by the margin."""
+  mixed = _runs([1.0] * 2, drift_ratio=0.5) + _runs([1.0], day0=3, drift_ratio=0.5, drift_ok=False)
+  assert _status(_record(drift_ratio=1.2, drift_ok=False), mixed).status == "ok"
+  assert _status(_record(drift_ratio=1.6, drift_ok=False), mixed).status == "DRIFT"
+  clean = _runs([1.0] * 3, drift_ratio=0.5)
+  assert _status(_record(drift_ratio=1.2, drift_ok=False), clean).status == "DRIFT"
+
+
+def test_the_baseline_drift_is_the_median_of_the_runs():
+  """Drift ratios 0.1, 0.2 and 3.0: the baseline is 0.2 (the mean, 1.1, would hide 1.5)."""
+  past = [dict(r, drift_ratio=d) for r, d in zip(_runs([1.0] * 3), (0.1, 0.2, 3.0), strict=True)]
+  row = _status(_record(drift_ratio=1.5), past)
+  assert row.status == "DRIFT" and row.baseline_drift == pytest.approx(0.2), row
+  assert _status(_record(drift_ratio=1.1), past).status == "ok"
+
+
+def test_the_anchor_ratio_is_judged_within_the_ratios_noise():
+  """Baseline ratios 0.4, 0.5, 0.6 (spread 1.4826 x 0.1 / 0.5): the limit is 3 x 0.2965 = 89%,
+  so a ratio of 0.75 (50% up, past the 5% threshold) is noise and 1.0 (100% up) is not."""
+  past = [_anchored(1.0, 1.0 / r) for r in (0.4, 0.5, 0.6)]
+  assert history.verdict(_anchored(1.5, 1.5), past).slower  # The median alone: 50% slower.
+  assert not history.verdict(_anchored(1.5, 2.0), past).slower  # Ratio 0.75.
+  assert history.verdict(_anchored(1.5, 1.5 / 0.96), past).slower  # Ratio 0.96 > 0.945.
+
+
+def test_the_rounds_rule_only_confirms_a_slower_median():
+  """Baseline medians 0.8, 1.0, 1.2 (limit 3 x 29.65%): every round at 1.1 is within it, though
+  past the 5% threshold; the rounds rule does not make it slower."""
+  past = [{"device_time_median_ms": m} for m in (0.8, 1.0, 1.2)]
+  record = {"device_time_median_ms": 1.1, "device_time_rounds_ms": [1.1] * 10}
+  v = history.verdict(record, past)
+  assert v.limit == pytest.approx(3 * 1.4826 * 0.2) and not v.slower, v
+  record = {"device_time_median_ms": 2.0, "device_time_rounds_ms": [2.0] * 10}
+  assert history.verdict(record, past).slower
