@@ -239,3 +239,50 @@ def test_assert_deterministic_runs_the_backward_pass():
   grads.assert_deterministic(fn, (x,), key=key, jit=False, gradients=False)  # Forward: fixed.
   with pytest.raises(AssertionError, match="not deterministic"):
     grads.assert_deterministic(_nondeterministic_backward(), (x,), key=key, jit=False)
+
+
+@jax.custom_jvp
+def _cube_with_a_flat_second_derivative(x):
+  return x**3
+
+
+@_cube_with_a_flat_second_derivative.defjvp
+def _cube_jvp(primals, tangents):
+  """The right first derivative 3x^2, but no derivative of it (stop_gradient): f'' = 0, not 6x."""
+  (x,), (t,) = primals, tangents
+  return _cube_with_a_flat_second_derivative(x), 3 * jax.lax.stop_gradient(x) ** 2 * t
+
+
+def test_check_grads_checks_the_order_asked_for():
+  x = jnp.linspace(0.5, 1.5, 8, dtype=jnp.float32)
+  grads.check_grads(lambda x: jnp.sum(_cube_with_a_flat_second_derivative(x)), (x,), order=1)
+  with pytest.raises(AssertionError):
+    grads.check_grads(lambda x: jnp.sum(_cube_with_a_flat_second_derivative(x)), (x,), order=2)
+
+
+def test_check_grads_uses_the_step_asked_for():
+  """sin(100 x): a central difference's relative error is (100 eps)^2 / 6 per unit step,
+  17% at the float32 default eps of 1e-2 (past 3e-2), 0.17% at eps = 1e-3."""
+  x = jnp.linspace(0.1, 0.2, 4, dtype=jnp.float32)
+
+  def f(x):
+    return jnp.sum(jnp.sin(100 * x))
+
+  grads.check_grads(f, (x,), eps=1e-3)
+  with pytest.raises(AssertionError):
+    grads.check_grads(f, (x,))
+
+
+def test_vjp_check_scales_the_value_bound_by_the_reduction_length():
+  """A value 1e-5 (5 float32 atol) off: within atol x sqrt(100), past atol at length 1."""
+  x = jax.random.normal(jax.random.key(0), (256,), jnp.float32)
+
+  def reference(x):
+    return 2 * x
+
+  def off(x):
+    return 2 * x + 1e-5
+
+  grads.assert_vjp_close(off, reference, (x,), key=jax.random.key(1), reduction_length=100)
+  with pytest.raises(AssertionError, match="value under differentiation"):
+    grads.assert_vjp_close(off, reference, (x,), key=jax.random.key(1), reduction_length=1)
