@@ -221,6 +221,11 @@ def test_shared_memory_counted_by_hand():
   assert attention_triton.bwd_shared_memory(config, fp) == 2 * 128 * (128 + 64) + 2 * bwd_stage
   plain = attention_triton.Footprint.of(_args(h=16, dtype=jnp.float32))
   assert plain == attention_triton.Footprint(h=16, hv=16, itemsize=4, logit_bytes=0)
+  # A float32 bias takes 4 bytes a logit (and the mask 1).
+  f32_bias = attention_triton.Footprint.of(
+    _args(h=16, dtype=jnp.float32, bias=(1, 4, 37, 45), mask=(2, 1, 37, 45))
+  )
+  assert f32_bias == attention_triton.Footprint(h=16, hv=16, itemsize=4, logit_bytes=5)
 
 
 @pytest.mark.parametrize("cc", [8, 9])

@@ -459,6 +459,19 @@ _TRITON_INTERPRET_CASES = {
   "f16-odd-heads-causal": _triton_interpret(
     dict(_TRITON_INTERPRET, h=24, hv=40), "float16", is_causal=True
   ),
+  # Key/value lengths alone, without causal: key blocks that run past the length meet
+  # query blocks that would otherwise run without masks.
+  "kv-lengths": _triton_interpret(kv_lengths=True),
+  # A window side of 0 bounds that side (only -1 means unbounded in the kernels).
+  "window-left0": _triton_interpret(local_window_size=(0, 6)),
+  "window-right0": _triton_interpret(local_window_size=(6, 0)),
+  # A wide left window with a right side that is no block multiple: each key block's
+  # query range starts off a query block boundary, then has masked and full blocks.
+  "window-wide": _triton_interpret(dict(_TRITON_INTERPRET, t=100, s=70), local_window_size=(60, 3)),
+  # A mask that differs by head, broadcast over batch and query rows (strides 0).
+  "mask-per-head": _triton_interpret(mask=(1, 4, 1, 45)),
+  # A bias broadcast over keys (key stride 0); the soft cap keeps it from cancelling.
+  "bias-per-query-softcap": _triton_interpret(bias=(2, 4, 37, 1), logits_soft_cap=2.0),
 }
 # Compiled on an NVIDIA GPU through the public API: outputs and gradients against XLA.
 _TRITON_GPU_CASES = {
