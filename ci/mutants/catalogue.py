@@ -7750,7 +7750,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     _ATTENTION + "triton_flash.py",
     "    ok = ok & (cols <= rows + RIGHT)",
     "    ok = ok & (cols < rows + RIGHT)",
-    ("suites/kernels/test_attention_triton.py", "-k", "test_interpreted and window"),
+    ("suites/kernels/test_attention_triton.py::test_interpreted[window]",),
     "Triton attention: the local window's rightmost key is masked out.",
   ),
   Mutation(
@@ -7815,7 +7815,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     _ATTENTION + "triton_flash.py",
     "    full_hi = tl.minimum(full_hi, (m0 + RIGHT + 1) // BLOCK_N * BLOCK_N)",
     "    full_hi = tl.minimum(full_hi, tl.cdiv(m0 + RIGHT + 1, BLOCK_N) * BLOCK_N)",
-    ("suites/kernels/test_attention_triton.py", "-k", "test_interpreted and window"),
+    ("suites/kernels/test_attention_triton.py", "-k", "block_boundaries and left17_right1"),
     "Triton attention (forward, dq): the key block holding the first row's right window edge"
     " runs without masks.",
   ),
@@ -7824,7 +7824,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     _ATTENTION + "triton_flash.py",
     "tl.cdiv(tl.maximum(m0 + BLOCK_M - 1 - LEFT, 0), BLOCK_N) * BLOCK_N)",
     "tl.maximum(m0 + BLOCK_M - 1 - LEFT, 0) // BLOCK_N * BLOCK_N)",
-    ("suites/kernels/test_attention_triton.py", "-k", "test_interpreted and window"),
+    ("suites/kernels/test_attention_triton.py", "-k", "block_boundaries and left17_right1"),
     "Triton attention (forward, dq): the key block holding the last row's left window edge"
     " runs without masks.",
   ),
@@ -7833,7 +7833,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     _ATTENTION + "triton_flash.py",
     "    full_hi = tl.minimum(full_hi, (n0 + LEFT + 1) // BLOCK_M * BLOCK_M)",
     "    full_hi = tl.minimum(full_hi, tl.cdiv(n0 + LEFT + 1, BLOCK_M) * BLOCK_M)",
-    ("suites/kernels/test_attention_triton.py", "-k", "test_interpreted and window"),
+    ("suites/kernels/test_attention_triton.py", "-k", "block_boundaries and left17_right1"),
     "Triton attention dK/dV: the query block past the first key's left window runs without masks.",
   ),
   Mutation(
@@ -7841,7 +7841,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     _ATTENTION + "triton_flash.py",
     "tl.cdiv(tl.maximum(n0 + BLOCK_N - 1 - RIGHT, 0), BLOCK_M) * BLOCK_M",
     "tl.maximum(n0 + BLOCK_N - 1 - RIGHT, 0) // BLOCK_M * BLOCK_M",
-    ("suites/kernels/test_attention_triton.py", "-k", "test_interpreted and window"),
+    ("suites/kernels/test_attention_triton.py", "-k", "block_boundaries and left17_right1"),
     "Triton attention dK/dV: the query block before the last key's right window edge runs"
     " without masks.",
   ),
@@ -7914,7 +7914,7 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.triton_attention_dq_mask_head_offset_dropped",
     _ATTENTION + "triton_flash.py",
-    "  mask_base = mask_ptr + b64 * MASK_SB + n * MASK_SN\n\n  dq = tl.zeros",
+    "  mask_base = mask_ptr + b64 * MASK_SB + n.to(tl.int64) * MASK_SN\n\n  dq = tl.zeros",
     "  mask_base = mask_ptr + b64 * MASK_SB\n\n  dq = tl.zeros",
     ("suites/kernels/test_attention_triton.py", "-k", "test_interpreted and mask-per-head"),
     "Triton attention dQ: every head reads the first head's mask.",
@@ -7992,6 +7992,25 @@ MUTATIONS: tuple[Mutation, ...] = (
     "  return max(16, 1 << int(x).bit_length())",
     ("suites/kernels/test_attention_triton.py", "-k", "counted_by_hand"),
     "Triton attention: head dims that are powers of two pad to twice their size.",
+  ),
+  Mutation(
+    "kernels.triton_attention_fwd_head_planes_32bit",
+    _ATTENTION + "triton_flash.py",
+    "  bias_base = bias_ptr + b64 * BIAS_SB + n.to(tl.int64) * BIAS_SN\n"
+    "  mask_base = mask_ptr + b64 * MASK_SB + n.to(tl.int64) * MASK_SN\n\n  acc",
+    "  bias_base = bias_ptr + b64 * BIAS_SB + n * BIAS_SN\n"
+    "  mask_base = mask_ptr + b64 * MASK_SB + n * MASK_SN\n\n  acc",
+    ("suites/kernels/test_attention_triton.py", "-k", "head_offsets_in_64_bits"),
+    "Triton attention forward: a head's bias and mask plane offset n * T * S is an int32"
+    " product (wraps past 2**31 for large biases).",
+  ),
+  Mutation(
+    "kernels.triton_attention_dkdv_bias_head_plane_32bit",
+    _ATTENTION + "triton_flash.py",
+    "    bias_base = bias_ptr + b64 * BIAS_SB + n.to(tl.int64) * BIAS_SN",
+    "    bias_base = bias_ptr + b64 * BIAS_SB + n * BIAS_SN",
+    ("suites/kernels/test_attention_triton.py", "-k", "head_offsets_in_64_bits"),
+    "Triton attention dK/dV: a head's bias plane offset n * T * S is an int32 product.",
   ),
   Mutation(
     "wrappers.attention_triton_broadcast_strides_kept",

@@ -316,6 +316,31 @@ def test_compiles(case, sm):
       assert _resource_usage(compiled)["STACK"] == 0, launch.kernel.__name__
 
 
+def test_bias_and_mask_head_offsets_in_64_bits():
+  """A bias and mask of 16 heads of 16384 x 16384 (2**32 elements, accepted: the kernels
+  index a batch element's planes in 64 bits): the head's plane offset n * T * S must not
+  be an int32 product (it passes 2**31 at head 8)."""
+  t = s = 16384
+  q = jax.ShapeDtypeStruct((1, t, 16, 64), jnp.bfloat16)
+  kv = jax.ShapeDtypeStruct((1, s, 16, 64), jnp.bfloat16)
+  bias = jax.ShapeDtypeStruct((1, 16, t, s), jnp.bfloat16)
+  mask = jax.ShapeDtypeStruct((1, 16, t, s), jnp.bool_)
+  args = jax.eval_shape(spec.canonicalize, q, kv, kv, bias, mask)
+  assert attention_triton.unsupported_reason(args) is None
+  config = attention_triton.heuristic_config(args, 9)
+
+  def run(args):
+    out, lse = attention_triton.forward(args, config)
+    return attention_triton.backward(args, config, out, lse, out)
+
+  with triton_call.capture() as launches:
+    jax.eval_shape(run, args)
+  assert [launch.meta["BIAS_SN"] for launch in launches] == [t * s] * 3
+  for launch in launches:
+    ttir = triton_call.compile_launch(launch, 90).asm["ttir"]
+    assert f"{t * s} : i32" not in ttir, launch.kernel.__name__
+
+
 def test_compiles_autotuning_space(request):
   if not request.config.getoption("--run-long"):
     pytest.skip("compiles every autotuning config (minutes); runs with --run-long")

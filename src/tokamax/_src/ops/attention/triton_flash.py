@@ -378,8 +378,8 @@ def fwd_kernel(
   )
   k_base = k_ptr + b64 * (S * KH * H) + kh * H
   v_base = v_ptr + b64 * (S * KH * HV) + kh * HV
-  bias_base = bias_ptr + b64 * BIAS_SB + n * BIAS_SN
-  mask_base = mask_ptr + b64 * MASK_SB + n * MASK_SN
+  bias_base = bias_ptr + b64 * BIAS_SB + n.to(tl.int64) * BIAS_SN
+  mask_base = mask_ptr + b64 * MASK_SB + n.to(tl.int64) * MASK_SN
 
   acc = tl.zeros([BLOCK_M, BLOCK_HV], dtype=tl.float32)
   l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -633,8 +633,8 @@ def dkdv_kernel(
     do_base = do_ptr + b64 * (T * N * HV) + n * HV
     lse_base = lse_ptr + (b64 * N + n) * T
     delta_base = delta_ptr + (b64 * N + n) * T
-    bias_base = bias_ptr + b64 * BIAS_SB + n * BIAS_SN
-    mask_base = mask_ptr + b64 * MASK_SB + n * MASK_SN
+    bias_base = bias_ptr + b64 * BIAS_SB + n.to(tl.int64) * BIAS_SN
+    mask_base = mask_ptr + b64 * MASK_SB + n.to(tl.int64) * MASK_SN
     dbias_base = dbias_ptr + (b64 * N + n) * (T * S)
     if HAS_DBIAS:
       _zero_dbias(dbias_base, offs_n, 0, lo, S, BLOCK_M, BLOCK_N)
@@ -847,8 +847,8 @@ def dq_kernel(
   delta = tl.load(delta_ptr + (b64 * N + n) * T + offs_m, mask=offs_m < T, other=0.0)
   k_base = k_ptr + b64 * (S * KH * H) + kh * H
   v_base = v_ptr + b64 * (S * KH * HV) + kh * HV
-  bias_base = bias_ptr + b64 * BIAS_SB + n * BIAS_SN
-  mask_base = mask_ptr + b64 * MASK_SB + n * MASK_SN
+  bias_base = bias_ptr + b64 * BIAS_SB + n.to(tl.int64) * BIAS_SN
+  mask_base = mask_ptr + b64 * MASK_SB + n.to(tl.int64) * MASK_SN
 
   dq = tl.zeros([BLOCK_M, BLOCK_H], dtype=tl.float32)
   lo, full_lo, full_hi, hi = _key_range(m0, q_len, kv_len, BLOCK_M, BLOCK_N, CAUSAL, LEFT, RIGHT)
