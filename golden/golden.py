@@ -276,7 +276,7 @@ def regenerate(
   Returns:
     What changed against the stored goldens in `data_dir`: NEW, CHANGED (with
     the max difference), FAIL (changed past tolerance), PASS (bitwise equal),
-    REMOVED, SKIP and ERROR results.
+    REMOVED, SKIP and ERROR results (an ERROR case keeps its stored golden).
   """
   profile = hardware.detect()
   family = family or profile.family
@@ -297,6 +297,10 @@ def regenerate(
   kept = {}
   if ops is not None:  # Regenerating some ops keeps the others' goldens.
     kept = {k: v for k, v in old_arrays.items() if old_manifest["entries"][k]["op"] not in ops}
+  # A case that errored keeps its stored golden: the ERROR fails the run, and a passing
+  # failure (an import, a driver) must not delete the value that a later run checks.
+  errored = {r.key for r in computed if r.status == ERROR}
+  kept.update({k: v for k, v in old_arrays.items() if k in errored})
   for key in sorted(set(old_arrays) - set(fresh) - set(kept)):
     changes.append(Result(key, REMOVED, "no longer produced here"))
   entries = {k: old_manifest["entries"][k] for k in kept}

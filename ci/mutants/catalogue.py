@@ -4194,6 +4194,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "shape_key follows the dict's order: one shape gets two keys.",
   ),
   Mutation(
+    "golden.regen_drops_errored_goldens",
+    _GOLDEN_SRC,
+    "  kept.update({k: v for k, v in old_arrays.items() if k in errored})",
+    "",
+    (_GOLDEN_ENTRIES, "-k", "errored"),
+    "A regeneration whose case errors (an import, a driver) deletes that case's stored golden.",
+  ),
+  Mutation(
     "golden.shape_mismatch_unchecked",
     _GOLDEN_SRC,
     "if list(golden.shape) != list(out.shape) or str(golden.dtype) != str(out.dtype):",

@@ -203,6 +203,24 @@ def _files(d):
   return {f: open(os.path.join(d, f), "rb").read() for f in sorted(os.listdir(d))}
 
 
+def test_regen_keeps_the_stored_goldens_of_cases_that_errored(tmp_path, monkeypatch):
+  """A planted import error in xla: its layer_norm cases are ERROR, not REMOVED, and their
+  stored goldens are written back bit for bit (the next check still has them)."""
+  data = _copy_goldens(tmp_path)
+  _, before = golden.load(FAMILY, data)
+  xla_keys = {k for k in before if k.startswith("layer_norm.xla.")}
+  assert xla_keys
+  _break_xla(monkeypatch)
+  changes = golden.regenerate(FAMILY, data_dir=data, ops=["layer_norm"])
+  statuses = {r.key: r.status for r in changes}
+  assert {statuses[k] for k in xla_keys} == {golden.ERROR}
+  assert golden.REMOVED not in statuses.values()
+  manifest, after = golden.load(FAMILY, data)
+  for key in xla_keys:
+    np.testing.assert_array_equal(after[key], before[key], err_msg=key)
+    assert manifest["entries"][key]["op"] == "layer_norm"
+
+
 def test_cli_regen_writes_to_out_and_leaves_the_data_alone(tmp_path, capsys):
   data = _copy_goldens(tmp_path)
   manifest, arrays = golden.load(FAMILY, data)
