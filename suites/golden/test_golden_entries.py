@@ -5,7 +5,6 @@ a layer norm's reduction length, a digest computed with hashlib) or come from
 the harness reference, never from the code under test.
 """
 
-import dataclasses
 import hashlib
 import os
 import shutil
@@ -16,6 +15,7 @@ import pytest
 
 from golden import __main__ as golden_cli
 from golden import golden
+from suites.golden import test_golden_rules
 from suites.matrices import checks
 from tokamax_harness import hardware
 
@@ -172,20 +172,8 @@ def test_table_lists_failures_first_and_counts_every_status():
   assert lines[-1] == "totals: FAIL 1, MISSING 1, PASS 2"
 
 
-def _break_xla(monkeypatch):
-  real = golden.implementations
-
-  def broken(op, profile):
-    return [
-      dataclasses.replace(i, error="ImportError: planted") if i.name == "xla" else i
-      for i in real(op, profile)
-    ]
-
-  monkeypatch.setattr(golden, "implementations", broken)
-
-
 def test_cli_check_fails_on_an_error(monkeypatch, capsys):
-  _break_xla(monkeypatch)
+  test_golden_rules.break_xla(monkeypatch)
   assert golden_cli.main(["--ops", "layer_norm"]) == 1
   out = capsys.readouterr().out
   # Every float32 and bfloat16 layer_norm case of the xla implementation errors.
@@ -194,7 +182,7 @@ def test_cli_check_fails_on_an_error(monkeypatch, capsys):
 
 
 def test_cli_regen_fails_on_an_error(tmp_path, monkeypatch, capsys):
-  _break_xla(monkeypatch)
+  test_golden_rules.break_xla(monkeypatch)
   assert golden_cli.main(["--regen", "--data", str(tmp_path), "--ops", "layer_norm"]) == 1
   assert "ERROR" in capsys.readouterr().out
 
@@ -210,7 +198,7 @@ def test_regen_keeps_the_stored_goldens_of_cases_that_errored(tmp_path, monkeypa
   _, before = golden.load(FAMILY, data)
   xla_keys = {k for k in before if k.startswith("layer_norm.xla.")}
   assert xla_keys
-  _break_xla(monkeypatch)
+  test_golden_rules.break_xla(monkeypatch)
   changes = golden.regenerate(FAMILY, data_dir=data, ops=["layer_norm"])
   statuses = {r.key: r.status for r in changes}
   assert {statuses[k] for k in xla_keys} == {golden.ERROR}

@@ -190,9 +190,8 @@ def test_an_implementation_without_a_golden_is_missing_not_passed(tmp_path):
   assert stored is None and r.status == golden.MISSING, (r.status, r.detail)
 
 
-def test_a_broken_implementation_is_an_error_not_a_skip(monkeypatch):
-  manifest, _ = golden.load(FAMILY)
-  key = _float32_layer_norm_key(manifest)
+def break_xla(monkeypatch):
+  """Plants an import error in every op's xla implementation (`golden.implementations`)."""
   real = golden.implementations
 
   def broken(op, profile):
@@ -202,5 +201,11 @@ def test_a_broken_implementation_is_an_error_not_a_skip(monkeypatch):
     ]
 
   monkeypatch.setattr(golden, "implementations", broken)
+
+
+def test_a_broken_implementation_is_an_error_not_a_skip(monkeypatch):
+  manifest, _ = golden.load(FAMILY)
+  key = _float32_layer_norm_key(manifest)
+  break_xla(monkeypatch)
   (r,) = golden.compute(FAMILY, keys=[key])
   assert r.status == golden.ERROR and "planted" in r.detail, (r.status, r.detail)
