@@ -74,8 +74,11 @@ def _regen_in_parallel(family: str, ops: list[str], args) -> int:
     for proc in done.values():
       print(proc.stdout + proc.stderr)
     failed = [op for op, proc in done.items() if proc.returncode]
-    if any(not os.path.exists(golden.family_dir(family, os.path.join(tmp, op))) for op in ops):
-      print(f"FAILED: no goldens written for {failed}")
+    unwritten = [
+      op for op in ops if not os.path.exists(golden.family_dir(family, os.path.join(tmp, op)))
+    ]
+    if unwritten:
+      print(f"FAILED: no goldens written for {unwritten}")
       return 1
     parts = {op: os.path.join(tmp, op) for op in ops}
     golden.merge(family, parts, data_dir=args.data, out_dir=args.out)

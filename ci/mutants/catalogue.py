@@ -1402,6 +1402,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "cuDNN attention: the hidden-row guard reduces the mask over queries instead of keys.",
   ),
   Mutation(
+    "kernels.triton_attention_heuristic_ignores_value_head_dim",
+    _ATTENTION + "triton.py",
+    "  width = max(fp.h, fp.hv)",
+    "  width = fp.h",
+    ("suites/kernels/test_attention_triton.py", "-k", "test_heuristic_config"),
+    "Triton attention heuristics: blocks chosen by the query head dim alone, too big for a wider"
+    " value head dim.",
+  ),
+  Mutation(
     "wrappers.attention_triton_dbias_mean",
     _ATTENTION + "triton.py",
     "  return jnp.sum(dbias, axis=axes, keepdims=True, dtype=jnp.float32)",

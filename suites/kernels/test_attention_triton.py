@@ -192,6 +192,11 @@ def test_heuristic_config():
   assert attention_triton.heuristic_config(big, 9) == attention_triton.TritonAttentionConfig(
     128, 128, 8, 3, 128, 32, 8, 3
   )
+  # A value head dim wider than the query's picks the blocks of the wider one.
+  wide_values = _args(t=4096, s=4096, h=64, hv=128, b=1, n=1, k=1)
+  assert attention_triton.heuristic_config(wide_values, 9) == attention_triton.heuristic_config(
+    big, 9
+  )
   ampere = attention_triton.heuristic_config(big, 8)
   assert (ampere.num_stages, ampere.block_k) == (2, 64)
   # float32 halves the key block (its tiles take twice the bytes).
