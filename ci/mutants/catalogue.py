@@ -5868,7 +5868,7 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "golden.cli_parallel_regen_merges_without_parts",
     _GOLDEN_CLI,
-    "    if any(not os.path.exists(golden.family_dir(family, os.path.join(tmp, op))) for op in ops):",
+    "    if unwritten:",
     "    if not ops:",
     (_GOLDEN_ENTRIES, "-k", "no_part_written"),
     "A parallel regeneration whose processes wrote nothing merges anyway (a traceback, not FAILED).",
