@@ -4602,8 +4602,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "config.truthy_string_for_a_bool_option",
     "src/tokamax/_src/config.py",
-    "    if not (isinstance(value, bool | np.bool_) or (isinstance(value, int) and value in (0, 1))):",
-    "    if not (isinstance(value, bool | np.bool_ | str) or (isinstance(value, int) and value in (0, 1))):",
+    "    return validation.flag(name, value)",
+    "    return bool(value)",
     (_BAD_INPUT, "-k", "option"),
     "override(use_default_cache='false') silently turns the shipped cache on.",
   ),
@@ -10236,9 +10236,9 @@ MUTATIONS: tuple[Mutation, ...] = (
   ),
   Mutation(
     "config.numpy_bool_option_refused",
-    _CONFIG_SRC,
-    "    if not (isinstance(value, bool | np.bool_) or",
-    "    if not (isinstance(value, bool) or",
+    "src/tokamax/_src/validation.py",
+    "  if isinstance(value, bool | np.bool_) or (",
+    "  if isinstance(value, bool) or (",
     ("suites/core/test_bad_input.py::test_a_bool_option_takes_numpy_bools",),
     "A bool option refuses numpy bools.",
   ),

@@ -11,7 +11,8 @@ import enum
 import os
 
 import jax
-import numpy as np
+
+from tokamax._src import validation
 
 
 class CacheMiss(enum.StrEnum):
@@ -48,9 +49,7 @@ def _env_flag(name: str, *, default: bool) -> bool:
 def _option_value(name: str, value, current):
   """`value` as option `name`'s type; a bool option takes bools and 0/1, not truthy strings."""
   if isinstance(current, bool):
-    if not (isinstance(value, bool | np.bool_) or (isinstance(value, int) and value in (0, 1))):
-      raise TypeError(f"option {name!r} must be a bool, got {value!r}.")
-    return bool(value)
+    return validation.flag(name, value)
   try:
     return type(current)(value)
   except ValueError as e:
