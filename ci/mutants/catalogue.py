@@ -2917,10 +2917,10 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "validation.flag_refuses_zero_d_bool_arrays",
     "src/tokamax/_src/validation.py",
-    "    return bool(value)  # A concrete 0-d boolean array.",
+    "    return bool(value)  # NumPy bools and concrete 0-d boolean arrays.",
     "    raise TypeError(name)",
-    ("suites/core/test_bad_input.py", "-k", "flags_take"),
-    "A jnp.array(True) flag is refused.",
+    ("suites/core/test_bad_input.py", "-k", "flags_take or numpy_bools"),
+    "A NumPy bool or jnp.array(True) flag (or option) is refused.",
   ),
   Mutation(
     "attention.causal_truthiness",
@@ -10233,14 +10233,6 @@ MUTATIONS: tuple[Mutation, ...] = (
     "timings_ms=tuple((dump(c), int(t)) for c, t",
     ("suites/tooling/test_autotuning.py::test_round_trip_keeps_failed_candidates",),
     "Loaded timings are truncated to whole milliseconds.",
-  ),
-  Mutation(
-    "config.numpy_bool_option_refused",
-    "src/tokamax/_src/validation.py",
-    "  if isinstance(value, bool | np.bool_) or (",
-    "  if isinstance(value, bool) or (",
-    ("suites/core/test_bad_input.py::test_a_bool_option_takes_numpy_bools",),
-    "A bool option refuses numpy bools.",
   ),
   Mutation(
     "autotune.default_cache_file_lowercased",

@@ -50,12 +50,10 @@ def finite(name: str, value: Any) -> float:
 
 def flag(name: str, value: Any) -> bool:
   """`value` as a bool: bools, NumPy bools, 0 and 1 only (a truthy "no" is refused)."""
-  if isinstance(value, bool | np.bool_) or (
-    isinstance(value, int | np.integer) and value in (0, 1)
-  ):
+  if isinstance(value, bool) or (isinstance(value, int | np.integer) and value in (0, 1)):
     return bool(value)
   if getattr(value, "dtype", None) == np.bool_ and np.shape(value) == ():
-    return bool(value)  # A concrete 0-d boolean array.
+    return bool(value)  # NumPy bools and concrete 0-d boolean arrays.
   raise TypeError(f"`{name}` must be a bool, got {value!r}.")
 
 
