@@ -487,6 +487,51 @@ def test_gpu_matches_xla(case):
     assert max_err <= 10 * tol * float(jnp.max(jnp.abs(ref))) + 1e-6, (name, max_err)
 
 
+def _head(arrays, n):
+  """(q, k, v, bias, mask) of head n alone (heads on axis 2 of q, k, v and 1 of the planes)."""
+  q, k, v, bias, mask = arrays
+  planes = [None if x is None else x[:, n : n + 1] for x in (bias, mask)]
+  return (q[:, :, n : n + 1], k[:, :, n : n + 1], v[:, :, n : n + 1], *planes)
+
+
+@gpu_only
+@pytest.mark.parametrize("plane", ["bias", "mask"])
+def test_gpu_planes_past_int32(plane):
+  """Nine heads of 16384 x 16384 bias or mask planes: head 8's plane starts at 2**31
+  elements. Heads 0 and 8 of the output (and, with the mask, of dq, dk and dv) against XLA
+  run on that head alone. Sized for one suite worker's share of the GPU (about 9 GB): the
+  bias, whose float32 gradient alone would take 9.7 GB, is checked forward."""
+  t = s = 16384
+  keys = jax.random.split(jax.random.key(7), 5)
+  q, k, v = (jax.random.normal(key, (1, t, 9, 64), jnp.bfloat16) for key in keys[:3])
+  if plane == "bias":
+    arrays = (q, k, v, jax.random.normal(keys[3], (1, 9, t, s), jnp.bfloat16), None)
+  else:
+    arrays = (q, k, v, None, jax.random.uniform(keys[3], (1, 9, t, s)) < 0.9)
+
+  def f(q, k, v):
+    return tokamax.dot_product_attention(q, k, v, *arrays[3:], implementation="triton")
+
+  out, vjp = jax.vjp(jax.jit(f), q, k, v)
+  dout = jax.random.normal(keys[4], out.shape, out.dtype)
+  results = {"out": out}
+  if plane == "mask":
+    results |= zip(("dq", "dk", "dv"), jax.jit(vjp)(dout), strict=True)
+  for n in (0, 8):
+    head = _head(arrays, n)
+    if plane == "mask":
+      ref_out, ref_grads = _reference_vjp(head, {}, dout[:, :, n : n + 1])
+    else:
+      ref_out, ref_grads = (
+        tokamax.dot_product_attention(*map(_upcast, head), precision=HIGHEST, implementation="xla"),
+        (),
+      )
+    refs = dict(zip(("out", "dq", "dk", "dv"), (ref_out, *ref_grads), strict=False))
+    for name, x in results.items():
+      error = compare.relative_error(x[:, :, n : n + 1], refs[name])
+      assert error < _TOLERANCE[jnp.bfloat16], (n, name, error)
+
+
 @gpu_only
 def test_gpu_backward_is_deterministic():
   arrays, _ = _inputs(t=512, s=512, n=8, k=2, h=128)
