@@ -1122,8 +1122,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_glu_activation_on_up",
     "src/tokamax/_src/ops/gated_linear_unit/mosaic_kernel.py",
-    "      act = gate if activation is None else activation(gate)",
-    "      act = gate if activation is None else activation(up)",
+    "      act = gate if activation is None else apply_activation(activation, gate)",
+    "      act = gate if activation is None else apply_activation(activation, up)",
     _matrix("test_forward and gated_linear_unit and mosaic] and swiglu and bfloat16"),
     "Mosaic GLU: the activation is applied to the up projection.",
   ),
@@ -6200,6 +6200,32 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_MOSAIC_GLU, "-k", "interpret"),
     "Mosaic GLU (residuals): the gate cotangent's factor and the activation are stored in"
     " each other's halves, so the projections' cotangents are swapped.",
+  ),
+  Mutation(
+    "kernels.mosaic_glu_custom_jvp_not_inlined",
+    "src/tokamax/_src/ops/gated_linear_unit/mosaic_kernel.py",
+    "INLINED_PRIMITIVES = (jex_core.primitives.jit_p, jex_core.primitives.custom_jvp_call_p)",
+    "INLINED_PRIMITIVES = (jex_core.primitives.jit_p,)",
+    (_MOSAIC_GLU, "-k", "custom_jvp"),
+    "Mosaic GLU: a custom_jvp activation (jax.nn.relu) is no longer inlined: refused, or"
+    " left to a lowering that cannot take it.",
+  ),
+  Mutation(
+    "kernels.mosaic_glu_plain_epilogue_calls_activation",
+    "src/tokamax/_src/ops/gated_linear_unit/mosaic_kernel.py",
+    "act = gate if activation is None else apply_activation(activation, gate)",
+    "act = gate if activation is None else activation(gate)",
+    (_MOSAIC_GLU, "-k", "custom_jvp"),
+    "Mosaic GLU: the plain forward's epilogue calls the activation as it is, so a custom_jvp"
+    " one (relu) reaches Mosaic GPU's lowering, which cannot take it.",
+  ),
+  Mutation(
+    "glu.mosaic_reason_counts_inlined_primitives",
+    _GLU + "mosaic.py",
+    "missing = sorted(p.name for p in used if p not in rules and p not in inlined)",
+    "missing = sorted(p.name for p in used if p not in rules)",
+    (_MOSAIC_GLU, "-k", "custom_jvp"),
+    "Mosaic GLU: the support check refuses custom_jvp activations the epilogue inlines.",
   ),
   # Wrapper logic of the GLU, layer-norm and ragged-dot kernels, kernel_ops, config and tpu.
   Mutation(

@@ -171,6 +171,18 @@ def test_forward_and_backward_lower_for_cuda(m, k, n, backward, monkeypatch):
     assert len(re.findall(r"stablehlo.dot_general", text)) == 2
 
 
+def test_custom_jvp_activation_lowers_for_cuda(monkeypatch):
+  """jax.nn.relu in the plain forward's and the residual-writing forward's epilogues."""
+  monkeypatch.setattr(kernel_ops.MosaicGpuOp, "_platform_reason", lambda *_: None)
+  op = mosaic.MosaicGatedLinearUnit()
+  f = lambda a, b: api.gated_linear_unit(a, b, activation=jax.nn.relu, implementation=op)
+  x = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16)
+  w = jax.ShapeDtypeStruct((512, 2, 512), jnp.bfloat16)
+  for program in (f, lambda a, b: jax.vjp(f, a, b)[0]):
+    text = jax.jit(program).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+    assert len(re.findall(r"custom_call @mosaic_gpu", text)) == 1
+
+
 def test_backward_choice():
   assert mosaic.MosaicGatedLinearUnit()._backward() == ("xla", "xla")  # Measured faster.
   assert mosaic.MosaicGatedLinearUnit(backward="mosaic")._backward() == ("mosaic", "mosaic")
@@ -196,6 +208,36 @@ def test_unsupported_reasons_name_the_feature():
     x, w, activation=lambda g: jnp.sort(g, axis=-1), implementation=[impl, "xla"]
   )
   assert out.shape == (64, 128)
+
+
+@pytest.mark.parametrize("activation", [jax.nn.relu, jax.nn.relu6], ids=["relu", "relu6"])
+def test_custom_jvp_activations_are_inlined(activation):
+  """custom_jvp functions (which Mosaic GPU cannot lower as such) run as their primal's
+  equations in the epilogue, forward and derivative."""
+  impl = mosaic.MosaicGatedLinearUnit(interpret=True)
+  record = spec.canonicalize(
+    jnp.ones((64, 128), jnp.bfloat16), jnp.ones((128, 2, 128), jnp.bfloat16), activation=activation
+  )
+  assert impl._unsupported_reason(record) is None
+  assert impl._bwd_unsupported_reason(record) is None
+  g = jnp.linspace(-8.0, 8.0, 64 * 64, dtype=jnp.float32).reshape(64, 64)
+  jaxpr = jax.make_jaxpr(mosaic_kernel.apply_activation, static_argnums=0)(activation, g)
+  assert not {e.primitive.name for e in jaxprs.equations(jaxpr.jaxpr)} & {"custom_jvp_call", "jit"}
+  expected = np.clip(np.asarray(g), 0.0, 6.0 if activation is jax.nn.relu6 else np.inf)
+  np.testing.assert_array_equal(mosaic_kernel.apply_activation(activation, g), expected)
+
+
+def test_reasons_name_the_activation():
+  impl = mosaic.MosaicGatedLinearUnit(interpret=True)
+
+  def ranked(g):
+    return jnp.sort(g, axis=-1)
+
+  record = spec.canonicalize(
+    jnp.ones((64, 128), jnp.bfloat16), jnp.ones((128, 2, 128), jnp.bfloat16), activation=ranked
+  )
+  reason = impl._unsupported_reason(record)
+  assert reason is not None and "activation ranked uses sort" in reason, reason
 
 
 def test_kernel_config_reason_clusters_whole_column_tile_pairs():

@@ -112,6 +112,10 @@ _KERNEL_CASES = {
     "pair_bwd_default": kc.GluKernelCase(
       (264, 512), n=512, dtype="bfloat16", activation=jax.nn.swish, fused=False
     ),
+    # A custom-JVP activation, inlined into the epilogue.
+    "relu_bwd_mosaic": kc.GluKernelCase(
+      (264, 512), n=512, dtype="bfloat16", activation=jax.nn.relu, backward="mosaic"
+    ),
   },
   # Mosaic GPU's, in the Pallas interpreter (N = 128, bfloat16); "small" is the
   # test's small-block config fields.
@@ -121,6 +125,10 @@ _KERNEL_CASES = {
       (2, 50, 128), activation=jax.nn.swish, fused=True, backward="mosaic", config=_MOSAIC_SMALL
     ),
     "linear_pair": kc.GluKernelCase((64, 128), fused=False, config=_MOSAIC_SMALL),
+    # custom_jvp activations (relu, relu6) are inlined into the epilogue.
+    "relu_bwd_mosaic": kc.GluKernelCase(
+      (64, 128), activation=jax.nn.relu, fused=True, backward="mosaic", config=_MOSAIC_SMALL
+    ),
     "gelu_bwd_xla": kc.GluKernelCase(
       (72, 128), activation=jax.nn.gelu, fused=True, backward="xla", config=_MOSAIC_SMALL
     ),

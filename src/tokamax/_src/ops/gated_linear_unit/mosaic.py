@@ -88,18 +88,21 @@ def _activation_reason(activation, derivative: bool = False) -> str | None:
   from jax._src.pallas.mosaic_gpu import core as gpu_core
   from jax._src.pallas.mosaic_gpu import lowering
 
-  what = "the derivative of activation" if derivative else "activation"
+  name = getattr(activation, "__name__", None) or repr(activation)
+  what = f"the derivative of activation {name}" if derivative else f"activation {name}"
   fn = activation
   if derivative:
     fn = lambda g: mosaic_kernel.activation_and_derivative(activation, g, g)
   try:
     jaxpr = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct((64, 64), jnp.float32))
   except Exception as e:
-    return f"{what} {activation!r} cannot be traced ({e})"
+    return f"{what} cannot be traced ({e})"
   rules = lowering.mosaic_lowering_rules[gpu_core.WGxWG_SEMANTICS]
-  missing = sorted(p.name for p in _primitives(jaxpr.jaxpr) if p not in rules)
+  inlined = mosaic_kernel.INLINED_PRIMITIVES
+  used = _primitives(jaxpr.jaxpr)
+  missing = sorted(p.name for p in used if p not in rules and p not in inlined)
   if missing:
-    return f"{what} {activation!r} uses {', '.join(missing)}, which Mosaic GPU cannot lower"
+    return f"{what} uses {', '.join(missing)}, which Mosaic GPU cannot lower"
   return None
 
 

@@ -53,15 +53,27 @@ class MosaicGluKernelConfig:
     return WG_ROWS * NUM_COMPUTE_WGS
 
 
+# Primitives that `_eval_inlined` replaces by the equations of the jaxpr they call.
+INLINED_PRIMITIVES = (jex_core.primitives.jit_p, jex_core.primitives.custom_jvp_call_p)
+
+
+def apply_activation(activation, gate: jax.Array) -> jax.Array:
+  """act(gate) of an elementwise `activation`, as primitives Mosaic GPU lowers: nested
+  jits and custom-JVP functions (e.g. `jax.nn.relu`) inlined."""
+  jaxpr = jax.make_jaxpr(activation)(gate)
+  (act,) = _eval_inlined(jaxpr.jaxpr, jaxpr.consts, gate)
+  return act
+
+
 def activation_and_derivative(activation, gate: jax.Array, up: jax.Array):
   """(act(gate), up * act'(gate)) of an elementwise `activation`, as primitives
   Mosaic GPU lowers: the JVP's `add_any` (which it does not lower) becomes `add`."""
   jaxpr = jax.make_jaxpr(lambda g, u: jax.jvp(activation, (g,), (u,)))(gate, up)
-  return tuple(_eval_with_add(jaxpr.jaxpr, jaxpr.consts, gate, up))
+  return tuple(_eval_inlined(jaxpr.jaxpr, jaxpr.consts, gate, up))
 
 
-def _eval_with_add(jaxpr, consts, *args):
-  """Evaluates `jaxpr` (inlining nested jits) with `add` in place of `add_any`."""
+def _eval_inlined(jaxpr, consts, *args):
+  """Evaluates `jaxpr`, inlining `INLINED_PRIMITIVES`, with `add` in place of `add_any`."""
   env = {}
   read = lambda v: v.val if isinstance(v, jex_core.Literal) else env[v]
   for var, val in zip((*jaxpr.constvars, *jaxpr.invars), (*consts, *args), strict=True):
@@ -71,9 +83,9 @@ def _eval_with_add(jaxpr, consts, *args):
     ins = [read(v) for v in eqn.invars]
     if eqn.primitive is prims.add_jaxvals_p:
       outs = [lax.add(*ins)]
-    elif eqn.primitive is prims.jit_p:
-      inner = eqn.params["jaxpr"]
-      outs = _eval_with_add(inner.jaxpr, inner.consts, *ins)
+    elif eqn.primitive in INLINED_PRIMITIVES:
+      inner = eqn.params["jaxpr" if eqn.primitive is prims.jit_p else "call_jaxpr"]
+      outs = _eval_inlined(inner.jaxpr, inner.consts, *ins)
     else:
       outs = eqn.primitive.bind(*ins, **eqn.params)
       outs = outs if eqn.primitive.multiple_results else [outs]
@@ -182,7 +194,7 @@ def gated_linear_unit(
   def epilogue_values(gate, up, out_ref, res_refs):
     """(float32 value, output ref, its first column) of each store."""
     if not save_residuals:
-      act = gate if activation is None else activation(gate)
+      act = gate if activation is None else apply_activation(activation, gate)
       return [(act * up, out_ref, 0)]
     (res_ref,) = res_refs
     if activation is None:
