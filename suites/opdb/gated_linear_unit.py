@@ -66,6 +66,8 @@ _GPU_BENCH = (
   base.BenchCall(dict(m=8192, k=4096, n=14336), "bfloat16", "swiglu"),
   base.BenchCall(dict(m=2048, k=2048, n=8192), "bfloat16", "swiglu"),
   base.BenchCall(dict(m=128, k=4096, n=14336), "bfloat16", "swiglu"),
+  # A custom_jvp activation (jax.nn.relu) in the Mosaic epilogue.
+  base.BenchCall(dict(m=8192, k=4096, n=14336), "bfloat16", "reglu", modes=(base.FWD,)),
 )
 
 _MOSAIC_SMALL = dict(block_n=64, num_stages=2, epi_n=64, grid_tile_m=2)
