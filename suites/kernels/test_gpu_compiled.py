@@ -157,13 +157,13 @@ def test_mosaic_ragged_dot_against_float64(layout, m, k, n, g, offset):
 
 @pytest.mark.op("gated_linear_unit", "mosaic")
 @pytest.mark.parametrize(
-  "m, k, n, tuple_weights, backward",
+  "m, k, n, tuple_weights, backward, activation",
   [
-    (*case.x_shape, case.n, not case.fused, case.backward)
+    (*case.x_shape, case.n, not case.fused, case.backward, case.activation)
     for case in opdb.get("gated_linear_unit").kernel_cases["mosaic:gpu_compiled"].values()
   ],
 )
-def test_mosaic_glu_against_float64(m, k, n, tuple_weights, backward):
+def test_mosaic_glu_against_float64(m, k, n, tuple_weights, backward, activation):
   from tokamax._src.ops.gated_linear_unit import mosaic as glu_mosaic
 
   rng = np.random.default_rng(m + k)
@@ -173,13 +173,13 @@ def test_mosaic_glu_against_float64(m, k, n, tuple_weights, backward):
   kwargs = {} if backward is None else {"backward": backward}
   impl = glu_mosaic.MosaicGatedLinearUnit(**kwargs)
   fn = jax.jit(
-    lambda a, b: tokamax.gated_linear_unit(a, b, activation=jax.nn.swish, implementation=impl)
+    lambda a, b: tokamax.gated_linear_unit(a, b, activation=activation, implementation=impl)
   )
   out, vjp = jax.vjp(fn, x, weights)
   ct = jnp.asarray(rng.standard_normal(out.shape), jnp.bfloat16)
   dx, dw = vjp(ct)
   ref, (rx, rw) = references.high_precision_vjp(
-    lambda a, b: references.gated_linear_unit(a, b, activation=jax.nn.swish), (x, weights), ct
+    lambda a, b: references.gated_linear_unit(a, b, activation=activation), (x, weights), ct
   )
   assert compare.relative_error(out, ref) < 1e-2
   assert compare.relative_error(fn(x, weights), ref) < 1e-2  # The primal without residuals.
