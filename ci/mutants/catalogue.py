@@ -1372,10 +1372,11 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "wrappers.attention_cudnn_window_accepted",
     _ATTENTION + "cudnn.py",
-    "    if args.local_window is not None:",
+    "    if args.local_window is not None and not args.is_causal:",
     "    if args.local_window is None and False:",
     ("suites/core/test_dispatch.py", "-k", "cudnn_unsupported_reasons"),
-    "cuDNN attention: a local window is accepted (and ignored by jax.nn's call).",
+    "cuDNN attention: a local window without the causal mask is accepted (and its right"
+    " bound ignored by cuDNN's sliding window).",
   ),
   Mutation(
     "wrappers.attention_cudnn_soft_cap_accepted",
@@ -6226,6 +6227,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "missing = sorted(p.name for p in used if p not in rules)",
     (_MOSAIC_GLU, "-k", "custom_jvp"),
     "Mosaic GLU: the support check refuses custom_jvp activations the epilogue inlines.",
+  ),
+  Mutation(
+    "attention.cudnn_window_without_causal",
+    _ATTENTION + "cudnn.py",
+    "    if args.local_window is not None and not args.is_causal:",
+    "    if args.local_window is not None and args.is_causal:",
+    ("suites/core/test_attention.py", "-k", "cudnn_takes_a_window"),
+    "cuDNN attention: takes a local window without the causal mask (its sliding window has"
+    " no right bound, so the window's right side is ignored) and refuses it with one.",
   ),
   # Wrapper logic of the GLU, layer-norm and ragged-dot kernels, kernel_ops, config and tpu.
   Mutation(

@@ -307,3 +307,14 @@ def test_kernels_refuse_empty_inputs_that_xla_computes(name, t, s):
   args = spec.SPEC.canonicalize(q, kv, kv)
   op = spec.SPEC.implementation_class(name)()
   assert op._unsupported_reason(args) == "empty query, key or value"
+
+
+def test_cudnn_takes_a_window_only_with_the_causal_mask():
+  """cuDNN's sliding window bounds keys on the left; the causal mask bounds the right."""
+  q = jnp.ones((1, 16, 2, 64), jnp.bfloat16)
+  op = spec.SPEC.implementation_class("cudnn")()
+  for window in (3, (3, 0), (3, 5)):
+    causal = spec.SPEC.canonicalize(q, q, q, is_causal=True, local_window_size=window)
+    assert op._unsupported_reason(causal) is None, window
+    plain = spec.SPEC.canonicalize(q, q, q, local_window_size=window)
+    assert op._unsupported_reason(plain) == "local_window_size without is_causal", window

@@ -39,8 +39,9 @@ class CudnnAttention(op.Op):
       return f"head dim {h} (cuDNN takes multiples of 8 up to 256)"
     if args.soft_cap is not None:
       return "logits_soft_cap"
-    if args.local_window is not None:
-      return "local_window_size"
+    if args.local_window is not None and not args.is_causal:
+      # cuDNN's sliding window bounds keys on the left only (the causal mask bounds the right).
+      return "local_window_size without is_causal"
     t, s = args.query.shape[1], args.key.shape[1]
     for name, x in (("bias", args.bias), ("mask", args.mask)):
       if x is not None and tuple(x.shape[-2:]) != (t, s):
@@ -61,6 +62,7 @@ class CudnnAttention(op.Op):
       mask=args.mask,
       scale=args.scale,
       is_causal=args.is_causal,
+      local_window_size=args.local_window,
       implementation="cudnn",
     )
     if args.mask is not None:
