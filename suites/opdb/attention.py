@@ -105,6 +105,8 @@ _GPU_BENCH = (
   base.BenchCall(_ANCHOR_SHAPE, "bfloat16", "bias_plane"),
   base.BenchCall(_ANCHOR_SHAPE, "bfloat16", "mask_plane"),
   base.BenchCall(_ANCHOR_SHAPE, "bfloat16", "bias_mask_planes"),
+  # A causal sliding window of 1024 keys (cuDNN takes it since 7b5d152).
+  base.BenchCall(_ANCHOR_SHAPE, "bfloat16", "sliding_window"),
 )
 
 # Kernel cases (`kernel_cases`): Mosaic GPU cases run in the interpreter with race
@@ -692,5 +694,6 @@ INFO = base.OpInfo(
     "bias_plane": {"bias": "heads_plane"},
     "mask_plane": {"mask": "batch_plane"},
     "bias_mask_planes": {"bias": "heads_plane", "mask": "batch_plane"},
+    "sliding_window": {"is_causal": True, "local_window_size": (1024, 0)},
   },
 )
