@@ -19,23 +19,40 @@ def _cost(op: str, *args, **kwargs):
   return spec.cost(spec.canonicalize(*args, **kwargs))
 
 
+@pytest.mark.parametrize("window", (None, 2, (0, 3), (4, 1)))
 @pytest.mark.parametrize("is_causal", (False, True))
 @pytest.mark.parametrize(("t", "s"), ((7, 11), (11, 7)))
 @pytest.mark.parametrize("dtype", (jnp.float32, jnp.bfloat16))
-def test_attention_cost(t, s, is_causal, dtype):
+def test_attention_cost(t, s, is_causal, window, dtype):
   b, n, kh, h, hv = (2, 3), 6, 2, 8, 5
   q = jnp.ones((*b, t, n, h), dtype)
   k = jnp.ones((*b, s, kh, h), dtype)
   v = jnp.ones((*b, s, kh, hv), dtype)
-  cost = _cost("dot_product_attention", q, k, v, is_causal=is_causal)
-  # (query, key) pairs computed: all, or the causal lower-left triangle (j <= i).
-  pairs = np.tril(np.ones((t, s))).sum() if is_causal else t * s
+  cost = _cost("dot_product_attention", q, k, v, is_causal=is_causal, local_window_size=window)
+  # (query, key) pairs computed: all, or the causal lower-left triangle (j <= i), within
+  # the band i - left <= j <= i + right of a window.
+  visible = np.tril(np.ones((t, s))) if is_causal else np.ones((t, s))
+  if window is not None:
+    left, right = (window, window) if isinstance(window, int) else window
+    visible = np.triu(np.tril(visible, right), -left)
+  pairs = visible.sum()
   batch_heads = np.prod(b) * n
   # q.k over H and p.v over hv: one multiply-add (2 flops) each per pair, head and batch.
   assert cost.flops == pytest.approx(2 * batch_heads * pairs * (h + hv))
   size = jnp.dtype(dtype).itemsize
   out = np.prod(b) * t * n * hv
   assert cost.bytes == pytest.approx(size * (q.size + k.size + v.size + out))
+
+
+def test_attention_cost_of_long_sequences_counts_the_diagonal():
+  """At T = S = 16384 the causal triangle holds T (T + 1) / 2 pairs, a causal window of 1024
+  keys left of the diagonal 1025 per query less the first queries' missing ones."""
+  t, w = 16384, 1024
+  q = jnp.ones((1, t, 1, 64), jnp.bfloat16)
+  causal = _cost("dot_product_attention", q, q, q, is_causal=True)
+  assert causal.flops == 2 * (t * (t + 1) / 2) * 128
+  band = _cost("dot_product_attention", q, q, q, is_causal=True, local_window_size=(w, 0))
+  assert band.flops == 2 * ((w + 1) * t - w * (w + 1) / 2) * 128
 
 
 @pytest.mark.parametrize("dtype", (jnp.float32, jnp.bfloat16))

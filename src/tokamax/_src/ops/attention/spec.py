@@ -205,13 +205,21 @@ def visible(args: AttentionArgs, q_pos: jax.Array, k_pos: jax.Array) -> jax.Arra
   return ok
 
 
+def visible_pairs(t: int, s: int, is_causal: bool, window: tuple[int, int] | None) -> float:
+  """(query, key) pairs that the causal mask and the local window leave visible."""
+  i = np.arange(t, dtype=np.int64)
+  first, last = np.zeros_like(i), np.full_like(i, s - 1)
+  if window is not None:
+    first, last = np.maximum(first, i - window[0]), np.minimum(last, i + window[1])
+  if is_causal:
+    last = np.minimum(last, i)
+  return float(np.maximum(last - first + 1, 0).sum())
+
+
 def cost(args: AttentionArgs) -> op.Cost:
   b, t, n, h = args.query.shape
   s, hv = args.key.shape[1], args.value.shape[-1]
-  pairs = float(t * s)
-  if args.is_causal:
-    pairs = float(sum(min(i + 1, s) for i in range(t))) if t * s < 1 << 26 else t * s / 2.0
-  flops = 2.0 * b * n * pairs * (h + hv)
+  flops = 2.0 * b * n * visible_pairs(t, s, args.is_causal, args.local_window) * (h + hv)
   itemsize = np.dtype(args.query.dtype).itemsize
   nbytes = itemsize * (args.query.size + args.key.size + args.value.size + b * t * n * hv)
   return op.Cost(flops=flops, bytes=float(nbytes))
