@@ -3708,6 +3708,51 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Attention's cost counts queries that see no key (a window past S) as negative pairs.",
   ),
   Mutation(
+    "loss.negative_traced_labels_valid",
+    _LOSS + "spec.py",
+    "  held = (args.labels >= 0) & (args.labels < v)\n  shard = args.vocab_shard",
+    "  held = args.labels < v\n  shard = args.vocab_shard",
+    ("suites/core/test_loss.py", "-k", "traced_labels"),
+    "Loss: a traced negative label counts as in the vocabulary, and its row loses its"
+    " log-sum-exp (the label's logit taken as 0) instead of NaN.",
+  ),
+  Mutation(
+    "loss.sharded_labels_outside_valid",
+    _LOSS + "spec.py",
+    "  return jax.lax.psum(held, shard.axes) == 1",
+    "  return jax.lax.psum(held, shard.axes) >= 0",
+    ("suites/core/test_kernel_sharding.py", "-k", "labels_outside"),
+    "Loss on vocabulary shards: a label that no shard holds counts as valid (a finite,"
+    " wrong loss where the whole call gives NaN).",
+  ),
+  Mutation(
+    "loss.labels_outside_keep_their_loss",
+    _LOSS + "spec.py",
+    "    return reduce(args, _nan_unless(valid_labels(args), lse - label_logit)), lse",
+    "    return reduce(args, lse - label_logit), lse",
+    ("suites/core/test_loss.py", "-k", "traced_labels"),
+    "Loss: a row whose traced label lies outside the vocabulary loses its log-sum-exp, a"
+    " silent wrong value.",
+  ),
+  Mutation(
+    "loss.labels_outside_finite_gradient",
+    _LOSS + "chunked_xla.py",
+    "  g = jnp.where(spec.valid_labels(args), g, jnp.nan)  # No gradient of a label not in V.\n",
+    "",
+    ("suites/core/test_loss.py", "-k", "traced_labels"),
+    "Loss: the recomputing backward gives a finite gradient (softmax without the label's"
+    " term) for a row whose label lies outside the vocabulary.",
+  ),
+  Mutation(
+    "loss.gradient_in_forward_labels_outside_finite",
+    _LOSS + "mosaic.py",
+    "      dout = jnp.where(jnp.all(spec.valid_labels(args)), dout, jnp.nan)\n",
+    "",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "traced_label"),
+    "Mosaic loss (gradient in the forward pass): finite gradients with a traced label"
+    " outside the vocabulary.",
+  ),
+  Mutation(
     "glu.cost_one_projection",
     _GLU + "spec.py",
     "flops=2.0 * m * k * 2 * n",

@@ -177,8 +177,11 @@ def _ragged(impl, dtype, m, k, n, sizes):
   )
 
 
-def _loss(impl, b, h, v, reduction, dtype=jnp.float32):
+def _loss(impl, b, h, v, reduction, dtype=jnp.float32, outside=()):
+  """The loss call and its arrays; the rows in `outside` get labels outside [0, v)."""
   labels = jax.random.randint(jax.random.key(11), (b,), 0, v)
+  for i, row in enumerate(outside):
+    labels = labels.at[row].set(v + i if i % 2 else -1 - i)
   return (
     lambda x, w, labels: tokamax.linear_softmax_cross_entropy_loss(
       x, labels, w, reduction=reduction, implementation=impl
@@ -312,6 +315,13 @@ def cases() -> dict[str, Case]:
       _loss(_partitioned(loss_xla.XlaLoss), 16, 32, 24, "none"),
       [ROWS, VOCAB, ROWS],
       explicit=False,
+    ),
+    # A row whose label no shard holds (-1, past V) loses NaN on every layout.
+    "loss/xla/vocabulary_none_labels_outside": _case(
+      _loss(_partitioned(loss_xla.XlaLoss), 16, 32, 24, "none", outside=(0, 5)), [P(), VOCAB, P()]
+    ),
+    "loss/chunked_xla/rows_and_vocabulary_mean_labels_outside": _case(
+      _loss(CHUNKED_LOSS, 16, 32, 24, "mean", outside=(3, 12)), [ROWS, VOCAB, ROWS]
     ),
     "loss/chunked_xla/rows_and_vocabulary_none": _case(
       _loss(CHUNKED_LOSS, 16, 32, 24, "none"), [ROWS, VOCAB, ROWS]

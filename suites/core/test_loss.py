@@ -160,3 +160,30 @@ def test_kernels_refuse_empty_inputs_that_xla_computes(name, b, h):
   args = loss_spec.SPEC.canonicalize(x, jnp.zeros((b,), jnp.int32), w)
   op = loss_spec.SPEC.implementation_class(name)()
   assert op._unsupported_reason(args) == f"empty dimension (B={b}, H={h})"
+
+
+@pytest.mark.parametrize("impl", ("xla", "chunked_xla", None))
+def test_traced_labels_outside_the_vocabulary_lose_nan(impl, inputs):
+  """Labels that only a trace holds (canonicalize cannot check them): a row whose label is
+  negative or past V loses NaN, not its log-sum-exp; the other rows match the reference, and
+  the gradient is NaN where such a row reaches it."""
+  b, h, v = 6, 8, 20
+  x, w = inputs.normal((b, h)), inputs.normal((h, v), 0.5)
+  labels = jnp.asarray([3, -1, 19, 20, 0, 7], jnp.int32)
+  bad = np.asarray([False, True, False, True, False, False])
+
+  def run(x, w, labels, reduction):
+    return tokamax.linear_softmax_cross_entropy_loss(
+      x, labels, w, reduction=reduction, implementation=impl
+    )
+
+  per_row = jax.jit(run, static_argnums=3)(x, w, labels, "none")
+  np.testing.assert_array_equal(np.isnan(np.asarray(per_row)), bad)
+  good = np.flatnonzero(~bad)
+  ref = references.linear_softmax_cross_entropy_loss(x[good], labels[good], w, reduction="none")
+  assert_matches(per_row[good], ref, what="loss of the rows with a label in V")
+  assert np.isnan(float(jax.jit(run, static_argnums=3)(x, w, labels, "sum")))
+  dx, dw = jax.jit(jax.grad(run, argnums=(0, 1)), static_argnums=3)(x, w, labels, "mean")
+  np.testing.assert_array_equal(np.isnan(np.asarray(dx)).all(axis=1), bad)
+  assert not np.isnan(np.asarray(dx)[good]).any()
+  assert np.isnan(np.asarray(dw)).all()

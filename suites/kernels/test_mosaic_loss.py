@@ -293,6 +293,27 @@ def test_gradient_in_forward_falls_back_for_reduction_none(capfd):
   assert "RACE DETECTED" not in capfd.readouterr().out
 
 
+@pytest.mark.host_only
+def test_gradient_in_forward_is_nan_for_a_traced_label_outside_the_vocabulary():
+  """The gradients formed in the forward pass do not know the output's cotangent: a label
+  past V (only a trace holds it) makes the loss and every gradient NaN, as the recomputing
+  backward's do."""
+  x, labels, w = _inputs(16, 128, 256, seed=4)
+  config = mosaic.MosaicLossConfig(
+    block_n=128, num_stages=2, grid_tile_m=2, gradient_in_forward=True, row_chunks=2
+  )
+  impl = mosaic.MosaicLoss(interpret=True, config=config)
+
+  def fn(x, w, labels):
+    return api.linear_softmax_cross_entropy_loss(x, labels, w, implementation=impl)
+
+  valid_loss, (valid_dx, _) = jax.jit(jax.value_and_grad(fn, argnums=(0, 1)))(x, w, labels)
+  assert np.isfinite(float(valid_loss)) and np.isfinite(np.asarray(valid_dx)).all()
+  loss, (dx, dw) = jax.jit(jax.value_and_grad(fn, argnums=(0, 1)))(x, w, labels.at[3].set(256))
+  assert np.isnan(float(loss))
+  assert np.isnan(np.asarray(dx)).all() and np.isnan(np.asarray(dw)).all()
+
+
 def test_gradient_in_forward_leaves_the_primal_one_kernel_pass():
   """Without differentiation the forward is the statistics kernel alone (V is whole tiles:
   no matmul in XLA); the forward rule under differentiation also forms the gradients."""

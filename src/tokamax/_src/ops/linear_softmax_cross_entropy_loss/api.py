@@ -24,7 +24,8 @@ def linear_softmax_cross_entropy_loss(
 
   Args:
     x: Features [B, H].
-    labels: Class ids [B] in [0, V).
+    labels: Class ids [B] in [0, V). Concrete ones outside raise an error; traced ones
+      outside give their rows a NaN loss (and NaN gradients).
     weights: Projection [H, V].
     reduction: "sum", "mean" or "none" (per-row losses [B]).
     precision: Matmul precision.

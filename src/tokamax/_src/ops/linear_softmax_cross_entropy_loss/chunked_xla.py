@@ -81,6 +81,7 @@ def row_cotangents(args: spec.LossArgs, dout: jax.Array) -> jax.Array:
     g = jnp.broadcast_to(dout / b, (b,))
   else:
     g = dout
+  g = jnp.where(spec.valid_labels(args), g, jnp.nan)  # No gradient of a label not in V.
   return g.astype(numerics.accumulation_dtype(args.x.dtype))
 
 

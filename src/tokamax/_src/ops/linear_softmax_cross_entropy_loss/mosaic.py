@@ -272,6 +272,8 @@ class MosaicLoss(kernel_ops.MosaicGpuOp):
   def _bwd(self, args, config, out, residuals, dout):
     del out
     if isinstance(residuals, UnitGradients):
+      # NaN where a label lies outside the vocabulary, as `row_cotangents` gives.
+      dout = jnp.where(jnp.all(spec.valid_labels(args)), dout, jnp.nan)
       scale = lambda g: (g.astype(jnp.float32) * dout).astype(g.dtype)
       return {"x": scale(residuals.x), "weights": scale(residuals.weights)}
     chunks = chunked_xla.ChunkedLossConfig(min(config.vocab_chunk_size, args.weights.shape[1]))

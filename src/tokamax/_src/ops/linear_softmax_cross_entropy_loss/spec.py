@@ -103,9 +103,25 @@ def label_logits(args: LossArgs) -> jax.Array:
   return jnp.where(held, logits, 0.0)
 
 
+def valid_labels(args: LossArgs) -> jax.Array:
+  """bool [B]: whether each row's label lies in the vocabulary (on one of its shards).
+
+  Traced labels cannot be checked when the call is made (`canonicalize` checks concrete
+  ones); a row whose label lies outside gets a NaN loss rather than its log-sum-exp.
+  """
+  v = args.weights.shape[1]
+  held = (args.labels >= 0) & (args.labels < v)
+  shard = args.vocab_shard
+  if shard is None:
+    return held
+  held = partitioning_lib.vary(held.astype(jnp.int32), partitioning_lib.record_vma(args))
+  return jax.lax.psum(held, shard.axes) == 1
+
+
 def loss(args: LossArgs, lse: jax.Array, label_logit: jax.Array) -> tuple[jax.Array, jax.Array]:
   """The output and each row's log-sum-exp over the vocabulary, from the rows' log-sum-exp
-  and label logit [B] over the columns of `weights`.
+  and label logit [B] over the columns of `weights`; rows whose label lies outside the
+  vocabulary lose NaN.
 
   On a vocabulary shard (`vocab_shard`) the log-sum-exps combine over the shards and the
   output is the shard's share of the loss, which `partitioning` sums: an even share of the
@@ -113,11 +129,16 @@ def loss(args: LossArgs, lse: jax.Array, label_logit: jax.Array) -> tuple[jax.Ar
   """
   shard = args.vocab_shard
   if shard is None:
-    return reduce(args, lse - label_logit), lse
+    return reduce(args, _nan_unless(valid_labels(args), lse - label_logit)), lse
   lse = partitioning_lib.vary(lse, partitioning_lib.record_vma(args))  # A kernel's is untyped.
   top = jax.lax.pmax(jax.lax.stop_gradient(lse), shard.axes)
   lse = top + jnp.log(jax.lax.psum(jnp.exp(lse - top), shard.axes))
-  return reduce(args, lse / shard.count - label_logit), lse
+  per_row = _nan_unless(valid_labels(args), lse / shard.count - label_logit)
+  return reduce(args, per_row), lse
+
+
+def _nan_unless(ok: jax.Array, x: jax.Array) -> jax.Array:
+  return jnp.where(ok, x, jnp.asarray(jnp.nan, x.dtype))
 
 
 def with_tail_columns(
