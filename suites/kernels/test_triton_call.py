@@ -3,6 +3,7 @@ Triton types, grids, the interpreter's unwritten outputs and compiling for a tar
 
 import os
 import re
+import sys
 import tempfile
 import types
 
@@ -173,3 +174,174 @@ def test_unavailable_reason_needs_sm80(monkeypatch):
   monkeypatch.setattr(jax, "devices", lambda: [types.SimpleNamespace()])
   assert "compute capability" in triton_call.unavailable_reason("gpu")
   assert "not on cpu" in triton_call.unavailable_reason("cpu")
+
+
+def test_numpy_scalars_are_scalars_typed_as_jax_triton_types_them():
+  """Not 0-d arrays (pointers): a numpy float32 is fp32 (jax-triton passes it so), others as
+  the Python scalar of their value; the interpreter and a compiled launch take them too."""
+  assert triton_call._type_of(np.float32(1.5)) == "fp32"
+  assert triton_call._type_of(np.float64(1.5)) == "fp64"
+  assert triton_call._type_of(np.int32(7)) == "i32"
+  assert triton_call._type_of(np.int64(2**40)) == "i64"
+  assert triton_call._type_of(np.bool_(True)) == "i1"
+  x = jnp.arange(8, dtype=jnp.float32)
+  shape = jax.ShapeDtypeStruct((8,), jnp.float32)
+  for n, scale in ((np.int32(6), np.float32(2.0)), (np.int64(6), np.float64(2.0))):
+    with triton_call.interpret():
+      y = triton_call.call(_scaled_copy, x, n, scale, out_shape=shape, grid=(1,), BLOCK=8)
+    np.testing.assert_array_equal(np.asarray(y)[:6], 2 * np.arange(6, dtype=np.float32))
+    with triton_call.capture() as launches:
+      triton_call.call(_scaled_copy, x, n, scale, out_shape=shape, grid=(1,), BLOCK=8)
+    sig = _signature(triton_call.compile_launch(launches[0], 80))
+    assert sig["n"] == "i32" and sig["scale"] == ("f32" if scale.dtype == np.float32 else "f64")
+
+
+_SCALED_COPY_SIGNATURE = {"x_ptr": "*fp32", "n": "i32", "scale": "fp32", "y_ptr": "*fp32"}
+
+
+@pytest.mark.parametrize("sm", (80, 90))
+def test_compile_for_targets_the_compute_capability_warps_and_stages_asked_for(sm):
+  compiled = triton_call.compile_for(
+    _scaled_copy, _SCALED_COPY_SIGNATURE, {"BLOCK": 32}, sm, num_warps=8, num_stages=2
+  )
+  assert compiled.metadata.target.arch == sm
+  assert (compiled.metadata.num_warps, compiled.metadata.num_stages) == (8, 2)
+  assert re.search(rf"^\.target sm_{sm}a?\b", compiled.asm["ptx"], re.M), sm
+
+
+def test_compile_for_alignment_hints_only_where_asked():
+  """`aligned=()` marks no pointer aligned; a list marks exactly the arguments it names."""
+  for aligned, expected in (((), set()), (["x_ptr"], {"x_ptr"}), (None, {"x_ptr", "y_ptr"})):
+    compiled = triton_call.compile_for(
+      _scaled_copy, _SCALED_COPY_SIGNATURE, {"BLOCK": 32}, 80, aligned=aligned
+    )
+    sig = _signature(compiled)
+    hinted = {name for name, attrs in sig.items() if "tt.divisibility = 16" in attrs}
+    assert hinted == expected, (aligned, sig)
+
+
+def test_compile_for_names_the_arguments_given_no_type_or_value():
+  signature = {"x_ptr": "*fp32", "n": "i32", "y_ptr": "*fp32"}
+  with pytest.raises(ValueError, match=r"_scaled_copy: no type or value for arguments \['scale'\]"):
+    triton_call.compile_for(_scaled_copy, signature, {"BLOCK": 32}, 80)
+
+
+def test_unavailable_reason_reports_a_missing_jax_triton(monkeypatch):
+  monkeypatch.setattr(triton_call, "_import_error", lambda: "jax-triton cannot be imported (x)")
+  monkeypatch.setattr(jax, "devices", lambda: [types.SimpleNamespace(compute_capability="9.0")])
+  assert triton_call.unavailable_reason("gpu") == "jax-triton cannot be imported (x)"
+
+
+# -- The interpreter (CPU) -----------------------------------------------------------
+
+
+@triton.jit
+def _times_three(v):
+  return v * 3.0
+
+
+@triton.jit
+def _tripled(x_ptr, y_ptr, N: tl.constexpr):
+  offs = tl.arange(0, N)
+  tl.store(y_ptr + offs, _times_three(tl.load(x_ptr + offs)))
+
+
+@pytest.mark.host_only
+def test_interpreted_launch_ignores_launch_options_and_reads_numpy_in_logical_order():
+  """Launch options are not kernel arguments; a Fortran-ordered numpy input is read as
+  its values in row-major order, as a jax array of them would be."""
+  x = np.asfortranarray(np.arange(12, dtype=np.float32).reshape(3, 4))
+  shape = jax.ShapeDtypeStruct((3, 4), jnp.float32)
+  with triton_call.interpret():
+    y = triton_call.call(
+      _scaled_copy, x, 12, 2.0, out_shape=shape, grid=(1,), BLOCK=16, num_warps=2, num_stages=2
+    )
+  np.testing.assert_array_equal(np.asarray(y), 2 * np.arange(12, dtype=np.float32).reshape(3, 4))
+
+
+@pytest.mark.host_only
+def test_interpreted_launch_leaves_the_kernel_module_and_triton_as_they_were():
+  """The jitted helpers it interprets are jitted again after, Triton's tensor patch is
+  its own again, and the kernel still compiles."""
+  from triton.runtime import interpreter
+
+  patch_before = interpreter._patch_lang_tensor
+  x = jnp.arange(8, dtype=jnp.float32)
+  with triton_call.interpret():
+    y = triton_call.call(
+      _tripled, x, out_shape=jax.ShapeDtypeStruct((8,), jnp.float32), grid=1, N=8
+    )
+  np.testing.assert_array_equal(np.asarray(y), 3 * np.arange(8, dtype=np.float32))
+  assert isinstance(globals()["_times_three"], triton.runtime.JITFunction)
+  assert interpreter._patch_lang_tensor is patch_before
+  signature = {"x_ptr": "*fp32", "y_ptr": "*fp32"}
+  assert "cubin" in triton_call.compile_for(_tripled, signature, {"N": 8}, 80).asm
+
+
+def test_host_tensors_of_one_dtype_share_one_dtype_object():
+  """Triton's interpreter caches types by object: one lasting object per dtype."""
+  a = triton_call._HostTensor(np.zeros(2, np.float32))
+  b = triton_call._HostTensor(np.ones(3, np.float32))
+  c = triton_call._HostTensor(np.ones(3, np.float16))
+  assert a.dtype is b.dtype and str(a.dtype) == "torch.float32"
+  assert c.dtype is not a.dtype and str(c.dtype) == "torch.float16"
+
+
+@pytest.mark.host_only
+def test_interpreted_launch_under_vmap_runs_per_element():
+  xs = jnp.asarray(np.random.default_rng(1).standard_normal((3, 8)), jnp.float32)
+  shape = jax.ShapeDtypeStruct((8,), jnp.float32)
+
+  def run(x):
+    return triton_call.call(_scaled_copy, x, 8, 2.0, out_shape=shape, grid=(1,), BLOCK=8)
+
+  with triton_call.interpret():
+    ys = jax.vmap(run)(xs)
+  np.testing.assert_array_equal(np.asarray(ys), 2 * np.asarray(xs))
+
+
+@pytest.mark.host_only
+def test_an_error_inside_interpret_or_capture_ends_the_block():
+  """After an exception inside either block, launches are neither interpreted nor recorded."""
+  x = jnp.arange(8, dtype=jnp.float32)
+  shape = jax.ShapeDtypeStruct((8,), jnp.float32)
+  with pytest.raises(RuntimeError, match="inside"), triton_call.interpret():
+    raise RuntimeError("inside")
+  assert not triton_call.interpreting()
+  with pytest.raises(RuntimeError, match="inside"), triton_call.capture():
+    raise RuntimeError("inside")
+  with triton_call.interpret():  # Run, not recorded with a random placeholder output.
+    y = triton_call.call(_scaled_copy, x, 8, 2.0, out_shape=shape, grid=(1,), BLOCK=8)
+  np.testing.assert_array_equal(np.asarray(y), 2 * np.arange(8, dtype=np.float32))
+
+
+def test_launch_through_jax_triton_passes_everything_and_runs_per_element_under_vmap(
+  monkeypatch,
+):
+  """A stand-in jax-triton (a host callback with no batching rule, as jax-triton's call)
+  receives the arrays and scalars in order (a numpy integer as a Python int: jax-triton would
+  take it for an array), the grid and every meta-parameter; under vmap it is called once per
+  batch element."""
+  seen = []
+
+  def fake_triton_call(*args, kernel, out_shape, grid, **meta):
+    x, n, scale = args
+    seen.append((kernel, x.shape, type(n), n, scale, grid, meta))
+    return jax.pure_callback(lambda x: np.asarray(x) * scale, out_shape, x)
+
+  monkeypatch.setitem(
+    sys.modules, "jax_triton", types.SimpleNamespace(triton_call=fake_triton_call)
+  )
+  xs = jnp.asarray(np.random.default_rng(2).standard_normal((3, 8)), jnp.float32)
+  shape = jax.ShapeDtypeStruct((8,), jnp.float32)
+
+  def run(x):
+    return triton_call.call(
+      _scaled_copy, x, np.int32(8), 2.0, out_shape=shape, grid=(1,), BLOCK=8, num_warps=2
+    )
+
+  np.testing.assert_array_equal(np.asarray(run(xs[0])), 2 * np.asarray(xs[0]))
+  np.testing.assert_array_equal(np.asarray(jax.vmap(run)(xs)), 2 * np.asarray(xs))
+  assert seen and all(
+    s == (_scaled_copy, (8,), int, 8, 2.0, (1,), {"BLOCK": 8, "num_warps": 2}) for s in seen
+  ), seen

@@ -179,7 +179,10 @@ def _run_interpreted(kernel, args, shapes, grid, meta) -> list[jax.Array]:
     def _restore_args_dev(self, *unused):
       pass
 
-  inputs = [np.array(a) if hasattr(a, "shape") else a for a in args]
+  # The interpreter takes Python scalars only; its floats are float32.
+  inputs = [
+    np.array(a) if _is_array(a) else a.item() if isinstance(a, np.generic) else a for a in args
+  ]
   outputs = [
     np.full(s.shape, np.nan if np.issubdtype(s.dtype, np.inexact) else -1, s.dtype) for s in shapes
   ]
@@ -265,7 +268,7 @@ def call(
 
   Args:
     kernel: A `triton.jit` function taking the inputs, then the outputs.
-    *args: Arrays and Python scalars, in the kernel's order.
+    *args: Arrays and scalars (Python or numpy), in the kernel's order.
     out_shape: One `jax.ShapeDtypeStruct` or a sequence of them.
     grid: The launch grid, or a function of `meta` returning it.
     **meta: Constexpr values, and `num_warps`/`num_stages`/`num_ctas`; jax-triton
@@ -276,6 +279,7 @@ def call(
   """
   single = not isinstance(out_shape, Sequence)
   shapes = (out_shape,) if single else tuple(out_shape)
+  args = tuple(map(_plain_scalar, args))
   if _captured:
     _captured[-1].append(Launch(kernel, tuple(args), shapes, _normalize_grid(grid, meta), meta))
     key = jax.random.key(len(_captured[-1]))
@@ -289,7 +293,7 @@ def call(
     return outs[0] if single else outs
   import jax_triton
 
-  positions = [i for i, a in enumerate(args) if hasattr(a, "shape") and hasattr(a, "dtype")]
+  positions = [i for i, a in enumerate(args) if _is_array(a)]
 
   def launch(*arrays):
     full = list(args)
@@ -321,10 +325,22 @@ def sequential_under_vmap(fn: Callable[..., Any]) -> Callable[..., Any]:
   return wrapped
 
 
+def _is_array(value: Any) -> bool:
+  """Whether `value` is an array argument (a pointer): numpy scalars are scalars."""
+  return hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, np.generic)
+
+
+def _plain_scalar(value: Any) -> Any:
+  """A numpy scalar as the Python one jax-triton types alike (it takes float32 as is)."""
+  if isinstance(value, np.generic) and not isinstance(value, np.float32):
+    return value.item()
+  return value
+
+
 def _type_of(value: Any) -> str:
-  if hasattr(value, "shape") and hasattr(value, "dtype"):
+  if _is_array(value):
     return "*" + _TRITON_TYPES[np.dtype(value.dtype).name]
-  if isinstance(value, bool):
+  if isinstance(value, bool | np.bool_):
     return "i1"
   if isinstance(value, int | np.integer):
     return "i32" if -(2**31) <= value < 2**31 else "i64"
@@ -406,7 +422,7 @@ def compile_launch(launch: Launch, sm: int = 90) -> Any:
   values = [*launch.args, *launch.out_shape]
   signature, constexprs = {}, {}
   for name, value in zip(names, values, strict=False):
-    if not hasattr(value, "shape") and not isinstance(value, bool) and value == 1:
+    if not _is_array(value) and not isinstance(value, bool) and value == 1:
       constexprs[name] = 1  # jax-triton specializes scalars equal to 1.
     else:
       signature[name] = _type_of(value)
