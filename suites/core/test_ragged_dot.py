@@ -203,3 +203,22 @@ def test_float64_matches_the_reference(layout, offset):
     for g, r in zip(vjp(dout), ref_grads, strict=True):
       assert g.dtype == jnp.float64
       np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)
+
+
+def test_positional_arguments_are_those_of_jax_lax(inputs):
+  """precision, preferred_element_type and group_offset by position, as jax.lax takes them:
+  bfloat16 inputs with a float32 output asked for."""
+  sizes = jnp.array([7, 0, 11, 9, 6], jnp.int32)
+  lhs = inputs.normal((M, K)).astype(jnp.bfloat16)
+  rhs = inputs.normal((5, K, N)).astype(jnp.bfloat16)
+  dims = spec.dimension_numbers(spec.DEFAULT)
+  precision = jax.lax.Precision.HIGHEST
+  calls = (
+    (tokamax.ragged_dot(lhs, rhs, sizes, precision, jnp.float32, None), "ragged_dot"),
+    (tokamax.ragged_dot_general(lhs, rhs, sizes, dims, precision, jnp.float32, None), "general"),
+  )
+  expected = jax.lax.ragged_dot(lhs, rhs, sizes, precision, jnp.float32)
+  assert expected.dtype == jnp.float32
+  for out, name in calls:
+    assert out.dtype == jnp.float32, name
+    assert_matches(out, expected, what=name)
