@@ -10353,6 +10353,73 @@ MUTATIONS: tuple[Mutation, ...] = (
   ),
   # --- Hunt A: partitioning planner, triton_call wrapper, public ragged_dot ------------
   Mutation(
+    "partitioning.split_count_first_mesh_axis",
+    _PARTITIONING,
+    "      count = math.prod(mesh_shape[a] for a in mesh_axes)\n",
+    "      count = mesh_shape[mesh_axes[0]]\n",
+    (_KERNEL_SHARDING, "-k", "two_mesh_axes"),
+    "The planner checks divisibility by the first mesh axis of a multi-axis entry only: 12"
+    " rows over ('data', 'model') (8 devices) are split unevenly.",
+  ),
+  Mutation(
+    "partitioning.shard_count_first_mesh_axis",
+    _PARTITIONING,
+    "    shards={f: Shard(axes, math.prod(mesh_shape[a] for a in axes)) for f, axes in factors.items()},",
+    "    shards={f: Shard(axes, mesh_shape[axes[0]]) for f, axes in factors.items()},",
+    (_KERNEL_SHARDING, "-k", "two_mesh_axes"),
+    "A label split over several mesh axes counts the devices of the first only: a mean over"
+    " rows split 8 ways divides the cotangent by 4.",
+  ),
+  Mutation(
+    "partitioning.unknown_combine_accepted",
+    _PARTITIONING,
+    '    if rule.combine_of(f) not in ("sum", "mean"):',
+    "    if rule.combine_of(f) is None:",
+    (_KERNEL_SHARDING, "-k", "needs_its_combine"),
+    'A misspelt `combine` ("max", "avg") is accepted: the shards\' outputs are neither'
+    " summed nor averaged.",
+  ),
+  Mutation(
+    "partitioning.multi_axis_entry_first_only",
+    _PARTITIONING,
+    "  return [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries]",
+    "  return [() if e is None else (e,) if isinstance(e, str) else (e[0],) for e in entries]",
+    (_KERNEL_SHARDING, "-k", "two_mesh_axes"),
+    "A spec entry naming several mesh axes is read as its first one.",
+  ),
+  Mutation(
+    "partitioning.combine_string_ignored",
+    _PARTITIONING,
+    "      return self.combine.get(label)\n    return self.combine\n",
+    "      return self.combine.get(label)\n    return None\n",
+    (_KERNEL_SHARDING, "-k", "expert_parallel_groups"),
+    "A `combine` given as one string for every label is ignored.",
+  ),
+  Mutation(
+    "partitioning.sdy_compound_factors_simple",
+    _PARTITIONING,
+    "        simple.update(factors if len(factors) == 1 else ())",
+    "        simple.update(factors)",
+    (_KERNEL_SHARDING, "-k", "sizes_the_query_head_groups"),
+    "Shardy rule: the factors of a compound dimension are not given their sizes.",
+  ),
+  Mutation(
+    "partitioning.sdy_unsplit_dims_one_factor",
+    _PARTITIONING,
+    '        dims.append(f"unsplit{next(counter)}")',
+    '        dims.append("unsplit")',
+    (_KERNEL_SHARDING, "-k", "own_factor"),
+    "Shardy rule: every unsplit dimension is one factor, so they must shard alike.",
+  ),
+  Mutation(
+    "partitioning.kernel_output_first_input_only",
+    _PARTITIONING,
+    "  axes = frozenset().union(*map(vma, inputs))",
+    "  axes = vma(inputs[-1])",
+    (_KERNEL_SHARDING, "-k", "by_every_input"),
+    "A kernel's output type varies over the mesh axes of its last input only.",
+  ),
+  Mutation(
     "triton_call.float32_scalar_as_fp64",
     _TRITON_CALL,
     '    return "fp32"',
@@ -10480,6 +10547,32 @@ MUTATIONS: tuple[Mutation, ...] = (
     "kernel=kernel, out_shape=out_shape, grid=grid)",
     (_TRITON_CALL_TESTS, "-k", "through_jax_triton"),
     "triton_call: a jax-triton launch is not given the constexprs and launch options.",
+  ),
+  Mutation(
+    "ragged_api.precision_and_type_swapped",
+    "src/tokamax/_src/ops/ragged_dot/api.py",
+    '  group_sizes: GroupSizes,\n  precision: jax.lax.PrecisionLike = None,\n  preferred_element_type: jax.typing.DTypeLike | None = None,\n  group_offset: Int[Array, "1"] | None = None,\n  *,\n  implementation: Implementation | Sequence | None = None,\n) -> Float[Array, "M N"]:',
+    '  group_sizes: GroupSizes,\n  preferred_element_type: jax.typing.DTypeLike | None = None,\n  precision: jax.lax.PrecisionLike = None,\n  group_offset: Int[Array, "1"] | None = None,\n  *,\n  implementation: Implementation | Sequence | None = None,\n) -> Float[Array, "M N"]:',
+    ("suites/core/test_ragged_dot.py", "-k", "positional"),
+    "Public ragged_dot: its positional precision and preferred_element_type are in the"
+    " other order than jax.lax.ragged_dot's.",
+  ),
+  Mutation(
+    "ragged_api.general_offset_before_type",
+    "src/tokamax/_src/ops/ragged_dot/api.py",
+    '  precision: jax.lax.PrecisionLike = None,\n  preferred_element_type: jax.typing.DTypeLike | None = None,\n  group_offset: Int[Array, "1"] | None = None,\n  *,\n  implementation: Implementation | Sequence | None = None,\n) -> Float[Array, "..."]:',
+    '  precision: jax.lax.PrecisionLike = None,\n  group_offset: Int[Array, "1"] | None = None,\n  preferred_element_type: jax.typing.DTypeLike | None = None,\n  *,\n  implementation: Implementation | Sequence | None = None,\n) -> Float[Array, "..."]:',
+    ("suites/core/test_ragged_dot.py", "-k", "positional"),
+    "Public ragged_dot_general: group_offset comes before preferred_element_type"
+    " positionally, unlike jax.lax.ragged_dot_general.",
+  ),
+  Mutation(
+    "partitioning.vary_recasts_varying",
+    _PARTITIONING,
+    "    missing = tuple(sorted(axes - vma(x)))",
+    "    missing = tuple(sorted(axes))",
+    (_KERNEL_SHARDING, "-k", "by_every_input"),
+    "`vary` casts an output to varying over axes it already varies over (an error).",
   ),
   Mutation(
     "triton_call.numpy_scalar_as_array",

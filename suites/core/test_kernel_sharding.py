@@ -11,6 +11,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
 from suites.core import kernel_sharding_checks
@@ -152,6 +153,74 @@ def test_vocabulary_shards_add_their_shares_of_the_loss():
   assert plan.grad_sums[0] == ("model",)  # x meets only its devices' columns
 
 
+def test_a_label_over_two_mesh_axes_splits_over_their_product():
+  """Rows over ("data", "model"): 8 shards, so a mean over them divides by 8; 12 rows (4
+  divides them, 8 does not) stay whole."""
+  x, labels, w = jnp.ones((16, 8)), jnp.zeros(16, jnp.int32), jnp.ones((8, 24))
+  args = loss_spec.canonicalize(x, labels, w, reduction="mean")
+  both = P(("data", "model"))
+  plan = _plan("test_loss_two_axes", args, both, both, P())
+  assert plan.in_specs == (P(("data", "model"), None), P(("data", "model")), P(None, None))
+  assert plan.shards["b"].count == 8 and plan.mean_count == 8
+  assert plan.out_means == ("data", "model") and plan.grad_sums[2] == ("data", "model")
+  args = norm_spec.canonicalize(jnp.ones((12, 4)), jnp.ones(4), None)
+  with pytest.warns(
+    UserWarning, match=r"axis 0 \(r0\) of `x` is sharded over mesh axes \('data', 'model'\)"
+  ):
+    plan = _plan("test_norm_two_axes", args, both, P())
+  assert not plan.splits and plan.in_specs == (P(None, None), P(None))
+
+
+def _sdy_rule(args, spec_module):
+  rule = spec_module.partitioning(args)
+  shapes = [x.shape for x in jax.tree.leaves(args)]
+  return partitioning._sdy_rule(rule.leaf_labels(args), shapes, [rule.output])
+
+
+def test_shardy_rule_sizes_the_query_head_groups():
+  """4 query heads over 2 kv heads: the query's head axis is (kv head, group), the group's
+  size (2) given, the kv head's read from the key; 1 kv head: the group alone."""
+  q, kv = jnp.ones((4, 8, 4, 16)), jnp.ones((4, 8, 2, 16))
+  sdy = _sdy_rule(attention_spec.canonicalize(q, kv, kv), attention_spec)
+  assert tuple(sdy.operand_mappings[0][2]) == ("k", "g") and sdy.operand_mappings[1][2] == "k"
+  assert sdy.factor_sizes == {"g": 2}
+  kv = jnp.ones((4, 8, 1, 16))
+  sdy = _sdy_rule(attention_spec.canonicalize(q, kv, kv), attention_spec)
+  assert sdy.operand_mappings[0][2] == "g" and sdy.factor_sizes == {}
+
+
+def test_shardy_rule_gives_each_unsplit_axis_its_own_factor():
+  """Axes that never split (here of sizes 3, 5 and 3) are unrelated factors."""
+  labels = [("x", (None, "m")), ("y", (None,))]
+  sdy = partitioning._sdy_rule(labels, [(3, 4), (5,)], [(None, "m")])
+  unsplit = {sdy.operand_mappings[0][0], sdy.operand_mappings[1][0], sdy.result_mappings[0][0]}
+  assert len(unsplit) == 3, sdy
+  assert sdy.operand_mappings[0][1] == sdy.result_mappings[0][1] == "m"
+
+
+def _in_shard_map(body, *specs):
+  """Traces `body` inside `shard_map` over a 1x1 mesh of ("data", "model"), args by `specs`."""
+  mesh = jax.make_mesh((1, 1), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+  args = [jnp.ones(2) for _ in specs]
+  jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P()))(*args)
+
+
+def test_kernel_output_and_vary_type_outputs_by_every_input():
+  """A kernel's output varies over the mesh axes of all its inputs, whichever comes last;
+  `vary` adds the missing axes to an output already varying over some."""
+  seen = {}
+
+  def body(x, w):
+    out = partitioning.kernel_output
+    seen["x_w"] = out((2,), jnp.float32, x, w).manual_axis_type.varying
+    seen["w_x"] = out((2,), jnp.float32, w, x).manual_axis_type.varying
+    seen["vary"] = partitioning.vma(partitioning.vary(x, frozenset(("data", "model"))))
+    return jax.lax.psum(x.sum() + w.sum(), ("data", "model"))
+
+  _in_shard_map(body, P("data"), P("model"))
+  assert seen == dict.fromkeys(("x_w", "w_x", "vary"), frozenset(("data", "model"))), seen
+
+
 @pytest.fixture(scope="module")
 def results(request) -> dict[str, str | None]:
   """The checks of the selected cases, in one subprocess."""
@@ -216,5 +285,7 @@ def test_a_split_label_the_output_lacks_needs_its_combine():
 
   with pytest.raises(ValueError, match="lacks split label 'm'"):
     plan({"v": "sum"})
+  with pytest.raises(ValueError, match="lacks split label 'm'"):
+    plan("max")  # Neither a sum nor a mean.
   assert plan({"m": "mean"}).out_means == ("data",)
   assert plan({"m": "sum"}).out_sums == ("data",)
