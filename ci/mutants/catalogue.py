@@ -10607,6 +10607,39 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_TRITON_CALL_TESTS, "-k", "numpy_scalars"),
     "triton_call: a numpy bool scalar has no Triton type.",
   ),
+  Mutation(
+    "partitioning.record_vma_first_leaf",
+    _PARTITIONING,
+    "  return frozenset().union(*map(vma, jax.tree.leaves(arguments.array_fields(args))))",
+    "  return vma(jax.tree.leaves(arguments.array_fields(args))[0])",
+    (_KERNEL_SHARDING, "-k", "record_vma"),
+    "`record_vma` reads the mesh axes of the record's first array only.",
+  ),
+  Mutation(
+    "triton_call.capture_single_output_listed",
+    _TRITON_CALL,
+    "      for i, s in enumerate(shapes)\n    ]\n    return outs[0] if single else outs",
+    "      for i, s in enumerate(shapes)\n    ]\n    return outs",
+    (_TRITON_CALL_TESTS, "-k", "placeholders"),
+    "triton_call: a captured launch with one out_shape returns a list of one placeholder.",
+  ),
+  Mutation(
+    "triton_call.capture_placeholder_float32",
+    _TRITON_CALL,
+    "jnp.float32).astype(s.dtype)",
+    "jnp.float32)",
+    (_TRITON_CALL_TESTS, "-k", "placeholders"),
+    "triton_call: captured launches return float32 placeholders whatever the output dtype.",
+  ),
+  Mutation(
+    "partitioning.shard_index_first_axis",
+    _PARTITIONING,
+    "    return jax.lax.axis_index(self.axes)",
+    "    return jax.lax.axis_index(self.axes[0])",
+    (_KERNEL_SHARDING, "-k", "rows_over_both_axes"),
+    "A shard's position along a label split over several mesh axes is its position along"
+    " the first: ragged_dot rows over ('data', 'model') take the wrong share of each group.",
+  ),
 )
 
 

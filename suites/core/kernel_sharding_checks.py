@@ -292,6 +292,12 @@ def cases() -> dict[str, Case]:
       explicit=False,
       warns="axis 2 (('k', 'g')) of `query`",
     ),
+    # Rows over both mesh axes: each shard's share of every group follows its index over
+    # the 8 devices of ("data", "model").
+    "ragged_dot/xla/rows_over_both_axes": _case(
+      _ragged(_partitioned(ragged_xla.XlaRaggedDot), jnp.float32, 16, 32, 8, sizes),
+      [ROWS_ALL, P(), P()],
+    ),
     "ragged_dot/xla/auto_rows_and_groups": _case(
       _ragged(_partitioned(ragged_xla.XlaRaggedDot), jnp.float32, 16, 32, 8, sizes),
       [ROWS, P("model"), P()],

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
@@ -198,10 +199,10 @@ def test_shardy_rule_gives_each_unsplit_axis_its_own_factor():
   assert sdy.operand_mappings[0][1] == sdy.result_mappings[0][1] == "m"
 
 
-def _in_shard_map(body, *specs):
+def _in_shard_map(body, *specs, shapes=None):
   """Traces `body` inside `shard_map` over a 1x1 mesh of ("data", "model"), args by `specs`."""
   mesh = jax.make_mesh((1, 1), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
-  args = [jnp.ones(2) for _ in specs]
+  args = [jnp.ones(shape) for shape in shapes or [(2,)] * len(specs)]
   jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P()))(*args)
 
 
@@ -219,6 +220,22 @@ def test_kernel_output_and_vary_type_outputs_by_every_input():
 
   _in_shard_map(body, P("data"), P("model"))
   assert seen == dict.fromkeys(("x_w", "w_x", "vary"), frozenset(("data", "model"))), seen
+
+
+def test_record_vma_and_cotangents_of_integer_inputs():
+  """A record varies over the mesh axes of any of its arrays; the cotangent of an integer
+  input (float0) is passed on as it is, not typed or summed."""
+  seen = {}
+
+  def body(x, scale):
+    seen["record"] = partitioning.record_vma(norm_spec.canonicalize(x, scale, None))
+    zero = np.zeros((2,), jax.dtypes.float0)
+    seen["float0"] = partitioning.cotangent(zero, frozenset(), frozenset(("data",)))
+    return jax.lax.psum(x.sum() + scale.sum(), ("data", "model"))
+
+  _in_shard_map(body, P("data"), P("model"), shapes=[(2, 4), (4,)])
+  assert seen["record"] == frozenset(("data", "model"))
+  assert seen["float0"].dtype == jax.dtypes.float0 and not partitioning.vma(seen["float0"])
 
 
 @pytest.fixture(scope="module")

@@ -345,3 +345,18 @@ def test_launch_through_jax_triton_passes_everything_and_runs_per_element_under_
   assert seen and all(
     s == (_scaled_copy, (8,), int, 8, 2.0, (1,), {"BLOCK": 8, "num_warps": 2}) for s in seen
   ), seen
+
+
+def test_captured_launches_return_placeholders_of_the_declared_outputs():
+  """One output for a single `out_shape`, a list for a sequence; each of its shape and dtype."""
+  x = jnp.zeros(8, jnp.float32)
+  single = jax.ShapeDtypeStruct((8,), jnp.bfloat16)
+  several = [jax.ShapeDtypeStruct((8,), jnp.float16), jax.ShapeDtypeStruct((2, 4), jnp.float32)]
+  with triton_call.capture():
+    one = triton_call.call(_scaled_copy, x, 8, 1.0, out_shape=single, grid=(1,), BLOCK=8)
+    many = triton_call.call(_first_half_doubled, x, out_shape=several, grid=(1,), N=8)
+  assert (one.shape, one.dtype) == ((8,), jnp.bfloat16)
+  assert isinstance(many, list) and [(o.shape, o.dtype) for o in many] == [
+    ((8,), jnp.float16),
+    ((2, 4), jnp.float32),
+  ]
