@@ -10373,8 +10373,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "partitioning.unknown_combine_accepted",
     _PARTITIONING,
-    '    if rule.combine_of(f) not in ("sum", "mean"):',
-    "    if rule.combine_of(f) is None:",
+    '    if (how := rule.combine_of(f)) not in ("sum", "mean"):',
+    "    if (how := rule.combine_of(f)) is None:",
     (_KERNEL_SHARDING, "-k", "needs_its_combine"),
     'A misspelt `combine` ("max", "avg") is accepted: the shards\' outputs are neither'
     " summed nor averaged.",

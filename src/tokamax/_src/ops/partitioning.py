@@ -216,9 +216,10 @@ def plan(
 
   missing = [f for f in factors if f not in {_major(label) for label in rule.output}]
   for f in missing:
-    if rule.combine_of(f) not in ("sum", "mean"):
+    if (how := rule.combine_of(f)) not in ("sum", "mean"):
       raise ValueError(
-        f"{op_name}: the output lacks split label {f!r} and the rule has no `combine`"
+        f"{op_name}: the output lacks split label {f!r}, whose `combine` must be 'sum' or"
+        f" 'mean', got {how!r}"
       )
   return Plan(
     shards={f: Shard(axes, math.prod(mesh_shape[a] for a in axes)) for f, axes in factors.items()},
