@@ -10640,6 +10640,57 @@ MUTATIONS: tuple[Mutation, ...] = (
     "A shard's position along a label split over several mesh axes is its position along"
     " the first: ragged_dot rows over ('data', 'model') take the wrong share of each group.",
   ),
+  # --- hunt-B: Triton layer_norm and Mosaic GPU gated linear unit ---
+  Mutation(
+    "triton_norm.autotune_per_thread_limit",
+    _NORM + "triton.py",
+    "        if not 4 <= per_thread <= 64:",
+    "        if not 4 <= per_thread <= 128:",
+    (_TRITON_NORM, "-k", "elements_per_thread"),
+    "Triton layer_norm autotuning: candidates with 128 elements per thread (spills).",
+  ),
+  Mutation(
+    "triton_norm.autotune_fwd_stages_smem",
+    _NORM + "triton.py",
+    "          if block_m == 1 and per_thread <= 32 and 3 * row_bytes <= _SMEM:",
+    "          if block_m == 1 and per_thread <= 32 and 2 * row_bytes <= _SMEM:",
+    (_TRITON_NORM, "-k", "elements_per_thread"),
+    "Triton layer_norm autotuning: the pipelined forward's shared memory counts 2 of its 3"
+    " rows in flight.",
+  ),
+  Mutation(
+    "triton_norm.autotune_bwd_stages_smem",
+    _NORM + "triton.py",
+    "            smem = (stages - 1) * 2 * row_bytes  # Stages in flight of x and dy.",
+    "            smem = (stages - 1) * row_bytes  # Stages in flight of x and dy.",
+    (_TRITON_NORM, "-k", "elements_per_thread"),
+    "Triton layer_norm autotuning: the pipelined backward's shared memory counts x, not dy.",
+  ),
+  Mutation(
+    "triton_norm.heuristic_warps_at_longest_row",
+    _NORM + "triton.py",
+    "    num_warps = int(np.clip(block_d // 512, 1, 8)) if block_d < 32768 else 16",
+    "    num_warps = int(np.clip(block_d // 512, 1, 8)) if block_d <= 32768 else 16",
+    (_TRITON_NORM, "-k", "elements_per_thread"),
+    "Triton layer_norm heuristics: rows of 32768 get 8 warps (128 elements per thread).",
+  ),
+  Mutation(
+    "triton_norm.heuristic_block_m_doubled",
+    _NORM + "triton.py",
+    "    block_m = 2 if block_d == 4096 else int(np.clip(2048 // block_d, 1, 16))",
+    "    block_m = 2 if block_d == 4096 else int(np.clip(4096 // block_d, 1, 16))",
+    (_TRITON_NORM, "-k", "elements_per_thread"),
+    "Triton layer_norm heuristics: blocks of 4096 elements, too many per thread for narrow rows.",
+  ),
+  Mutation(
+    "triton_norm.autotune_bwd_inherits_heuristic_stages",
+    _NORM + "triton.py",
+    "        bwd = rep(base, bwd_block_m=block_m, bwd_num_warps=num_warps, bwd_stages=0)",
+    "        bwd = rep(base, bwd_block_m=block_m, bwd_num_warps=num_warps)",
+    (_TRITON_NORM, "-k", "elements_per_thread or sm90_shared"),
+    "Triton layer_norm autotuning: backward candidates keep the heuristic's pipeline of wide"
+    " rows, so blocks of 2-4 rows are pipelined past shared memory (384 KiB at D=8192).",
+  ),
 )
 
 

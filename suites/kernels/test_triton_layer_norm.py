@@ -393,3 +393,41 @@ def test_compiles_after_jax_triton_empties_the_triton_cache_dir(monkeypatch):
   launches, _, _ = _launches(args, OP._get_heuristics_config(args))
   assert "cubin" in triton_call.compile_launch(launches[0], 90).asm
   assert os.environ["TRITON_CACHE_DIR"] == ""
+
+
+def _per_thread(rows: int, d: int, warps: int) -> float:
+  """Elements of a block of `rows` rows of width D that each thread holds."""
+  return rows * norm_triton._block_d(d) / (32 * warps)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("subtract_mean", [False, True], ids=["rms", "layer"])
+def test_heuristic_and_autotuning_configs_hold_4_to_64_elements_per_thread(dtype, subtract_mean):
+  """Rows live in registers: every candidate holds 4-64 elements per thread (more spills),
+  forward and backward, at every row width up to the longest supported; the rows that
+  pipelined loops keep in flight fit 128 KiB of shared memory (sm_80 has 163 KiB)."""
+  itemsize = np.dtype(dtype).itemsize
+  for d in (1, 16, 40, 100, 256, 512, 1000, 2048, 4096, 8192, 16384, norm_triton._MAX_D):
+    args = _record((4, d), -1, dtype, subtract_mean, True, True, 0.0)
+    heuristic = OP._get_heuristics_config(args)
+    row_bytes = norm_triton._block_d(d) * itemsize
+    for c in {heuristic, *OP._get_autotuning_configs(args)}:
+      where = (d, c)
+      assert 4 <= _per_thread(c.block_m, d, c.num_warps) <= 64, where
+      assert 4 <= _per_thread(c.bwd_block_m, d, c.bwd_num_warps) <= 64, where
+      if c.fwd_stages > 1:
+        assert (c.fwd_stages - 1) * c.block_m * row_bytes <= 128 * 1024, where
+      if c.bwd_stages > 1:
+        assert (c.bwd_stages - 1) * 2 * c.bwd_block_m * row_bytes <= 128 * 1024, where
+
+
+def test_autotuning_backward_of_wide_rows_compiles_within_sm90_shared_memory():
+  """D=8192 bfloat16, whose heuristic pipelines the backward: the candidate with the most
+  rows in flight (stages times rows per step) still fits sm_90's shared memory."""
+  args = _record((64, 8192), -1, "bfloat16", True, True, True, 0.0)
+  assert OP._get_heuristics_config(args).bwd_stages > 1
+  staged = [c for c in OP._get_autotuning_configs(args) if c.bwd_stages > 1]
+  widest = max(staged, key=lambda c: ((c.bwd_stages - 1) * c.bwd_block_m, c.bwd_num_warps))
+  launches, _, _ = _launches(args, widest)
+  (bwd,) = [launch for launch in launches if launch.kernel.__name__ == "layer_norm_bwd"]
+  assert triton_call.compile_launch(bwd, 90).metadata.shared <= SMEM_LIMIT[90], widest

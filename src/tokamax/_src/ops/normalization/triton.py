@@ -293,7 +293,9 @@ class TritonLayerNorm(kernel_ops.TritonOp):
             configs.add(
               rep(base, block_m=block_m, num_warps=num_warps, fwd_programs=132 * 4, fwd_stages=4)
             )
-        bwd = rep(base, bwd_block_m=block_m, bwd_num_warps=num_warps)
+        # Without the heuristic's pipeline (wide rows have one): stages are added below
+        # where their rows fit shared memory, and they would override the prefetch.
+        bwd = rep(base, bwd_block_m=block_m, bwd_num_warps=num_warps, bwd_stages=0)
         for bwd_programs in (132, 264, 528, 1056):
           if num_warps <= 16:
             for prefetch in (False, True) if per_thread <= 32 else (False,):
