@@ -10642,6 +10642,55 @@ MUTATIONS: tuple[Mutation, ...] = (
   ),
   # --- hunt-B: Triton layer_norm and Mosaic GPU gated linear unit ---
   Mutation(
+    "triton_norm.one_pass_shift_row_stride_dropped",
+    _NORM + "triton_layer_norm.py",
+    "    return tl.load(x_ptr + rows.to(tl.int64) * D, mask=row_ok, other=0.0).to(tl.float32)",
+    "    return tl.load(x_ptr + rows.to(tl.int64), mask=row_ok, other=0.0).to(tl.float32)",
+    (_TRITON_NORM, "-k", "own_element"),
+    "Triton layer_norm one-pass statistics: each row's shift is read without the row stride"
+    " (row r is shifted by x[0, r], an element of another row).",
+  ),
+  Mutation(
+    "triton_norm.one_pass_masked_columns_shifted",
+    _NORM + "triton_layer_norm.py",
+    "      d = tl.where(mask, x - shift[:, None], 0.0)",
+    "      d = x - shift[:, None]",
+    (_TRITON_NORM, "-k", "interpreted_kernels"),
+    "Triton layer_norm one-pass statistics: the padding columns count as -shift.",
+  ),
+  Mutation(
+    "triton_norm.bwd_dscale_weighted",
+    _NORM + "triton_layer_norm.py",
+    "  return tl.sum(dy * xhat, axis=0), tl.sum(dy, axis=0)",
+    "  return tl.sum(wdy * xhat, axis=0), tl.sum(dy, axis=0)",
+    (_TRITON_NORM, "-k", "interpreted_kernels"),
+    "Triton layer_norm backward: dscale sums the scaled cotangent.",
+  ),
+  Mutation(
+    "triton_norm.bwd_last_unclamped",
+    _NORM + "triton_layer_norm.py",
+    "  last = tl.minimum(first + (per_program + (pid < extra)) * BLOCK_M, m)",
+    "  last = first + (per_program + (pid < extra)) * BLOCK_M",
+    (_TRITON_NORM, "-k", "interpreted_kernels"),
+    "Triton layer_norm backward: a program's row run is not clamped to the last row.",
+  ),
+  Mutation(
+    "triton_norm.persistent_prefetch_first_block",
+    _NORM + "triton_layer_norm.py",
+    "    x_next = _load_rows(x_ptr, pid * BLOCK_M, m, cols, col_ok, D, BLOCK_M)",
+    "    x_next = _load_rows(x_ptr, pid, m, cols, col_ok, D, BLOCK_M)",
+    (_TRITON_NORM, "-k", "callers_epsilon or own_element"),
+    "Triton layer_norm persistent forward: the first prefetched rows start at row pid.",
+  ),
+  Mutation(
+    "triton_norm.sum_partials_columns_of_block_p",
+    _NORM + "triton_layer_norm.py",
+    "  cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)",
+    "  cols = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_C)",
+    (_TRITON_NORM, "-k", "interpreted_kernels"),
+    "Triton layer_norm sum_partials: column blocks strided by the program block.",
+  ),
+  Mutation(
     "triton_norm.autotune_per_thread_limit",
     _NORM + "triton.py",
     "        if not 4 <= per_thread <= 64:",
@@ -10683,6 +10732,39 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton layer_norm heuristics: blocks of 4096 elements, too many per thread for narrow rows.",
   ),
   Mutation(
+    "triton_norm.sum_partials_float32_grads",
+    _NORM + "triton.py",
+    "      jax.ShapeDtypeStruct((d,), v.dtype)\n      if v is not None",
+    "      jax.ShapeDtypeStruct((d,), jnp.float32)\n      if v is not None",
+    (_TRITON_NORM, "-k", "wrapper_shapes"),
+    "Triton layer_norm: dscale and doffset come back in float32, not their parameters' dtype.",
+  ),
+  Mutation(
+    "triton_norm.backward_fields_miss_bwd_stages",
+    _NORM + "triton.py",
+    '    "bwd_prefetch",\n    "bwd_stages",\n  )',
+    '    "bwd_prefetch",\n  )',
+    (_TRITON_NORM, "-k", "exactly_the_fields"),
+    "Triton layer_norm: bwd_stages is not declared a backward field, so forward-only tuning"
+    " times the same forward program once per backward pipeline depth.",
+  ),
+  Mutation(
+    "triton_norm.persistent_grid_of_blocks",
+    _NORM + "triton.py",
+    "    grid=(config.fwd_programs if persistent else blocks,),",
+    "    grid=(blocks,),",
+    (_TRITON_NORM, "-k", "exactly_the_fields"),
+    "Triton layer_norm: the persistent forward is launched with one program per row block.",
+  ),
+  Mutation(
+    "triton_norm.bwd_block_m_of_forward",
+    _NORM + "triton.py",
+    "    BLOCK_M=config.bwd_block_m,",
+    "    BLOCK_M=config.block_m,",
+    (_TRITON_NORM, "-k", "exactly_the_fields"),
+    "Triton layer_norm backward: steps of the forward's row block.",
+  ),
+  Mutation(
     "triton_norm.autotune_bwd_inherits_heuristic_stages",
     _NORM + "triton.py",
     "        bwd = rep(base, bwd_block_m=block_m, bwd_num_warps=num_warps, bwd_stages=0)",
@@ -10690,6 +10772,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_TRITON_NORM, "-k", "elements_per_thread or sm90_shared"),
     "Triton layer_norm autotuning: backward candidates keep the heuristic's pipeline of wide"
     " rows, so blocks of 2-4 rows are pipelined past shared memory (384 KiB at D=8192).",
+  ),
+  Mutation(
+    "triton_norm.bwd_c1_unweighted",
+    _NORM + "triton_layer_norm.py",
+    "  c1 = tl.sum(xhat * wdy, axis=1) / D",
+    "  c1 = tl.sum(xhat * dy, axis=1) / D",
+    (_TRITON_NORM, "-k", "interpreted_kernels"),
+    "Triton layer_norm backward: c1 sums xhat * dy, not xhat * scale * dy.",
   ),
 )
 

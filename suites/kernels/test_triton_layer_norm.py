@@ -395,6 +395,28 @@ def test_compiles_after_jax_triton_empties_the_triton_cache_dir(monkeypatch):
   assert os.environ["TRITON_CACHE_DIR"] == ""
 
 
+@pytest.mark.host_only
+@pytest.mark.parametrize("persistent", [False, True], ids=["plain", "persistent"])
+def test_interpreted_one_pass_shifts_each_row_by_its_own_element(persistent):
+  """Rows at means 1000, -2000, 3000, ...: a shift taken from another row (or none) leaves
+  E[d^2] - E[d]^2 cancelling in float32; each row's own first element keeps it exact."""
+  rng = np.random.default_rng(8)
+  means = 1000.0 * np.array([1, -2, 3, -4, 5, -6])[:, None]
+  x = jnp.asarray(means + rng.standard_normal((6, 96)), jnp.float32)
+  args = spec.canonicalize(x, None, None)
+  config = norm_triton.TritonNormConfig(block_m=2, num_warps=4, fwd_one_pass=True)
+  if persistent:
+    config = dataclasses.replace(config, fwd_programs=2)
+  with triton_call.interpret():
+    out, (mean, rstd) = OP._fwd(args, config)
+  x64 = np.asarray(x, np.float64)
+  ref_mean = x64.mean(axis=1)
+  ref_rstd = 1 / np.sqrt(x64.var(axis=1) + 1e-6)
+  np.testing.assert_allclose(np.asarray(mean), ref_mean, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(rstd), ref_rstd, rtol=1e-4)
+  np.testing.assert_allclose(out, (x64 - ref_mean[:, None]) * ref_rstd[:, None], atol=2e-3)
+
+
 def _per_thread(rows: int, d: int, warps: int) -> float:
   """Elements of a block of `rows` rows of width D that each thread holds."""
   return rows * norm_triton._block_d(d) / (32 * warps)
@@ -431,3 +453,37 @@ def test_autotuning_backward_of_wide_rows_compiles_within_sm90_shared_memory():
   launches, _, _ = _launches(args, widest)
   (bwd,) = [launch for launch in launches if launch.kernel.__name__ == "layer_norm_bwd"]
   assert triton_call.compile_launch(bwd, 90).metadata.shared <= SMEM_LIMIT[90], widest
+
+
+def test_backward_fields_are_exactly_the_fields_the_forward_launch_ignores():
+  """Changing a field in `BACKWARD_FIELDS` changes the backward launches and leaves the
+  forward launch as it was; changing any other field does the opposite (forward-only
+  tuning keeps one candidate per forward)."""
+  args = _record((64, 256), -1, "bfloat16", True, True, True, 0.0)
+  base = norm_triton.TritonNormConfig(
+    block_m=2, num_warps=4, bwd_block_m=2, fwd_programs=4, fwd_stages=3, fwd_one_pass=True
+  )
+  other = dict(
+    block_m=1,
+    num_warps=8,
+    bwd_block_m=4,
+    bwd_num_warps=4,
+    bwd_programs=7,
+    fwd_programs=3,
+    bwd_prefetch=True,
+    fwd_stages=4,
+    bwd_stages=3,
+    fwd_one_pass=False,
+  )
+  assert set(other) == {f.name for f in dataclasses.fields(base)}
+
+  def launches(config):
+    found, _, _ = _launches(args, config)
+    keys = [(x.kernel.__name__, x.grid, sorted(x.meta.items())) for x in found]
+    return keys[0], keys[1:]  # The forward's, the backward's.
+
+  fwd, bwd = launches(base)
+  for name, value in other.items():
+    new_fwd, new_bwd = launches(dataclasses.replace(base, **{name: value}))
+    backward = name in norm_triton.TritonNormConfig.BACKWARD_FIELDS
+    assert (new_fwd != fwd, new_bwd != bwd) == (not backward, backward), name
