@@ -59,6 +59,14 @@ def test_interpret_epilogue_stores_every_column_chunk(capfd):
   _check_against_reference((64, 128), False, jax.nn.swish, impl, capfd)
 
 
+@pytest.mark.host_only
+def test_interpret_ragged_dot_backward_of_more_rows_than_columns(capfd):
+  """M=264 rows, more than K=128 and the fused 2N=256 columns: dx and dW in the ragged_dot
+  kernels take all M rows as their one group."""
+  impl = mosaic.MosaicGatedLinearUnit(interpret=True, config=SMALL, backward="mosaic")
+  _check_against_reference((264, 128), False, jax.nn.swish, impl, capfd)
+
+
 def _check_against_reference(shape, tuple_weights, activation, impl, capfd):
   rng = np.random.default_rng(len(shape) + shape[-2])
   k, n = shape[-1], 128
@@ -384,3 +392,175 @@ def test_kernel_config_reason_limits_of_k_and_shared_memory():
   assert mosaic_kernel.config_reason(cfg(num_stages=3), m, 512, n, 2, True) is None
   reason = mosaic_kernel.config_reason(cfg(num_stages=4), m, 512, n, 2, True)
   assert reason is not None and "shared memory" in reason, reason
+
+
+def test_kernel_config_reason_names_wgmma_tiles_and_cluster_sizes():
+  """block_k must span one 128-byte swizzle, block_n be a multiple of 64 up to 256, and a
+  cluster hold one or two CTAs, however evenly N divides."""
+  cfg = lambda **kw: mosaic_kernel.MosaicGluKernelConfig(
+    **{"block_n": 128, "epi_n": 64, "num_stages": 2, **kw}
+  )
+  m, k = 256, 512
+  assert mosaic_kernel.config_reason(cfg(), m, k, 512, 2) is None
+  reason = mosaic_kernel.config_reason(cfg(block_k=32), m, k, 512, 2)
+  assert reason is not None and "block_k=32" in reason, reason
+  reason = mosaic_kernel.config_reason(cfg(block_n=96, epi_n=96), m, k, 192, 2)
+  assert reason is not None and "block_n=96" in reason, reason
+  reason = mosaic_kernel.config_reason(cfg(block_n=512, epi_n=64), m, k, 512, 2)
+  assert reason is not None and "block_n=512" in reason, reason
+  for cluster in (3, 4):  # N = 12 column tiles: whole clusters either way.
+    reason = mosaic_kernel.config_reason(cfg(cluster=cluster), m, k, 12 * 128, 2)
+    assert reason is not None and f"cluster={cluster}" in reason, reason
+
+
+def test_unsupported_reason_judges_the_callers_config():
+  """block_n=128 does not tile N=192 (the heuristic's 64 does): the op with that config
+  refuses the shape, the heuristic one takes it."""
+  x = jax.ShapeDtypeStruct((64, 128), jnp.bfloat16)
+  record = spec.canonicalize(x, jax.ShapeDtypeStruct((128, 2, 192), jnp.bfloat16))
+  wide = mosaic.MosaicGluConfig(block_n=128, num_stages=2, epi_n=64)
+  reason = mosaic.MosaicGatedLinearUnit(config=wide)._unsupported_reason(record)
+  assert reason is not None and "N=192" in reason, reason
+  assert mosaic.MosaicGatedLinearUnit()._unsupported_reason(record) is None
+
+
+@pytest.mark.parametrize(
+  ("m", "k", "n"),
+  [
+    (8192, 4096, 14336),
+    (8192, 4096, 192),
+    (2048, 2048, 8192),
+    (4096, 192, 4096),
+    (512, 4096, 4096),
+  ],
+)
+def test_heuristic_takes_the_deepest_pipeline_that_fits(m, k, n):
+  """The heuristic config fits, and one more stage would not (or it has the 4 stages that
+  large shapes take): no shallower pipeline than shared memory and K allow."""
+  record = spec.canonicalize(
+    jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((k, 2, n), jnp.bfloat16)
+  )
+  config = mosaic.MosaicGatedLinearUnit()._get_heuristics_config(record)
+  assert mosaic._config_reason(record, config, False) is None, config
+  if config.num_stages < 4:
+    deeper = dataclasses.replace(config, num_stages=config.num_stages + 1)
+    assert mosaic._config_reason(record, deeper, False) is not None, config
+  # Stages over K: 4096 // 64 steps take 4 stages (6 for few rows), 192 // 64 only 3.
+  assert config.num_stages == (3 if k == 192 else 6 if m <= 512 else 4), config
+
+
+def test_every_autotuning_config_is_supported():
+  """The candidates tried on the device all pass the kernel's config checks."""
+  op = mosaic.MosaicGatedLinearUnit()
+  for m, k, n in ((512, 512, 256), (8192, 4096, 14336), (128, 192, 192)):
+    record = spec.canonicalize(
+      jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((k, 2, n), jnp.bfloat16)
+    )
+    configs = op._get_autotuning_configs(record)
+    assert configs
+    for config in configs:
+      assert mosaic._config_reason(record, config, False) is None, (m, k, n, config)
+
+
+def test_rows_reach_the_kernel_padded_to_the_tma_row_tile(monkeypatch):
+  """M rows are padded up to the next multiple of 8 (the TMA copies' row tiling), no more."""
+  seen = []
+
+  def kernel(x, w_gate, w_up, *, n, save_residuals=False, **_):
+    del w_gate, w_up
+    seen.append(x.shape[0])
+    out = jnp.zeros((x.shape[0], n), x.dtype)
+    return (out, jnp.zeros((x.shape[0], 2 * n), x.dtype)) if save_residuals else out
+
+  monkeypatch.setattr(mosaic.mosaic_kernel, "gated_linear_unit", kernel)
+  op = mosaic.MosaicGatedLinearUnit(interpret=True)
+  w = jax.ShapeDtypeStruct((128, 2, 128), jnp.bfloat16)
+  for m in range(1, 18):
+    record = spec.canonicalize(jax.ShapeDtypeStruct((m, 128), jnp.bfloat16), w)
+    out = jax.eval_shape(lambda r: op._run(r, SMALL, False), record)
+    assert out.shape == (m, 128)
+    assert seen[-1] % 8 == 0 and m <= seen[-1] < m + 8, (m, seen[-1])
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(8192, 4096, 14336), (2048, 2048, 8192)])
+def test_kernels_of_the_vjp_fit_shared_memory_with_their_epilogues(m, k, n, monkeypatch):
+  """Under jax.vjp the kernel that also writes the residuals runs a config whose shared
+  memory, residual epilogue ring included, fits; the kernel without them runs the
+  heuristic's; the backward is supported."""
+  runs = []
+
+  def kernel(x, w_gate, w_up, *, n, config, save_residuals=False, **_):
+    del w_gate, w_up
+    runs.append((config, save_residuals))
+    out = jnp.zeros((x.shape[0], n), x.dtype)
+    return (out, jnp.zeros((x.shape[0], 2 * n), x.dtype)) if save_residuals else out
+
+  monkeypatch.setattr(mosaic.mosaic_kernel, "gated_linear_unit", kernel)
+  op = mosaic.MosaicGatedLinearUnit(interpret=True)
+  shapes = (
+    jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+    jax.ShapeDtypeStruct((k, 2, n), jnp.bfloat16),
+  )
+  record = spec.canonicalize(*shapes, activation=jax.nn.swish)
+  assert op._bwd_unsupported_reason(record) is None
+
+  def fn(x, w):
+    return api.gated_linear_unit(x, w, activation=jax.nn.swish, implementation=op)
+
+  jax.eval_shape(fn, *shapes)
+  jax.eval_shape(lambda x, w: jax.vjp(fn, x, w)[0], *shapes)
+  assert [save for _, save in runs] == [False, True]
+  for config, save in runs:
+    assert mosaic_kernel.config_reason(config, m, k, n, 2, save) is None, (config, save)
+  heuristic = op._get_heuristics_config(record)
+  assert runs[0][0] == mosaic._kernel_config(jnp.bfloat16, heuristic)
+
+
+@pytest.mark.parametrize(
+  "activation", [jax.nn.swish, jax.nn.gelu, jax.nn.sigmoid], ids=["swish", "gelu", "sigmoid"]
+)
+def test_activation_derivative_lowers_without_add_any(activation):
+  """(act(g), u * act'(g)) in primitives Mosaic GPU lowers: the JVP's add_any, also inside
+  the activation's own jit (swish, gelu), becomes add; the values are the derivative's."""
+  g = jnp.linspace(-4.0, 4.0, 64 * 64, dtype=jnp.float32).reshape(64, 64)
+  u = jnp.full_like(g, 0.5)
+  jaxpr = jax.make_jaxpr(lambda a, b: mosaic_kernel.activation_and_derivative(activation, a, b))
+  names = {e.primitive.name for e in jaxprs.equations(jaxpr(g, u).jaxpr)}
+  assert not names & {"add_any", "pjit", "jit"}, names
+  assert mosaic._activation_reason(activation, derivative=True) is None
+  act, factor = mosaic_kernel.activation_and_derivative(activation, g, u)
+  g64 = np.asarray(g, np.float64)
+  sig = 1 / (1 + np.exp(-g64))
+  if activation is jax.nn.swish:
+    want_act, want_grad = g64 * sig, sig * (1 + g64 * (1 - sig))
+  elif activation is jax.nn.sigmoid:
+    want_act, want_grad = sig, sig * (1 - sig)
+  else:  # gelu's tanh approximation.
+    c = np.sqrt(2 / np.pi)
+    t = np.tanh(c * (g64 + 0.044715 * g64**3))
+    want_act = 0.5 * g64 * (1 + t)
+    want_grad = 0.5 * (1 + t) + 0.5 * g64 * (1 - t**2) * c * (1 + 3 * 0.044715 * g64**2)
+  np.testing.assert_allclose(act, want_act, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(factor, 0.5 * want_grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("tuple_weights", [False, True], ids=["fused", "pair"])
+def test_cotangents_come_back_in_the_inputs_dtypes(tuple_weights, dtype):
+  """dx and dW in x's and the weights' dtype (the backward matmuls accumulate in float32)."""
+  x = jax.ShapeDtypeStruct((64, 128), dtype)
+  w = jax.ShapeDtypeStruct((128, 2, 128), dtype)
+  halves = jax.ShapeDtypeStruct((128, 128), dtype)
+  weights = (halves, halves) if tuple_weights else w
+  impl = mosaic.MosaicGatedLinearUnit(interpret=True, config=SMALL)
+
+  def grads(a, b):
+    fn = lambda a, b: api.gated_linear_unit(a, b, activation=jax.nn.swish, implementation=impl)
+    out, vjp = jax.vjp(fn, a, b)
+    return vjp(jnp.ones_like(out))
+
+  dx, dw = jax.eval_shape(grads, x, weights)
+  assert (dx.shape, dx.dtype) == (x.shape, x.dtype)
+  assert jax.tree.structure(dw) == jax.tree.structure(weights)
+  for got, want in zip(jax.tree.leaves(dw), jax.tree.leaves(weights), strict=True):
+    assert (got.shape, got.dtype) == (want.shape, want.dtype)
