@@ -10931,6 +10931,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Mosaic GLU: an activation's nested jit is bound as is, so the add_any of its JVP (swish,"
     " gelu) reaches Mosaic GPU, which cannot lower it.",
   ),
+  Mutation(
+    "triton_norm.heuristic_never_prefetch",
+    _NORM + "triton.py",
+    "      bwd_prefetch=bwd_stages == 0,",
+    "      bwd_prefetch=False,",
+    (_TRITON_NORM, "-k", "prefetches_rows"),
+    "Triton layer_norm heuristics: rows the backward does not pipeline are not prefetched"
+    " either (about half the bandwidth on the H200).",
+  ),
+  Mutation(
+    "mosaic_glu.epilogue_ring_without_residuals",
+    _GLU + "mosaic_kernel.py",
+    "  return 2 if save_residuals else 1",
+    "  return 2",
+    (_MOSAIC_GLU, "-k", "deepest"),
+    "Mosaic GLU: the kernel without residuals also rings two epilogue buffers, so the"
+    " heuristic's 128-column tiles lose a pipeline stage.",
+  ),
 )
 
 

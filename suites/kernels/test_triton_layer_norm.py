@@ -487,3 +487,20 @@ def test_backward_fields_are_exactly_the_fields_the_forward_launch_ignores():
     new_fwd, new_bwd = launches(dataclasses.replace(base, **{name: value}))
     backward = name in norm_triton.TritonNormConfig.BACKWARD_FIELDS
     assert (new_fwd != fwd, new_bwd != bwd) == (not backward, backward), name
+
+
+@pytest.mark.parametrize(
+  ("d", "dtype", "pipelined"),
+  [
+    (1000, "bfloat16", False),
+    (4096, "bfloat16", False),
+    (8192, "bfloat16", True),
+    (8192, "float32", False),  # 3 x 2 rows of 32 KiB: over the 128 KiB budget.
+    (16384, "bfloat16", False),
+  ],
+)
+def test_heuristic_backward_prefetches_rows_it_does_not_pipeline(d, dtype, pipelined):
+  """The backward either pipelines wide rows through shared memory (where three rows of x
+  and dy fit) or prefetches the next rows into registers: never neither."""
+  config = OP._get_heuristics_config(_record((64, d), -1, dtype, True, True, True, 0.0))
+  assert (config.bwd_stages > 1, config.bwd_prefetch) == (pipelined, not pipelined), config
