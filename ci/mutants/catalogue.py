@@ -10925,8 +10925,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "mosaic_glu.jvp_nested_jit_kept",
     _GLU + "mosaic_kernel.py",
-    "    elif eqn.primitive is prims.jit_p:",
-    "    elif False:",
+    "    elif eqn.primitive in INLINED_PRIMITIVES:",
+    "    elif eqn.primitive is prims.custom_jvp_call_p:",
     (_MOSAIC_GLU, "-k", "add_any"),
     "Mosaic GLU: an activation's nested jit is bound as is, so the add_any of its JVP (swish,"
     " gelu) reaches Mosaic GPU, which cannot lower it.",
