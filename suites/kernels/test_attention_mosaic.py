@@ -648,3 +648,206 @@ def test_xla_bias_gradient_only_when_the_bias_is_differentiated(bias_grad):
   text = lowered.lower(lowering_platforms=("cuda",)).as_text()
   assert "attention_dq" in text and "attention_dk_dv" in text
   assert ("stablehlo.exponential" in text) == bias_grad
+
+
+def _abstract_record(h, s, t=256, bias=None, mask=None, **kw):
+  """A canonical record of abstract bfloat16 inputs [1, T, 2, H] and [1, S, 1|2, H]."""
+  sds = jax.ShapeDtypeStruct
+  q, kv = sds((1, t, 2, h), jnp.bfloat16), sds((1, s, 2, h), jnp.bfloat16)
+  return jax.eval_shape(
+    lambda q, kv, b, m: spec.canonicalize(q, kv, kv, bias=b, mask=m, **kw), q, kv, bias, mask
+  )
+
+
+@pytest.mark.parametrize(
+  ("h", "s", "block_kv", "overlap"),
+  [
+    # H64: 64 keys take one 64-key block, up to 511 keys 128, from 512 keys 256.
+    (64, 64, 64, False),
+    (64, 65, 128, False),
+    (64, 511, 128, False),
+    (64, 512, 256, False),
+    # H128: 128-key blocks with the Q.K^T / softmax overlap (and no schedule barrier),
+    # except 64 keys or fewer.
+    (128, 64, 64, False),
+    (128, 65, 128, True),
+    (128, 4096, 128, True),
+    # H256: serial 64-key blocks.
+    (256, 64, 64, False),
+    (256, 4096, 64, False),
+  ],
+)
+def test_heuristic_forward_blocks_and_overlap(h, s, block_kv, overlap):
+  """The forward heuristic's documented choices (`_get_heuristics_config`)."""
+  config = mosaic.MosaicAttention()._get_heuristics_config(_abstract_record(h, s))
+  assert (config.block_kv, config.num_stages) == (block_kv, 2), config
+  assert config.overlap_qk == overlap and config.schedule_barrier == (not overlap), config
+
+
+@pytest.mark.parametrize(
+  "kw",
+  [
+    dict(is_causal=True),
+    dict(local_window_size=(100, 100)),
+    dict(mask=jax.ShapeDtypeStruct((1, 1, 1, 512), jnp.bool_)),
+    dict(bias=jax.ShapeDtypeStruct((1, 2, 1, 512), jnp.float32)),
+  ],
+  ids=["causal", "window", "mask", "bias"],
+)
+def test_heuristic_overlaps_only_unmasked_h128(kw):
+  """Causal masks, windows, masks and biases keep H128 serial, with the schedule barrier."""
+  config = mosaic.MosaicAttention()._get_heuristics_config(_abstract_record(128, 512, **kw))
+  assert config.block_kv == 128 and not config.overlap_qk and config.schedule_barrier, config
+
+
+@pytest.mark.parametrize("h", [64, 128])
+def test_heuristic_keeps_key_blocks_for_broadcast_planes(h):
+  """Bias and mask planes broadcast over queries or keys are not staged in shared memory, so
+  the forward heuristic keeps the key block it takes without them."""
+  sds = jax.ShapeDtypeStruct
+  s, impl = 1024, mosaic.MosaicAttention()
+  plain = impl._get_heuristics_config(_abstract_record(h, s, t=1024)).block_kv
+  assert plain == (256 if h == 64 else 128)
+  for bias, mask in (
+    (sds((1, 2, 1, s), jnp.float32), sds((1, 2, 1024, 1), jnp.bool_)),
+    (sds((1, 2, 1024, 1), jnp.float32), sds((1, 1, 1, s), jnp.bool_)),
+  ):
+    record = _abstract_record(h, s, t=1024, bias=bias, mask=mask)
+    assert mosaic._staged_itemsizes(record) == ()
+    assert impl._get_heuristics_config(record).block_kv == plain
+
+
+@pytest.mark.parametrize(
+  ("h", "dq", "dkv"),
+  # (block_q, block_kv, slots) of the dq and the dk/dv kernel: H64 and H128 stream 128 keys
+  # per dq step, H64 128-query blocks in dk/dv; H256 32-row streamed blocks, three slots.
+  [
+    (64, (64, 128, 2), (128, 64, 2)),
+    (128, (64, 128, 2), (64, 64, 2)),
+    (256, (64, 32, 3), (32, 64, 3)),
+  ],
+)
+def test_heuristic_backward_blocks(h, dq, dkv):
+  config = mosaic.MosaicAttention()._get_heuristics_config(_abstract_record(h, 512))
+  assert (config.dq_block_q, config.dq_block_kv, config.dq_num_stages) == dq, config
+  assert (config.bwd_block_q, config.bwd_block_kv, config.bwd_num_stages) == dkv, config
+
+
+@pytest.mark.parametrize("h", [64, 128, 256])
+def test_autotuning_forward_variants(h):
+  """Forward variants: every key block whose [64, block_kv] score tile and [64, H] output
+  accumulator fit the registers (256 keys at H64 only), two to four slots where they fit
+  shared memory, with and without the schedule barrier."""
+  impl = mosaic.MosaicAttention()
+  configs = impl._get_autotuning_configs(_abstract_record(h, 512))
+  forwards = {(c.block_kv, c.num_stages, c.schedule_barrier) for c in configs}
+  want = {
+    (block_kv, stages, sched)
+    for block_kv in (64, 128, 256)
+    for stages in (2, 3, 4)
+    for sched in (True, False)
+    if block_kv * h <= 128 * 128
+    # Hand count of `smem_bytes`: 128 query rows, `stages` key and value blocks, lse rows.
+    and 128 * h * 2 + 2 * stages * block_kv * h * 2 + 512 <= 227 * 1024 - 4096
+  }
+  assert want <= forwards and {f[0] for f in forwards} == {f[0] for f in want}
+  assert (256 in {f[0] for f in forwards}) == (h == 64)
+
+
+@pytest.mark.parametrize("h", [64, 256])
+def test_backward_variants_keep_the_base_first(h):
+  """`bwd_variants` lists `base` first, keeps it among the configs its kernels equal after
+  fitting the slots, and at H256 also tries single slots (where two would fit)."""
+  base = mosaic.MosaicAttention()._get_heuristics_config(_abstract_record(h, 512))
+  variants = mosaic.bwd_variants(base, h)
+  assert variants[0] == base and len(variants) > 1
+  kernels = [mosaic._bwd_kernel_params(c, h) for c in variants]
+  assert len({(p, tuple(passes)) for p, passes in kernels}) == len(variants)
+  one_slot = [c for c in variants if c.dq_num_stages == 1 or c.bwd_num_stages == 1]
+  assert bool(one_slot) == (h == 256)
+  for config in variants:
+    assert mosaic.bwd_config_reason(config, h) is None
+    fields = set(mosaic.MosaicAttentionConfig.BACKWARD_FIELDS)
+    assert all(
+      getattr(config, f) == getattr(base, f) for f in dataclasses.asdict(base).keys() - fields
+    )
+
+
+def _forward_call(monkeypatch, config, t, s, h, **kw):
+  """The params and operands the wrapper's `_fwd` hands the forward kernel (not run)."""
+  calls = []
+
+  def fake_forward(params, q, k, v, lengths, bias=None, mask=None, *, interpret=None):
+    del interpret
+    calls.append((params, q, k, v, lengths, bias, mask))
+    b, tp, n, _ = q.shape
+    return jnp.zeros(q.shape, q.dtype), jnp.zeros((b, n, tp), jnp.float32)
+
+  monkeypatch.setattr(mosaic.mosaic_fwd, "forward", fake_forward)
+  q, k, v, _ = _inputs(0, 1, t, s, 2, 1, h, jnp.bfloat16)
+  record = spec.canonicalize(q, k, v, **kw)
+  out, _ = mosaic.MosaicAttention(config=config)._fwd(record, config)
+  assert out.shape == q.shape and len(calls) == 1
+  return calls[0]
+
+
+@pytest.mark.parametrize(
+  ("s", "stages", "want"),
+  # Slots past the key blocks are capped (at two, the pipeline's least): 72 keys are one
+  # 128-key block, 300 keys three.
+  [(72, 4, 2), (300, 4, 3), (300, 2, 2), (600, 3, 3)],
+)
+def test_forward_slots_capped_by_key_blocks(monkeypatch, s, stages, want):
+  config = mosaic.MosaicAttentionConfig(block_kv=128, num_stages=stages)
+  params, q, k, *_ = _forward_call(monkeypatch, config, 100, s, 64)
+  assert params.num_stages == want
+  assert (params.block_q, params.block_kv) == (64, 128)
+  # T pads to whole CTA tiles (two consumers of 64 rows), S to whole key blocks.
+  assert q.shape[1] == 128 and k.shape[1] == -(-s // 128) * 128
+
+
+@pytest.mark.parametrize(
+  ("h", "block_kv", "bias_dtype", "staged"),
+  # Hand counts (bytes): 128 query rows 128*H*2, two slots of keys and values
+  # 2*2*block_kv*H*2, two slots of the bias and int8 mask tiles 2*128*block_kv*(itemsize + 1),
+  # lse 512; at most 227 KiB - 4 KiB = 228352.
+  [
+    (64, 64, jnp.bfloat16, True),  # 16384 + 32768 + 49152 + 512
+    (64, 128, jnp.float32, False),  # 16384 + 65536 + 163840 + 512
+    (64, 128, jnp.bfloat16, True),  # 16384 + 65536 + 98304 + 512
+    (128, 128, jnp.bfloat16, False),  # 32768 + 131072 + 98304 + 512
+    (128, 64, jnp.float32, True),  # 32768 + 65536 + 81920 + 512
+  ],
+)
+def test_forward_stages_the_planes_only_where_they_fit(
+  monkeypatch, h, block_kv, bias_dtype, staged
+):
+  t, s = 100, 200
+  config = mosaic.MosaicAttentionConfig(block_kv=block_kv)
+  bias = jax.random.normal(jax.random.key(1), (1, 2, t, s), jnp.float32).astype(bias_dtype)
+  mask = _mask(2, (1, 1, t, s))
+  params, *_, b, m = _forward_call(monkeypatch, config, t, s, h, bias=bias, mask=mask)
+  assert params.stage_extras == staged
+  assert b.dtype == bias_dtype and m.dtype == jnp.int8
+  s_pad = -(-s // block_kv) * block_kv
+  assert b.shape == (1, 2, 128, s_pad) and m.shape == (1, 1, 128, s_pad)
+  np.testing.assert_array_equal(np.asarray(b[:, :, :t, :s]), np.asarray(bias))
+  np.testing.assert_array_equal(np.asarray(m[:, :, :t, :s]), np.asarray(mask, np.int8))
+
+
+def test_forward_broadcast_planes_reach_the_kernel_padded(monkeypatch):
+  """A bias broadcast over queries and keys becomes one row over all the padded keys; a mask
+  broadcast over the keys keeps its one column and pads its rows; a bias broadcast over the
+  queries pads its keys only."""
+  t, s = 100, 200
+  config = mosaic.MosaicAttentionConfig(block_kv=128)
+  scalar = jnp.full((1, 1, 1, 1), 0.5, jnp.float32)
+  rows = _mask(3, (1, 2, t, 1), dead_rows=0.0)
+  *_, b, m = _forward_call(monkeypatch, config, t, s, 64, bias=scalar, mask=rows)
+  assert b.shape == (1, 1, 1, 256) and np.all(np.asarray(b) == 0.5)
+  assert m.shape == (1, 2, 128, 1) and m.dtype == jnp.int8
+  np.testing.assert_array_equal(np.asarray(m[:, :, :t]), np.asarray(rows, np.int8))
+  keys = jax.random.normal(jax.random.key(4), (1, 2, 1, s), jnp.float32)
+  *_, b, m = _forward_call(monkeypatch, config, t, s, 64, bias=keys)
+  assert m is None and b.shape == (1, 2, 1, 256)
+  np.testing.assert_array_equal(np.asarray(b[..., :s]), np.asarray(keys))
