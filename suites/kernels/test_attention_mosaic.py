@@ -651,7 +651,7 @@ def test_xla_bias_gradient_only_when_the_bias_is_differentiated(bias_grad):
 
 
 def _abstract_record(h, s, t=256, bias=None, mask=None, **kw):
-  """A canonical record of abstract bfloat16 inputs [1, T, 2, H] and [1, S, 1|2, H]."""
+  """A canonical record of abstract bfloat16 query [1, T, 2, H] and keys/values [1, S, 2, H]."""
   sds = jax.ShapeDtypeStruct
   q, kv = sds((1, t, 2, h), jnp.bfloat16), sds((1, s, 2, h), jnp.bfloat16)
   return jax.eval_shape(

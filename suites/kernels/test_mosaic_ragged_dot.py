@@ -487,3 +487,141 @@ def test_interpret_drhs_tiles_of_k_and_n_and_epilogue_chunks(capfd):
   )
   assert out.shape == want.shape
   np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=1e-5, atol=1e-4)
+
+
+def _abstract_record(layout, m, k, n, g, out_dtype=None):
+  shapes = (
+    jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+    jax.ShapeDtypeStruct(_rhs_shape(layout, m, k, n, g), jnp.bfloat16),
+  )
+  dims = spec.dimension_numbers(layout)
+  return jax.eval_shape(
+    lambda a, b: spec.canonicalize(
+      a, b, jnp.zeros(g, jnp.int32), dims, preferred_element_type=out_dtype
+    ),
+    *shapes,
+  )
+
+
+@pytest.mark.parametrize("layout", spec.LAYOUTS)
+def test_autotuning_tries_clusters_of_the_row_ragged_kernel_only(layout):
+  """The forward kernel's configs come with one- and two-CTA clusters; the drhs kernel has no
+  clusters, so its configs all take one (none is timed twice)."""
+  configs = mosaic.MosaicRaggedDot()._get_autotuning_configs(
+    _abstract_record(layout, 1024, 512, 256, 4)
+  )
+  clusters = {c.cluster for c in configs}
+  assert clusters == ({1} if layout == spec.RAGGED_CONTRACTING else {1, 2})
+
+
+@pytest.mark.parametrize("cluster", [1, 2])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_config_cluster_reaches_the_forward_kernel(monkeypatch, cluster, transpose):
+  """`_compute` hands the row-ragged kernel the config's cluster (and its blocks)."""
+  seen = []
+
+  def fake_fwd(lhs, rhs, sizes, before, *, transpose_rhs, out_dtype, config, **_):
+    seen.append((config, transpose_rhs, out_dtype))
+    return jnp.zeros((lhs.shape[0], rhs.shape[1 if transpose_rhs else 2]), out_dtype)
+
+  monkeypatch.setattr(mosaic.mosaic_fwd, "ragged_dot_fwd", fake_fwd)
+  layout = spec.RHS_TRANSPOSED if transpose else spec.DEFAULT
+  record = spec.canonicalize(
+    jnp.ones((256, 128), jnp.bfloat16),
+    jnp.ones(_rhs_shape(layout, 256, 128, 192, 2), jnp.bfloat16),
+    jnp.array([100, 100], jnp.int32),
+    spec.dimension_numbers(layout),
+    preferred_element_type=jnp.float32,
+  )
+  config = mosaic.MosaicRaggedDotConfig(block_n=64, num_stages=3, epi_n=64, cluster=cluster)
+  out = mosaic.MosaicRaggedDot()._compute(record, config)
+  assert out.shape == (256, 192)
+  ((kernel_config, transpose_rhs, out_dtype),) = seen
+  assert transpose_rhs == transpose and out_dtype == jnp.float32
+  assert kernel_config == mosaic_fwd.MosaicRaggedDotFwdConfig(
+    block_n=64, block_k=64, num_stages=3, epi_n=64, cluster=cluster
+  )
+
+
+@pytest.mark.parametrize("layout", spec.LAYOUTS)
+def test_unsupported_reason_judges_the_given_config(layout):
+  """N=128 suits the heuristic's block_n=128 but not a given block_n=256: refused."""
+  record = _abstract_record(layout, 256, 256, 128, 2)
+  assert mosaic.MosaicRaggedDot()._unsupported_reason(record) is None
+  wide = mosaic.MosaicRaggedDotConfig(block_n=256, num_stages=2, epi_n=128)
+  reason = mosaic.MosaicRaggedDot(config=wide)._unsupported_reason(record)
+  assert reason is not None and "block_n=256" in reason, reason
+
+
+def test_drhs_shared_memory_bytes():
+  """The drhs kernel's shared memory, counted by hand: per stage a [block_m, 128] lhs tile and
+  a [block_m, block_n] rhs tile; two [64, epi_n] epilogue buffers of the output dtype."""
+  c = mosaic_drhs.MosaicRaggedDotDrhsConfig(block_n=256, block_m=64, num_stages=3, epi_n=128)
+  assert mosaic_drhs.smem_bytes(c, 2, 4) == 3 * (64 * 128 + 64 * 256) * 2 + 2 * 64 * 128 * 4
+  assert mosaic_drhs.smem_bytes(c, 2, 2) == 3 * (64 * 128 + 64 * 256) * 2 + 2 * 64 * 128 * 2
+  # 227 KiB - 1 KiB = 231424 bytes: 4 stages and a float32 epilogue take 262144, 3 take 212992.
+  assert mosaic_drhs.config_reason(c, 1024, 256, 256, 2, 4) is None
+  c4 = dataclasses.replace(c, num_stages=4)
+  reason = mosaic_drhs.config_reason(c4, 1024, 256, 256, 2, 4)
+  assert reason is not None and "shared memory" in reason
+
+
+def test_drhs_config_reasons():
+  """The drhs kernel refuses N off whole block_n tiles, epi_n not dividing block_n, and row
+  chunks other than one 128-byte swizzle deep."""
+  drhs = mosaic_drhs.MosaicRaggedDotDrhsConfig
+  base = dict(block_n=128, block_m=64, num_stages=2, epi_n=64)
+  assert mosaic_drhs.config_reason(drhs(**base), 512, 128, 256, 2, 4) is None
+  assert "N=192" in mosaic_drhs.config_reason(drhs(**base), 512, 128, 192, 2, 4)
+  assert "epi_n" in mosaic_drhs.config_reason(drhs(**{**base, "epi_n": 96}), 512, 128, 256, 2, 4)
+  for block_m, itemsize in ((32, 2), (128, 2), (64, 4)):
+    reason = mosaic_drhs.config_reason(
+      drhs(**{**base, "block_m": block_m}), 512, 128, 256, itemsize, 4
+    )
+    assert reason is not None and "block_m" in reason, (block_m, itemsize, reason)
+
+
+@pytest.mark.parametrize("out_dtype", [jnp.int32, np.float64])
+def test_unsupported_reason_names_an_output_dtype(out_dtype):
+  """bfloat16 inputs with an output dtype the epilogue cannot write: refused, naming it."""
+  record = spec.canonicalize(
+    jnp.ones((128, 256), jnp.bfloat16),
+    jnp.ones((2, 256, 256), jnp.bfloat16),
+    jnp.array([64, 64], jnp.int32),
+    preferred_element_type=out_dtype,
+  )
+  reason = mosaic.MosaicRaggedDot(interpret=True)._unsupported_reason(record)
+  assert reason is not None and f"preferred_element_type {np.dtype(out_dtype).name}" in reason
+
+
+@pytest.mark.parametrize("layout", spec.LAYOUTS)
+def test_rows_reach_the_kernels_in_whole_tma_tiles(monkeypatch, layout):
+  """M=130 rows reach the kernels padded with zero rows to 136 (whole 8-row TMA tiles; at least
+  one 128-row block for the row-ragged kernel), and the output keeps M rows."""
+  seen = []
+
+  def fake(lhs, rhs, sizes, before, *, out_dtype, transpose_rhs=None, **_):
+    seen.append((lhs, rhs))
+    if layout == spec.RAGGED_CONTRACTING:
+      return jnp.zeros((sizes.shape[0], lhs.shape[1], rhs.shape[1]), out_dtype)
+    return jnp.zeros((lhs.shape[0], rhs.shape[1 if transpose_rhs else 2]), out_dtype)
+
+  monkeypatch.setattr(mosaic.mosaic_fwd, "ragged_dot_fwd", fake)
+  monkeypatch.setattr(mosaic.mosaic_drhs, "ragged_contracting_dot", fake)
+  m, k, n = 130, 128, 64
+  rng = np.random.default_rng(7)
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+  rhs = jnp.asarray(rng.standard_normal(_rhs_shape(layout, m, k, n, 2)), jnp.bfloat16)
+  record = spec.canonicalize(
+    lhs, rhs, jnp.array([60, 70], jnp.int32), spec.dimension_numbers(layout)
+  )
+  out = mosaic.MosaicRaggedDot()._compute(record, SMALL)
+  assert out.shape == record.out_shape
+  ((lhs_k, rhs_k),) = seen
+  assert lhs_k.shape == (136, k)
+  np.testing.assert_array_equal(np.asarray(lhs_k[:m]), np.asarray(lhs))
+  assert not np.asarray(lhs_k[m:]).any()
+  if layout == spec.RAGGED_CONTRACTING:
+    assert rhs_k.shape == (136, n) and not np.asarray(rhs_k[m:]).any()
+  else:
+    assert rhs_k.shape == rhs.shape
