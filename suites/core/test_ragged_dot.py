@@ -1,5 +1,7 @@
 """ragged_dot and ragged_dot_general against the dense one-hot float64 reference."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -222,3 +224,75 @@ def test_positional_arguments_are_those_of_jax_lax(inputs):
   for out, name in calls:
     assert out.dtype == jnp.float32, name
     assert_matches(out, expected, what=name)
+
+
+def test_generated_sizes_with_every_group_forced_empty_still_sum_to_m():
+  """An empty fraction of one leaves no group to take the rows: none is forced empty then."""
+  sizes = tokamax.generate_ragged_dot_group_sizes(100, 4, seed=2, empty_fraction=1.0)
+  assert sizes.sum() == 100 and sizes.shape == (4,) and sizes.dtype == np.int32
+  assert (sizes >= 0).all()
+
+
+@pytest.mark.parametrize(("m", "g"), ((10, 0), (-1, 3)))
+def test_generated_sizes_refuse_no_groups_or_negative_rows(m, g):
+  with pytest.raises(ValueError, match="num_groups"):
+    tokamax.generate_ragged_dot_group_sizes(m, g)
+
+
+def test_timing_inputs_take_the_representative_sizes_and_group_zero():
+  """Timing runs draw the representative sizes where there are some (else random sizes summing
+  to M, one per group) and start at group zero."""
+  lhs, rhs = jnp.ones((M, K)), jnp.ones((4, K, N))
+  wrapped = tokamax.RaggedDotGroupSizes(jnp.array([40, 5, 0, 0]), (10, 15, 0, 20))
+  record = spec.canonicalize(lhs, rhs, wrapped, group_offset=jnp.array([0]))
+  draw = spec.SPEC.integer_inputs
+  rng = np.random.default_rng(0)
+  sizes = draw["group_sizes"](record, (4,), rng)
+  np.testing.assert_array_equal(sizes, [10, 15, 0, 20])
+  plain = spec.canonicalize(lhs, rhs, jnp.array([40, 5, 0, 0]))
+  sizes = draw["group_sizes"](plain, (4,), rng)
+  assert sizes.shape == (4,) and sizes.sum() == M and sizes.dtype == np.int32
+  offset = draw["group_offset"](record, (1,), rng)
+  np.testing.assert_array_equal(offset, [0])
+  assert offset.dtype == np.int32
+
+
+class _Shard:
+  """A stand-in for `partitioning.Shard` at a fixed position."""
+
+  def __init__(self, index):
+    self._index = index
+
+  def index(self):
+    return jnp.int32(self._index)
+
+
+@pytest.mark.parametrize("shard", (0, 1, 2))
+def test_localize_rows_takes_each_shards_share_of_every_group(shard):
+  """A shard of 16 of the 48 rows computes, of each group, the rows it holds (hand count)."""
+  sizes = jnp.array([10, 0, 17, 3, 15], jnp.int32)  # Rows 0-9, -, 10-26, 27-29, 30-44.
+  record = spec.canonicalize(jnp.ones((48, 4)), jnp.ones((5, 4, 3)), sizes)
+  local = spec._localize(dataclasses.replace(record, lhs=jnp.ones((16, 4))), {"m": _Shard(shard)})
+  want = {0: [10, 0, 6, 0, 0], 1: [0, 0, 11, 3, 2], 2: [0, 0, 0, 0, 13]}[shard]
+  np.testing.assert_array_equal(local.group_sizes, want)
+  assert local.group_offset is None and local.num_groups == 5
+
+
+@pytest.mark.parametrize(("offset", "groups"), ((None, 6), (1, 4)))
+def test_localize_groups_shifts_the_group_offset(offset, groups):
+  """The second of two shards of the groups of rhs starts at its first group, past the call's
+  own offset: group 3 either way."""
+  sizes = jnp.array([7, 0, 11, 9, 6, 8], jnp.int32)
+  group_offset = None if offset is None else jnp.array([offset])
+  record = spec.canonicalize(
+    jnp.ones((45, 4)),
+    jnp.ones((groups, 4, 3)),
+    sizes,
+    group_offset=group_offset,
+    num_local_groups=groups,
+  )
+  shard_rhs = jnp.ones((groups // 2, 4, 3))
+  local = spec._localize(dataclasses.replace(record, rhs=shard_rhs), {"g": _Shard(1)})
+  np.testing.assert_array_equal(local.group_offset, [3])
+  assert local.num_groups == groups // 2
+  np.testing.assert_array_equal(local.group_sizes, sizes)
