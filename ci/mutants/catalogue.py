@@ -11222,6 +11222,46 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_MOSAIC_RAGGED, "-k", "drhs_shared_memory"),
     "The drhs kernel takes configs past the shared memory.",
   ),
+  Mutation(
+    "mosaic_attention.fwd_overlap_dropped",
+    _ATTENTION + "mosaic.py",
+    "      overlap_qk=config.overlap_qk,",
+    "      overlap_qk=False,",
+    (_MOSAIC_ATTENTION, "-k", "configs_schedule"),
+    "The forward never overlaps Q.K^T with the softmax, whatever the config says.",
+  ),
+  Mutation(
+    "mosaic_attention.fwd_barrier_always",
+    _ATTENTION + "mosaic.py",
+    "      schedule_barrier=config.schedule_barrier,",
+    "      schedule_barrier=True,",
+    (_MOSAIC_ATTENTION, "-k", "configs_schedule"),
+    "The forward keeps the schedule barrier where the config drops it.",
+  ),
+  Mutation(
+    "ragged_spec.partition_rhs_transposed_labels",
+    _RAGGED + "spec.py",
+    '    rhs = ("g", "k", "n") if args.layout == DEFAULT else ("g", "n", "k")',
+    '    rhs = ("g", "k", "n")',
+    ("suites/core/test_ragged_dot.py", "-k", "partitioning_labels"),
+    "The sharding rule labels rhs [G, N, K] of rhs_transposed as [G, K, N].",
+  ),
+  Mutation(
+    "ragged_spec.partition_contracting_out_transposed",
+    _RAGGED + "spec.py",
+    '    rhs, out = ("m", "n"), (None, "k", "n")',
+    '    rhs, out = ("m", "n"), (None, "n", "k")',
+    ("suites/core/test_ragged_dot.py", "-k", "partitioning_labels"),
+    "The sharding rule labels the ragged-contracting output [G, K, N] as [G, N, K].",
+  ),
+  Mutation(
+    "mosaic_ragged.interpret_all_sms",
+    _RAGGED + "mosaic.py",
+    "      num_sms=gemm.num_sms(self.interpret),",
+    "      num_sms=gemm.num_sms(),",
+    (_MOSAIC_RAGGED, "-k", "few_ctas"),
+    "Interpreted kernels run one CTA per SM of an H100 (132 thread sets on the host).",
+  ),
 )
 
 

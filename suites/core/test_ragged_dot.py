@@ -296,3 +296,29 @@ def test_localize_groups_shifts_the_group_offset(offset, groups):
   np.testing.assert_array_equal(local.group_offset, [3])
   assert local.num_groups == groups // 2
   np.testing.assert_array_equal(local.group_sizes, sizes)
+
+
+@pytest.mark.parametrize("layout", spec.LAYOUTS)
+def test_partitioning_labels_match_the_dims(layout):
+  """Each split label of the sharding rule names axes of one size across lhs, rhs and the
+  output (M=45, K=24, N=13, G=5 here), and the shards' outputs add up."""
+  sizes = jnp.array([10, 0, 17, 3, 15], jnp.int32)
+  shapes = {
+    spec.DEFAULT: (5, K, N),
+    spec.RHS_TRANSPOSED: (5, N, K),
+    spec.RAGGED_CONTRACTING: (M, N),
+  }
+  record = spec.canonicalize(
+    jnp.ones((M, K)), jnp.ones(shapes[layout]), sizes, spec.dimension_numbers(layout)
+  )
+  rule = spec.partitioning(record)
+  want = {"m": M, "k": K, "n": N, "g": 5}
+  shapes = {"lhs": (M, K), "rhs": record.rhs.shape, "group_sizes": (5,), "group_offset": (1,)}
+  for name, labels in rule.inputs.items():
+    assert len(labels) == len(shapes[name]), name
+    for label, size in zip(labels, shapes[name], strict=True):
+      assert label is None or want[label] == size, (name, labels)
+  assert len(rule.output) == len(record.out_shape)
+  for label, size in zip(rule.output, record.out_shape, strict=True):
+    assert label is None or want[label] == size, rule.output
+  assert rule.combine == "sum" and rule.split == {"m", "n", "g"}

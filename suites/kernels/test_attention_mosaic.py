@@ -851,3 +851,15 @@ def test_forward_broadcast_planes_reach_the_kernel_padded(monkeypatch):
   *_, b, m = _forward_call(monkeypatch, config, t, s, 64, bias=keys)
   assert m is None and b.shape == (1, 2, 1, 256)
   np.testing.assert_array_equal(np.asarray(b[..., :s]), np.asarray(keys))
+
+
+@pytest.mark.parametrize(("overlap", "sched"), [(True, False), (False, False), (True, True)])
+def test_forward_takes_the_configs_schedule(monkeypatch, overlap, sched):
+  """The config's overlap and schedule barrier, the scale, soft cap and masking reach the
+  forward kernel as given (the interpreter computes the same either way)."""
+  config = mosaic.MosaicAttentionConfig(block_kv=64, overlap_qk=overlap, schedule_barrier=sched)
+  kw = dict(scale=0.3, logits_soft_cap=4.0, is_causal=True, local_window_size=(20, 0))
+  params, *_ = _forward_call(monkeypatch, config, 100, 128, 64, **kw)
+  assert (params.overlap_qk, params.schedule_barrier) == (overlap, sched)
+  assert (params.scale, params.soft_cap) == (0.3, 4.0)
+  assert params.masking == mosaic_common.Masking(causal=True, window=(20, 0))

@@ -18,7 +18,7 @@ from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from suites import opdb
-from tokamax._src.ops import kernel_ops
+from tokamax._src.ops import kernel_ops, mosaic_gemm
 from tokamax._src.ops.ragged_dot import api, mosaic, mosaic_drhs, mosaic_fwd, spec
 from tokamax_harness import compare, references
 
@@ -625,3 +625,25 @@ def test_rows_reach_the_kernels_in_whole_tma_tiles(monkeypatch, layout):
     assert rhs_k.shape == (136, n) and not np.asarray(rhs_k[m:]).any()
   else:
     assert rhs_k.shape == rhs.shape
+
+
+@pytest.mark.parametrize("interpret", [False, True])
+def test_interpreted_kernels_run_few_ctas(monkeypatch, interpret):
+  """Interpreted, the persistent kernels run `INTERPRET_NUM_SMS` CTAs (each one a set of
+  threads on the host); compiled, one per SM."""
+  seen = []
+
+  def fake(lhs, rhs, sizes, before, *, out_dtype, num_sms, **_):
+    seen.append(num_sms)
+    return jnp.zeros((sizes.shape[0], lhs.shape[1], rhs.shape[1]), out_dtype)
+
+  monkeypatch.setattr(mosaic.mosaic_drhs, "ragged_contracting_dot", fake)
+  record = spec.canonicalize(
+    jnp.ones((64, 128), jnp.bfloat16),
+    jnp.ones((64, 64), jnp.bfloat16),
+    jnp.array([30, 34], jnp.int32),
+    spec.dimension_numbers(spec.RAGGED_CONTRACTING),
+  )
+  mosaic.MosaicRaggedDot(interpret=interpret)._compute(record, SMALL)
+  want = mosaic_gemm.INTERPRET_NUM_SMS if interpret else mosaic_gemm.num_sms(False)
+  assert seen == [want] and mosaic_gemm.INTERPRET_NUM_SMS < mosaic_gemm.DEFAULT_NUM_SMS
