@@ -11262,6 +11262,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_MOSAIC_RAGGED, "-k", "few_ctas"),
     "Interpreted kernels run one CTA per SM of an H100 (132 thread sets on the host).",
   ),
+  Mutation(
+    "ragged_spec.gradients_uncast",
+    _RAGGED + "spec.py",
+    "    grads[name] = compute(record).astype(operands[name].dtype)",
+    "    grads[name] = compute(record)",
+    ("suites/core/test_ragged_dot.py", "-k", "other_layouts"),
+    "The shared gradients come back in float32 for bfloat16 inputs.",
+  ),
+  Mutation(
+    "ragged_spec.gradients_in_output_dtype",
+    _RAGGED + "spec.py",
+    "      out_dtype=numerics.accumulation_dtype(operands[a].dtype),",
+    "      out_dtype=args.out_dtype,",
+    ("suites/core/test_ragged_dot.py", "-k", "other_layouts"),
+    "Gradient records take the forward's output dtype instead of the float32 accumulation.",
+  ),
 )
 
 
