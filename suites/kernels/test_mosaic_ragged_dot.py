@@ -302,17 +302,7 @@ def test_config_reason_counts_a_float32_outputs_epilogue(layout):
   op = mosaic.MosaicRaggedDot()
 
   def record(out_dtype):
-    shapes = (
-      jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
-      jax.ShapeDtypeStruct(_rhs_shape(layout, m, k, n, g), jnp.bfloat16),
-    )
-    dims = spec.dimension_numbers(layout)
-    return jax.eval_shape(
-      lambda a, b: spec.canonicalize(
-        a, b, jnp.zeros(g, jnp.int32), dims, preferred_element_type=out_dtype
-      ),
-      *shapes,
-    )
+    return _abstract_record(layout, m, k, n, g, out_dtype)
 
   wide = mosaic.MosaicRaggedDotConfig(block_n=256, num_stages=4, epi_n=128)
   assert mosaic._config_reason(record(None), wide) is None

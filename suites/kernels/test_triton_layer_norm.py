@@ -264,10 +264,15 @@ def test_interpreted_one_pass_statistics_do_not_cancel_far_from_zero(persistent)
   """Rows at mean 1000 with unit spread: E[x^2] - E[x]^2 unshifted loses the variance in float32."""
   rng = np.random.default_rng(7)
   x = jnp.asarray(1000.0 + rng.standard_normal((4, 256)), jnp.float32)
+  _check_one_pass_statistics(x, 1 if persistent else None, atol=1e-3)
+
+
+def _check_one_pass_statistics(x, fwd_programs: int | None, atol: float):
+  """The one-pass forward interpreted (persistent with `fwd_programs`) against float64."""
   args = spec.canonicalize(x, None, None)
   config = norm_triton.TritonNormConfig(block_m=2, num_warps=4, fwd_one_pass=True)
-  if persistent:
-    config = dataclasses.replace(config, fwd_programs=1)
+  if fwd_programs is not None:
+    config = dataclasses.replace(config, fwd_programs=fwd_programs)
   with triton_call.interpret():
     out, (mean, rstd) = OP._fwd(args, config)
   x64 = np.asarray(x, np.float64)
@@ -275,7 +280,7 @@ def test_interpreted_one_pass_statistics_do_not_cancel_far_from_zero(persistent)
   ref_rstd = 1 / np.sqrt(x64.var(axis=1) + 1e-6)
   np.testing.assert_allclose(np.asarray(mean), ref_mean, rtol=1e-6)
   np.testing.assert_allclose(np.asarray(rstd), ref_rstd, rtol=1e-4)
-  np.testing.assert_allclose(out, (x64 - ref_mean[:, None]) * ref_rstd[:, None], atol=1e-3)
+  np.testing.assert_allclose(out, (x64 - ref_mean[:, None]) * ref_rstd[:, None], atol=atol)
 
 
 @pytest.mark.host_only
@@ -403,18 +408,7 @@ def test_interpreted_one_pass_shifts_each_row_by_its_own_element(persistent):
   rng = np.random.default_rng(8)
   means = 1000.0 * np.array([1, -2, 3, -4, 5, -6])[:, None]
   x = jnp.asarray(means + rng.standard_normal((6, 96)), jnp.float32)
-  args = spec.canonicalize(x, None, None)
-  config = norm_triton.TritonNormConfig(block_m=2, num_warps=4, fwd_one_pass=True)
-  if persistent:
-    config = dataclasses.replace(config, fwd_programs=2)
-  with triton_call.interpret():
-    out, (mean, rstd) = OP._fwd(args, config)
-  x64 = np.asarray(x, np.float64)
-  ref_mean = x64.mean(axis=1)
-  ref_rstd = 1 / np.sqrt(x64.var(axis=1) + 1e-6)
-  np.testing.assert_allclose(np.asarray(mean), ref_mean, rtol=1e-6)
-  np.testing.assert_allclose(np.asarray(rstd), ref_rstd, rtol=1e-4)
-  np.testing.assert_allclose(out, (x64 - ref_mean[:, None]) * ref_rstd[:, None], atol=2e-3)
+  _check_one_pass_statistics(x, 2 if persistent else None, atol=2e-3)
 
 
 def _per_thread(rows: int, d: int, warps: int) -> float:
