@@ -11278,6 +11278,96 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/core/test_ragged_dot.py", "-k", "other_layouts"),
     "Gradient records take the forward's output dtype instead of the float32 accumulation.",
   ),
+  # --- Autotuner worker pool, compile timeouts, progress and time budget (hunt-D) ----
+  Mutation(
+    "autotune.max_workers_ignored",
+    _AUTOTUNER_SRC,
+    '    max_workers=max_workers, thread_name_prefix="tokamax-autotune"',
+    '    max_workers=None, thread_name_prefix="tokamax-autotune"',
+    (_AUTOTUNING_RULES, "-k", "at_most_max_workers"),
+    "The compile pool ignores max_workers and runs as many threads as it likes.",
+  ),
+  Mutation(
+    "autotune.api_max_workers_dropped",
+    _API_SRC,
+    "        max_workers=max_workers,\n",
+    "",
+    (_AUTOTUNING_RULES, "-k", "counts_from_the_first_op"),
+    "tokamax.autotune does not pass max_workers on to the autotuner.",
+  ),
+  Mutation(
+    "autotune.timeout_counts_queue_time",
+    _AUTOTUNER_SRC,
+    "    started[i] = time.monotonic()\n    fn, args = candidates[i]\n"
+    "    return jax.jit(fn).lower(args).compile()\n\n"
+    "  pool = concurrent.futures.ThreadPoolExecutor(\n"
+    '    max_workers=max_workers, thread_name_prefix="tokamax-autotune"\n  )\n'
+    "  futures = {",
+    "    fn, args = candidates[i]\n"
+    "    return jax.jit(fn).lower(args).compile()\n\n"
+    "  pool = concurrent.futures.ThreadPoolExecutor(\n"
+    '    max_workers=max_workers, thread_name_prefix="tokamax-autotune"\n  )\n'
+    "  started.update(dict.fromkeys(range(len(candidates)), time.monotonic()))\n"
+    "  futures = {",
+    (_AUTOTUNING_RULES, "-k", "queued_candidate"),
+    "A candidate's compile timeout runs from submission, so queued candidates time out.",
+  ),
+  Mutation(
+    "autotune.timeout_not_advancing_progress",
+    _AUTOTUNER_SRC,
+    '          progress.update(f"candidate {i} timed out", advance=1)',
+    '          progress.update(f"candidate {i} timed out")',
+    (_AUTOTUNING_RULES, "-k", "timed_out_candidate_advances"),
+    "A timed-out candidate never advances the progress bar (it never reaches its total).",
+  ),
+  Mutation(
+    "autotune.progress_carriage_return_off_terminal",
+    _AUTOTUNER_SRC,
+    '    end = "\\n" if not sys.stderr.isatty() or self.done >= self.total else ""',
+    '    end = "\\n" if self.done >= self.total else ""',
+    (_AUTOTUNING_RULES, "-k", "off_a_terminal"),
+    "Progress lines written to a log file run together on one line.",
+  ),
+  Mutation(
+    "autotune.progress_bar_fill_rounded_up",
+    _AUTOTUNER_SRC,
+    "    filled = int(width * self.done / self.total)",
+    "    filled = -(-width * self.done // self.total)",
+    (_AUTOTUNING_RULES, "-k", "off_a_terminal"),
+    "The progress bar rounds its filled part up (full before the work is done).",
+  ),
+  Mutation(
+    "autotune.progress_total_one_step_per_candidate",
+    _AUTOTUNER_SRC,
+    "  bar = Progress(progress, 2 * len(texts),",
+    "  bar = Progress(progress, len(texts),",
+    (_AUTOTUNING_RULES, "-k", "compile_and_a_timing_step"),
+    "The progress total counts one step per candidate but each takes two (compile, time).",
+  ),
+  Mutation(
+    "autotune.skipped_candidate_not_advancing",
+    _AUTOTUNER_SRC,
+    '      bar.update(f"skipped {text}", advance=1)',
+    '      bar.update(f"skipped {text}")',
+    (_AUTOTUNING_RULES, "-k", "compile_and_a_timing_step"),
+    "A candidate that failed to compile never advances the timing half of the progress bar.",
+  ),
+  Mutation(
+    "autotune.time_budget_per_op",
+    _API_SRC,
+    "  start = time.monotonic()\n  for i, (key, bound, mode) in enumerate(tunable):\n",
+    "  for i, (key, bound, mode) in enumerate(tunable):\n    start = time.monotonic()\n",
+    (_AUTOTUNING_RULES, "-k", "counts_from_the_first_op"),
+    "time_budget_s is applied to each op alone, so no op is ever skipped.",
+  ),
+  Mutation(
+    "autotune.progress_notes_count_from_zero",
+    _API_SRC,
+    '    label = f"({i + 1}/{len(tunable)})',
+    '    label = f"({i}/{len(tunable)})',
+    (_AUTOTUNING_RULES, "-k", "counts_from_the_first_op"),
+    "The per-op progress notes count from 0 (0/3 ... 2/3).",
+  ),
 )
 
 

@@ -11,6 +11,8 @@ arguments apart.
 import dataclasses
 import enum
 import json
+import threading
+import time
 import types
 
 import jax
@@ -688,3 +690,122 @@ def test_dumping_to_a_path_replaces_what_was_there(tmp_path):
   tokamax.AutotuningResult("cpu", (_entry(key="old"),)).dump(path)
   tokamax.AutotuningResult("cpu", (_entry(key="new"),)).dump(str(path))
   assert [d.key for d in tokamax.AutotuningResult.load(path).data] == ["new"]
+
+
+def _compile_candidates(n, seconds, name):
+  """`n` distinct functions (no shared trace cache) that each trace for `seconds`."""
+
+  def make(i):
+    def fn(x):
+      name.append(threading.current_thread().name)
+      time.sleep(seconds[i])
+      return x + i
+
+    return fn
+
+  arg = jax.ShapeDtypeStruct((4,), jnp.float32)
+  return [(make(i), arg) for i in range(n)]
+
+
+@pytest.mark.parametrize("max_workers", [1, 2])
+def test_candidates_compile_on_at_most_max_workers_threads(max_workers):
+  """Four candidates tracing for 0.2 s each: a pool of its own size would use four threads."""
+  threads = []
+  candidates = _compile_candidates(4, [0.2] * 4, threads)
+  bar = autotuner.Progress(False, 4)
+  compiled, errors = autotuner._compile_all(candidates, 60.0, max_workers, bar)
+  assert sorted(compiled) == [0, 1, 2, 3] and not errors
+  assert len(threads) == 4
+  assert len(set(threads)) <= max_workers
+  assert bar.done == 4
+
+
+def test_a_queued_candidate_is_timed_from_its_own_start():
+  """One thread, four candidates of 0.4 s each and a 1 s timeout: none times out.
+
+  The last one waits 1.2 s in the queue; only its own compile time counts.
+  """
+  candidates = _compile_candidates(4, [0.4] * 4, [])
+  bar = autotuner.Progress(False, 4)
+  compiled, errors = autotuner._compile_all(candidates, 1.0, 1, bar)
+  assert errors == {}
+  assert sorted(compiled) == [0, 1, 2, 3]
+
+
+def test_a_timed_out_candidate_advances_the_progress_once():
+  """Candidate 1 traces for 3 s against a 0.5 s timeout; candidate 0 is quick."""
+  candidates = _compile_candidates(2, [0.0, 3.0], [])
+  bar = autotuner.Progress(False, 2)
+  compiled, errors = autotuner._compile_all(candidates, 0.5, None, bar)
+  assert list(compiled) == [0]
+  assert list(errors) == [1] and errors[1].startswith("TimeoutError")
+  assert bar.done == 2
+
+
+def test_progress_writes_one_line_per_update_off_a_terminal(capsys):
+  """Captured stderr is not a terminal: every update is a line of its own, no carriage return."""
+  bar = autotuner.Progress(True, 3, label="t")
+  bar.update("a", advance=1)
+  bar.update("b", advance=1)
+  err = capsys.readouterr().err
+  assert "\r" not in err
+  lines = err.split("\n")
+  assert len(lines) == 3 and lines[2] == ""
+  # 20 * 1 / 3 = 6.7 and 20 * 2 / 3 = 13.3 filled: the bar rounds down.
+  assert lines[0].startswith("[t] [######--------------] 1/3 ")
+  assert lines[1].startswith("[t] [#############-------] 2/3 ")
+  assert lines[0].rstrip().endswith(" a") and lines[1].rstrip().endswith(" b")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Block24Fails(ex.BlockedRowRms):
+  def _fwd(self, args, config):
+    if config.block_cols == 24:
+      raise ValueError("block 24 is broken")
+    return super()._fwd(args, config)
+
+
+def test_the_progress_bar_counts_a_compile_and_a_timing_step_per_candidate(monkeypatch, capsys):
+  """Two candidates (block 24 fails to compile): 2 compile steps, 1 timing, 1 skip = 4 of 4."""
+  monkeypatch.setattr(autotuner.benchmarking, "time_compiled", lambda *a, **k: [1.0])
+  bound = _Block24Fails().bind(_x())
+  bound.autotune(candidates=[ex.BlockConfig(16), ex.BlockConfig(24)], iterations=1, progress=True)
+  lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+  counts = [line.split("] ", 2)[2].split()[0] for line in lines]
+  assert counts == ["1/4", "2/4", "3/4", "4/4"]
+  assert "timed" in lines[2] and "skipped" in lines[3] and "24" in lines[3]
+
+
+def test_the_time_budget_counts_from_the_first_op_and_notes_count_from_one(monkeypatch, capsys):
+  """Three ops of 0.6 s each (a fake clock) and a 1 s budget: the third starts at 1.2 s, skipped."""
+  clock = [0.0]
+  monkeypatch.setattr(api, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+  calls = []
+
+  def fake_autotune_call(op, args, **kwargs):
+    calls.append((args.x.shape, kwargs["max_workers"]))
+    clock[0] += 0.6
+    return autotuner.AutotuningData(
+      op=op.spec.name,
+      implementation=op.name,
+      key=arguments.signature_key(args),
+      mode=kwargs["mode"],
+      config='{"block_cols":16}',
+    )
+
+  monkeypatch.setattr(api.autotuner, "autotune_call", fake_autotune_call)
+
+  def f(x, y, z):
+    rms = lambda a: ex.row_rms(a, implementation="blocked").sum()
+    return rms(x) + rms(y) + rms(z)
+
+  result = tokamax.autotune(
+    f, _x(64), _x(128), _x(256), ignore_cache=True, time_budget_s=1.0, max_workers=3
+  )
+  assert calls == [((8, 64), 3), ((8, 128), 3)]
+  (skipped,) = [d for d in result.data if d.config is None]
+  assert "[8, 256]" in skipped.key and skipped.errors == ((None, "skipped: time budget"),)
+  assert len(result.data) == 3
+  notes = [line for line in capsys.readouterr().err.splitlines() if "[tokamax.autotune]" in line]
+  assert [n.split()[1] for n in notes] == ["(1/3)", "(2/3)", "(3/3)"]
+  assert notes[2].endswith("skipped (time budget)")
