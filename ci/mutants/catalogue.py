@@ -11368,6 +11368,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_AUTOTUNING_RULES, "-k", "counts_from_the_first_op"),
     "The per-op progress notes count from 0 (0/3 ... 2/3).",
   ),
+  Mutation(
+    "export.abstract_gpu_has_a100_sms",
+    "src/tokamax/_src/export.py",
+    'device_kind: str = "NVIDIA H200", num_cores: int = 132',
+    'device_kind: str = "NVIDIA H200", num_cores: int = 108',
+    (_EXPORT, "-k", "abstract_targets"),
+    "abstract_gpu() targets an H200 with an A100's 108 SMs.",
+  ),
 )
 
 

@@ -236,3 +236,14 @@ def test_every_cudnn_call_that_jax_emits_is_allowed():
   assert len(targets) >= 4, targets
   for target in sorted(targets):
     assert jax.export.DisabledSafetyCheck.custom_call(target) in tokamax.DISABLE_JAX_EXPORT_CHECKS
+
+
+def test_the_abstract_targets_name_an_h200_and_a_v5e():
+  """Default targets: an H200 (132 SMs, CUDA) and a TPU v5e (one core); left on exit."""
+  with export.abstract_gpu():
+    device = jax.sharding.get_abstract_mesh().abstract_device
+    assert (device.platform, device.device_kind, device.num_cores) == ("gpu", "NVIDIA H200", 132)
+  with export.abstract_tpu():
+    device = jax.sharding.get_abstract_mesh().abstract_device
+    assert (device.platform, device.device_kind, device.num_cores) == ("tpu", "TPU v5 lite", 1)
+  assert jax.sharding.get_abstract_mesh().empty
