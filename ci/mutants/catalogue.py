@@ -11376,6 +11376,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_EXPORT, "-k", "abstract_targets"),
     "abstract_gpu() targets an H200 with an A100's 108 SMs.",
   ),
+  Mutation(
+    "autotune.errors_in_failure_order",
+    _AUTOTUNER_SRC,
+    "    errors=tuple(sorted(errors.items())),",
+    "    errors=tuple(errors.items()),",
+    (_AUTOTUNING_RULES, "-k", "errors_are_listed_in_config_order"),
+    "Candidate errors are listed in the order they happened (compile failures first).",
+  ),
 )
 
 

@@ -809,3 +809,19 @@ def test_the_time_budget_counts_from_the_first_op_and_notes_count_from_one(monke
   notes = [line for line in capsys.readouterr().err.splitlines() if "[tokamax.autotune]" in line]
   assert [n.split()[1] for n in notes] == ["(1/3)", "(2/3)", "(3/3)"]
   assert notes[2].endswith("skipped (time budget)")
+
+
+def test_candidate_errors_are_listed_in_config_order(monkeypatch):
+  """Block 24 fails to compile, then block 16 fails to run: listed 16 first, as configs sort."""
+
+  def time_compiled(*args, **kwargs):
+    raise RuntimeError("block 16 crashed")
+
+  monkeypatch.setattr(autotuner.benchmarking, "time_compiled", time_compiled)
+  bound = _Block24Fails().bind(_x())
+  data = bound.autotune(candidates=[ex.BlockConfig(24), ex.BlockConfig(16)], iterations=1)
+  assert data.config is None and not data.timings_ms
+  assert [(_block(c), e.split(":")[0]) for c, e in data.errors] == [
+    (16, "RuntimeError"),
+    (24, "ValueError"),
+  ]
