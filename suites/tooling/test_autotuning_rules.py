@@ -721,22 +721,23 @@ def test_candidates_compile_on_at_most_max_workers_threads(max_workers):
 
 
 def test_a_queued_candidate_is_timed_from_its_own_start():
-  """One thread, four candidates of 0.4 s each and a 1 s timeout: none times out.
+  """One thread, eight candidates of 0.3 s each and a 1.5 s timeout: none times out.
 
-  The last one waits 1.2 s in the queue; only its own compile time counts.
+  The last three wait 1.5-2.1 s in the queue; only their own compile time counts (0.3 s and
+  XLA's, with over a second to spare on a loaded machine).
   """
-  candidates = _compile_candidates(4, [0.4] * 4, [])
-  bar = autotuner.Progress(False, 4)
-  compiled, errors = autotuner._compile_all(candidates, 1.0, 1, bar)
+  candidates = _compile_candidates(8, [0.3] * 8, [])
+  bar = autotuner.Progress(False, 8)
+  compiled, errors = autotuner._compile_all(candidates, 1.5, 1, bar)
   assert errors == {}
-  assert sorted(compiled) == [0, 1, 2, 3]
+  assert sorted(compiled) == list(range(8))
 
 
 def test_a_timed_out_candidate_advances_the_progress_once():
-  """Candidate 1 traces for 3 s against a 0.5 s timeout; candidate 0 is quick."""
-  candidates = _compile_candidates(2, [0.0, 3.0], [])
+  """Candidate 1 traces for 4 s against a 1.5 s timeout; candidate 0 is quick."""
+  candidates = _compile_candidates(2, [0.0, 4.0], [])
   bar = autotuner.Progress(False, 2)
-  compiled, errors = autotuner._compile_all(candidates, 0.5, None, bar)
+  compiled, errors = autotuner._compile_all(candidates, 1.5, None, bar)
   assert list(compiled) == [0]
   assert list(errors) == [1] and errors[1].startswith("TimeoutError")
   assert bar.done == 2
