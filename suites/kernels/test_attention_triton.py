@@ -170,6 +170,20 @@ def test_unsupported_long_keys():
   assert attention_triton.unsupported_reason(jax.eval_shape(spec.canonicalize, q, kv, kv)) is None
 
 
+def test_unsupported_long_values():
+  """A value head dim wider than the query's sets the key/value side's size:
+  S * K * HV = 2**19 * 16 * 256 = 2**31 elements, though S * K * H is only 2**29."""
+  q = jax.ShapeDtypeStruct((1, 16, 16, 64), jnp.bfloat16)
+  k = jax.ShapeDtypeStruct((1, 1 << 19, 16, 64), jnp.bfloat16)
+  v = jax.ShapeDtypeStruct((1, 1 << 19, 16, 256), jnp.bfloat16)
+  reason = attention_triton.unsupported_reason(jax.eval_shape(spec.canonicalize, q, k, v))
+  assert reason is not None and "32 bits" in reason
+  # One key fewer fits.
+  k = jax.ShapeDtypeStruct((1, (1 << 19) - 1, 16, 64), jnp.bfloat16)
+  v = jax.ShapeDtypeStruct((1, (1 << 19) - 1, 16, 256), jnp.bfloat16)
+  assert attention_triton.unsupported_reason(jax.eval_shape(spec.canonicalize, q, k, v)) is None
+
+
 @pytest.mark.parametrize(
   "kw", [{}, dict(dtype=jnp.float32, h=256), dict(is_causal=True, local_window_size=(3, 0))]
 )
@@ -210,6 +224,32 @@ def test_heuristic_config():
     _args(t=4096, s=4096, h=128, b=1, n=1, k=1, bias=(1, 1, 4096, 4096), mask=(1, 1, 4096, 4096)), 9
   )
   assert biased.num_stages == 2
+  # Nine queries and a hundred keys: the query block shrinks to 16 rows, but the backward's
+  # outer block also holds keys (dK/dV), so it shrinks only to the longer side (128).
+  few_queries = attention_triton.heuristic_config(_args(t=9, s=100), 9)
+  assert (few_queries.block_q, few_queries.block_k) == (16, 64)
+  assert (few_queries.bwd_block_outer, few_queries.bwd_block_inner) == (128, 64)
+
+
+def test_autotuning_configs_clamped_to_short_sequences():
+  """No candidate holds blocks past the sequences padded to powers of two: 20 queries (32)
+  and 9 keys (16); the backward blocks stream either side (the longer: 32)."""
+  candidates = attention_triton.autotuning_configs(_args(t=20, s=9), 9)
+  assert len(candidates) > 1
+  for c in candidates:
+    assert c.block_q <= 32 and c.block_k <= 16, c
+    assert c.bwd_block_outer <= 32 and c.bwd_block_inner <= 32, c
+
+
+@pytest.mark.parametrize("cc", [10])
+def test_newer_gpus_take_the_hopper_limit(cc):
+  """Compute capability 10 (B200: 227 KiB of shared memory a block, as the H100) takes the
+  sm_90 configs rather than failing to find a limit."""
+  args = _args(t=2048, s=2048, h=128, b=1, n=1, k=1, bias=(1, 1, 2048, 2048))
+  assert attention_triton.heuristic_config(args, cc) == attention_triton.heuristic_config(args, 9)
+  assert attention_triton.autotuning_configs(args, cc) == attention_triton.autotuning_configs(
+    args, 9
+  )
 
 
 def test_shared_memory_counted_by_hand():
@@ -279,6 +319,32 @@ def test_grids_and_constants():
   assert args.bias.dtype == jnp.bfloat16
   assert dkdv.out_shape[2].shape == (3, 6, 100, 70) and dkdv.out_shape[2].dtype == jnp.bfloat16
   assert grads["bias"].shape == (1, 6, 1, 70) and grads["bias"].dtype == jnp.bfloat16
+
+
+def test_scalar_constants_and_cotangent_dtype():
+  """The kernels' scalar constants, by hand, with only query lengths (the key-length flag
+  stays off), 6 query heads over 2 key/value heads, and a soft cap; a float32 output
+  cotangent reaches the bfloat16 backward kernels as bfloat16."""
+  args = _args(b=2, t=20, s=24, n=6, k=2, h=16, q_lengths=True, logits_soft_cap=30.0)
+  config = attention_triton.TritonAttentionConfig(16, 16, 4, 2, 16, 16, 4, 2)
+  with triton_call.capture() as launches:
+    out, lse = attention_triton.forward(args, config)
+    attention_triton.backward(args, config, out, lse, jnp.ones(out.shape, jnp.float32))
+  for launch in launches:
+    meta = launch.meta
+    assert (meta["T"], meta["S"], meta["N"], meta["KH"], meta["H"], meta["HV"]) == (
+      20,
+      24,
+      6,
+      2,
+      16,
+      16,
+    )
+    assert (meta["HAS_Q_LEN"], meta["HAS_KV_LEN"]) == (True, False)
+    assert meta["SOFT_CAP"] == 30.0 and meta["SCALE"] == pytest.approx(0.25)
+  _, dkdv, dq = launches
+  for launch in (dkdv, dq):
+    assert launch.args[7].shape == out.shape and launch.args[7].dtype == jnp.bfloat16
 
 
 # -- Compiling for sm_80 and sm_90 (CPU) ------------------------------------------

@@ -131,6 +131,28 @@ def test_heuristic_configs_compile_forward_and_backward(sm, layout, dtype):
     assert compiled.metadata.shared <= SMEM_LIMIT[sm], (launch.meta, compiled.metadata.shared)
 
 
+@pytest.mark.parametrize(
+  "layout, m, g, dtype, expected",
+  [
+    # 256 rows a group: 128-row tiles; 16-bit operands take the 128x256 tiles (3 stages).
+    (spec.DEFAULT, 1024, 4, "bfloat16", (128, 256, 64, 8, 3)),
+    # float32 steps 32 of K and keeps 128-wide tiles.
+    (spec.DEFAULT, 1024, 4, "float32", (128, 128, 32, 8, 3)),
+    # 64 rows a group: 64-row tiles, then 128 wide, 4 warps, 4 stages.
+    (spec.RHS_TRANSPOSED, 1024, 16, "bfloat16", (64, 128, 64, 4, 4)),
+    # The contracting layout steps over a group's rows by the K step of the dtype (32 for
+    # float32), with 128x128 output tiles (K and N both at least 128).
+    (spec.RAGGED_CONTRACTING, 1024, 4, "float32", (32, 128, 128, 8, 3)),
+    (spec.RAGGED_CONTRACTING, 1024, 4, "bfloat16", (64, 128, 128, 8, 3)),
+  ],
+)
+def test_heuristic_tiles_by_hand(layout, m, g, dtype, expected):
+  args = _record(kernel_cases.RaggedDotKernelCase(layout, m, 256, 512, g, dtype, None))
+  config = OP._get_heuristics_config(args)
+  fields = ("block_m", "block_n", "block_k", "num_warps", "num_stages")
+  assert tuple(getattr(config, f) for f in fields) == expected
+
+
 def test_autotuning_configs_compile_for_sm90():
   args = _record(kernel_cases.RaggedDotKernelCase(spec.DEFAULT, 512, 256, 512, 4, "bfloat16", None))
   configs = OP._get_autotuning_configs(args)
