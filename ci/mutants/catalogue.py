@@ -11480,6 +11480,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/kernels/test_triton_ragged_dot.py", "-k", "row_schedule"),
     "Triton ragged_dot: the first unused tile of the schedule is marked used.",
   ),
+  Mutation(
+    "triton_attention.bwd_inner_block_unclamped",
+    _ATTENTION + "triton.py",
+    "    bwd_block_inner=min(config.bwd_block_inner, _pow2(longest)),\n",
+    "",
+    ("suites/kernels/test_attention_triton.py", "-k", "autotuning_configs_clamped"),
+    "Triton attention: the backward's inner block is not clamped to short sequences.",
+  ),
 )
 
 
