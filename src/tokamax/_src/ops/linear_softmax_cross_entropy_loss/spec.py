@@ -109,8 +109,7 @@ def valid_labels(args: LossArgs) -> jax.Array:
   Traced labels cannot be checked when the call is made (`canonicalize` checks concrete
   ones); a row whose label lies outside gets a NaN loss rather than its log-sum-exp.
   """
-  v = args.weights.shape[1]
-  held = (args.labels >= 0) & (args.labels < v)
+  _, held = label_columns(args)
   shard = args.vocab_shard
   if shard is None:
     return held
