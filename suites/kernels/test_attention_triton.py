@@ -36,6 +36,10 @@ ON_GPU = triton_call.unavailable_reason() is None and device.has_sm(8)
 gpu_only = pytest.mark.skipif(
   not ON_GPU, reason=f"needs the GPU: {triton_call.unavailable_reason()}"
 )
+HOPPER = (9, 0)
+# Shared memory a block may opt into, by sm (CUDA's technical specifications): the
+# reference the configs and the compiler's reports are held to.
+SMEM_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448, 120: 101376}
 
 
 def _inputs(
@@ -204,29 +208,30 @@ def test_config_validation():
 
 def test_heuristic_config():
   big = _args(t=4096, s=4096, h=128, b=1, n=1, k=1)
-  assert attention_triton.heuristic_config(big, 9) == attention_triton.TritonAttentionConfig(
+  assert attention_triton.heuristic_config(big, HOPPER) == attention_triton.TritonAttentionConfig(
     128, 128, 8, 3, 128, 32, 8, 3
   )
   # A value head dim wider than the query's picks the blocks of the wider one.
   wide_values = _args(t=4096, s=4096, h=64, hv=128, b=1, n=1, k=1)
-  assert attention_triton.heuristic_config(wide_values, 9) == attention_triton.heuristic_config(
-    big, 9
-  )
-  ampere = attention_triton.heuristic_config(big, 8)
+  assert attention_triton.heuristic_config(
+    wide_values, HOPPER
+  ) == attention_triton.heuristic_config(big, HOPPER)
+  ampere = attention_triton.heuristic_config(big, (8, 0))
   assert (ampere.num_stages, ampere.block_k) == (2, 64)
   # float32 halves the key block (its tiles take twice the bytes).
-  f32 = attention_triton.heuristic_config(_args(t=4096, s=4096, h=64, dtype=jnp.float32), 9)
+  f32 = attention_triton.heuristic_config(_args(t=4096, s=4096, h=64, dtype=jnp.float32), HOPPER)
   assert (f32.block_q, f32.block_k, f32.num_stages) == (128, 32, 3)
-  short = attention_triton.heuristic_config(_args(t=20, s=9), 9)
+  short = attention_triton.heuristic_config(_args(t=20, s=9), HOPPER)
   assert (short.block_q, short.block_k, short.bwd_block_outer) == (32, 16, 32)
   # Bias and mask tiles take shared memory too.
   biased = attention_triton.heuristic_config(
-    _args(t=4096, s=4096, h=128, b=1, n=1, k=1, bias=(1, 1, 4096, 4096), mask=(1, 1, 4096, 4096)), 9
+    _args(t=4096, s=4096, h=128, b=1, n=1, k=1, bias=(1, 1, 4096, 4096), mask=(1, 1, 4096, 4096)),
+    HOPPER,
   )
   assert biased.num_stages == 2
   # Nine queries and a hundred keys: the query block shrinks to 16 rows, but the backward's
   # outer block also holds keys (dK/dV), so it shrinks only to the longer side (128).
-  few_queries = attention_triton.heuristic_config(_args(t=9, s=100), 9)
+  few_queries = attention_triton.heuristic_config(_args(t=9, s=100), HOPPER)
   assert (few_queries.block_q, few_queries.block_k) == (16, 64)
   assert (few_queries.bwd_block_outer, few_queries.bwd_block_inner) == (128, 64)
 
@@ -234,21 +239,23 @@ def test_heuristic_config():
 def test_autotuning_configs_clamped_to_short_sequences():
   """No candidate holds blocks past the sequences padded to powers of two: 20 queries (32)
   and 9 keys (16); the backward blocks stream either side (the longer: 32)."""
-  candidates = attention_triton.autotuning_configs(_args(t=20, s=9), 9)
+  candidates = attention_triton.autotuning_configs(_args(t=20, s=9), HOPPER)
   assert len(candidates) > 1
   for c in candidates:
     assert c.block_q <= 32 and c.block_k <= 16, c
     assert c.bwd_block_outer <= 32 and c.bwd_block_inner <= 32, c
 
 
-@pytest.mark.parametrize("cc", [10])
+@pytest.mark.parametrize("cc", [(10, 0)])
 def test_newer_gpus_take_the_hopper_limit(cc):
-  """Compute capability 10 (B200: 227 KiB of shared memory a block, as the H100) takes the
+  """Compute capability 10.0 (B200: 227 KiB of shared memory a block, as the H100) takes the
   sm_90 configs rather than failing to find a limit."""
   args = _args(t=2048, s=2048, h=128, b=1, n=1, k=1, bias=(1, 1, 2048, 2048))
-  assert attention_triton.heuristic_config(args, cc) == attention_triton.heuristic_config(args, 9)
+  assert attention_triton.heuristic_config(args, cc) == attention_triton.heuristic_config(
+    args, HOPPER
+  )
   assert attention_triton.autotuning_configs(args, cc) == attention_triton.autotuning_configs(
-    args, 9
+    args, HOPPER
   )
 
 
@@ -274,13 +281,25 @@ def test_shared_memory_counted_by_hand():
   assert f32_bias == attention_triton.Footprint(h=16, hv=16, itemsize=4, logit_bytes=5)
 
 
-@pytest.mark.parametrize("cc", [8, 9])
+def test_shared_memory_limit_by_compute_capability():
+  """Each listed GPU's own limit; an unknown one the smallest (99 KiB); without an NVIDIA
+  GPU at hand, the sm_90 that kernels are lowered for."""
+  for sm, limit in SMEM_LIMIT.items():
+    assert device.shared_memory_per_block(divmod(sm, 10)) == limit, sm
+  assert device.shared_memory_per_block((13, 0)) == SMEM_LIMIT[89]
+  if device.compute_capability() is None:
+    assert device.shared_memory_per_block() == SMEM_LIMIT[90]
+
+
+@pytest.mark.parametrize("sm", [80, 86, 89, 90, 120])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("h", [64, 128, 256])
 @pytest.mark.parametrize("bias", [None, (1, 1, 2048, 2048)])
-def test_configs_fit_shared_memory(cc, dtype, h, bias):
+def test_configs_fit_shared_memory(sm, dtype, h, bias):
+  """By the kernels' own count: sm_86, sm_89 and sm_120 (99 KiB) get smaller configs."""
   args = _args(t=2048, s=2048, h=h, dtype=dtype, b=1, n=1, k=1, bias=bias)
-  limit = attention_triton.SHARED_MEMORY[cc]
+  cc = divmod(sm, 10)
+  limit = SMEM_LIMIT[sm]
   footprint = attention_triton.Footprint.of(args)
   heuristic = attention_triton.heuristic_config(args, cc)
   candidates = attention_triton.autotuning_configs(args, cc)
@@ -372,7 +391,7 @@ def _resource_usage(compiled) -> dict[str, int]:
 def test_compiles(case, sm):
   kw = _case_kw(COMPILE_CASES[case])
   args = _args(**kw)
-  config = attention_triton.heuristic_config(args, sm // 10)
+  config = attention_triton.heuristic_config(args, divmod(sm, 10))
   launches, _ = _capture(args, config)
   assert [launch.kernel.__name__ for launch in launches] == [
     "fwd_kernel",
@@ -381,11 +400,26 @@ def test_compiles(case, sm):
   ]
   for launch in launches:
     compiled = triton_call.compile_launch(launch, sm)
-    assert compiled.metadata.shared <= attention_triton.SHARED_MEMORY[sm // 10]
+    assert compiled.metadata.shared <= SMEM_LIMIT[sm]
     if sm == 90 and np.dtype(kw.get("dtype", jnp.bfloat16)).itemsize == 2:
       assert "wgmma" in compiled.asm["ptx"]  # Hopper's warpgroup matmuls.
     if sm == 90 and case in NO_SPILL:
       assert _resource_usage(compiled)["STACK"] == 0, launch.kernel.__name__
+
+
+@pytest.mark.parametrize("sm", [89, 120])
+@pytest.mark.parametrize(
+  "h, dtype, bias",
+  [(64, jnp.float32, None), (128, jnp.bfloat16, (1, 1, 1024, 1024)), (256, jnp.bfloat16, None)],
+)
+def test_heuristic_configs_compile_within_99_kib(sm, h, dtype, bias):
+  """L40S/RTX 4090 (sm_89) and RTX 50 (sm_120) give a block 99 KiB: the Hopper- or
+  Ampere-sized configs asked the compiler for up to 131 KiB, which fails at launch."""
+  args = _args(t=1024, s=1024, h=h, dtype=dtype, b=1, n=1, k=1, bias=bias)
+  config = attention_triton.heuristic_config(args, divmod(sm, 10))
+  for launch in _capture(args, config)[0]:
+    shared = triton_call.compile_launch(launch, sm).metadata.shared
+    assert shared <= SMEM_LIMIT[sm], (launch.kernel.__name__, shared)
 
 
 def test_bias_and_mask_head_offsets_in_64_bits():
@@ -399,7 +433,7 @@ def test_bias_and_mask_head_offsets_in_64_bits():
   mask = jax.ShapeDtypeStruct((1, 16, t, s), jnp.bool_)
   args = jax.eval_shape(spec.canonicalize, q, kv, kv, bias, mask)
   assert attention_triton.unsupported_reason(args) is None
-  config = attention_triton.heuristic_config(args, 9)
+  config = attention_triton.heuristic_config(args, HOPPER)
 
   def run(args):
     out, lse = attention_triton.forward(args, config)
@@ -418,10 +452,10 @@ def test_compiles_autotuning_space(request):
     pytest.skip("compiles every autotuning config (minutes); runs with --run-long")
   args = _args(b=1, t=1024, s=1024, n=4, k=4, h=128)
   for sm in (80, 90):
-    for config in attention_triton.autotuning_configs(args, sm // 10):
+    for config in attention_triton.autotuning_configs(args, divmod(sm, 10)):
       for launch in _capture(args, config)[0]:
         compiled = triton_call.compile_launch(launch, sm)
-        assert compiled.metadata.shared <= attention_triton.SHARED_MEMORY[sm // 10]
+        assert compiled.metadata.shared <= SMEM_LIMIT[sm]
 
 
 # -- Numbers in Triton's interpreter (CPU) -----------------------------------------
@@ -486,7 +520,7 @@ def _check_interpreted(kw, config, lengths=None):
   arrays, drawn = _inputs(**data)
   lengths = drawn if lengths is None else lengths
   args = spec.canonicalize(*arrays, **lengths, **options)
-  config = config or attention_triton.heuristic_config(args, 9)
+  config = config or attention_triton.heuristic_config(args, HOPPER)
   dout = jnp.asarray(
     np.random.default_rng(1).standard_normal(args.query.shape[:3] + args.value.shape[-1:]),
     args.query.dtype,

@@ -32,6 +32,39 @@ def compute_capability(device: jax.Device | None = None) -> tuple[int, int] | No
   return _compute_capability_of(device)
 
 
+# Shared memory one block may opt into, in bytes, by compute capability (the CUDA
+# programming guide's technical specifications): Ampere's A100 and Orin 163 KiB, the
+# consumer and workstation parts (sm_86, sm_89, sm_120, sm_121) 99 KiB, Hopper and the
+# data-centre Blackwells 227 KiB.
+_SHARED_MEMORY_PER_BLOCK = {
+  (8, 0): 166912,
+  (8, 6): 101376,
+  (8, 7): 166912,
+  (8, 9): 101376,
+  (9, 0): 232448,
+  (10, 0): 232448,
+  (10, 3): 232448,
+  (11, 0): 232448,
+  (12, 0): 101376,
+  (12, 1): 101376,
+}
+_SMALLEST_SHARED_MEMORY_PER_BLOCK = min(_SHARED_MEMORY_PER_BLOCK.values())
+# What kernels lowered without an NVIDIA GPU at hand target.
+DEFAULT_COMPUTE_CAPABILITY = (9, 0)
+
+
+def shared_memory_per_block(cc: tuple[int, int] | None = None) -> int:
+  """Bytes of shared memory one block may use.
+
+  Args:
+    cc: A compute capability; by default the default device's, or sm_90's off
+      NVIDIA GPUs. Capabilities not in the table get the smallest limit.
+  """
+  if cc is None:
+    cc = compute_capability() or DEFAULT_COMPUTE_CAPABILITY
+  return _SHARED_MEMORY_PER_BLOCK.get(tuple(cc), _SMALLEST_SHARED_MEMORY_PER_BLOCK)
+
+
 def is_nvidia_gpu(device: jax.Device | None = None) -> bool:
   return compute_capability(device) is not None
 

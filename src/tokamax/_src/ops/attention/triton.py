@@ -24,8 +24,6 @@ from tokamax._src.ops.attention import spec, triton_flash
 
 DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 MAX_HEAD_DIM = 256
-# Shared memory a block may use, in bytes, by compute capability major.
-SHARED_MEMORY = {8: 166912, 9: 232448}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,15 +245,6 @@ def bwd_shared_memory(config: TritonAttentionConfig, fp: Footprint) -> int:
   return fp.itemsize * outer * (fp.h + fp.hv) + config.bwd_num_stages * per_stage
 
 
-def _limit(cc_major: int) -> int:
-  return SHARED_MEMORY[min(max(cc_major, 8), 9)]
-
-
-def _fits(config: TritonAttentionConfig, fp: Footprint, cc_major: int) -> bool:
-  limit = _limit(cc_major)
-  return fwd_shared_memory(config, fp) <= limit and bwd_shared_memory(config, fp) <= limit
-
-
 def _clamp(config: TritonAttentionConfig, t: int, s: int) -> TritonAttentionConfig:
   """Shrinks blocks larger than the (power-of-two padded) sequences."""
   longest = max(t, s)
@@ -286,19 +275,24 @@ _SHRINK_STEPS = (
 )
 
 
-def _shrink(config: TritonAttentionConfig, fp: Footprint, cc_major: int) -> TritonAttentionConfig:
-  """Fewer stages, then smaller blocks, until each kernel fits in shared memory."""
+def _shrink(
+  config: TritonAttentionConfig, fp: Footprint, cc: tuple[int, int]
+) -> TritonAttentionConfig:
+  """Fewer stages, then smaller blocks, until each kernel fits in shared memory on `cc`."""
+  limit = device.shared_memory_per_block(cc)
   for shared_memory, steps in _SHRINK_STEPS:
     for name, floor in steps:
-      while shared_memory(config, fp) > _limit(cc_major) and getattr(config, name) > floor:
+      while shared_memory(config, fp) > limit and getattr(config, name) > floor:
         value = getattr(config, name)
         value = value - 1 if name.endswith("stages") else value // 2
         config = dataclasses.replace(config, **{name: max(value, floor)})
   return config
 
 
-def heuristic_config(args: spec.AttentionArgs, cc_major: int = 9) -> TritonAttentionConfig:
-  """Block sizes by head dim, dtype and GPU generation.
+def heuristic_config(
+  args: spec.AttentionArgs, cc: tuple[int, int] = device.DEFAULT_COMPUTE_CAPABILITY
+) -> TritonAttentionConfig:
+  """Block sizes by head dim, dtype and the GPU's compute capability `cc`.
 
   Chosen from the compiler's register and shared-memory reports for sm_90 (the
   16-bit kernels at head dims 64, 128 and 256 compile without spills; see the
@@ -312,17 +306,19 @@ def heuristic_config(args: spec.AttentionArgs, cc_major: int = 9) -> TritonAtten
     config = TritonAttentionConfig(128, 128, 8, 3, 128, 32, 8, 3)
   else:
     config = TritonAttentionConfig(128, 64, 8, 2, 64, 32, 8, 2)
-  if cc_major < 9:
+  if cc < (9, 0):
     config = dataclasses.replace(config, num_stages=2, block_k=min(config.block_k, 64))
   if fp.itemsize > 2:
     config = dataclasses.replace(config, block_k=config.block_k // 2)
   config = _clamp(config, args.query.shape[1], args.key.shape[1])
-  return _shrink(config, fp, cc_major)
+  return _shrink(config, fp, cc)
 
 
-def autotuning_configs(args: spec.AttentionArgs, cc_major: int = 9) -> set[TritonAttentionConfig]:
+def autotuning_configs(
+  args: spec.AttentionArgs, cc: tuple[int, int] = device.DEFAULT_COMPUTE_CAPABILITY
+) -> set[TritonAttentionConfig]:
   """Forward variants around the heuristic's backward, and backward variants around its forward."""
-  base = heuristic_config(args, cc_major)
+  base = heuristic_config(args, cc)
   t, s = args.query.shape[1], args.key.shape[1]
   variants = [base]
   for bq, bk, warps, stages in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3)):
@@ -340,12 +336,11 @@ def autotuning_configs(args: spec.AttentionArgs, cc_major: int = 9) -> set[Trito
       )
     )
   fp = Footprint.of(args)
-  return {_shrink(_clamp(c, t, s), fp, cc_major) for c in variants}
+  return {_shrink(_clamp(c, t, s), fp, cc) for c in variants}
 
 
-def _cc_major() -> int:
-  cc = device.compute_capability()
-  return 9 if cc is None else cc[0]
+def _cc() -> tuple[int, int]:
+  return device.compute_capability() or device.DEFAULT_COMPUTE_CAPABILITY
 
 
 def unsupported_reason(args: spec.AttentionArgs) -> str | None:
@@ -380,10 +375,10 @@ class TritonAttention(kernel_ops.TritonOp):
     return None
 
   def _get_heuristics_config(self, args):
-    return heuristic_config(args, _cc_major())
+    return heuristic_config(args, _cc())
 
   def _get_autotuning_configs(self, args):
-    return autotuning_configs(args, _cc_major())
+    return autotuning_configs(args, _cc())
 
   def _fwd(self, args, config):
     return forward(args, config)
