@@ -108,7 +108,7 @@ def varied_configs(
 ) -> list[Any]:
   """The heuristics' config for this call with each field of `vary` set to each of its values
   (one field at a time, or the fields of a `F1+F2` key together; values equal to the
-  heuristics' own and unknown fields are left out)."""
+  heuristics' own, values its config class rejects and unknown fields are left out)."""
   instance = impl.instance
   if instance is None or not vary:
     return []
@@ -124,7 +124,10 @@ def varied_configs(
     for value in values:
       change = dict(zip(fields, value if len(fields) > 1 else (value,), strict=True))
       if any(getattr(base, f) != v for f, v in change.items()):
-        out.append(dataclasses.replace(base, **change))
+        try:
+          out.append(dataclasses.replace(base, **change))
+        except ValueError as e:
+          print(f"--vary {change} left out: {e}", file=sys.stderr)
   return out
 
 

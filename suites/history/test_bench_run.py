@@ -145,6 +145,23 @@ def test_varied_configs_change_the_fields_of_a_joint_key_together():
   assert got == [Config(a=3, b=4), Config(a=1, b=5), Config(a=5, b=2)]
 
 
+def test_varied_configs_leave_out_the_values_the_config_rejects():
+  @dataclasses.dataclass(frozen=True)
+  class Config:
+    a: int = 1
+
+    def __post_init__(self):
+      if self.a > 4:
+        raise ValueError("a > 4")
+
+  instance = types.SimpleNamespace(
+    bind=lambda *a, **k: types.SimpleNamespace(args=None),
+    _get_heuristics_config=lambda args: Config(),
+  )
+  impl = types.SimpleNamespace(instance=instance)
+  assert run_lib.varied_configs(impl, (), {}, {"a": [2, 8, 3]}) == [Config(a=2), Config(a=3)]
+
+
 @pytest.mark.requires("cpu")
 def test_vary_times_the_heuristic_config_with_one_field_changed(tmp_path):
   out = tmp_path / "records.json"
