@@ -189,36 +189,6 @@ def test_interpret_matches_xla(name):
     assert not races and not res["races_found_last_kernel"]
 
 
-def test_exp2_on_fma_pipes_against_float64():
-  """The cubic's 2**x within 1e-4 (relative) of float64 down to 2**-125; exact zeros below
-  2**-126 and at -inf (hidden logits); exactly 1 nowhere required."""
-  rng = np.random.default_rng(0)
-  x = np.concatenate([rng.uniform(-125.0, 0.0, 4000), -rng.exponential(1.0, 4000), [0.0, -0.5]])
-  x = x.astype(np.float32)
-  got = np.asarray(jax.jit(mosaic_common.exp2_fma)(x), np.float64)
-  want = np.exp2(x.astype(np.float64))
-  assert np.abs(got / want - 1).max() < 1e-4
-  low = np.array([-126.5, -200.0, -1e30, -np.inf], np.float32)
-  assert (np.asarray(mosaic_common.exp2_fma(low)) == 0.0).all()
-
-
-def test_exp2_split_takes_the_first_columns_from_the_fma_cubic():
-  x = -jnp.asarray(np.random.default_rng(1).exponential(2.0, (64, 128)), jnp.float32)
-  split = np.asarray(mosaic_common.exp2_split(x, 32))
-  np.testing.assert_array_equal(split[:, :32], np.asarray(mosaic_common.exp2_fma(x[:, :32])))
-  np.testing.assert_array_equal(split[:, 32:], np.asarray(jnp.exp2(x[:, 32:])))
-  np.testing.assert_array_equal(np.asarray(mosaic_common.exp2_split(x, 0)), np.asarray(jnp.exp2(x)))
-  np.testing.assert_array_equal(
-    np.asarray(mosaic_common.exp2_split(x, 128)), np.asarray(mosaic_common.exp2_fma(x))
-  )
-
-
-@pytest.mark.parametrize("columns", [-16, 8, 80])
-def test_exp2_fma_columns_checked(columns):
-  with pytest.raises(ValueError, match="exp2_fma_columns"):
-    mosaic.MosaicAttentionConfig(block_kv=64, exp2_fma_columns=columns)
-
-
 def _positional(masking, rows, cols, q_len, kv_len):
   """Visibility [rows, cols] of query ids `rows` to key ids `cols` (the harness's table)."""
   ok = references.positional_visibility(

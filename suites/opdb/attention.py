@@ -358,15 +358,6 @@ _MOSAIC_CASES = {
     features=dict(is_causal=True),
     config=dict(block_kv=64, overlap_qk=True, schedule_barrier=False),
   ),
-  # Exponentials of half of each tile's columns by the FMA-pipe cubic: logits of about
-  # -100 under a window (-inf where hidden, which must give 0).
-  "exp2_fma_window_far_negative_bias_fwd": kc.AttentionKernelCase(
-    dict(b=1, t=128, s=128, n=1, k=1, h=64),
-    "bfloat16",
-    grads=False,
-    features=dict(bias=kc.RandomBias(28, (1, 1, 1, 1), shift=-100.0), local_window_size=(10, 10)),
-    config=dict(block_kv=64, exp2_fma_columns=32),
-  ),
 }
 # Compiled on a Hopper GPU: outputs and gradients against XLA, and determinism.
 _MOSAIC_GPU_CASES = {
@@ -383,8 +374,8 @@ _MOSAIC_GPU_CASES = {
     dict(b=1, t=512, s=512, n=2, k=2, h=256), "bfloat16", features=dict(is_causal=True)
   ),
 }
-# Compiled on a Hopper GPU with configs other than the heuristics' (overlap_qk, the
-# exponentials on the FMA pipes): outputs against XLA.
+# Compiled on a Hopper GPU with configs other than the heuristics' (overlap_qk):
+# outputs against XLA.
 _MOSAIC_GPU_CONFIG_CASES = {
   "h128_causal_softcap_lengths": kc.AttentionKernelCase(
     dict(b=2, t=512, s=500, n=4, k=2, h=128),
@@ -406,26 +397,6 @@ _MOSAIC_GPU_CONFIG_CASES = {
     grads=False,
     features=dict(is_causal=True),
     config=dict(block_kv=64, overlap_qk=True, schedule_barrier=False),
-  ),
-  "h64_exp2_fma_half": kc.AttentionKernelCase(
-    dict(b=2, t=512, s=512, n=4, k=4, h=64),
-    "bfloat16",
-    grads=False,
-    config=dict(exp2_fma_columns=128),
-  ),
-  "h64_exp2_fma_all_window_far_negative_bias": kc.AttentionKernelCase(
-    dict(b=1, t=384, s=384, n=2, k=1, h=64),
-    "bfloat16",
-    grads=False,
-    features=dict(bias=kc.RandomBias(29, (1, 1, 1, 1), shift=-100.0), local_window_size=(50, 20)),
-    config=dict(block_kv=64, exp2_fma_columns=64),
-  ),
-  "h128_overlap_exp2_fma_causal": kc.AttentionKernelCase(
-    dict(b=1, t=512, s=512, n=4, k=2, h=128),
-    "bfloat16",
-    grads=False,
-    features=dict(is_causal=True),
-    config=dict(overlap_qk=True, schedule_barrier=False, exp2_fma_columns=32),
   ),
 }
 

@@ -43,8 +43,6 @@ class MosaicAttentionConfig:
     schedule_barrier: whether the two consumers take turns on the tensor cores.
     overlap_qk: whether each consumer issues the next step's Q.K^T before its
       softmax, so that its own matmuls overlap it (see `mosaic_fwd`).
-    exp2_fma_columns: columns of each forward score tile whose exponentials
-      run on the FMA pipes (a cubic) instead of the MUFU (`common.exp2_split`).
     bwd_block_q: query rows per streamed block of the dk/dv kernel (32, 64 or
       128: 32 halves the score tiles, see `bwd_registers`).
     bwd_block_kv: keys per consumer warpgroup of the dk/dv kernel.
@@ -59,7 +57,6 @@ class MosaicAttentionConfig:
   num_stages: int = 2
   schedule_barrier: bool = True
   overlap_qk: bool = False
-  exp2_fma_columns: int = 0
   bwd_block_q: int = 64
   bwd_block_kv: int = 64
   bwd_num_stages: int = 2
@@ -82,11 +79,6 @@ class MosaicAttentionConfig:
       raise ValueError(f"`block_kv` must be 64, 128 or 256, got {self.block_kv}.")
     if self.num_stages < 2:
       raise ValueError(f"`num_stages` must be at least 2, got {self.num_stages}.")
-    if self.exp2_fma_columns % 16 or not 0 <= self.exp2_fma_columns <= self.block_kv:
-      raise ValueError(
-        "`exp2_fma_columns` must be a multiple of 16 from 0 to block_kv="
-        f"{self.block_kv}, got {self.exp2_fma_columns}."
-      )
     # Rows held per consumer: whole wgmma M tiles. Streamed blocks: the N of the
     # score products and the K of the products that contract them (dS.K, P^T.dO,
     # dS^T.Q), which a 32-wide block takes with a 64-byte swizzle (`mosaic_bwd`).
@@ -421,7 +413,6 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
       schedule_barrier=config.schedule_barrier,
       overlap_qk=config.overlap_qk,
       stage_extras=_stages_extras(config, args),
-      exp2_fma_columns=config.exp2_fma_columns,
     )
     out, lse = mosaic_fwd.forward(
       params,

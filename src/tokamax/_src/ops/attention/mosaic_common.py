@@ -193,42 +193,6 @@ def log2_logits(s: jax.Array, bias: jax.Array | None, scale: float, soft_cap: fl
   return t * (soft_cap * LOG2E), t
 
 
-# 2**f on [-0.5, 0.5] to a relative error of 7.8e-5 (a least-squares fit at Chebyshev
-# nodes): far below the bfloat16 rounding of the probabilities.
-_EXP2_POLY = (0.05508868, 0.24260405, 0.69327624, 0.99992894)
-# Adding 1.5 * 2**23 rounds a float32 of magnitude below 2**22 to an integer, held in
-# the low bits of the sum's mantissa.
-_ROUNDER = 12582912.0
-
-
-def exp2_fma(x: jax.Array) -> jax.Array:
-  """2**x (x <= 0, -inf allowed) on the FMA and integer pipes instead of the MUFU's ex2.
-
-  x = j + f with j = round(x) and |f| <= 0.5: a cubic gives 2**f, and j is added
-  to its exponent bits. Results below 2**-126 are flushed to 0, as -inf must be.
-  """
-  x_ = jnp.maximum(x, -126.0)
-  # The barrier keeps compilers from folding (x + R) - R back into x.
-  shifted = lax.optimization_barrier(x_ + _ROUNDER)
-  f = x_ - (shifted - _ROUNDER)
-  p = _EXP2_POLY[0]
-  for c in _EXP2_POLY[1:]:
-    p = p * f + c
-  exponent = lax.shift_left(lax.bitcast_convert_type(shifted, jnp.int32), 23)
-  y = lax.bitcast_convert_type(lax.bitcast_convert_type(p, jnp.int32) + exponent, jnp.float32)
-  return jnp.where(x < -126.0, 0.0, y)
-
-
-def exp2_split(x: jax.Array, fma_columns: int) -> jax.Array:
-  """2**x of a [rows, cols] tile: its first `fma_columns` columns by `exp2_fma`, the rest
-  by the MUFU's ex2, so that the two kinds of units share the exponentials."""
-  if not fma_columns:
-    return jnp.exp2(x)
-  if fma_columns >= x.shape[1]:
-    return exp2_fma(x)
-  return jnp.concatenate([exp2_fma(x[:, :fma_columns]), jnp.exp2(x[:, fma_columns:])], axis=1)
-
-
 def hide(logits: jax.Array, ok: jax.Array | None, mask_tile: jax.Array | None) -> jax.Array:
   """`logits` with -inf where `ok` (see `visible`) or a mask tile (nonzero: visible) hides them."""
   if mask_tile is not None:

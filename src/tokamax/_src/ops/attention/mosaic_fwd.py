@@ -56,7 +56,6 @@ class FwdParams:
   schedule_barrier: bool = True
   overlap_qk: bool = False
   stage_extras: bool = True
-  exp2_fma_columns: int = 0
   consumer_registers: int = 232
   producer_registers: int = 40
 
@@ -160,8 +159,7 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
         if ok is not None or mask_tile is not None or bias_tile is not None:
           m_exp = jnp.where(m_new == -jnp.inf, 0.0, m_new)
         m_b = lax.broadcast_in_dim(m_exp, (bq, bkv), [0])
-        x = s * c - m_b if capped is None else capped - m_b
-        probs = common.exp2_split(x, p.exp2_fma_columns)
+        probs = jnp.exp2(s * c - m_b) if capped is None else jnp.exp2(capped - m_b)
         alpha = jnp.exp2(m_i - m_exp)
         l_new = l_i * alpha + probs.sum(axis=1)
         return probs.astype(dtype), m_new, l_new, alpha
