@@ -1387,14 +1387,6 @@ MUTATIONS: tuple[Mutation, ...] = (
     "cuDNN attention: a logits soft cap is accepted without a causal mask (and ignored).",
   ),
   Mutation(
-    "wrappers.attention_cudnn_one_length_accepted",
-    _ATTENTION + "cudnn.py",
-    "    if args.q_seq_lengths is not None or args.kv_seq_lengths is not None:",
-    "    if args.q_seq_lengths is not None and args.kv_seq_lengths is not None:",
-    ("suites/core/test_dispatch.py", "-k", "cudnn_unsupported_reasons"),
-    "cuDNN attention: query or key lengths alone are accepted (jax.nn requires both).",
-  ),
-  Mutation(
     "wrappers.attention_cudnn_hidden_rows_axis",
     _ATTENTION + "cudnn.py",
     "  visible = jnp.moveaxis(mask.any(axis=-1), -1, 1)[..., None]",
@@ -11519,6 +11511,40 @@ MUTATIONS: tuple[Mutation, ...] = (
     "    cc = compute_capability() or (8, 0)",
     ("suites/kernels/test_attention_triton.py", "-k", "limit_by_compute_capability"),
     "Without an NVIDIA GPU the limit is the A100's, not that of the sm_90 kernels are lowered for.",
+  ),
+  Mutation(
+    "cudnn.one_length_left_out",
+    _ATTENTION + "cudnn.py",
+    "      return jnp.full((b,), full, jnp.int32)",
+    "      return None",
+    ("suites/core/test_cudnn_hidden_rows.py", "-k", "lengths_passed"),
+    "cuDNN attention: one sequence length alone reaches jax.nn, which needs both.",
+  ),
+  Mutation(
+    "cudnn.lengths_unclipped",
+    _ATTENTION + "cudnn.py",
+    "    return jnp.clip(lengths, 0, full).astype(jnp.int32)",
+    "    return lengths.astype(jnp.int32)",
+    ("suites/core/test_cudnn_hidden_rows.py", "-k", "lengths_passed"),
+    "cuDNN attention: lengths past T or S, or negative, reach cuDNN unclipped.",
+  ),
+  Mutation(
+    "cudnn.mask_hides_rows_alone",
+    _ATTENTION + "cudnn.py",
+    "    ok = args.mask if ok is None else ok & args.mask",
+    "    ok = args.mask",
+    ("suites/core/test_cudnn_hidden_rows.py", "-k", "seen_rows_by_hand"),
+    "cuDNN attention: with a mask, rows whose visible keys the causal mask or lengths hide keep"
+    " cuDNN's unspecified output.",
+  ),
+  Mutation(
+    "cudnn.window_hides_no_row",
+    _ATTENTION + "cudnn.py",
+    "  positional = (args.local_window, args.q_seq_lengths, args.kv_seq_lengths)",
+    "  positional = (args.q_seq_lengths, args.kv_seq_lengths)",
+    ("suites/core/test_cudnn_hidden_rows.py", "-k", "seen_rows_by_hand"),
+    "cuDNN attention: rows past the keys of a causal window (T > S + left) keep cuDNN's"
+    " unspecified output.",
   ),
 )
 

@@ -48,12 +48,13 @@ class CudnnAttention(op.Op):
         return (
           f"{name} of shape {tuple(x.shape)} broadcast over positions (cuDNN takes [.., {t}, {s}])"
         )
-    if args.q_seq_lengths is not None or args.kv_seq_lengths is not None:
-      # jax.nn requires both, and cuDNN leaves padded query rows unspecified.
-      return "query/key_value sequence lengths"
     return None
 
   def _fwd(self, args, config):
+    window = args.local_window
+    if window is not None:
+      # The causal mask bounds the right; jax.nn takes no right bound with lengths.
+      window = (window[0], 0)
     out = jax.nn.dot_product_attention(
       args.query,
       args.key,
@@ -62,19 +63,48 @@ class CudnnAttention(op.Op):
       mask=args.mask,
       scale=args.scale,
       is_causal=args.is_causal,
-      local_window_size=args.local_window,
+      local_window_size=window,
       implementation="cudnn",
+      **_lengths(args),
     )
-    if args.mask is not None:
-      out = _zero_hidden_rows(out, args.mask)
-    return out, None
+    return zero_unseen_rows(out, args), None
 
 
-def _zero_hidden_rows(out: jax.Array, mask: jax.Array) -> jax.Array:
-  """Zeroes the rows whose mask hides every key, and with them their cotangent.
+def _lengths(args) -> dict[str, jax.Array]:
+  """jax.nn's sequence-length arguments: both or neither, within [0, T] and [0, S]."""
+  if args.q_seq_lengths is None and args.kv_seq_lengths is None:
+    return {}
+  b, t, s = args.query.shape[0], args.query.shape[1], args.key.shape[1]
 
-  cuDNN's backward returns garbage dq, dk and dv for such rows (seen on the H200); a zero
-  cotangent there makes their softmax gradient vanish.
+  def clipped(lengths, full):
+    if lengths is None:
+      return jnp.full((b,), full, jnp.int32)
+    return jnp.clip(lengths, 0, full).astype(jnp.int32)
+
+  return dict(
+    query_seq_lengths=clipped(args.q_seq_lengths, t),
+    key_value_seq_lengths=clipped(args.kv_seq_lengths, s),
+  )
+
+
+def zero_unseen_rows(out: jax.Array, args) -> jax.Array:
+  """`out` with zeros in the rows that see no key (see `seen_rows`)."""
+  seen = seen_rows(args)
+  return out if seen is None else jnp.where(seen, out, jnp.zeros((), out.dtype))
+
+
+def seen_rows(args) -> jax.Array | None:
+  """[B|1, T, N|1, 1]: whether each query row sees some key, or None where all do.
+
+  cuDNN leaves rows that see nothing unspecified, and its backward returns garbage dq,
+  dk and dv for them (seen on the H200): they get zero output, and so a zero cotangent,
+  which makes their softmax gradient vanish.
   """
-  visible = jnp.moveaxis(mask.any(axis=-1), -1, 1)[..., None]  # [B|1, T, N|1, 1]
-  return jnp.where(visible, out, jnp.zeros((), out.dtype))
+  positional = (args.local_window, args.q_seq_lengths, args.kv_seq_lengths)
+  if args.mask is None and all(x is None for x in positional):
+    return None  # Causal alone: every row sees key 0.
+  t, s = args.query.shape[1], args.key.shape[1]
+  ok = spec.visible(args, jnp.arange(t), jnp.arange(s))
+  if args.mask is not None:
+    ok = args.mask if ok is None else ok & args.mask
+  return jnp.moveaxis(ok.any(axis=-1), -1, 1)[..., None]
