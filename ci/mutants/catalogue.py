@@ -1389,8 +1389,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "wrappers.attention_cudnn_hidden_rows_axis",
     _ATTENTION + "cudnn.py",
-    "  visible = jnp.moveaxis(mask.any(axis=-1), -1, 1)[..., None]",
-    "  visible = jnp.moveaxis(mask.any(axis=-2), -1, 1)[..., None]",
+    "  return jnp.moveaxis(ok.any(axis=-1), -1, 1)[..., None]",
+    "  return jnp.moveaxis(ok.any(axis=-2), -1, 1)[..., None]",
     ("suites/core/test_cudnn_hidden_rows.py",),
     "cuDNN attention: the hidden-row guard reduces the mask over queries instead of keys.",
   ),
