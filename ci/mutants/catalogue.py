@@ -11546,6 +11546,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "cuDNN attention: rows past the keys of a causal window (T > S + left) keep cuDNN's"
     " unspecified output.",
   ),
+  Mutation(
+    "mosaic_ragged.bwd_reason_judged_with_the_forward_config",
+    _RAGGED + "mosaic.py",
+    "    gradient_op = dataclasses.replace(self, config=None)",
+    "    gradient_op = self",
+    ("suites/kernels/test_mosaic_ragged_dot.py", "-k", "gradients_own_configs"),
+    "Mosaic ragged_dot: the gradient's support is judged with the forward's config, which"
+    " `_bwd` does not use, and refuses gradients it would compute.",
+  ),
 )
 
 

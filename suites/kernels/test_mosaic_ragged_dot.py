@@ -382,6 +382,19 @@ def test_backward_reason_names_the_unsupported_gradient():
       assert reason is not None and reason.startswith("gradient of rhs") and "K=192" in reason
 
 
+def test_backward_reason_judges_the_gradients_own_configs():
+  """K=128, N=256 with a given block_n=256: the forward runs it, and `_bwd` computes the
+  gradients with their own configs (the lhs gradient's N is K=128, which block_n=256 does
+  not tile), so the gradient is supported; the forward's config would refuse it."""
+  record = _abstract_record(spec.DEFAULT, 256, 128, 256, 2)
+  wide = mosaic.MosaicRaggedDotConfig(block_n=256, num_stages=2, epi_n=128)
+  impl = mosaic.MosaicRaggedDot(config=wide)
+  assert impl._unsupported_reason(record) is None
+  assert impl._bwd_unsupported_reason(record) is None
+  dlhs = mosaic.gradient_records(record, mosaic._abstract_dout(record))["lhs"]
+  assert impl._unsupported_reason(dlhs) is not None  # The forward's config would refuse it.
+
+
 @pytest.mark.parametrize("chunk_align", [8, 64])
 @pytest.mark.host_only
 def test_interpret_drhs_chunks_at_group_starts(chunk_align, capfd):

@@ -118,8 +118,10 @@ class MosaicRaggedDot(kernel_ops.MosaicGpuOp):
     return _config_reason(args, config)
 
   def _bwd_unsupported_reason(self, args: spec.RaggedDotArgs) -> str | None:
+    # Judged as `_bwd` runs them: with their own configs, not the forward's.
+    gradient_op = dataclasses.replace(self, config=None)
     for name, record in gradient_records(args, _abstract_dout(args)).items():
-      reason = self._unsupported_reason(record)
+      reason = gradient_op._unsupported_reason(record)
       if reason is not None:
         return f"gradient of {name}: {reason}"
     return None
