@@ -18,6 +18,7 @@ from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from suites import opdb
+from tokamax._src import device
 from tokamax._src.ops import kernel_ops, mosaic_gemm
 from tokamax._src.ops.ragged_dot import api, mosaic, mosaic_drhs, mosaic_fwd, spec
 from tokamax_harness import compare, references
@@ -649,4 +650,4 @@ def test_interpreted_kernels_run_few_ctas(monkeypatch, interpret):
   )
   mosaic.MosaicRaggedDot(interpret=interpret)._compute(record, SMALL)
   want = mosaic_gemm.INTERPRET_NUM_SMS if interpret else mosaic_gemm.num_sms(False)
-  assert seen == [want] and mosaic_gemm.INTERPRET_NUM_SMS < mosaic_gemm.DEFAULT_NUM_SMS
+  assert seen == [want] and mosaic_gemm.INTERPRET_NUM_SMS < device.DEFAULT_SM_COUNT

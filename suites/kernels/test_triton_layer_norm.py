@@ -15,7 +15,7 @@ import pytest
 
 from suites import opdb
 from suites.kernels import interpreted
-from tokamax._src import triton_call
+from tokamax._src import device, triton_call
 from tokamax._src.ops.normalization import api, spec
 from tokamax._src.ops.normalization import triton as norm_triton
 from tokamax_harness import compare, references
@@ -86,6 +86,31 @@ def test_heuristic_configs_compile(sm, d):
     compiled = triton_call.compile_launch(launch, sm)
     assert "cubin" in compiled.asm
     assert compiled.metadata.shared <= SMEM_LIMIT[sm]
+
+
+def test_persistent_programs_follow_the_sm_count(monkeypatch):
+  """On an A100's 108 SMs: 4 forward programs and 1 backward program an SM at rows of 8192,
+  2 backward programs an SM at rows of 4096, and backward candidates of 1-8 an SM (an
+  H200's 132-based counts would leave a second, mostly idle wave of programs)."""
+  monkeypatch.setattr(device, "sm_count", lambda *_: 108)
+  wide = OP._get_heuristics_config(_record((4096, 8192), -1, "bfloat16", True, True, True, 0.0))
+  assert (wide.fwd_programs, wide.bwd_programs) == (432, 108)
+  args = _record((4096, 4096), -1, "bfloat16", True, True, True, 0.0)
+  assert OP._get_heuristics_config(args).bwd_programs == 216
+  programs = {c.bwd_programs for c in OP._get_autotuning_configs(args)}
+  assert programs == {108, 216, 432, 864}
+  assert {c.fwd_programs for c in OP._get_autotuning_configs(args)} == {0, 432}
+
+
+def test_sm_count_of_the_device():
+  class Gpu:
+    platform, core_count = "gpu", 108
+
+  assert device.sm_count(Gpu()) == 108
+  Gpu.core_count = None
+  assert device.sm_count(Gpu()) == device.DEFAULT_SM_COUNT == 132
+  if jax.default_backend() == "cpu":
+    assert device.sm_count() == 132
 
 
 def test_heuristic_of_wide_layer_norm_rows_is_the_h200_tuning_winner():

@@ -65,6 +65,17 @@ def shared_memory_per_block(cc: tuple[int, int] | None = None) -> int:
   return _SHARED_MEMORY_PER_BLOCK.get(tuple(cc), _SMALLEST_SHARED_MEMORY_PER_BLOCK)
 
 
+# SMs of an H100/H200 SXM: what kernels lowered without a GPU at hand are sized for.
+DEFAULT_SM_COUNT = 132
+
+
+def sm_count(device: jax.Device | None = None) -> int:
+  """Streaming multiprocessors of `device` (the default device's), else `DEFAULT_SM_COUNT`."""
+  device = device or default_device()
+  count = getattr(device, "core_count", None) if device.platform == "gpu" else None
+  return int(count) if count else DEFAULT_SM_COUNT
+
+
 def is_nvidia_gpu(device: jax.Device | None = None) -> bool:
   return compute_capability(device) is not None
 

@@ -30,19 +30,13 @@ SMEM_BYTES = 227 * 1024 - 1024
 MEMORY_REGISTERS = 40
 ROW_ALIGN = 8  # Row tiling of the TMA copies.
 _SWIZZLE = 128
-# SMs of an H100/H200 SXM, used when lowering without a GPU at hand.
-DEFAULT_NUM_SMS = 132
 # Persistent CTAs simulated in interpret mode (few, so that it stays fast).
 INTERPRET_NUM_SMS = 2
 
 
 def num_sms(interpret: bool = False) -> int:
   """Persistent CTAs: the SMs of the GPU at hand, else an H100/H200's; few when interpreted."""
-  if interpret:
-    return INTERPRET_NUM_SMS
-  dev = device_lib.default_device()
-  count = getattr(dev, "core_count", None) if dev.platform == "gpu" else None
-  return int(count) if count else DEFAULT_NUM_SMS
+  return INTERPRET_NUM_SMS if interpret else device_lib.sm_count()
 
 
 def swizzle_elems(dtype) -> int:

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tokamax._src import triton_call
+from tokamax._src import device, triton_call
 from tokamax._src.ops import kernel_ops
 from tokamax._src.ops.normalization import spec
 from tokamax._src.ops.normalization import triton_layer_norm as kernels
@@ -253,14 +253,15 @@ class TritonLayerNorm(kernel_ops.TritonOp):
     # LayerNorm rows of 8192: persistent programs, 4 per SM, each loading its next row and
     # the scale and offset once (0.0939 against 0.0986 ms forward+backward at 4096x8192 in
     # the H200 tuning of src/tokamax/data/NVIDIA_H200.json, 28b7769; RMSNorm gained 0.6%).
-    fwd_programs = 132 * 4 if args.subtract_mean and block_d == 8192 else 0
+    sms = device.sm_count()
+    fwd_programs = sms * 4 if args.subtract_mean and block_d == 8192 else 0
     return TritonNormConfig(
       block_m=block_m,
       num_warps=num_warps,
       fwd_programs=fwd_programs,
       bwd_block_m=bwd_block_m,
       bwd_num_warps=bwd_num_warps,
-      bwd_programs=132 if wide else 132 * 2,
+      bwd_programs=sms if wide else sms * 2,
       bwd_prefetch=bwd_stages == 0,
       bwd_stages=bwd_stages,
     )
@@ -270,6 +271,7 @@ class TritonLayerNorm(kernel_ops.TritonOp):
     block_d = _block_d(d)
     row_bytes = block_d * np.dtype(args.x.dtype).itemsize
     base = self._get_heuristics_config(args)
+    sms = device.sm_count()
     rep = dataclasses.replace
     configs = {base}
     for block_m in (1, 2, 4):
@@ -278,7 +280,7 @@ class TritonLayerNorm(kernel_ops.TritonOp):
         if not 4 <= per_thread <= 64:
           continue
         if num_warps <= 16:
-          for fwd_programs in (0, 132 * 4):
+          for fwd_programs in (0, sms * 4):
             for one_pass in (False, True) if args.subtract_mean else (False,):
               configs.add(
                 rep(
@@ -291,12 +293,12 @@ class TritonLayerNorm(kernel_ops.TritonOp):
               )
           if block_m == 1 and per_thread <= 32 and 3 * row_bytes <= _SMEM:
             configs.add(
-              rep(base, block_m=block_m, num_warps=num_warps, fwd_programs=132 * 4, fwd_stages=4)
+              rep(base, block_m=block_m, num_warps=num_warps, fwd_programs=sms * 4, fwd_stages=4)
             )
         # Without the heuristic's pipeline (wide rows have one): stages are added below
         # where their rows fit shared memory, and they would override the prefetch.
         bwd = rep(base, bwd_block_m=block_m, bwd_num_warps=num_warps, bwd_stages=0)
-        for bwd_programs in (132, 264, 528, 1056):
+        for bwd_programs in (sms, sms * 2, sms * 4, sms * 8):
           if num_warps <= 16:
             for prefetch in (False, True) if per_thread <= 32 else (False,):
               configs.add(rep(bwd, bwd_programs=bwd_programs, bwd_prefetch=prefetch))
@@ -304,7 +306,7 @@ class TritonLayerNorm(kernel_ops.TritonOp):
           # (blocks of 2 rows and more ran 1.6-2x slower on the H200 at 4096x8192).
           for stages in (3, 4):
             smem = (stages - 1) * 2 * row_bytes  # Stages in flight of x and dy.
-            if block_m == 1 and per_thread <= 32 and bwd_programs <= 264 and smem <= _SMEM:
+            if block_m == 1 and per_thread <= 32 and bwd_programs <= sms * 2 and smem <= _SMEM:
               configs.add(
                 rep(bwd, bwd_programs=bwd_programs, bwd_prefetch=False, bwd_stages=stages)
               )
