@@ -11587,6 +11587,55 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_TRITON_NORM, "-k", "sm_count_of_the_device"),
     "The SM count is an H200's whatever the GPU (persistent kernels leave a second wave).",
   ),
+  Mutation(
+    "kernels.mosaic_attention_dq_smem_delta_uncounted",
+    _ATTENTION + "mosaic_bwd.py",
+    "  held = NUM_CONSUMERS * p.block_q * (2 * h * itemsize + 2 * 4)  # q, do, lse, delta",
+    "  held = NUM_CONSUMERS * p.block_q * (2 * h * itemsize + 4)  # q, do, lse, delta",
+    (_MOSAIC_ATTENTION, "-k", "backward_shared_memory"),
+    "Mosaic attention dq kernel: the shared-memory count forgets the float32 delta rows.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_dkv_smem_delta_uncounted",
+    _ATTENTION + "mosaic_bwd.py",
+    "(8 if dk else 4)",
+    "4",
+    (_MOSAIC_ATTENTION, "-k", "backward_shared_memory"),
+    "Mosaic attention dk/dv kernel: the shared-memory count forgets the dk pass's delta slots.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_visible_q_len_off_by_one",
+    _ATTENTION + "mosaic_common.py",
+    "    ok = both(ok, q_ids < q_len)",
+    "    ok = both(ok, q_ids <= q_len)",
+    (_MOSAIC_ATTENTION, "-k", "visible_matches"),
+    "Mosaic attention `visible`: the query row at q_len stays visible.",
+  ),
+  Mutation(
+    "loss.mosaic_epilogue_maxima_uncounted",
+    _LOSS + "mosaic_kernel.py",
+    "  return _stats(probabilities) * WG_ROWS * 4 + probs",
+    "  return 2 * WG_ROWS * 4 + probs",
+    (_MOSAIC_LOSS, "-k", "shared_memory_bytes"),
+    "Mosaic loss: the epilogue's shared memory forgets the row maxima kept with the exponentials.",
+  ),
+  Mutation(
+    "loss.mosaic_label_zero_unflagged",
+    _LOSS + "mosaic_kernel.py",
+    "(labels >= 0) & (labels < n_tiles",
+    "(labels > 0) & (labels < n_tiles",
+    (_MOSAIC_LOSS, "-k", "brute_force"),
+    "Mosaic loss `label_tiles`: a label of column 0 flags no tile (its logit is lost unless a "
+    "neighbour row flags tile 0).",
+  ),
+  Mutation(
+    "loss.mosaic_tile_reason_dropped",
+    _LOSS + "mosaic_kernel.py",
+    '  return gemm.tile_reason(config, "block_k", in_itemsize) or gemm.smem_reason(',
+    "  return gemm.smem_reason(",
+    (_MOSAIC_LOSS, "-k", "wgmma_tiles"),
+    "Mosaic loss: config_reason accepts wgmma tiles of the wrong depth or width.",
+  ),
 )
 
 

@@ -35,7 +35,7 @@ from suites import opdb
 from suites.opdb import kernel_cases
 from tokamax._src import device
 from tokamax._src.ops import op
-from tokamax._src.ops.attention import mosaic, mosaic_common, spec, xla
+from tokamax._src.ops.attention import mosaic, mosaic_bwd, mosaic_common, spec, xla
 from tokamax_harness import references
 
 # The summary counts these under the op and implementation they check.
@@ -260,6 +260,24 @@ def test_block_ranges_at_unequal_blocks(masking, held, streamed):
   _check_block_ranges(masking, t=96, s=128, held=held, streamed=streamed, seed=5)
 
 
+@pytest.mark.parametrize("masking", _BLOCK_MASKINGS, ids=lambda m: repr(m)[8:].replace(" ", ""))
+def test_visible_matches_the_positional_table_and_lengths(masking):
+  """`visible` (the elementwise mask of the kernels' masked steps) against the harness's
+  positional table and the lengths: query rows at or past q_len and keys at or past kv_len
+  see nothing, at lengths that fall inside the id ranges and at their ends."""
+  rows, cols = np.arange(48), np.arange(56)
+  q_ids = jnp.asarray(np.broadcast_to(rows[:, None], (48, 56)), jnp.int32)
+  k_ids = jnp.asarray(np.broadcast_to(cols[None, :], (48, 56)), jnp.int32)
+  rng = np.random.default_rng(11)
+  for q_len, kv_len in [(0, 0), (48, 56), (1, 1), *rng.integers(1, 48, (4, 2))]:
+    q_len = int(q_len) if masking.q_len else 48
+    kv_len = int(kv_len) if masking.kv_len else 56
+    got = mosaic_common.visible(masking, q_ids, k_ids, jnp.int32(q_len), jnp.int32(kv_len))
+    want = _positional(masking, rows, cols, q_len, kv_len)
+    np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"{q_len=} {kv_len=}")
+  assert mosaic_common.visible(mosaic_common.Masking(), q_ids, k_ids, 48, 56) is None
+
+
 def _lower(impl, config, shape, dtype=jnp.bfloat16, grads=False, **kw):
   b, t, s, n, kh, h = shape
   sds = jax.ShapeDtypeStruct
@@ -409,6 +427,34 @@ def test_unsupported_reason_names_a_value_head_dim_and_an_oversized_config():
   assert reason is not None and "shared memory" in reason
   fits = mosaic.MosaicAttentionConfig(block_kv=64)
   assert mosaic.MosaicAttention(config=fits)._unsupported_reason(record) is None
+
+
+def test_backward_shared_memory_bytes():
+  """The backward kernels' shared memory, counted by hand from what each allocates (compiled):
+  dq holds each consumer's query and dO rows and its float32 log-sum-exp and delta rows, and
+  streams a key and a value block per slot; dk/dv holds each consumer's key (and, for dk,
+  value) block, and streams a query and a dO block and float32 log-sum-exp (and, for dk,
+  delta) rows per slot. The dv pass holds no value block and streams no delta."""
+  p = mosaic_bwd.BwdParams(
+    block_q=64,
+    block_kv=128,
+    num_stages=3,
+    scale=1.0,
+    soft_cap=None,
+    masking=mosaic_common.Masking(),
+  )
+  h, bf16, f32 = 128, 2, 4
+  q = do = 2 * 64 * h * bf16
+  rows = 2 * 64 * f32  # lse or delta, per consumer row
+  k = v = 3 * 128 * h * bf16
+  assert mosaic_bwd.dq_smem_bytes(p, h) == q + do + 2 * rows + k + v
+  assert mosaic_bwd.dq_smem_bytes(p, h, itemsize=4) == 2 * (q + do + k + v) + 2 * rows
+  held = 2 * 128 * h * bf16  # one [block_kv, H] block per consumer
+  slot = 64 * h * bf16  # one [block_q, H] block per slot
+  vec = 64 * f32  # one [block_q] float32 row per slot
+  assert mosaic_bwd.dkv_smem_bytes(p, h) == 2 * held + 3 * (2 * slot + 2 * vec)
+  assert mosaic_bwd.dkv_smem_bytes(p, h, ("dk",)) == 2 * held + 3 * (2 * slot + 2 * vec)
+  assert mosaic_bwd.dkv_smem_bytes(p, h, ("dv",)) == held + 3 * (2 * slot + vec)
 
 
 def test_forward_shared_memory_bytes():

@@ -132,6 +132,39 @@ def test_label_tiles_flag_each_warpgroups_rows_and_tile():
   np.testing.assert_array_equal(flags, want)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_label_tiles_against_a_brute_force_table(seed):
+  """Sparse random labels (the others -1), with the edge columns 0 and n_tiles * block_n - 1
+  and the first columns past the tiles and before them (-1) in each warpgroup's rows: a
+  warpgroup's flag is set exactly where one of its rows has a label in the tile."""
+  rng = np.random.default_rng(seed)
+  b, n_tiles, block_n = 320, 3, 128
+  labels = np.where(rng.random(b) < 0.02, rng.integers(0, n_tiles * block_n, b), -1)
+  edges = [0, n_tiles * block_n - 1, n_tiles * block_n, -1]
+  for group in range(b // 64):
+    labels[group * 64 + rng.integers(0, 64)] = edges[(group + seed) % len(edges)]
+  flags = np.asarray(mosaic_kernel.label_tiles(jnp.asarray(labels, jnp.int32), n_tiles, block_n))
+  want = np.zeros((b // 64, n_tiles), np.int32)
+  for row, label in enumerate(labels):
+    if 0 <= label < n_tiles * block_n:
+      want[row // 64, label // block_n] = 1
+  np.testing.assert_array_equal(flags, want)
+
+
+def test_shared_memory_bytes():
+  """The kernel's shared memory counted by hand: per stage an x tile [block_m, block_k] and a
+  weight tile [block_k, block_n]; per compute warpgroup the float32 statistics rows (the
+  log-sum-exp and the label logit, and the maximum with the exponentials) and, with the
+  exponentials, their [64, 128] store slot and 2 KiB of alignment."""
+  config = mosaic_kernel.MosaicLossKernelConfig(block_n=256, block_k=64, num_stages=4)
+  stats, with_probs = 2 * 64 * 4, 3 * 64 * 4 + 64 * 128 * 2 + 2048
+  assert mosaic_kernel.epilogue_bytes(2, False) == stats
+  assert mosaic_kernel.epilogue_bytes(2, True) == with_probs
+  stages = 4 * (128 * 64 + 64 * 256) * 2
+  assert mosaic_kernel.smem_bytes(config, 2, stats) == stages + 2 * stats
+  assert mosaic_kernel.smem_bytes(config, 2, with_probs) == stages + 2 * with_probs
+
+
 def test_unsupported_reasons_name_the_limit():
   op = mosaic.MosaicLoss(interpret=True)
   x, labels, w = _inputs(16, 128, 256)
@@ -174,6 +207,22 @@ def test_kernel_config_reason_takes_exactly_num_stages_blocks():
     record
   )
   assert reason is not None and "num_stages" in reason
+
+
+def test_kernel_config_reason_names_wgmma_tiles():
+  """wgmma takes a contraction depth of exactly 128 bytes (64 bfloat16, 32 float32) and
+  block_n a multiple of 64 up to 256: other tiles are refused, naming the field."""
+  config = mosaic_kernel.MosaicLossKernelConfig
+  assert mosaic_kernel.config_reason(config(block_n=128, block_k=64, num_stages=2), 256, 2) is None
+  assert mosaic_kernel.config_reason(config(block_n=192, block_k=32, num_stages=2), 256, 4) is None
+  for bad, what in (
+    (dict(block_n=128, block_k=32), "block_k=32"),
+    (dict(block_n=128, block_k=128), "block_k=128"),
+    (dict(block_n=320, block_k=64), "block_n=320"),
+    (dict(block_n=96, block_k=64), "block_n=96"),
+  ):
+    reason = mosaic_kernel.config_reason(config(num_stages=2, **bad), 256, 2)
+    assert reason is not None and what in reason, (bad, reason)
 
 
 @pytest.mark.host_only
