@@ -11636,6 +11636,40 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_MOSAIC_LOSS, "-k", "wgmma_tiles"),
     "Mosaic loss: config_reason accepts wgmma tiles of the wrong depth or width.",
   ),
+  Mutation(
+    "kernels.mosaic_attention_swizzle_capped_at_64",
+    _ATTENTION + "mosaic_common.py",
+    "  swizzle = min(128, minor_dim",
+    "  swizzle = min(64, minor_dim",
+    (_MOSAIC_ATTENTION, "-k", "smem_transforms"),
+    "Mosaic attention: shared-memory tiles take at most a 64-byte swizzle (still lowers and "
+    "interprets: a bank-conflict slowdown on the GPU).",
+  ),
+  Mutation(
+    "loss.mosaic_cotangent_rows_unchecked",
+    _LOSS + "mosaic_kernel.py",
+    "  if r % _COTANGENT_ROWS or v % cols or block_n % cols:",
+    "  if v % cols or block_n % cols:",
+    (_MOSAIC_LOSS, "-k", "refuses_shapes"),
+    "Mosaic loss cotangent kernel: rows not in whole 64-row bands are not refused.",
+  ),
+  Mutation(
+    "loss.mosaic_cotangent_columns_unchecked",
+    _LOSS + "mosaic_kernel.py",
+    "  if r % _COTANGENT_ROWS or v % cols or block_n % cols:",
+    "  if r % _COTANGENT_ROWS or block_n % cols:",
+    (_MOSAIC_LOSS, "-k", "refuses_shapes"),
+    "Mosaic loss cotangent kernel: columns not in whole 64-column blocks are not refused.",
+  ),
+  Mutation(
+    "loss.mosaic_cotangent_tile_width_unchecked",
+    _LOSS + "mosaic_kernel.py",
+    "  if r % _COTANGENT_ROWS or v % cols or block_n % cols:",
+    "  if r % _COTANGENT_ROWS or v % cols:",
+    (_MOSAIC_LOSS, "-k", "refuses_shapes"),
+    "Mosaic loss cotangent kernel: column blocks that straddle two tiles of `scale` are not "
+    "refused.",
+  ),
 )
 
 

@@ -278,6 +278,28 @@ def test_visible_matches_the_positional_table_and_lengths(masking):
   assert mosaic_common.visible(mosaic_common.Masking(), q_ids, k_ids, 48, 56) is None
 
 
+@pytest.mark.parametrize(
+  ("dtype", "minor", "contracted", "tiling", "swizzle"),
+  [
+    (jnp.bfloat16, 64, None, 64, 128),  # A 128-byte row: the full swizzle.
+    (jnp.bfloat16, 128, None, 64, 128),  # Wider rows keep 128 bytes.
+    (jnp.bfloat16, 32, None, 32, 64),  # A 64-byte row.
+    (jnp.bfloat16, 256, 32, 32, 64),  # Wide rows, but a product contracting 32 elements.
+    (jnp.bfloat16, 256, 128, 64, 128),
+    (jnp.float32, 64, None, 32, 128),
+    (jnp.int8, 64, None, 64, 64),  # A staged mask tile of 64 keys.
+    (jnp.int8, 128, None, 128, 128),
+  ],
+)
+def test_smem_transforms_take_the_widest_swizzle_a_row_and_the_contraction_allow(
+  dtype, minor, contracted, tiling, swizzle
+):
+  """The swizzle is the largest of 32, 64 and 128 bytes within a row and within the
+  contraction; the tiling is 8 rows by one swizzle's worth of elements."""
+  tile, swz = mosaic_common.smem_transforms(dtype, minor, contracted)
+  assert tile.tiling == (8, tiling) and swz.swizzle == swizzle
+
+
 def _lower(impl, config, shape, dtype=jnp.bfloat16, grads=False, **kw):
   b, t, s, n, kh, h = shape
   sds = jax.ShapeDtypeStruct

@@ -287,6 +287,26 @@ def test_the_cotangent_kernel_writes_each_tiles_softmax_term_less_the_label(v, b
   np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=8e-3, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+  ("rows", "v", "block_n"),
+  [
+    (100, 512, 128),  # Rows not whole 64-row bands: the last band's rows would go unwritten.
+    (128, 100, 128),  # Columns not whole 64-column blocks.
+    (128, 512, 192),  # 128-column blocks that straddle two 192-column tiles of `scale`.
+  ],
+)
+def test_the_cotangent_kernel_refuses_shapes_that_do_not_tile(rows, v, block_n):
+  """`cotangent_in_place` works in 64-row bands and 128- (or 64-) column blocks, each within
+  one tile of `scale`; another shape is refused before any kernel runs."""
+  rng = np.random.default_rng(3)
+  probs = jnp.asarray(rng.uniform(0.0, 1.0, (rows, v)), jnp.bfloat16)
+  scale = jnp.asarray(rng.uniform(0.5, 2.0, (-(-v // block_n), rows)), jnp.float32)
+  labels = jnp.asarray(rng.integers(0, v, rows), jnp.int32)
+  hit = jnp.ones((rows,), jnp.float32)
+  with pytest.raises(ValueError, match="must tile"):
+    mosaic_kernel.cotangent_in_place(probs, scale, labels, hit, block_n=block_n, num_sms=2)
+
+
 @pytest.mark.host_only
 def test_gradient_in_forward_matches_the_reference_in_every_column(capfd):
   """Peaked logits (scale 3), so that every column's softmax term is well above the bound:
