@@ -260,6 +260,68 @@ def test_block_ranges_at_unequal_blocks(masking, held, streamed):
   _check_block_ranges(masking, t=96, s=128, held=held, streamed=streamed, seed=5)
 
 
+# Maskings whose visible blocks, and all-visible blocks, of a held block are contiguous and
+# found exactly by the block ranges (a window with lengths may leave a range that sees
+# nothing: sound, but not tight).
+_TIGHT_MASKINGS = [
+  mosaic_common.Masking(causal=True),
+  mosaic_common.Masking(window=(17, 1)),
+  mosaic_common.Masking(window=(0, 15)),
+  mosaic_common.Masking(window=(30, 30)),
+  # A window edge one key short of a block edge: all-visible blocks start or end there.
+  mosaic_common.Masking(window=(15, 40)),
+  mosaic_common.Masking(window=(40, 15)),
+  mosaic_common.Masking(causal=True, window=(40, 0)),
+  mosaic_common.Masking(causal=True, window=(5, 3)),
+  mosaic_common.Masking(kv_len=True),
+  mosaic_common.Masking(q_len=True, kv_len=True),
+  mosaic_common.Masking(causal=True, kv_len=True),
+]
+
+
+def _check_tight(ranges, blocks, num, visible_block):
+  """[lo, hi) is exactly the first to the last block with a visible pair (empty if none),
+  and [full_lo, full_hi) the first to the last all-visible block (empty if none)."""
+  lo, full_lo, full_hi, hi = (int(x) for x in ranges)
+  tables = [visible_block(blk * blocks + np.arange(blocks)) for blk in range(num)]
+  some = [blk for blk, ok in enumerate(tables) if ok.any()]
+  full = [blk for blk, ok in enumerate(tables) if ok.all()]
+  if some:
+    assert (lo, hi) == (some[0], some[-1] + 1), (ranges, some)
+  else:
+    assert lo == hi, ranges
+  if full:
+    assert (full_lo, full_hi) == (full[0], full[-1] + 1), (ranges, full)
+  else:
+    assert full_lo == full_hi, ranges
+
+
+@pytest.mark.parametrize(("held", "streamed"), [(16, 16), (16, 32), (32, 16), (8, 32)])
+@pytest.mark.parametrize("masking", _TIGHT_MASKINGS, ids=lambda m: repr(m)[8:].replace(" ", ""))
+def test_block_ranges_visit_no_block_that_sees_nothing(masking, held, streamed):
+  """The kernels visit no streamed block in which the held block sees nothing, and run every
+  all-visible block unmasked: `kv_blocks` and `q_blocks` are exact for these maskings,
+  against the brute-force visibility table at random lengths (a looser range gives the same
+  numbers, only slower, so the numerical tests cannot see it)."""
+  t, s = 96, 128
+  rng = np.random.default_rng(7)
+  for _ in range(4):
+    q_len = int(rng.integers(0, t + 1)) if masking.q_len else t
+    kv_len = int(rng.integers(0, s + 1)) if masking.kv_len else s
+    for r0 in range(0, t, held):
+      rows = r0 + np.arange(held)
+      ranges = mosaic_common.kv_blocks(masking, r0, held, streamed, s // streamed, kv_len)
+      _check_tight(
+        ranges, streamed, s // streamed, lambda c: _positional(masking, rows, c, t, kv_len)
+      )
+    for c0 in range(0, s, held):
+      cols = c0 + np.arange(held)
+      ranges = mosaic_common.q_blocks(masking, c0, held, streamed, t // streamed, q_len, kv_len)
+      _check_tight(
+        ranges, streamed, t // streamed, lambda r: _positional(masking, r, cols, q_len, kv_len)
+      )
+
+
 @pytest.mark.parametrize("masking", _BLOCK_MASKINGS, ids=lambda m: repr(m)[8:].replace(" ", ""))
 def test_visible_matches_the_positional_table_and_lengths(masking):
   """`visible` (the elementwise mask of the kernels' masked steps) against the harness's
