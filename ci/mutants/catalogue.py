@@ -11758,6 +11758,33 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_MOSAIC_ATTENTION, "-k", "visit_no_block"),
     "Mosaic attention `q_blocks`: an all-visible query block at the window's left edge runs masked.",
   ),
+  Mutation(
+    "wrappers.ragged_work_items_empty_segments_get_blocks",
+    _RAGGED + "mosaic_fwd.py",
+    "  blocks = jnp.where(seg_end > seg_start, (seg_end - aligned_start + block_m - 1) // block_m, 0)",
+    "  blocks = (seg_end - aligned_start + block_m - 1) // block_m",
+    (_MOSAIC_RAGGED, "-k", "count_exactly"),
+    "Mosaic ragged_dot work list: an empty group at an unaligned row gets a block that stores "
+    "nothing (same output, wasted matmuls).",
+  ),
+  Mutation(
+    "wrappers.ragged_work_items_coarse_alignment",
+    _RAGGED + "mosaic_fwd.py",
+    "  aligned_start = seg_start // ROW_ALIGN * ROW_ALIGN",
+    "  aligned_start = seg_start // (2 * ROW_ALIGN) * (2 * ROW_ALIGN)",
+    (_MOSAIC_RAGGED, "-k", "count_exactly"),
+    "Mosaic ragged_dot work list: blocks start at 16-row multiples, so some segments take a "
+    "block more than they need.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_query_tile_lightest_first",
+    _ATTENTION + "mosaic_common.py",
+    '  tile = t // rows_per_cta - 1 - lax.axis_index("q_tiles")',
+    '  tile = lax.axis_index("q_tiles")',
+    (_MOSAIC_ATTENTION, "-k", "heaviest"),
+    "Mosaic attention: CTAs take the query tiles in order, the lightest causal tiles first "
+    "(the heaviest start last: a longer tail).",
+  ),
 )
 
 

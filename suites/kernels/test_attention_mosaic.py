@@ -362,6 +362,56 @@ def test_smem_transforms_take_the_widest_swizzle_a_row_and_the_contraction_allow
   assert tile.tiling == (8, tiling) and swz.swizzle == swizzle
 
 
+def _on_grid(fn, axes):
+  """`fn()` evaluated at every index of named grid `axes` ((name, size), outermost first)."""
+  for name, size in reversed(axes):
+    fn = (lambda f, name, size: lambda: jax.vmap(lambda _: f(), axis_name=name)(jnp.zeros(size)))(
+      fn, name, size
+    )
+  return fn()
+
+
+@pytest.mark.parametrize(
+  "masking",
+  [
+    mosaic_common.Masking(causal=True, q_len=True, kv_len=True),
+    mosaic_common.Masking(causal=True, window=(70, 0)),
+  ],
+  ids=lambda m: repr(m)[8:].replace(" ", ""),
+)
+def test_query_tile_takes_the_heaviest_tiles_first(masking):
+  """`query_tile` on a grid of 2 batches, 4 query tiles and 4 heads (GQA groups of 2): grid
+  index i holds the query tile i-th from the end (under a causal mask the later rows see the
+  most keys, so those CTAs start first), each batch's lengths, the key/value head of its
+  group, and the key blocks any of its rows sees (brute force; query lengths do not narrow
+  them)."""
+  t, s, block_q, block_kv = 256, 192, 32, 64
+  lengths = jnp.array([[200, 50], [150, 30]], jnp.int32)
+
+  def fn():
+    qt = mosaic_common.query_tile(
+      masking, lengths, t=t, s_len=s, groups=2, block_q=block_q, block_kv=block_kv, consumers=2
+    )
+    return qt.r0, qt.lo, qt.hi, qt.q_len, qt.kv_len, qt.head, qt.kv_head, qt.batch
+
+  out = _on_grid(fn, (("batch", 2), ("q_tiles", 4), ("heads", 4)))
+  r0, lo, hi, q_len, kv_len, head, kv_head, batch = (np.asarray(x) for x in out)
+  for b, i, n in np.ndindex(2, 4, 4):
+    at = (b, i, n)
+    want_q_len = int(lengths[0, b]) if masking.q_len else t
+    want_kv_len = int(lengths[1, b]) if masking.kv_len else s
+    want_r0 = (t // 64 - 1 - i) * 64
+    assert (r0[at], head[at], kv_head[at], batch[at]) == (want_r0, n, n // 2, b), at
+    assert (q_len[at], kv_len[at]) == (want_q_len, want_kv_len), at
+    rows = want_r0 + np.arange(64)
+    seen = [
+      blk
+      for blk in range(s // block_kv)
+      if _positional(masking, rows, blk * block_kv + np.arange(block_kv), t, want_kv_len).any()
+    ]
+    assert (lo[at], hi[at]) == (seen[0], seen[-1] + 1), (at, lo[at], hi[at], seen)
+
+
 def _lower(impl, config, shape, dtype=jnp.bfloat16, grads=False, **kw):
   b, t, s, n, kh, h = shape
   sds = jax.ShapeDtypeStruct

@@ -9,6 +9,7 @@ allocation (`setmaxnreg`) or the real shared-memory limit.
 """
 
 import dataclasses
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -199,6 +200,34 @@ def test_work_items_cover_every_row_once(seed, cluster):
   seg_rows = np.diff(np.concatenate([[0], starts[:1], ends, [m]]))
   blocks = [-(-(int(r) + 7) // block_m) for r in seg_rows]
   assert total <= sum(-(-b // cluster) for b in blocks)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("cluster", [1, 2])
+def test_work_items_count_exactly_the_blocks_each_segment_needs(seed, cluster):
+  """The work list's length, counted by hand: a segment (the rows before the groups, each
+  group, the rows after them) of r rows starting at row s takes ceil((r + s mod 8) / block_m)
+  blocks, an empty one none, and an item takes `cluster` blocks of one segment. Groups of
+  1-9 rows and empty ones at unaligned starts, so that a stray block would show."""
+  rng = np.random.default_rng(100 + seed)
+  block_m, m = 128, 8 * int(rng.integers(40, 90))
+  sizes = rng.integers(1, 10, int(rng.integers(8, 20)))
+  sizes[rng.random(sizes.shape[0]) < 0.3] = 0
+  # A first group of whole blocks at a start 8 rows past a multiple of 16: one block per
+  # 128 rows (a coarser alignment would take one more); then one over several blocks.
+  sizes[0], sizes[1] = 128 * int(rng.integers(1, 3)), int(rng.integers(100, 300))
+  before = 8 * int(rng.choice([1, 3, 5]))
+  items, _ = mosaic_fwd.work_items(
+    jnp.asarray(sizes, jnp.int32), jnp.int32(before), m, block_m, cluster
+  )
+  ends = np.minimum(before + np.cumsum(sizes), m)
+  bounds = [0, min(before, m), *ends, m]
+  want = 0
+  for start, end in itertools.pairwise(bounds):
+    if end > start:
+      blocks = -(-(end - start + start % 8) // block_m)
+      want += -(-blocks // cluster)
+  assert int(np.asarray(items)[0, 0]) == want
 
 
 def _lower_all(layout, m, k, n, g, configs):
