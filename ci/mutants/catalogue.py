@@ -11785,6 +11785,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Mosaic attention: CTAs take the query tiles in order, the lightest causal tiles first "
     "(the heaviest start last: a longer tail).",
   ),
+  Mutation(
+    "loss.mosaic_cotangent_groups_unfloored",
+    _LOSS + "mosaic_kernel.py",
+    "  want = max(1, _COTANGENT_CTAS_PER_SM * num_sms // bands)",
+    "  want = _COTANGENT_CTAS_PER_SM * num_sms // bands",
+    (_MOSAIC_LOSS, "-k", "more_row_bands"),
+    "Mosaic loss cotangent kernel: more row bands than its target CTAs leave no column group "
+    "(max() of nothing: a large row chunk crashes).",
+  ),
 )
 
 

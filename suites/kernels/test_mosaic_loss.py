@@ -287,6 +287,31 @@ def test_the_cotangent_kernel_writes_each_tiles_softmax_term_less_the_label(v, b
   np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=8e-3, atol=1e-6)
 
 
+@pytest.mark.host_only
+def test_the_cotangent_kernel_takes_more_row_bands_than_its_ctas_target():
+  """576 rows (9 bands) on 2 SMs: more bands than the 4 CTAs per SM the grid aims at, so
+  each band is one column group of every block; against the float64 formula."""
+  rows, v, block_n = 576, 256, 128
+  rng = np.random.default_rng(9)
+  probs = jnp.asarray(rng.uniform(0.0, 1.0, (rows, v)), jnp.bfloat16)
+  scale = jnp.asarray(rng.uniform(0.5, 2.0, (v // block_n, rows)), jnp.float32)
+  labels = rng.integers(0, v, rows).astype(np.int32)
+  hit = jnp.asarray(rng.uniform(0.5, 2.0, rows), jnp.float32)
+  out = mosaic_kernel.cotangent_in_place(
+    probs,
+    scale,
+    jnp.asarray(labels),
+    hit,
+    block_n=block_n,
+    num_sms=2,
+    interpret=plgpu.InterpretGPUParams(detect_races=True),
+  )
+  assert not interpret_pallas_call.get_races().races_found
+  want = np.asarray(probs, np.float64) * np.repeat(np.asarray(scale, np.float64).T, block_n, 1)
+  want[np.arange(rows), labels] -= np.asarray(hit, np.float64)
+  np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=8e-3, atol=1e-6)
+
+
 @pytest.mark.parametrize(
   ("rows", "v", "block_n"),
   [
