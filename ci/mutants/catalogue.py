@@ -42,6 +42,7 @@ _COMPARE = "harness/compare.py"
 _TOLERANCE = "harness/tolerance.py"
 _GRADS = "harness/grads.py"
 _OP = "src/tokamax/_src/ops/op.py"
+_KERNEL_OPS = "src/tokamax/_src/ops/kernel_ops.py"
 _RESULT = "src/tokamax/_src/autotuning/result.py"
 _ATTENTION = "src/tokamax/_src/ops/attention/"
 _PINS = "harness/tests/test_tolerance_pins.py"
@@ -11793,6 +11794,105 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_MOSAIC_LOSS, "-k", "more_row_bands"),
     "Mosaic loss cotangent kernel: more row bands than its target CTAs leave no column group "
     "(max() of nothing: a large row chunk crashes).",
+  ),
+  Mutation(
+    "dispatch.xla_preferred_twice",
+    _OP,
+    'names = tuple(n for n in self.preference.get(platform, ()) if n != "xla")',
+    "names = tuple(n for n in self.preference.get(platform, ()))",
+    ("suites/core/test_dispatch.py", "-k", "xla_once_and_last"),
+    "A preference that names xla keeps it in front of the kernels (and tries it twice).",
+  ),
+  Mutation(
+    "dispatch.move_first_adds_a_missing_name",
+    _OP,
+    "if name in names else names",
+    "if True else names",
+    ("suites/core/test_dispatch.py", "-k", "move_first_leaves"),
+    "move_first puts a name in front even where the candidates do not hold it.",
+  ),
+  Mutation(
+    "dispatch.dispatched_output_not_finalized",
+    _OP,
+    "        return spec.finalize(record, pick.apply(record))",
+    "        return pick.apply(record)",
+    ("suites/core/test_dispatch.py", "-k", "maps_the_output_back"),
+    "A dispatched call returns the canonical layout, not the public one.",
+  ),
+  Mutation(
+    "dispatch.split_output_not_finalized",
+    _OP,
+    "  return spec.finalize(record, run(arrays))",
+    "  return run(arrays)",
+    ("suites/core/test_dispatch.py", "-k", "split_gradient_keeps"),
+    "A call split by gradient_preference returns the canonical layout, not the public one.",
+  ),
+  Mutation(
+    "dispatch.bare_callable_rejected",
+    _OP,
+    "isinstance(implementation, str | Op) or callable(implementation)",
+    "isinstance(implementation, str | Op)",
+    ("suites/core/test_dispatch.py", "-k", "bare_callable"),
+    "implementation= one callable (not in a sequence) is rejected as invalid.",
+  ),
+  Mutation(
+    "dispatch.callable_keywords_dropped",
+    _OP,
+    "      return candidate(*args, **kwargs)",
+    "      return candidate(*args)",
+    ("suites/core/test_dispatch.py", "-k", "bare_callable"),
+    "A callable implementation gets the positional arguments only, not the keywords.",
+  ),
+  Mutation(
+    "autotune.bound_heuristics_config_is_the_resolved_one",
+    _OP,
+    "    return self.op._get_heuristics_config(self.args)",
+    "    return self.op.resolve_config(self.args)",
+    ("suites/tooling/test_autotuning_rules.py", "-k", "heuristics_config_ignores"),
+    "BoundArguments.heuristics_config gives the tuned (or fixed) config, not the heuristics'.",
+  ),
+  Mutation(
+    "dispatch.mosaic_gpu_without_compute_capability",
+    _KERNEL_OPS,
+    '      return "needs an NVIDIA GPU"',
+    "      return None",
+    ("suites/core/test_kernel_ops.py", "-k", "cuda_compute_capability"),
+    "Mosaic GPU accepts a gpu platform that is not an NVIDIA GPU.",
+  ),
+  Mutation(
+    "dispatch.mosaic_gpu_interpreter_cpu_only",
+    _KERNEL_OPS,
+    'None if platform in ("cpu", "gpu") else f"interpret mode runs on cpu/gpu, not {platform}"\n'
+    '      )\n    if platform != "gpu"',
+    'None if platform in ("cpu",) else f"interpret mode runs on cpu/gpu, not {platform}"\n'
+    '      )\n    if platform != "gpu"',
+    ("suites/core/test_kernel_ops.py", "-k", "interpreted_mosaic_gpu"),
+    "The Mosaic GPU interpreter is refused on a GPU host.",
+  ),
+  Mutation(
+    "dispatch.mosaic_gpu_interpreter_anywhere",
+    _KERNEL_OPS,
+    'None if platform in ("cpu", "gpu") else f"interpret mode runs on cpu/gpu, not {platform}"\n'
+    '      )\n    if platform != "gpu"',
+    'None\n      )\n    if platform != "gpu"',
+    ("suites/core/test_kernel_ops.py", "-k", "interpreted_mosaic_gpu"),
+    "The Mosaic GPU interpreter is accepted on a TPU host.",
+  ),
+  Mutation(
+    "dispatch.triton_skips_the_kernels_reasons",
+    _KERNEL_OPS,
+    "    return super().unsupported_reason(args)",
+    "    return self._platform_reason(device_lib.platform(), None)",
+    ("suites/core/test_kernel_ops.py", "-k", "keeps_the_kernels_own"),
+    "A Triton op checks its platform but skips the kernel's own unsupported reasons.",
+  ),
+  Mutation(
+    "dispatch.triton_compiles_anywhere",
+    _KERNEL_OPS,
+    "    return triton_call.unavailable_reason(platform)",
+    "    return None",
+    ("suites/core/test_kernel_ops.py", "-k", "runs_on_gpus_unless"),
+    "Outside the interpreter, Triton ops claim every platform (a CPU, a TPU).",
   ),
 )
 

@@ -387,3 +387,69 @@ def test_an_implementation_called_directly_keeps_the_public_layout(batch, inputs
   out = impl(q, q, q, is_causal=True)
   assert out.shape == q.shape
   assert_matches(out, references.high_precision(references.attention)(q, q, q, is_causal=True))
+
+
+def _row_rms_float64(x):
+  x = np.asarray(x, np.float64)
+  return np.sqrt(np.mean(x * x, axis=-1))
+
+
+def test_default_order_tries_xla_once_and_last_even_where_preferred():
+  """A `preference` that names "xla" first still leaves it the one last candidate."""
+  from tokamax._src.autotuning import example_user_op as ex
+
+  spec = dataclasses.replace(ex.SPEC, preference={"cpu": ("xla", "blocked")}, _cache={})
+  assert spec.default_order("cpu") == ("blocked", "xla")
+  assert spec.default_order("tpu") == ("xla",)
+
+
+def test_move_first_leaves_names_without_it_unchanged():
+  assert op_lib.move_first("triton", ("mosaic", "cudnn", "triton")) == (
+    "triton",
+    "mosaic",
+    "cudnn",
+  )
+  assert op_lib.move_first("triton", ("mosaic", "cudnn")) == ("mosaic", "cudnn")
+  assert op_lib.move_first("triton", ()) == ()
+
+
+def test_dispatch_maps_the_output_back_to_the_public_layout(inputs):
+  """By name or by `None`, the canonical [M] rows come back in the input's batch dims."""
+  from tokamax._src.autotuning import example_user_op as ex
+
+  x = inputs.normal((2, 3, 16))
+  for implementation in (None, "blocked", ("xla",)):
+    out = ex.row_rms(x, implementation=implementation)
+    assert out.shape == (2, 3), implementation
+    np.testing.assert_allclose(np.asarray(out), _row_rms_float64(x), rtol=1e-5)
+
+
+def test_a_bare_callable_is_an_implementation(inputs):
+  """`implementation` may be one callable, not only a sequence holding one."""
+  x = inputs.normal((3, 8))
+  seen = []
+
+  def mine(x, scale, offset, **kwargs):
+    seen.append((x.shape, kwargs["epsilon"]))
+    return references.layer_norm(x, scale, offset, epsilon=kwargs["epsilon"])
+
+  out = tokamax.layer_norm(x, None, None, epsilon=1e-3, implementation=mine)
+  assert seen == [((3, 8), 1e-3)]
+  assert_matches(out, references.high_precision(references.layer_norm)(x, None, None, epsilon=1e-3))
+
+
+def test_a_split_gradient_keeps_the_public_layout(inputs):
+  """Where `gradient_preference` names another implementation than the forward's pick, the
+  value (and its gradient) still come back in the input's batch dims."""
+  from tokamax._src.autotuning import example_user_op as ex
+
+  spec = dataclasses.replace(ex.SPEC, gradient_preference=lambda args, platform: ("xla",))
+  x = inputs.normal((2, 3, 16))
+  out = spec(x)
+  assert out.shape == (2, 3)
+  np.testing.assert_allclose(np.asarray(out), _row_rms_float64(x), rtol=1e-5)
+  grad = jax.grad(lambda x: spec(x).sum())(x)
+  # d rms / dx = x / (N * rms), row by row.
+  x64 = np.asarray(x, np.float64)
+  expected = x64 / (16 * _row_rms_float64(x)[..., None])
+  np.testing.assert_allclose(np.asarray(grad), expected, rtol=1e-4, atol=1e-6)

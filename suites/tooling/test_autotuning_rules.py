@@ -10,7 +10,9 @@ arguments apart.
 
 import dataclasses
 import enum
+import functools
 import json
+import pathlib
 import threading
 import time
 import types
@@ -826,3 +828,65 @@ def test_candidate_errors_are_listed_in_config_order(monkeypatch):
     (16, "RuntimeError"),
     (24, "ValueError"),
   ]
+
+
+def test_bound_heuristics_config_ignores_an_entered_result():
+  """`heuristics_config` is what the heuristics pick (64 columns for N = 64), tuned or not."""
+  bound = ex.BlockedRowRms().bind(_x())
+  with tokamax.AutotuningResult(cache.device_kind(), (_current_entry(16),)):
+    assert bound.default_config == ex.BlockConfig(16)
+    assert bound.heuristics_config == ex.BlockConfig(64)
+    assert bound.autotuning_configs == {ex.BlockConfig(b) for b in (16, 32, 64)}
+
+
+def test_signature_keys_are_the_text_of_the_shipped_cache_entries():
+  """A key names the record type, then each field in order: arrays by dtype and shape, others
+  by value. The shipped H200 file holds this very text, so the format cannot drift."""
+  q = jax.ShapeDtypeStruct((32, 2048, 16, 64), jnp.bfloat16)
+  record = jax.eval_shape(lambda q: attention_spec.SPEC.canonicalize(q, q, q), q)
+  array = "(bfloat16[32, 2048, 16, 64])"
+  expected = (
+    f"AttentionArgs(query={array}, key={array}, value={array}, bias=None, mask=None, "
+    "q_seq_lengths=None, kv_seq_lengths=None, scale=0.125, is_causal=False, local_window=None, "
+    "soft_cap=None, precision=None, batch_shape=(32,))"
+  )
+  assert arguments.signature_key(record) == expected
+  shipped = pathlib.Path(tokamax.__file__).parent / "data" / "NVIDIA_H200.json"
+  assert expected in {d["key"] for d in json.loads(shipped.read_text())["data"]}
+
+
+def test_signature_keys_spell_out_partial_functions():
+  """A partial is its function's module and name, its positional arguments, then its keywords
+  sorted (so the order they were given in does not matter)."""
+  name = "tokamax._src.autotuning.example_user_op.row_rms"
+  one = functools.partial(ex.row_rms, 3, b=2, a=1)
+  assert arguments._stable_repr(one) == f"partial({name}, 3, a=1, b=2)"
+  assert arguments._stable_repr(functools.partial(ex.row_rms, 3, a=1, b=2)) == (
+    arguments._stable_repr(one)
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class _VariadicConfig:
+  """Tuples of any length: of enums, of nested configs; a list given where a tuple is meant."""
+
+  orders: tuple[_Order, ...] = ()
+  stages: tuple[_Inner, ...] = ()
+  sizes: tuple[int, ...] = ()
+
+
+def test_configs_of_variadic_tuples_round_trip():
+  config = _VariadicConfig(
+    orders=(_Order.COLUMN_MAJOR, _Order.ROW_MAJOR), stages=(_Inner(3), _Inner(1)), sizes=(8, 16, 32)
+  )
+  text = configs.encode(config)
+  assert text == (
+    '{"orders":["column","row"],"sizes":[8,16,32],"stages":[{"stages":3},{"stages":1}]}'
+  )
+  again = configs.decode(_VariadicConfig, text)
+  assert again == config and hash(again) == hash(config)
+  assert all(isinstance(o, _Order) for o in again.orders)
+  # A list encodes as the tuple of the same values would.
+  assert configs.encode(_VariadicConfig(sizes=[8, 16, 32])) == configs.encode(
+    _VariadicConfig(sizes=(8, 16, 32))
+  )
