@@ -43,6 +43,7 @@ _TOLERANCE = "harness/tolerance.py"
 _GRADS = "harness/grads.py"
 _OP = "src/tokamax/_src/ops/op.py"
 _KERNEL_OPS = "src/tokamax/_src/ops/kernel_ops.py"
+_ARGUMENTS = "src/tokamax/_src/arguments.py"
 _RESULT = "src/tokamax/_src/autotuning/result.py"
 _ATTENTION = "src/tokamax/_src/ops/attention/"
 _PINS = "harness/tests/test_tolerance_pins.py"
@@ -11893,6 +11894,62 @@ MUTATIONS: tuple[Mutation, ...] = (
     "    return None",
     ("suites/core/test_kernel_ops.py", "-k", "runs_on_gpus_unless"),
     "Outside the interpreter, Triton ops claim every platform (a CPU, a TPU).",
+  ),
+  Mutation(
+    "dispatch.kernels_left_to_xla_partitioner",
+    _OP,
+    "else not self.differentiable",
+    "else self.differentiable",
+    ("suites/core/test_dispatch.py", "-k", "cannot_trace_into"),
+    "Kernels skip their op's partitioning rule, and XLA implementations take it instead.",
+  ),
+  Mutation(
+    "autotune.key_without_record_type",
+    _ARGUMENTS,
+    'return f"{type(args).__name__}(" + ", ".join(parts) + ")"',
+    'return "(" + ", ".join(parts) + ")"',
+    ("suites/tooling/test_autotuning_rules.py", "-k", "text_of_the_shipped"),
+    "Signature keys lose the record type: no shipped cache entry matches any more.",
+  ),
+  Mutation(
+    "autotune.partial_keywords_unsorted",
+    _ARGUMENTS,
+    "sorted(value.keywords.items())",
+    "value.keywords.items()",
+    ("suites/tooling/test_autotuning_rules.py", "-k", "partial_functions"),
+    "A partial's keywords enter the key in the order given: one function, two keys.",
+  ),
+  Mutation(
+    "autotune.partial_function_unnamed",
+    _ARGUMENTS,
+    "', '.join([_stable_repr(value.func), *args])",
+    "', '.join(args)",
+    ("suites/tooling/test_autotuning_rules.py", "-k", "partial_functions"),
+    "A partial's key leaves out its function: partials of two functions share entries.",
+  ),
+  Mutation(
+    "autotune.partial_positional_arguments_dropped",
+    _ARGUMENTS,
+    "    args = [_stable_repr(a) for a in value.args]\n",
+    "    args = []\n",
+    ("suites/tooling/test_autotuning_rules.py", "-k", "partial_functions"),
+    "A partial's key leaves out its positional arguments.",
+  ),
+  Mutation(
+    "autotune.defaulted_static_field_traced",
+    _ARGUMENTS,
+    '  return dataclasses.field(default=default, metadata={"static": True})',
+    "  return dataclasses.field(default=default)",
+    ("suites/tooling/test_autotuning_rules.py", "-k", "with_a_default_stay_static"),
+    "A static field with a default becomes a traced pytree child.",
+  ),
+  Mutation(
+    "autotune.abstract_records_float32",
+    _ARGUMENTS,
+    "lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype)",
+    "lambda x: jax.ShapeDtypeStruct(np.shape(x), np.float32)",
+    ("suites/tooling/test_autotuning_rules.py", "-k", "abstract_records_keep"),
+    "Abstract records (what autotuning records and tunes) turn every array float32.",
   ),
 )
 

@@ -453,3 +453,38 @@ def test_a_split_gradient_keeps_the_public_layout(inputs):
   x64 = np.asarray(x, np.float64)
   expected = x64 / (16 * _row_rms_float64(x)[..., None])
   np.testing.assert_allclose(np.asarray(grad), expected, rtol=1e-4, atol=1e-6)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _UnpartitionedForwardOnlyNorm(_ForwardOnlyNorm):
+  name = "unpartitioned"
+  partitioned = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _PartitionedXlaNorm(norm_xla.XlaLayerNorm):
+  name = "partitioned_xla"
+  partitioned = True
+
+
+def test_apply_partitions_what_jax_cannot_trace_into(monkeypatch, inputs):
+  """By default a kernel (`differentiable=False`) runs through its op's partitioning rule and
+  what JAX traces into is left to XLA's partitioner; `partitioned` overrides either way."""
+  partitioned = []
+
+  def apply(op, args, fn):
+    partitioned.append(op.name)
+    return fn(args)
+
+  monkeypatch.setattr(op_lib.partitioning, "apply", apply)
+  x = inputs.normal((4, 8))
+  record = norm_spec.SPEC.canonicalize(x, None, None)
+  expected = references.high_precision(references.layer_norm)(x, None, None)
+  for impl in (
+    norm_xla.XlaLayerNorm(),
+    _ForwardOnlyNorm(),
+    _UnpartitionedForwardOnlyNorm(),
+    _PartitionedXlaNorm(),
+  ):
+    assert_matches(impl.apply(record), expected)
+  assert partitioned == ["forward_only", "partitioned_xla"]

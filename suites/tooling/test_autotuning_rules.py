@@ -890,3 +890,30 @@ def test_configs_of_variadic_tuples_round_trip():
   assert configs.encode(_VariadicConfig(sizes=[8, 16, 32])) == configs.encode(
     _VariadicConfig(sizes=(8, 16, 32))
   )
+
+
+@arguments.op_arguments
+class _Record:
+  x: jax.Array
+  blocks: int = arguments.static()
+  mode: str = arguments.static("plain")
+
+
+def test_static_fields_with_a_default_stay_static():
+  """A static field is pytree metadata (not a traced child) whether or not it has a default."""
+  record = _Record(x=jnp.ones((2, 3)), blocks=4)
+  assert list(arguments.array_fields(record)) == ["x"]
+  leaves, tree = jax.tree.flatten(record)
+  assert len(leaves) == 1 and leaves[0] is record.x
+  assert jax.tree.unflatten(tree, [jnp.zeros((2, 3))]).mode == "plain"
+  assert arguments.signature_key(record) == "_Record(x=(float32[2, 3]), blocks=4, mode='plain')"
+
+
+def test_abstract_records_keep_shapes_dtypes_and_static_fields():
+  """What autotuning records and tunes: the call's own shapes and dtypes (a bfloat16 call is
+  tuned in bfloat16), so its key is the concrete call's."""
+  record = ex.SPEC.canonicalize(jnp.ones((2, 4, 16), jnp.bfloat16))
+  abstract = arguments.abstract(record)
+  assert abstract.x == jax.ShapeDtypeStruct((8, 16), jnp.bfloat16)
+  assert abstract.batch_shape == (2, 4)
+  assert arguments.signature_key(abstract) == "RowRmsArgs(x=(bfloat16[8, 16]), batch_shape=(2, 4))"
