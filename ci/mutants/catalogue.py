@@ -11951,6 +11951,46 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/tooling/test_autotuning_rules.py", "-k", "abstract_records_keep"),
     "Abstract records (what autotuning records and tunes) turn every array float32.",
   ),
+  Mutation(
+    "bench.aliased_bytes_added",
+    _BENCHMARKING_SRC,
+    "    - stats.alias_size_in_bytes",
+    "    + stats.alias_size_in_bytes",
+    (_BENCHMARKING, "-k", "less_aliased_buffers"),
+    "Peak memory counts aliased buffers twice more instead of once less.",
+  ),
+  Mutation(
+    "bench.metadata_always_wallclock",
+    _BENCHMARKING_SRC,
+    '        "method": method,',
+    '        "method": "wallclock",',
+    (_BENCHMARKING, "-k", "metadata_names_the_method"),
+    "BenchmarkData's metadata names wallclock whatever method timed it.",
+  ),
+  Mutation(
+    "bench.cupti_single_run_not_listed",
+    _BENCHMARKING_SRC,
+    "  if iterations == 1:\n    timings = [timings]",
+    "  if iterations == 0:\n    timings = [timings]",
+    (_BENCHMARKING, "-k", "cupti_times_one_per_iteration"),
+    "CUPTI's float for a single run is not wrapped in a list (iterating it fails).",
+  ),
+  Mutation(
+    "bench.cupti_no_kernel_one_time",
+    _BENCHMARKING_SRC,
+    "    return [0.0] * iterations",
+    "    return [0.0]",
+    (_BENCHMARKING, "-k", "cupti_times_one_per_iteration"),
+    "A function without kernels gets one CUPTI time, not one per iteration.",
+  ),
+  Mutation(
+    "bench.default_method_always_wallclock",
+    _BENCHMARKING_SRC,
+    'return "cupti" if cupti_unavailable_reason() is None else "wallclock"',
+    'return "wallclock"',
+    (_BENCHMARKING, "-k", "cupti_times_one_per_iteration"),
+    "method=None never picks CUPTI, even where it loads.",
+  ),
 )
 
 

@@ -1,6 +1,7 @@
 """standardize_function and benchmark on CPU (issue 7)."""
 
 import time
+import types
 
 import jax
 import jax.numpy as jnp
@@ -217,3 +218,67 @@ def test_lowering_and_compilation_times_are_told_apart():
   data = tokamax.benchmark(slow_to_trace, jnp.ones(4), iterations=1, method="wallclock")
   assert data.lower_time_ms >= 600
   assert data.compile_time_ms < data.lower_time_ms
+
+
+def test_peak_memory_is_arguments_outputs_and_temporaries_less_aliased_buffers():
+  """Read off XLA's memory analysis: 1000 + 300 + 50 - 200 bytes."""
+  stats = types.SimpleNamespace(
+    argument_size_in_bytes=1000,
+    output_size_in_bytes=300,
+    temp_size_in_bytes=50,
+    alias_size_in_bytes=200,
+  )
+  compiled = types.SimpleNamespace(memory_analysis=lambda: stats)
+  assert benchmarking._peak_memory_bytes(compiled) == 1150
+  assert (
+    benchmarking._peak_memory_bytes(types.SimpleNamespace(memory_analysis=lambda: None)) is None
+  )
+
+
+def test_benchmark_metadata_names_the_method_and_iterations_used(monkeypatch):
+  """A timer registered for "cupti" (faked here) is the one run and the one reported."""
+  runs = []
+
+  def fake_cupti(fn, args, iterations):
+    runs.append(iterations)
+    return [0.5 * (i + 1) for i in range(iterations)]
+
+  monkeypatch.setitem(benchmarking._TIMERS, "cupti", fake_cupti)
+  data = tokamax.benchmark(jnp.sin, jnp.ones((4,)), iterations=3, method="cupti")
+  assert runs == [3]
+  assert data.evaluation_times_ms == (0.5, 1.0, 1.5)
+  assert data.median_evaluation_time_ms == 1.0
+  assert data.metadata["method"] == "cupti" and data.metadata["iterations"] == 3
+  assert data.metadata["platform"] == jax.default_backend()
+
+
+class _FakeCupti:
+  """CUPTI's measure(): a float for one iteration, a list for several, None without kernels."""
+
+  timings = None
+
+  def __init__(self, finalize):
+    assert finalize is False
+
+  def measure(self, fn, iterations):
+    def run(*args):
+      return fn(*args), self.timings(iterations)
+
+    return run
+
+
+@pytest.mark.parametrize(
+  ("iterations", "timings", "expected"),
+  [
+    (1, lambda n: 2.5, [2.5]),
+    (3, lambda n: [1.0, 2.0, 3.0], [1.0, 2.0, 3.0]),
+    (3, lambda n: None, [0.0, 0.0, 0.0]),
+  ],
+  ids=["one_run_a_float", "runs_a_list", "no_kernel"],
+)
+def test_cupti_times_one_per_iteration(monkeypatch, iterations, timings, expected):
+  monkeypatch.setattr(benchmarking, "cupti_unavailable_reason", lambda: None)
+  monkeypatch.setattr(_FakeCupti, "timings", staticmethod(timings))
+  monkeypatch.setattr(benchmarking, "_cupti_profiler", lambda: _FakeCupti)
+  assert benchmarking.default_method() == "cupti"
+  assert benchmarking.cupti_times(jnp.sin, (jnp.ones(4),), iterations) == expected
