@@ -11991,6 +11991,46 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_BENCHMARKING, "-k", "cupti_times_one_per_iteration"),
     "method=None never picks CUPTI, even where it loads.",
   ),
+  Mutation(
+    "wrappers.gemm_smem_limit_inclusive",
+    _GEMM,
+    "  if nbytes > SMEM_BYTES:",
+    "  if nbytes >= SMEM_BYTES:",
+    ("suites/kernels/test_mosaic_gemm.py", "-k", "fits_an_sm90_block"),
+    "A config needing exactly the shared-memory limit is refused.",
+  ),
+  Mutation(
+    "wrappers.gemm_smem_over_the_sm90_limit",
+    _GEMM,
+    "SMEM_BYTES = 227 * 1024 - 1024",
+    "SMEM_BYTES = 228 * 1024",
+    ("suites/kernels/test_mosaic_gemm.py", "-k", "fits_an_sm90_block"),
+    "The shared-memory limit is 228 KiB, over the 227 KiB an sm_90 CTA can have.",
+  ),
+  Mutation(
+    "wrappers.gemm_num_sms_ignores_the_gpu",
+    _GEMM,
+    "  return int(count) if count else DEFAULT_NUM_SMS",
+    "  return DEFAULT_NUM_SMS",
+    ("suites/kernels/test_mosaic_gemm.py", "-k", "are_the_gpus_sms"),
+    "Persistent kernels launch an H200's 132 CTAs whatever the GPU's SM count.",
+  ),
+  Mutation(
+    "wrappers.gemm_grid_ignores_the_cluster",
+    _GEMM,
+    "    grid=(num_sms // cluster,),",
+    "    grid=(num_sms,),",
+    ("suites/kernels/test_mosaic_gemm.py", "-k", "counts_clusters"),
+    "Clusters of two CTAs launch twice the persistent CTAs (a grid of SMs, not of clusters).",
+  ),
+  Mutation(
+    "wrappers.gemm_tiles_of_16_rows",
+    _GEMM,
+    "plgpu.TilingTransform((8, swizzle_elems(dtype)))",
+    "plgpu.TilingTransform((16, swizzle_elems(dtype)))",
+    ("suites/kernels/test_mosaic_gemm.py", "-k", "swizzle_atoms"),
+    "Operand TMA tiles of 16 rows, not the 8-row atom of the 128-byte swizzle.",
+  ),
 )
 
 
