@@ -44,6 +44,7 @@ _GRADS = "harness/grads.py"
 _OP = "src/tokamax/_src/ops/op.py"
 _KERNEL_OPS = "src/tokamax/_src/ops/kernel_ops.py"
 _ARGUMENTS = "src/tokamax/_src/arguments.py"
+_CONFIGS = "src/tokamax/_src/autotuning/configs.py"
 _RESULT = "src/tokamax/_src/autotuning/result.py"
 _ATTENTION = "src/tokamax/_src/ops/attention/"
 _PINS = "harness/tests/test_tolerance_pins.py"
@@ -12030,6 +12031,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     "plgpu.TilingTransform((16, swizzle_elems(dtype)))",
     ("suites/kernels/test_mosaic_gemm.py", "-k", "swizzle_atoms"),
     "Operand TMA tiles of 16 rows, not the 8-row atom of the 128-byte swizzle.",
+  ),
+  Mutation(
+    "autotune.variadic_tuple_elements_undecoded",
+    _CONFIGS,
+    "    inner = args[0] if args else Any",
+    "    inner = Any",
+    ("suites/tooling/test_autotuning_rules.py", "-k", "variadic_tuples"),
+    "Elements of a tuple[X, ...] config field decode as plain JSON (enum values, dicts).",
+  ),
+  Mutation(
+    "autotune.list_config_values_unencodable",
+    _CONFIGS,
+    "isinstance(value, tuple | list)",
+    "isinstance(value, tuple)",
+    ("suites/tooling/test_autotuning_rules.py", "-k", "variadic_tuples"),
+    "A config field holding a list cannot be written as JSON.",
   ),
 )
 

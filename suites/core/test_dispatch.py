@@ -10,6 +10,7 @@ import pytest
 
 import tokamax
 from suites.core.conftest import assert_matches, references
+from tokamax._src.autotuning import example_user_op as ex
 from tokamax._src.ops import op as op_lib
 from tokamax._src.ops import registry
 from tokamax._src.ops.attention import spec as attention_spec
@@ -396,8 +397,6 @@ def _row_rms_float64(x):
 
 def test_default_order_tries_xla_once_and_last_even_where_preferred():
   """A `preference` that names "xla" first still leaves it the one last candidate."""
-  from tokamax._src.autotuning import example_user_op as ex
-
   spec = dataclasses.replace(ex.SPEC, preference={"cpu": ("xla", "blocked")}, _cache={})
   assert spec.default_order("cpu") == ("blocked", "xla")
   assert spec.default_order("tpu") == ("xla",)
@@ -415,8 +414,6 @@ def test_move_first_leaves_names_without_it_unchanged():
 
 def test_dispatch_maps_the_output_back_to_the_public_layout(inputs):
   """By name or by `None`, the canonical [M] rows come back in the input's batch dims."""
-  from tokamax._src.autotuning import example_user_op as ex
-
   x = inputs.normal((2, 3, 16))
   for implementation in (None, "blocked", ("xla",)):
     out = ex.row_rms(x, implementation=implementation)
@@ -441,8 +438,6 @@ def test_a_bare_callable_is_an_implementation(inputs):
 def test_a_split_gradient_keeps_the_public_layout(inputs):
   """Where `gradient_preference` names another implementation than the forward's pick, the
   value (and its gradient) still come back in the input's batch dims."""
-  from tokamax._src.autotuning import example_user_op as ex
-
   spec = dataclasses.replace(ex.SPEC, gradient_preference=lambda args, platform: ("xla",))
   x = inputs.normal((2, 3, 16))
   out = spec(x)
