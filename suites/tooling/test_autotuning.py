@@ -658,3 +658,27 @@ def test_forward_tuning_times_one_candidate_per_forward_program(monkeypatch):
     op, bound.args, mode="forward_and_vjp", candidates=candidates, iterations=1, progress=False
   )
   assert len(timed) == len(candidates)
+
+
+def test_autotune_hands_its_options_to_the_autotuner(monkeypatch, capsys):
+  """Every timing option reaches the per-op autotuner; a call in the gradient is timed with its
+  backward pass, a `BoundArguments` handed in directly on its forward; progress=False is quiet."""
+  calls = []
+
+  def fake_autotune_call(op, args, **kwargs):
+    calls.append((op.name, kwargs))
+    key = arguments.signature_key(args)
+    return api.AutotuningData(op.spec.name, op.name, key, kwargs["mode"], config=None)
+
+  monkeypatch.setattr(api.autotuner, "autotune_call", fake_autotune_call)
+  q = make_inputs()[0]
+  f = jax.grad(lambda q: jnp.sum(attention_only(q)))
+  options = dict(
+    timeout_s=12.5, max_workers=3, iterations=7, method="wallclock", seed=11, progress=False
+  )
+  tokamax.autotune(f, q, ignore_cache=True, **options)
+  assert calls == [("xla_chunked", {"mode": "forward_and_vjp", **options})]
+  calls.clear()
+  tokamax.autotune(api.get_bound_args(f, q), ignore_cache=True, **options)
+  assert calls == [("xla_chunked", {"mode": "forward", **options})]
+  assert "[tokamax.autotune]" not in capsys.readouterr().err
