@@ -12104,6 +12104,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/tooling/test_autotuning.py", "-k", "hands_its_options"),
     "autotune(progress=False) still writes its notes to stderr.",
   ),
+  Mutation(
+    "autotune.api_error_text_lost",
+    _API_SRC,
+    'data = _failed(key, mode, f"{type(e).__name__}: {e}")',
+    'data = _failed(key, mode, "failed")',
+    ("suites/tooling/test_autotuning.py", "-k", "whose_autotuning_raises"),
+    "An op whose autotuning raised is recorded without the error's type and message.",
+  ),
 )
 
 

@@ -682,3 +682,24 @@ def test_autotune_hands_its_options_to_the_autotuner(monkeypatch, capsys):
   tokamax.autotune(api.get_bound_args(f, q), ignore_cache=True, **options)
   assert calls == [("xla_chunked", {"mode": "forward", **options})]
   assert "[tokamax.autotune]" not in capsys.readouterr().err
+
+
+def test_an_op_whose_autotuning_raises_is_recorded_with_the_error(monkeypatch):
+  """ignore_errors: the op gets an entry without config naming the error; else it raises."""
+
+  def fake_autotune_call(op, args, **kwargs):
+    raise RuntimeError("the device went away")
+
+  monkeypatch.setattr(api.autotuner, "autotune_call", fake_autotune_call)
+  q = make_inputs()[0]
+  result = tokamax.autotune(attention_only, q, ignore_cache=True, progress=False)
+  (data,) = result.data
+  assert (data.op, data.implementation, data.mode) == (
+    "dot_product_attention",
+    "xla_chunked",
+    "forward",
+  )
+  assert data.config is None
+  assert data.errors == ((None, "RuntimeError: the device went away"),)
+  with pytest.raises(RuntimeError, match="the device went away"):
+    tokamax.autotune(attention_only, q, ignore_cache=True, ignore_errors=False, progress=False)
