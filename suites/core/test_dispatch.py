@@ -483,3 +483,42 @@ def test_apply_partitions_what_jax_cannot_trace_into(monkeypatch, inputs):
   ):
     assert_matches(impl.apply(record), expected)
   assert partitioned == ["forward_only", "partitioned_xla"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _InputGradientOnlyNorm(_ForwardOnlyNorm):
+  """A backward pass that returns the input's gradient alone."""
+
+  name = "input_gradient_only"
+
+  def _bwd(self, args, config, out, residuals, dout):
+    return {"x": super()._bwd(args, config, out, residuals, dout)["x"]}
+
+
+def test_fields_the_backward_leaves_out_get_zero_gradients(inputs):
+  impl = _InputGradientOnlyNorm()
+  x, scale, offset = inputs.normal((4, 16)), inputs.normal((16,)), inputs.normal((16,))
+  run = lambda x, s, o: tokamax.layer_norm(x, s, o, subtract_mean=False, implementation=impl)
+  dx, dscale, doffset = jax.grad(lambda *a: run(*a).sum(), argnums=(0, 1, 2))(x, scale, offset)
+  ref = lambda x: references.layer_norm(x, scale, offset, subtract_mean=False).sum()
+  _, (ref_dx,) = references.high_precision_vjp(ref, (x,), np.float32(1.0))
+  assert_matches(dx, ref_dx)
+  for g in (dscale, doffset):
+    assert g.dtype == jnp.float32 and g.shape == (16,) and not np.asarray(g).any()
+
+
+def test_none_follows_the_reorder_rule_for_the_call(inputs):
+  """`reorder` sees each call's record: here it drops the blocked kernel for fewer than 4 rows."""
+  spec = dataclasses.replace(
+    ex.SPEC, reorder=lambda record, platform, names: () if record.x.shape[0] < 4 else names
+  )
+  for rows, expected in ((2, "xla"), (8, "blocked")):
+    x = inputs.normal((rows, 16))
+    token = op_lib.RECORDED_CALLS.set([])
+    try:
+      out = spec(x)
+      ran = [op.name for op, _, _ in op_lib.RECORDED_CALLS.get()]
+    finally:
+      op_lib.RECORDED_CALLS.reset(token)
+    assert ran == [expected], rows
+    np.testing.assert_allclose(np.asarray(out), _row_rms_float64(x), rtol=1e-5)

@@ -64,3 +64,6 @@ def test_interpreted_triton_keeps_the_kernels_own_reasons():
     assert impl.unsupported_reason(record((4, 8), jnp.float32)) is None
     assert impl.unsupported_reason(record((0, 8), jnp.float32)) == "empty input"
     assert "interpreter" in impl.unsupported_reason(record((4, 8), jnp.bfloat16))
+    # One bfloat16 array is enough (here the scale).
+    mixed = impl.bind(jnp.ones((4, 8), jnp.float32), jnp.ones((8,), jnp.bfloat16), None).args
+    assert "interpreter" in impl.unsupported_reason(mixed)

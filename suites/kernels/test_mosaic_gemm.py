@@ -80,3 +80,13 @@ def test_operand_tiles_are_swizzle_atoms(dtype, columns):
   tiling, swizzle = mosaic_gemm.transforms(jnp.dtype(dtype))
   assert tiling == plgpu.TilingTransform((8, columns))
   assert swizzle == plgpu.SwizzleTransform(128)
+
+
+@pytest.mark.parametrize("approx_math", [False, True])
+def test_the_kernel_lowers_with_the_math_asked_for(monkeypatch, approx_math):
+  """The GLU and loss kernels ask for approximate exp2 and log; the ragged dot does not."""
+  seen = {}
+  monkeypatch.setattr(mosaic_gemm.plgpu, "kernel", lambda body, **kwargs: seen.update(kwargs))
+  mosaic_gemm.kernel(lambda: None, None, num_sms=132, approx_math=approx_math)
+  assert seen["compiler_params"].approx_math is approx_math
+  assert seen["compiler_params"].lowering_semantics == plgpu.LoweringSemantics.Warpgroup

@@ -703,3 +703,7 @@ def test_an_op_whose_autotuning_raises_is_recorded_with_the_error(monkeypatch):
   assert data.errors == ((None, "RuntimeError: the device went away"),)
   with pytest.raises(RuntimeError, match="the device went away"):
     tokamax.autotune(attention_only, q, ignore_cache=True, ignore_errors=False, progress=False)
+  # The entry of a call in the gradient keeps its mode.
+  grad = jax.grad(lambda q: jnp.sum(attention_only(q)))
+  (data,) = tokamax.autotune(grad, q, ignore_cache=True, progress=False).data
+  assert (data.mode, data.config) == ("forward_and_vjp", None)

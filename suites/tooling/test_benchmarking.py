@@ -282,3 +282,11 @@ def test_cupti_times_one_per_iteration(monkeypatch, iterations, timings, expecte
   monkeypatch.setattr(benchmarking, "_cupti_profiler", lambda: _FakeCupti)
   assert benchmarking.default_method() == "cupti"
   assert benchmarking.cupti_times(jnp.sin, (jnp.ones(4),), iterations) == expected
+
+
+def test_numpy_arrays_are_inputs_not_constants():
+  """A NumPy argument is one of the arrays handed to `fn`, like a JAX array."""
+  fn, arrays = tokamax.standardize_function(jnp.sin, np.full((4,), 0.5, np.float32))
+  assert len(arrays) == 1
+  np.testing.assert_allclose(np.asarray(arrays[0]), 0.5)
+  np.testing.assert_allclose(np.asarray(fn([np.zeros(4, np.float32)])), np.zeros(4))
