@@ -12011,8 +12011,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "wrappers.gemm_num_sms_ignores_the_gpu",
     _GEMM,
-    "  return int(count) if count else DEFAULT_NUM_SMS",
-    "  return DEFAULT_NUM_SMS",
+    "  return INTERPRET_NUM_SMS if interpret else device_lib.sm_count()",
+    "  return INTERPRET_NUM_SMS if interpret else device_lib.DEFAULT_SM_COUNT",
     ("suites/kernels/test_mosaic_gemm.py", "-k", "are_the_gpus_sms"),
     "Persistent kernels launch an H200's 132 CTAs whatever the GPU's SM count.",
   ),
