@@ -64,6 +64,7 @@ _FORWARD = [
   Row("float32-matmul-gpu", "float32", 5e-4, 2e-3, platform="gpu", has_matmul=True),
   Row("float32-matmul-tpu", "float32", 2e-3, 1.6e-2, platform="tpu", has_matmul=True),
   Row("float32-gpu-no-matmul", "float32", 2e-6, 1e-5, platform="gpu"),
+  Row("float32-tpu-no-matmul", "float32", 2e-6, 1e-5, platform="tpu"),
 ]
 ROWS = _FORWARD + [
   dataclasses.replace(
