@@ -73,3 +73,72 @@ def test_reference_layer_norm_scale_offset_without_scale():
   centred = x - x.mean(-1, keepdims=True)
   want = centred / np.sqrt((centred**2).mean(-1, keepdims=True) + 1e-6) * 1.5
   np.testing.assert_allclose(out, want, rtol=1e-10)
+
+
+def test_positional_visibility_by_hand():
+  causal = references.positional_visibility(np.arange(3), np.arange(3), is_causal=True)
+  np.testing.assert_array_equal(causal, [[1, 0, 0], [1, 1, 0], [1, 1, 1]])
+  # An int window w is (w, w): |i - j| <= 1.
+  band = references.positional_visibility(np.arange(4), np.arange(4), local_window_size=1)
+  np.testing.assert_array_equal(band, [[1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1], [0, 0, 1, 1]])
+  # (left, right) = (2, 0): i - 2 <= j <= i.
+  left = references.positional_visibility(np.arange(4), np.arange(4), local_window_size=(2, 0))
+  np.testing.assert_array_equal(left, [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1]])
+  # (0, 1) on query rows 2, 3 of a longer key sequence: i <= j <= i + 1.
+  right = references.positional_visibility(np.array([2, 3]), np.arange(5), local_window_size=(0, 1))
+  np.testing.assert_array_equal(right, [[0, 0, 1, 1, 0], [0, 0, 0, 1, 1]])
+
+
+def test_attention_visible_rows_by_hand():
+  """Window (0, 0) over 4 queries and 2 keys: query i sees key i only, so rows 2, 3 see none;
+  query lengths 1 and 3 cut rows from 1 and 3 on."""
+  rows = references.attention_visible_rows(4, 2, local_window_size=(0, 0))
+  np.testing.assert_array_equal(rows, [1, 1, 0, 0])
+  rows = references.attention_visible_rows(4, 4, is_causal=True, query_seq_lengths=np.array([1, 3]))
+  np.testing.assert_array_equal(rows, [[1, 0, 0, 0], [1, 1, 1, 0]])
+
+
+def _numpy_attention(q, k, v, allowed, scale):
+  """Loops in float64: per batch, head and query, softmax over the allowed keys (none: 0);
+  head h reads key-value head h // (N / KH)."""
+  b, t, n, _ = q.shape
+  s, kh = k.shape[1], k.shape[2]
+  out = np.zeros((b, t, n, v.shape[-1]))
+  for bi in range(b):
+    for hi in range(n):
+      g = hi // (n // kh)
+      for i in range(t):
+        keys = [j for j in range(s) if allowed[bi, hi, i, j]]
+        if not keys:
+          continue
+        logits = np.array([scale * q[bi, i, hi] @ k[bi, j, g] for j in keys])
+        w = np.exp(logits - logits.max())
+        out[bi, i, hi] = (w / w.sum()) @ v[bi, keys, g]
+  return out
+
+
+def test_reference_attention_masks_lengths_and_grouped_heads_by_hand():
+  """Causal and an explicit mask together, key and query lengths per batch row, 4 query heads
+  over 2 key-value heads: against loops that visit the allowed keys only."""
+  rng = np.random.default_rng(2)
+  b, t, s, n, kh, h = 2, 5, 6, 4, 2, 3
+  q = rng.standard_normal((b, t, n, h))
+  k = rng.standard_normal((b, s, kh, h))
+  v = rng.standard_normal((b, s, kh, h))
+  mask = rng.random((b, n, t, s)) < 0.7
+  kv_lengths, q_lengths = np.array([6, 3]), np.array([4, 5])
+  out = references.high_precision(references.attention)(
+    q,
+    k,
+    v,
+    mask=mask,
+    is_causal=True,
+    key_value_seq_lengths=kv_lengths,
+    query_seq_lengths=q_lengths,
+  )
+  i, j = np.arange(t)[:, None], np.arange(s)[None, :]
+  allowed = (
+    mask & (j <= i) & (j < kv_lengths[:, None, None, None]) & (i < q_lengths[:, None, None, None])
+  )
+  want = _numpy_attention(q, k, v, allowed, 1.0 / np.sqrt(h))
+  np.testing.assert_allclose(out, want, rtol=1e-10, atol=1e-12)
