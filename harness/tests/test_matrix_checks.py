@@ -1,0 +1,113 @@
+"""The suites' checks hand the comparators what the case says.
+
+`check_forward` compares in the case's dtype, at its reduction length, with its
+matmul flag, against a float64 reference, and for 16-bit dtypes with the plain
+computation (the relative rule); `check_vjp` does the same for gradients, at the
+longest dimension of the case; `check_determinism` checks the gradients unless
+the implementation says they are not deterministic. The comparators are replaced
+by recorders here: what they do is tested elsewhere.
+"""
+
+import dataclasses
+import itertools
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from suites import matrices
+from suites.matrices import checks
+from tokamax_harness import compare, grads
+
+
+def _case(op, feature, dtype, **shape):
+  case = next(
+    c for c in matrices.for_family("cpu", op=op) if c.feature == feature and c.dtype == dtype
+  )
+  if shape:
+    case = dataclasses.replace(case, shape=tuple({**case.shape_dict, **shape}.items()))
+  return case
+
+
+def _record(monkeypatch, module, name) -> list:
+  calls = []
+  monkeypatch.setattr(module, name, lambda *args, **kwargs: calls.append((args, kwargs)))
+  return calls
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_check_forward_compares_as_the_case_says(monkeypatch, dtype):
+  """Attention, causal, S = 56 keys: reduction length 56, matmuls, plain for bfloat16 only."""
+  case = _case("dot_product_attention", "causal", dtype)
+  assert case.shape_dict["s"] == 56
+  calls = _record(monkeypatch, compare, "assert_close")
+  checks.check_forward(case, matrices.resolve(case.spec, "xla"))
+  ((out, reference), kwargs), *rest = calls
+  assert not rest
+  assert np.asarray(out).dtype == jnp.dtype(dtype)
+  assert np.asarray(reference).dtype == np.float64
+  assert kwargs["dtype"] == dtype
+  assert kwargs["reduction_length"] == 56
+  assert kwargs["has_matmul"] is True
+  if dtype == "float32":
+    assert kwargs["plain"] is None
+  else:  # The reference computed plainly from bfloat16 inputs: near the float64 one, not it.
+    plain = np.asarray(kwargs["plain"])
+    assert plain.dtype != np.float64
+    err = np.abs(plain.astype(np.float64) - reference)
+    assert 0.0 < err.max() < 0.1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_check_vjp_compares_as_the_case_says(monkeypatch, dtype):
+  """Attention with head dim 64 over 56 keys and 40 queries: gradients are compared at the
+  longest dimension (64), with matmuls, every differentiable input named."""
+  case = _case("dot_product_attention", "causal", dtype, h=64)
+  calls = _record(monkeypatch, grads, "assert_vjp_close")
+  checks.check_vjp(case, matrices.resolve(case.spec, "xla"))
+  (_, kwargs), *rest = calls
+  assert not rest
+  assert kwargs["reduction_length"] == 64
+  assert kwargs["has_matmul"] is True
+  assert kwargs["names"] == ("query", "key", "value")
+  assert (kwargs["plain"] is None) == (dtype == "float32")
+
+
+def _layer_norm_with_drifting_gradients(why_not):
+  """x * scale + offset whose dx drifts by one per backward run (a host counter), like an
+  atomic reduction; the forward pass is fixed."""
+  runs = itertools.count()
+
+  @jax.custom_vjp
+  def f(x, scale, offset):
+    return x * scale + offset
+
+  def fwd(x, scale, offset):
+    return f(x, scale, offset), (x, scale)
+
+  def bwd(res, g):
+    x, scale = res
+    drift = jax.pure_callback(lambda: np.float32(next(runs)), jax.ShapeDtypeStruct((), jnp.float32))
+    axes = tuple(range(g.ndim - 1))
+    return g * scale + drift.astype(g.dtype), (g * x).sum(axes), g.sum(axes)
+
+  f.defvjp(fwd, bwd)
+
+  def impl(x, scale, offset, **unused):
+    del unused
+    return f(x, scale, offset)
+
+  impl.name = "drifting"
+  impl.instance = types.SimpleNamespace(nondeterministic_gradients=why_not)
+  return impl
+
+
+def test_check_determinism_checks_gradients_unless_told_they_vary():
+  case = _case("layer_norm", "plain", "float32")
+  with pytest.raises(AssertionError, match="not deterministic"):
+    checks.check_determinism(case, _layer_norm_with_drifting_gradients(None))
+  # Declared nondeterministic: the outputs are checked (they are fixed), then the test skips.
+  with pytest.raises(pytest.skip.Exception, match="atomics"):
+    checks.check_determinism(case, _layer_norm_with_drifting_gradients("atomics"))
