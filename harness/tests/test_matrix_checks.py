@@ -111,3 +111,25 @@ def test_check_determinism_checks_gradients_unless_told_they_vary():
   # Declared nondeterministic: the outputs are checked (they are fixed), then the test skips.
   with pytest.raises(pytest.skip.Exception, match="atomics"):
     checks.check_determinism(case, _layer_norm_with_drifting_gradients("atomics"))
+
+
+@pytest.mark.parametrize(("dtype", "want"), [("float32", np.float32), ("float64", np.float64)])
+def test_check_finite_differences_runs_in_the_dtype_asked_for(monkeypatch, dtype, want):
+  """A bfloat16 case is checked by finite differences in float32 (default) or float64, at the
+  op's golden shape, with full-precision matmuls."""
+  case = _case("layer_norm", "plain", "bfloat16")
+  seen = []
+
+  def record(fn, primals, **kwargs):
+    del fn, kwargs
+    seen.append(
+      ([p.dtype for p in primals], primals[0].shape, jax.config.jax_default_matmul_precision)
+    )
+
+  monkeypatch.setattr(grads, "check_grads", record)
+  checks.check_finite_differences(case, matrices.resolve(case.spec, "xla"), dtype=dtype)
+  ((dtypes, shape, precision),) = seen
+  assert dtypes == [want] * 3
+  golden = case.info.golden_shape
+  assert shape == (*golden["rows"], golden["d"])
+  assert precision == "highest"
