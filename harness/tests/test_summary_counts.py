@@ -2,6 +2,7 @@
 failures, skip reasons lose pytest's "Skipped: " prefix, a JUnit error is not finished, and
 a run cut short says how many tests it did not reach."""
 
+import collections
 import types
 
 from tokamax_harness import summary
@@ -118,3 +119,17 @@ def test_a_later_run_overrides_an_earlier_outcome(tmp_path):
   assert (row["passed"], row["failed"], doc["ran"], doc["runs"]) == (1, 0, 1, 2)
   doc = summary.from_junit([str(second), str(first)], "host", collected=1)
   assert (doc["rows"][0]["passed"], doc["rows"][0]["failed"]) == (0, 1)
+
+
+def test_markdown_row_lists_the_three_commonest_skip_reasons():
+  """Four reasons seen 2, 4, 1 and 3 times: the row names the top three, commonest first, with
+  a `|` in a reason turned into `/` so the table keeps its columns."""
+  key = ("ragged_dot", "triton")
+  outcomes = {key: collections.Counter(passed=1, skipped=10)}
+  reasons = {
+    key: collections.Counter({"no fp8": 2, "needs sm_90 | Hopper": 4, "tiny": 1, "big": 3})
+  }
+  doc = summary._document(outcomes, reasons, {key: []}, None, title="host")
+  assert list(doc["rows"][0]["skip_reasons"]) == ["needs sm_90 | Hopper", "big", "no fp8", "tiny"]
+  row = "| ragged_dot | triton | 1 | 0 | 10 | 4x needs sm_90 / Hopper; 3x big; 2x no fp8 |"
+  assert row in summary.markdown(doc).splitlines()
