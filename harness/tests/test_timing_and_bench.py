@@ -254,3 +254,33 @@ def test_a_record_names_its_implementation_case_and_device(monkeypatch):
   )
   assert (d["device_kind"], d["family"]) == ("NVIDIA H100 80GB HBM3", "h100")
   assert (d["flops"], d["bytes"]) == (18e12, 12e9)
+
+
+def test_runs_counts_repeated_times():
+  """Three runs of which two took the same 1 ms: 3 runs, median 1 ms."""
+  d = timing.Timing((0.001, 0.002, 0.001), "wallclock").as_dict()
+  assert d["runs"] == 3
+  assert d["median_ms"] == pytest.approx(1.0)
+
+
+def test_cupti_times_is_none_where_cupti_cannot_load(monkeypatch):
+  """tokamax says why CUPTI is unavailable: no CUPTI run is attempted, the caller falls back."""
+  from tokamax._src import benchmarking
+
+  def never(*args):
+    raise AssertionError("CUPTI was run although it is unavailable")
+
+  monkeypatch.setattr(benchmarking, "cupti_unavailable_reason", lambda: "no NVIDIA GPU")
+  monkeypatch.setattr(benchmarking, "cupti_times", never)
+  assert timing.cupti_times(lambda: None, [()], 4) is None
+  with pytest.warns(UserWarning, match="CUPTI is unavailable here"):
+    out = timing.device_time(lambda: None, [()], warmup=1, iterations=2, method=timing.CUPTI)
+  assert out.method == timing.WALLCLOCK and out.fallback_reason == "CUPTI is unavailable here"
+
+
+def test_a_bare_argument_is_one_argument():
+  """args_list items that are not tuples are single arguments (an array is not unpacked)."""
+  seen = []
+  row = [1.0, 2.0, 3.0]
+  timing.device_time(lambda x: seen.append(x), [row], warmup=1, iterations=2)
+  assert seen == [row] * 3
