@@ -7,6 +7,7 @@ are pinned from the devices' data sheets. The plugin's skips (`long`, `bench`,
 """
 
 import dataclasses
+import os
 import types
 
 import jax
@@ -239,3 +240,57 @@ def test_rng_key_differs_between_parametrized_cases():
   a, b = key("t.py::test_f[a]"), key("t.py::test_f[b]")
   assert (a != b).any()
   assert (a == key("t.py::test_f[a]")).all()
+
+
+def test_hypothesis_profile_from_the_environment_beats_the_ini_option(monkeypatch):
+  """No --hypothesis-profile: TOKAMAX_HYPOTHESIS_PROFILE wins over the ini option's profile."""
+  import hypothesis
+
+  config = types.SimpleNamespace(
+    getoption=lambda name, default=None: None, getini=lambda name: "harness-dev"
+  )
+  before = hypothesis.settings.get_current_profile_name()
+  try:
+    monkeypatch.setenv("TOKAMAX_HYPOTHESIS_PROFILE", "harness-nightly")
+    plugin._load_hypothesis_profile(config)
+    assert hypothesis.settings.get_current_profile_name() == "harness-nightly"
+    assert hypothesis.settings.default.max_examples == 200
+    monkeypatch.delenv("TOKAMAX_HYPOTHESIS_PROFILE")
+    plugin._load_hypothesis_profile(config)
+    assert hypothesis.settings.get_current_profile_name() == "harness-dev"
+  finally:
+    hypothesis.settings.load_profile(before)
+
+
+class _NoMemoryStats(_FakeDevice):
+  def memory_stats(self):
+    raise RuntimeError("memory_stats is not supported on this backend")
+
+
+def test_detect_survives_a_backend_without_memory_stats(fake_device):
+  profile = fake_device(_NoMemoryStats("tpu", "TPU v5 lite"))
+  assert profile.memory_bytes is None and profile.platform == "tpu"
+
+
+def test_no_compute_capability_off_nvidia_gpus(fake_device):
+  """A device that is not a GPU has no CUDA compute capability, whatever attribute it carries."""
+  profile = fake_device(_FakeDevice("tpu", "TPU v5 lite", "9.0"))
+  assert profile.compute_capability is None
+  assert hardware.CUDNN not in profile.runnable and hardware.MOSAIC_GPU not in profile.runnable
+
+
+def test_compilation_cache_keeps_a_triton_cache_dir_already_set(monkeypatch, tmp_path):
+  """TOKAMAX_COMPILATION_CACHE=DIR: jax's cache in DIR/jax; Triton's in DIR/triton unless
+  TRITON_CACHE_DIR is set already. (jax's config is recorded here, not changed.)"""
+  updates = {}
+  monkeypatch.setattr(
+    plugin.jax.config, "update", lambda name, value: updates.update({name: value})
+  )
+  monkeypatch.setenv("TOKAMAX_COMPILATION_CACHE", str(tmp_path))
+  monkeypatch.setenv("TRITON_CACHE_DIR", "/elsewhere/triton")
+  plugin._enable_compilation_caches()
+  assert os.environ["TRITON_CACHE_DIR"] == "/elsewhere/triton"
+  assert updates["jax_compilation_cache_dir"] == str(tmp_path / "jax")
+  monkeypatch.delenv("TRITON_CACHE_DIR")
+  plugin._enable_compilation_caches()
+  assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "triton")
