@@ -62,14 +62,16 @@ def test_check_forward_compares_as_the_case_says(monkeypatch, dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_check_vjp_compares_as_the_case_says(monkeypatch, dtype):
-  """Attention with head dim 64 over 56 keys and 40 queries: gradients are compared at the
-  longest dimension (64), with matmuls, every differentiable input named."""
-  case = _case("dot_product_attention", "causal", dtype, h=64)
+  """Attention with 96 queries over 56 keys of head dim 32: the forward reduces over 56, but dk
+  and dv sum over the 96 queries, so gradients are compared at the longest dimension (96), with
+  matmuls, every differentiable input named."""
+  case = _case("dot_product_attention", "causal", dtype, t=96)
+  assert case.reduction_length == 56
   calls = _record(monkeypatch, grads, "assert_vjp_close")
   checks.check_vjp(case, matrices.resolve(case.spec, "xla"))
   (_, kwargs), *rest = calls
   assert not rest
-  assert kwargs["reduction_length"] == 64
+  assert kwargs["reduction_length"] == 96
   assert kwargs["has_matmul"] is True
   assert kwargs["names"] == ("query", "key", "value")
   assert (kwargs["plain"] is None) == (dtype == "float32")
@@ -133,3 +135,23 @@ def test_check_finite_differences_runs_in_the_dtype_asked_for(monkeypatch, dtype
   golden = case.info.golden_shape
   assert shape == (*golden["rows"], golden["d"])
   assert precision == "highest"
+
+
+def test_skips_only_what_the_implementation_cannot_take():
+  def impl(*args, **kwargs):
+    del args, kwargs
+
+  impl.name = "fake"
+  checks.skip_unsupported(impl, (), {})  # No `unsupported_reason`: it takes everything.
+  impl.unsupported_reason = lambda args, kwargs: None
+  checks.skip_unsupported(impl, (), {})
+  impl.unsupported_reason = lambda args, kwargs: "no fp8 here"
+  with pytest.raises(pytest.skip.Exception, match="fake: no fp8 here"):
+    checks.skip_unsupported(impl, (), {})
+
+
+def test_only_eager_implementations_skip_gradients():
+  checks.skip_eager_gradients(types.SimpleNamespace(name="compiled"))
+  checks.skip_eager_gradients(types.SimpleNamespace(name="jitted", eager=False))
+  with pytest.raises(pytest.skip.Exception, match="interpreter"):
+    checks.skip_eager_gradients(types.SimpleNamespace(name="triton", eager=True))

@@ -1,5 +1,6 @@
 """The float64 references themselves."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -142,3 +143,15 @@ def test_reference_attention_masks_lengths_and_grouped_heads_by_hand():
   )
   want = _numpy_attention(q, k, v, allowed, 1.0 / np.sqrt(h))
   np.testing.assert_allclose(out, want, rtol=1e-10, atol=1e-12)
+
+
+def test_high_precision_runs_matmuls_at_highest_precision():
+  """float32 references (on TPU) need full-precision matmuls; the scope asks for them."""
+  seen = []
+
+  def fn(a):
+    seen.append(jax.config.jax_default_matmul_precision)
+    return a
+
+  references.high_precision(fn)(np.ones(2))
+  assert seen == ["highest"]
