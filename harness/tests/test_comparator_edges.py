@@ -166,3 +166,20 @@ def test_vjp_check_applies_the_relative_rule_to_the_value():
   grads.assert_vjp_close(off, exact, (x,), key=key)  # The table alone lets it pass ...
   with pytest.raises(AssertionError, match="relative rule"):  # ... the relative rule does not.
     grads.assert_vjp_close(off, exact, (x,), key=key, plain=exact)
+
+
+def test_a_result_of_the_wrong_sign_fails():
+  """|a - e|, not ||a| - |e||: -e against e is off by 2|e| everywhere."""
+  e = np.linspace(0.5, 1.0, 16)
+  report = compare.compare(-e, e, tol=tolerance.TABLE["float32"])
+  assert not report.ok and report.num_off == 16
+  assert report.max_error == pytest.approx(2.0)
+
+
+def test_assert_bitwise_equal_fails_on_a_leaf_missing_in_one_run():
+  x = np.arange(3.0)
+  compare.assert_bitwise_equal((x, None), (x.copy(), None))  # Absent in both runs: fine.
+  with pytest.raises(AssertionError):
+    compare.assert_bitwise_equal((x, None), (x, x))
+  with pytest.raises(AssertionError):
+    compare.assert_bitwise_equal((x, x), (x, None))

@@ -133,3 +133,24 @@ def test_markdown_row_lists_the_three_commonest_skip_reasons():
   assert list(doc["rows"][0]["skip_reasons"]) == ["needs sm_90 | Hopper", "big", "no fp8", "tiny"]
   row = "| ragged_dot | triton | 1 | 0 | 10 | 4x needs sm_90 / Hopper; 3x big; 2x no fp8 |"
   assert row in summary.markdown(doc).splitlines()
+
+
+def test_terminal_summary_lines():
+  """The lines printed at the end of a run: ran of collected, then per op and implementation
+  passed, failed (errors included), skipped and the commonest skip reason."""
+  config = types.SimpleNamespace(getini=lambda name: "op summary", getoption=lambda name: None)
+  c = summary.Collector(config)
+  c.collected = 5
+  c.pytest_runtest_logreport(_report("call", "passed", "t.py::a"))
+  c.pytest_runtest_logreport(_report("setup", "failed", "t.py::fixture_error"))
+  c.pytest_runtest_logreport(_report("call", "failed", "t.py::b"))
+  skip = ("t.py", 3, "Skipped: needs a GPU")
+  c.pytest_runtest_logreport(_report("setup", "skipped", "t.py::c", longrepr=skip))
+  lines, sections = [], []
+  reporter = types.SimpleNamespace(section=sections.append, write_line=lines.append)
+  c.pytest_terminal_summary(reporter)
+  assert sections == ["op summary"]
+  assert lines == [
+    "4 of 5 collected tests ran",
+    "layer_norm [xla]  passed    1  failed   2  skipped    1  (needs a GPU)",
+  ]

@@ -9,6 +9,7 @@ the rates of its median time.
 
 import dataclasses
 import json
+import subprocess
 import types
 import warnings
 
@@ -284,3 +285,22 @@ def test_a_bare_argument_is_one_argument():
   row = [1.0, 2.0, 3.0]
   timing.device_time(lambda x: seen.append(x), [row], warmup=1, iterations=2)
   assert seen == [row] * 3
+
+
+@pytest.mark.parametrize(
+  "error",
+  [
+    subprocess.CalledProcessError(128, ["git"], stderr="not a git repository"),
+    subprocess.TimeoutExpired(["git"], 10),
+    FileNotFoundError("git"),
+  ],
+)
+def test_current_commit_is_unknown_where_git_fails(monkeypatch, error):
+  """No GITHUB_SHA and no usable git (not a repository, hung, not installed): "unknown"."""
+  monkeypatch.delenv("GITHUB_SHA", raising=False)
+
+  def run(*args, **kwargs):
+    raise error
+
+  monkeypatch.setattr(bench.subprocess, "run", run)
+  assert bench.current_commit() == "unknown"

@@ -155,3 +155,41 @@ def test_high_precision_runs_matmuls_at_highest_precision():
 
   references.high_precision(fn)(np.ones(2))
   assert seen == ["highest"]
+
+
+def test_reference_ragged_dot_by_hand():
+  """Rows 0-1 in group 0 and rows 2-4 in group 1 of 6 rows (row 5 in no group: zero), against
+  numpy row by row, in the three layouts, with a group offset and fewer groups computed."""
+  rng = np.random.default_rng(3)
+  lhs = rng.standard_normal((6, 2))
+  rhs = rng.standard_normal((2, 2, 3))  # [G, K, N]
+  sizes = np.array([2, 3])
+  group = [0, 0, 1, 1, 1, None]
+  ragged = references.high_precision(references.ragged_dot_general)
+
+  want = np.stack([lhs[m] @ rhs[g] if g is not None else np.zeros(3) for m, g in enumerate(group)])
+  np.testing.assert_allclose(ragged(lhs, rhs, sizes, "default"), want, rtol=1e-12, atol=1e-12)
+  transposed = np.swapaxes(rhs, 1, 2)  # [G, N, K]
+  np.testing.assert_allclose(
+    ragged(lhs, transposed, sizes, "rhs_transposed"), want, rtol=1e-12, atol=1e-12
+  )
+  # group_offset 1: only group 1 is local (weights rhs[1:]); rows of group 0 are zero.
+  local = np.stack([lhs[m] @ rhs[1] if g == 1 else np.zeros(3) for m, g in enumerate(group)])
+  np.testing.assert_allclose(
+    ragged(lhs, rhs[1:], sizes, "default", group_offset=np.array([1])),
+    local,
+    rtol=1e-12,
+    atol=1e-12,
+  )
+  # Ragged contracting: out[g] = lhs[rows of g].T @ other[rows of g]; num_groups 1 keeps group 0.
+  other = rng.standard_normal((6, 3))
+  by_group = np.stack([lhs[0:2].T @ other[0:2], lhs[2:5].T @ other[2:5]])
+  np.testing.assert_allclose(
+    ragged(lhs, other, sizes, "ragged_contracting"), by_group, rtol=1e-12, atol=1e-12
+  )
+  np.testing.assert_allclose(
+    ragged(lhs, other, sizes, "ragged_contracting", num_groups=1),
+    by_group[:1],
+    rtol=1e-12,
+    atol=1e-12,
+  )
