@@ -183,3 +183,15 @@ def test_assert_bitwise_equal_fails_on_a_leaf_missing_in_one_run():
     compare.assert_bitwise_equal((x, None), (x, x))
   with pytest.raises(AssertionError):
     compare.assert_bitwise_equal((x, x), (x, None))
+
+
+@pytest.mark.parametrize(("actual", "expected"), [(np.nan, np.inf), (np.nan, -np.inf)])
+def test_nan_against_an_infinity_fails(actual, expected):
+  """NaN and Inf are different non-finite values: neither matches the other."""
+  e = np.array([0.0, expected, 1.0])
+  a = np.array([0.0, actual, 1.0])
+  with pytest.raises(AssertionError, match="NaN or Inf on one side only"):
+    compare.assert_close(a, e, tol=_UNIT)
+  with pytest.raises(AssertionError, match="NaN or Inf on one side only"):
+    compare.assert_close(e, a, tol=_UNIT)
+  assert compare.relative_error(a, e) == np.inf
