@@ -12565,6 +12565,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_CHECKS_TESTS, "-k", "finite_differences"),
     "check_finite_differences: float32 matmuls at default (TF32) precision: differences of noise.",
   ),
+  Mutation(
+    "plugin.requires_closest_marker_only",
+    "harness/plugin.py",
+    '  for marker in item.iter_markers("requires"):',
+    '  for marker in filter(None, [item.get_closest_marker("requires")]):',
+    (_HARDWARE, "-k", "every_requires_marker"),
+    "plugin: only the closest `requires` marker is checked; a class-level one is ignored.",
+  ),
+  Mutation(
+    "summary.xdist_collected_unknown",
+    _SUMMARY_SRC,
+    "    self.collected = len(ids)",
+    "    self.collected = None",
+    (_SUMMARY, "-k", "xdist_controller"),
+    "Summary: under pytest-xdist the number of collected tests is lost (no 'not reached' count).",
+  ),
 )
 
 

@@ -294,3 +294,11 @@ def test_compilation_cache_keeps_a_triton_cache_dir_already_set(monkeypatch, tmp
   monkeypatch.delenv("TRITON_CACHE_DIR")
   plugin._enable_compilation_caches()
   assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "triton")
+
+
+def test_every_requires_marker_counts():
+  """A class-level and a test-level `requires`: the test runs only with both satisfied."""
+  profile = hardware.detect()
+  other = "tpu" if profile.platform != "tpu" else "gpu"
+  item = _Item(pytest.mark.requires(profile.platform), pytest.mark.requires(other))
+  assert _skip_reason(item) == f"requires {other}; this is {profile.describe()}"

@@ -154,3 +154,10 @@ def test_terminal_summary_lines():
     "4 of 5 collected tests ran",
     "layer_norm [xla]  passed    1  failed   2  skipped    1  (needs a GPU)",
   ]
+
+
+def test_xdist_controller_counts_the_collected_tests():
+  """Under pytest-xdist the controller collects nothing; a worker's collection gives the count."""
+  c = summary.Collector(config=None)
+  c.pytest_xdist_node_collection_finished(node=None, ids=["t.py::a", "t.py::b", "t.py::c"])
+  assert c.collected == 3
