@@ -12581,6 +12581,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_SUMMARY, "-k", "xdist_controller"),
     "Summary: under pytest-xdist the number of collected tests is lost (no 'not reached' count).",
   ),
+  Mutation(
+    "references.matmul_precision_not_highest",
+    _REFERENCES,
+    '    jax.default_matmul_precision("highest"),',
+    '    jax.default_matmul_precision("default"),',
+    (_REFERENCE_TESTS, "-k", "highest_precision"),
+    "high_precision: matmuls at default precision (bfloat16 passes for the float32 references on TPU).",
+  ),
 )
 
 
