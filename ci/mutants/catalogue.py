@@ -12262,14 +12262,6 @@ MUTATIONS: tuple[Mutation, ...] = (
     "assert_vjp_close: the value under differentiation never gets the float32-matmul bound.",
   ),
   Mutation(
-    "grads.gradient_at_reduction_length_one",
-    _GRADS,
-    "        reduction_length=reduction_length,\n        has_matmul=has_matmul,\n        gradient=True,",
-    "        reduction_length=1,\n        has_matmul=has_matmul,\n        gradient=True,",
-    (_EDGES, "-k", "scales_the_gradient_bound"),
-    "assert_vjp_close: gradients are compared at reduction length 1 whatever the caller says.",
-  ),
-  Mutation(
     "grads.value_relative_rule_dropped",
     _GRADS,
     "      plain=plain_out,\n",
@@ -12324,14 +12316,6 @@ MUTATIONS: tuple[Mutation, ...] = (
     "    plain=None,",
     (_CHECKS_TESTS, "-k", "check_forward"),
     "check_forward: no plain computation, so the 16-bit relative rule never applies in the suites.",
-  ),
-  Mutation(
-    "checks.forward_at_reduction_length_one",
-    _CHECKS,
-    "    reduction_length=case.reduction_length,\n    plain=",
-    "    reduction_length=1,\n    plain=",
-    (_CHECKS_TESTS, "-k", "check_forward"),
-    "check_forward: outputs are compared at reduction length 1, not the case's.",
   ),
   Mutation(
     "checks.forward_without_matmul_flag",
