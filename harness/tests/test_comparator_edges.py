@@ -4,8 +4,10 @@ The fraction rule counts whole elements (1% of 150 is 1.5: one may be off, not
 two); a NaN result is an element off with an infinite error; empty arrays
 compare equal; a reduction length of 0 is scaled as 1; `relative_error` has no
 floor above the tiny one guarding a zero reference; the relative rule's floor
-is in ulps of the reference's magnitude (not the result's); `assert_finite`
-and `assert_bitwise_equal` look at every leaf; the VJP check passes the matmul
+is in ulps of the reference's magnitude (not the result's); a result of the
+wrong sign and NaN against an infinity fail; `assert_finite` and
+`assert_bitwise_equal` look at every leaf (a leaf missing in one run fails);
+`random_like` keeps each leaf's dtype; the VJP check passes the matmul
 flag, the reduction length and the plain computation to the value and to every
 gradient it compares.
 """
