@@ -6,6 +6,9 @@ import pytest
 
 import tokamax
 from tokamax._src import jaxprs
+from tokamax._src.ops.attention import mosaic_tpu as attention_tpu
+from tokamax._src.ops.linear_softmax_cross_entropy_loss import mosaic_tpu as loss_tpu
+from tokamax._src.ops.ragged_dot import mosaic_tpu as ragged_tpu
 from tokamax._src.ops.ragged_dot import spec as ragged_spec
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -90,7 +93,53 @@ def _ragged_default_layout(impl, precision):
   return f, (jnp.ones((8, 16), f32), jnp.ones((3, 16, 4), f32))
 
 
+def _tpu_attention(precision):
+  """The Mosaic TPU kernels (interpreted; only traced here) at shapes they take: head dim 64,
+  keys a multiple of 128; the bias's gradient from XLA."""
+  q = jnp.ones((1, 16, 2, 64), f32)
+  kv = jnp.ones((1, 128, 1, 64), f32)
+  bias = jnp.zeros((1, 2, 16, 128), f32)
+  impl = attention_tpu.MosaicTpuAttention(interpret=True)
+
+  def f(q, k, v, bias):
+    return tokamax.dot_product_attention(
+      q, k, v, bias, precision=precision, implementation=impl
+    ).sum()
+
+  return f, (q, kv, kv, bias)
+
+
+def _tpu_loss(precision):
+  """The Mosaic TPU loss kernels and their XLA tail (V=300: two tiles of 128 and 44 columns)."""
+  labels = jnp.array([0, 3, 299, 7, 130, 260, 1, 2], jnp.int32)
+  config = loss_tpu.MosaicTpuLossConfig(
+    block_b=8, block_v=128, block_k=128, bwd_block_b=8, bwd_block_v=128
+  )
+  impl = loss_tpu.MosaicTpuLoss(interpret=True, config=config)
+
+  def f(x, w):
+    return tokamax.linear_softmax_cross_entropy_loss(
+      x, labels, w, precision=precision, implementation=impl
+    )
+
+  return f, (jnp.ones((8, 256), f32), jnp.ones((256, 300), f32))
+
+
+def _tpu_ragged(precision):
+  """The Mosaic TPU grouped matmul; its gradients run it transposed and the rhs-gradient kernel."""
+  sizes = jnp.array([3, 0, 5], jnp.int32)
+  impl = ragged_tpu.MosaicTpuRaggedDot(interpret=True)
+
+  def f(lhs, rhs):
+    return tokamax.ragged_dot(lhs, rhs, sizes, precision=precision, implementation=impl).sum()
+
+  return f, (jnp.ones((8, 128), f32), jnp.ones((3, 128, 128), f32))
+
+
 CALLS = {
+  "attention-mosaic_tpu": _tpu_attention,
+  "loss-mosaic_tpu": _tpu_loss,
+  "ragged_dot-mosaic_tpu": _tpu_ragged,
   "attention-xla": lambda p: _attention("xla", p),
   "attention-xla_chunked": lambda p: _attention("xla_chunked", p),
   "loss-xla": lambda p: _loss("xla", p),

@@ -246,7 +246,12 @@ class MosaicTpuAttention(kernel_ops.MosaicTpuOp):
     q, k, v = args.query, args.key, args.value
     t, s = q.shape[1], k.shape[1]
     p = self._params(args, config.bwd_block_q, config.bwd_block_kv)
-    delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), dout.astype(jnp.float32))
+    delta = jnp.einsum(
+      "btnh,btnh->bnt",
+      out.astype(jnp.float32),
+      dout.astype(jnp.float32),
+      precision=args.precision,
+    )
     t_pad = _round_up(t, p.block_q)
 
     def rows(x):  # [B, N, T] -> [B, N, T_pad, LANES]
