@@ -118,6 +118,28 @@ def test_interpret_random_sizes_with_gradients(seed):
     np.testing.assert_allclose(np.asarray(x), r, rtol=1e-4, atol=1e-4, err_msg=label)
 
 
+def test_interpret_on_two_cores_matches_reference():
+  """A v5p megacore in the interpreter: two cores split the grid's "parallel" axes, in a random
+  order. Only the column tiles (and the rhs gradient's output tiles) may be parallel: work
+  items in order share a row tile's output block and an accumulator, and a split of them
+  between the cores would lose the items of the other core."""
+  m, k, n = 40, 256, 256  # Row tiles of 16 that groups share, two K steps, two column tiles.
+  rng = np.random.default_rng(17)
+  sizes = jnp.array([13, 0, 20], jnp.int32)  # The last 7 rows are in no group.
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+  rhs = jnp.asarray(rng.standard_normal((3, k, n)), jnp.float32)
+  config = mosaic_tpu.MosaicTpuRaggedDotConfig(block_m=16, block_k=128, block_n=128)
+  params = pltpu.InterpretParams(num_cores_or_threads=2, random_seed=5)
+  impl = mosaic_tpu.MosaicTpuRaggedDot(interpret=params, config=config)
+  out, vjp = jax.vjp(lambda a, b: api.ragged_dot(a, b, sizes, implementation=impl), lhs, rhs)
+  ct = jnp.asarray(rng.standard_normal(out.shape), jnp.float32)
+  ref, ref_grads = references.high_precision_vjp(
+    lambda a, b: references.ragged_dot_general(a, b, sizes, spec.DEFAULT), (lhs, rhs), ct
+  )
+  for label, x, r in zip(("out", "dlhs", "drhs"), (out, *vjp(ct)), (ref, *ref_grads), strict=True):
+    assert compare.relative_error(x, r) < _BOUND["float32"], label
+
+
 def test_rows_outside_groups_are_zero_and_empty_groups_give_zeros():
   m, k, n = 150, 128, 128
   rng = np.random.default_rng(3)
