@@ -7,6 +7,8 @@ Not covered here (needs a TPU): Mosaic's own compilation of the lowered kernels 
 VMEM allocation) and their speed.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -91,7 +93,9 @@ def test_interpret_on_two_cores_matches_reference():
   order. Only the row tiles may be parallel: a vocabulary tile or contraction step (forward,
   dx) or a row tile (dweights) split between the cores would leave each core a part of the
   accumulation, each in its own VMEM."""
-  b, h, v = 37, 256, 300  # Three row tiles, two K steps, two vocabulary tiles and a tail.
+  # Three row tiles, two K steps, three vocabulary tiles and a tail: nine (row, vocabulary)
+  # tiles, so that a split of an accumulating axis between the cores splits a row or a column.
+  b, h, v = 37, 256, 400
   x, labels, w = _inputs(b, h, v, "float32", seed=11)
   params = mosaic_tpu.pltpu.InterpretParams(num_cores_or_threads=2, random_seed=3)
   impl = mosaic_tpu.MosaicTpuLoss(interpret=params, config=SMALL)
@@ -203,6 +207,78 @@ def test_export_for_tpu_v5p():
     device_kind="TPU v5",
   )
   assert "tpu_custom_call" in exported.mlir_module()
+
+
+def test_kernels_ask_for_the_scoped_vmem_limit_of_v5p():
+  """The forward and both backward kernels ask Mosaic for v5p's scoped VMEM limit (32 MiB of
+  its 64 MiB), the limit their blocks were checked against."""
+  shapes = (
+    jax.ShapeDtypeStruct((512, 1024), jnp.bfloat16),
+    jax.ShapeDtypeStruct((512,), jnp.int32),
+    jax.ShapeDtypeStruct((1024, 10000), jnp.bfloat16),
+  )
+
+  def forward_backward(x, labels, w):
+    loss = lambda x, w: api.linear_softmax_cross_entropy_loss(
+      x, labels, w, implementation="mosaic_tpu"
+    )
+    return jax.value_and_grad(loss, argnums=(0, 1))(x, w)
+
+  text = _export(forward_backward, *shapes, device_kind="TPU v5").mlir_module()
+  assert text.count("tpu_custom_call") == 3
+  sizes = re.findall(r"\\22size\\22: (\d+)", text)
+  assert sizes == [str(32 << 20)] * 3, sizes
+
+
+@pytest.mark.parametrize(("dtype", "block_b"), [("float32", 40), ("bfloat16", 48)])
+def test_heuristic_blocks_of_fewer_rows_than_a_block(dtype, block_b):
+  """B=37 rows, below every row block: the one row candidate is B padded to whole sublanes (8
+  for float32, 16 for bfloat16); V=256 is one whole vocabulary tile (no XLA tail), H=128 one
+  contraction step. The call runs in the kernel with these blocks and matches the reference."""
+  b, h, v = 37, 128, 256
+  x, labels, w = _inputs(b, h, v, dtype, seed=4)
+  impl = mosaic_tpu.MosaicTpuLoss(interpret=True)
+  record = spec.canonicalize(x, labels, w)
+  config = impl._get_heuristics_config(record)
+  assert (config.block_b, config.block_v, config.block_k) == (block_b, 256, 128)
+  assert impl._unsupported_reason(record) is None
+  out = api.linear_softmax_cross_entropy_loss(x, labels, w, reduction="none", implementation=impl)
+  ref = references.high_precision(references.linear_softmax_cross_entropy_loss)(
+    x, labels, w, reduction="none"
+  )
+  assert compare.relative_error(out, ref) < (1e-5 if dtype == "float32" else 1e-2)
+
+
+def test_autotuning_configs_are_the_eight_best_that_fit():
+  """Autotuning times the cost model's eight best blocks (of many that fit), each one that
+  `config_reason` accepts, the heuristic's among them."""
+  record = _record(4096, 2048, 65536)
+  op = mosaic_tpu.MosaicTpuLoss()
+  with export.abstract_tpu():
+    configs = op._get_autotuning_configs(record)
+    fitting = [
+      c for c in mosaic_tpu._candidates(record) if mosaic_tpu.config_reason(record, c) is None
+    ]
+    assert len(fitting) > 8
+    assert len(configs) == 8
+    assert all(mosaic_tpu.config_reason(record, c) is None for c in configs)
+    assert op._get_heuristics_config(record) in configs
+
+
+def test_kernels_refuse_tiles_past_the_vocabulary():
+  """The kernels read whole tiles of `w`: tiles past its columns, no tile, or a contraction
+  block that does not divide H are refused before anything is read."""
+  x, labels, w = _inputs(16, 256, 300, "float32")
+  common = dict(precision=None, block_b=16, vmem_limit_bytes=tpu.V5E.vmem_limit_bytes)
+  common["interpret"] = mosaic_tpu.pltpu.InterpretParams()
+  lse, g = jnp.zeros((16,), jnp.float32), jnp.ones((16,), jnp.float32)
+  for n_tiles, block_v in ((3, 128), (2, 256), (0, 128)):
+    with pytest.raises(ValueError, match="do not fit V=300"):
+      mosaic_tpu_kernel.logsumexp(x, w, n_tiles=n_tiles, block_v=block_v, block_k=128, **common)
+    with pytest.raises(ValueError, match="do not fit V=300"):
+      mosaic_tpu_kernel.backward(x, w, labels, lse, g, n_tiles=n_tiles, block_v=block_v, **common)
+  with pytest.raises(ValueError, match="block_k=96 must divide H=256"):
+    mosaic_tpu_kernel.logsumexp(x, w, n_tiles=2, block_v=128, block_k=96, **common)
 
 
 def test_backward_in_xla_where_its_blocks_do_not_fit():
