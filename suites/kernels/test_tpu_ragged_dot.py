@@ -123,12 +123,13 @@ def test_interpret_on_two_cores_matches_reference():
   order. Only the column tiles (and the rhs gradient's output tiles) may be parallel: work
   items in order share a row tile's output block and an accumulator, and a split of them
   between the cores would lose the items of the other core."""
-  m, k, n = 40, 256, 256  # Row tiles of 16 that groups share, two K steps, two column tiles.
+  # Row tiles that groups share and a group over two of them; two K steps, two column tiles.
+  m, k, n = 300, 256, 256
   rng = np.random.default_rng(17)
-  sizes = jnp.array([13, 0, 20], jnp.int32)  # The last 7 rows are in no group.
+  sizes = jnp.array([100, 0, 180], jnp.int32)  # The last 20 rows are in no group.
   lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
   rhs = jnp.asarray(rng.standard_normal((3, k, n)), jnp.float32)
-  config = mosaic_tpu.MosaicTpuRaggedDotConfig(block_m=16, block_k=128, block_n=128)
+  config = mosaic_tpu.MosaicTpuRaggedDotConfig(block_m=128, block_k=128, block_n=128)
   params = pltpu.InterpretParams(num_cores_or_threads=2, random_seed=5)
   impl = mosaic_tpu.MosaicTpuRaggedDot(interpret=params, config=config)
   out, vjp = jax.vjp(lambda a, b: api.ragged_dot(a, b, sizes, implementation=impl), lhs, rhs)
