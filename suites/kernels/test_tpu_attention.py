@@ -7,6 +7,7 @@ Not covered here (needs a TPU): Mosaic's own compilation of the lowered kernels
 """
 
 import itertools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -253,7 +254,12 @@ def test_export_for_tpu_v5p_gqa_window():
   fn = lambda q, k, v: jax.grad(
     lambda q: jnp.sum(tokamax.dot_product_attention(q, k, v, local_window_size=(64, 0)))
   )(q)
-  assert "tpu_custom_call" in _export(fn, q, kv, kv, device_kind="TPU v5").mlir_module()
+  text = _export(fn, q, kv, kv, device_kind="TPU v5").mlir_module()
+  assert text.count("tpu_custom_call") == 2  # The forward and dq kernels (dk/dv is not used).
+  # The kernels ask Mosaic for v5p's scoped VMEM limit (32 MiB of its
+  # 64 MiB), the limit their blocks were checked against.
+  sizes = re.findall(r"\\22size\\22: (\d+)", text)
+  assert sizes == [str(32 << 20)] * 2, sizes
 
 
 def test_unsupported_reasons_at_the_edges():
@@ -326,6 +332,40 @@ def _record(b, t, s, n, k, h, dtype, **kwargs):
   shapes = ((b, t, n, h), (b, s, k, h), (b, s, k, h))
   structs = [jax.ShapeDtypeStruct(x, dtype) for x in shapes]
   return jax.eval_shape(lambda *a: spec.canonicalize(*a, **kwargs), *structs)
+
+
+@pytest.mark.parametrize(("dtype", "block_q"), [("float32", 40), ("bfloat16", 48)])
+def test_heuristic_blocks_of_a_short_sequence(dtype, block_q):
+  """T=37 queries, below every query block: the one query candidate is T padded to whole
+  sublanes (8 for float32, 16 for bfloat16), forward and backward; S=100 keys take one block of
+  128 lanes. The call runs with these blocks and matches the reference."""
+  q, k, v, _ = _inputs(dict(b=1, t=37, s=100, n=2, k=1, h=64), dtype, seed=6)
+  impl = mosaic_tpu.MosaicTpuAttention(interpret=True)
+  record = spec.canonicalize(q, k, v)
+  config = impl._get_heuristics_config(record)
+  assert config == mosaic_tpu.MosaicTpuAttentionConfig(
+    block_q=block_q, block_kv=128, bwd_block_q=block_q, bwd_block_kv=128
+  )
+  assert impl._unsupported_reason(record) is None
+  out = tokamax.dot_product_attention(q, k, v, implementation=impl)
+  ref = references.high_precision(references.attention)(q, k, v)
+  assert compare.relative_error(out, ref) < _BOUND[dtype]
+
+
+def test_autotuning_configs_pair_the_four_best_of_each_pass():
+  """Autotuning times the forward's four best blocks with the backward's four best: sixteen
+  configs, each one that both passes accept."""
+  record = _record(2, 4096, 4096, 16, 16, 128, "bfloat16", is_causal=True)
+  op = mosaic_tpu.MosaicTpuAttention()
+  with export.abstract_tpu():
+    configs = op._get_autotuning_configs(record)
+    assert len(configs) == 16
+    assert len({(c.block_q, c.block_kv) for c in configs}) == 4
+    assert len({(c.bwd_block_q, c.bwd_block_kv) for c in configs}) == 4
+    for c in configs:
+      assert mosaic_tpu.config_reason(record, c) is None
+      assert mosaic_tpu.bwd_config_reason(record, c) is None
+    assert op._get_heuristics_config(record) in configs
 
 
 @pytest.mark.parametrize("device_kind", ["TPU v5 lite", "TPU v5"])

@@ -437,6 +437,45 @@ def test_heuristic_blocks_of_fewer_rows_than_a_block(dtype, m, block_m):
   assert compare.relative_error(out, ref) < _BOUND[dtype]
 
 
+def test_autotuning_configs_are_the_eight_best_that_fit():
+  """Autotuning times the cost model's eight best blocks (of many that fit), each one that
+  `config_reason` accepts, the heuristic's among them."""
+  args = jax.eval_shape(
+    spec.canonicalize,
+    jax.ShapeDtypeStruct((8192, 2048), jnp.bfloat16),
+    jax.ShapeDtypeStruct((8, 2048, 4096), jnp.bfloat16),
+    jax.ShapeDtypeStruct((8,), jnp.int32),
+  )
+  op = mosaic_tpu.MosaicTpuRaggedDot()
+  with export.abstract_tpu():
+    configs = op._get_autotuning_configs(args)
+    fitting = [c for c in mosaic_tpu._candidates(args) if mosaic_tpu.config_reason(args, c) is None]
+    assert len(fitting) > 8
+    assert len(configs) == 8
+    assert all(mosaic_tpu.config_reason(args, c) is None for c in configs)
+    assert op._get_heuristics_config(args) in configs
+
+
+def test_kernel_refuses_a_contraction_block_that_does_not_divide_k():
+  lhs, rhs = jnp.ones((16, 256), jnp.float32), jnp.ones((2, 256, 128), jnp.float32)
+  starts, ends = jnp.array([0, 8], jnp.int32), jnp.array([8, 16], jnp.int32)
+  with pytest.raises(ValueError, match="block_k=96 must divide K=256"):
+    mosaic_tpu_kernel.grouped_matmul(
+      lhs,
+      rhs,
+      starts,
+      ends,
+      transpose_rhs=False,
+      out_dtype=jnp.float32,
+      precision=None,
+      block_m=8,
+      block_k=96,
+      block_n=128,
+      vmem_limit_bytes=tpu.V5E.vmem_limit_bytes,
+      interpret=pltpu.InterpretParams(),
+    )
+
+
 def test_interpret_params_are_the_callers():
   """`interpret=True` takes the default interpreter params; params passed are kept."""
   assert mosaic_tpu.MosaicTpuRaggedDot().interpret_params is None
