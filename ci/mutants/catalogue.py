@@ -12833,6 +12833,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Mosaic TPU grouped matmul: a block_k that does not divide K is not refused (the last"
     " K % block_k columns are dropped).",
   ),
+  Mutation(
+    "attention.mosaic_tpu_short_key_block_unpadded",
+    _ATTENTION + "mosaic_tpu.py",
+    "{min(_round_up(s, kernel.LANES), _KV_BLOCKS[-1])}",
+    "{min(s, _KV_BLOCKS[-1])}",
+    (_TPU_ATTENTION, "-k", "short_sequence"),
+    "Mosaic TPU attention heuristic: S is not padded to whole lanes, so one key block over"
+    " all of a short S (S=200: one block of 256) is never a candidate.",
+  ),
+  Mutation(
+    "ragged_dot.mosaic_tpu_contracted_rows_unpadded",
+    _RAGGED + "mosaic_tpu.py",
+    "rows = [b for b in _BLOCKS if b < m] + [-(-m // _LANES) * _LANES]",
+    "rows = [b for b in _BLOCKS if b < m] + [m]",
+    (_TPU_RAGGED, "-k", "fewer_contracted_rows"),
+    "Mosaic TPU ragged_dot heuristic (ragged_contracting): M below a row block is not padded"
+    " to whole lanes, so no candidate fits and the default blocks are taken.",
+  ),
 )
 
 

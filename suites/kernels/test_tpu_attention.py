@@ -337,14 +337,15 @@ def _record(b, t, s, n, k, h, dtype, **kwargs):
 @pytest.mark.parametrize(("dtype", "block_q"), [("float32", 40), ("bfloat16", 48)])
 def test_heuristic_blocks_of_a_short_sequence(dtype, block_q):
   """T=37 queries, below every query block: the one query candidate is T padded to whole
-  sublanes (8 for float32, 16 for bfloat16), forward and backward; S=100 keys take one block of
-  128 lanes. The call runs with these blocks and matches the reference."""
-  q, k, v, _ = _inputs(dict(b=1, t=37, s=100, n=2, k=1, h=64), dtype, seed=6)
+  sublanes (8 for float32, 16 for bfloat16), forward and backward; S=200 keys take one block of
+  256 (S padded to whole 128 lanes: one grid step, not two of 128). The call runs with these
+  blocks and matches the reference."""
+  q, k, v, _ = _inputs(dict(b=1, t=37, s=200, n=2, k=1, h=64), dtype, seed=6)
   impl = mosaic_tpu.MosaicTpuAttention(interpret=True)
   record = spec.canonicalize(q, k, v)
   config = impl._get_heuristics_config(record)
   assert config == mosaic_tpu.MosaicTpuAttentionConfig(
-    block_q=block_q, block_kv=128, bwd_block_q=block_q, bwd_block_kv=128
+    block_q=block_q, block_kv=256, bwd_block_q=block_q, bwd_block_kv=256
   )
   assert impl._unsupported_reason(record) is None
   out = tokamax.dot_product_attention(q, k, v, implementation=impl)

@@ -476,6 +476,26 @@ def test_kernel_refuses_a_contraction_block_that_does_not_divide_k():
     )
 
 
+def test_heuristic_blocks_of_fewer_contracted_rows_than_a_block():
+  """ "ragged_contracting" with M=40 rows: the one row candidate is M padded to whole 128 lanes
+  (the rows are lanes of the transposed lhs), with all of K=64 and N=128; the call runs with
+  these blocks and matches the reference."""
+  m, k, n = 40, 64, 128
+  rng = np.random.default_rng(21)
+  sizes = jnp.array([11, 0, 25], jnp.int32)  # The last 4 rows are in no group.
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+  rhs = jnp.asarray(rng.standard_normal((m, n)), jnp.float32)
+  dims = spec.dimension_numbers(spec.RAGGED_CONTRACTING)
+  impl = mosaic_tpu.MosaicTpuRaggedDot(interpret=True)
+  config = impl._get_heuristics_config(spec.canonicalize(lhs, rhs, sizes, dims))
+  assert config == mosaic_tpu.MosaicTpuRaggedDotConfig(block_m=128, block_k=k, block_n=n)
+  out = api.ragged_dot_general(lhs, rhs, sizes, dims, implementation=impl)
+  ref = references.high_precision(references.ragged_dot_general)(
+    lhs, rhs, sizes, spec.RAGGED_CONTRACTING
+  )
+  assert compare.relative_error(out, ref) < _BOUND["float32"]
+
+
 def test_interpret_params_are_the_callers():
   """`interpret=True` takes the default interpreter params; params passed are kept."""
   assert mosaic_tpu.MosaicTpuRaggedDot().interpret_params is None
