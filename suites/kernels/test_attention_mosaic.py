@@ -220,9 +220,11 @@ _BLOCK_MASKINGS = [
 ]
 
 
-def _check_block_ranges(masking, t: int, s: int, held: int, streamed: int, seed: int):
+def _check_block_ranges(masking, t: int, s: int, held: int, streamed: int, seed: int, check=None):
   """`kv_blocks` and `q_blocks` for each held block of `held` rows (or keys) against a
-  brute-force visibility table over streamed blocks of `streamed`, at random lengths."""
+  brute-force visibility table over streamed blocks of `streamed`, at random lengths, by
+  `check` (default `_check_ranges`)."""
+  check = check or _check_ranges
   rng = np.random.default_rng(seed)
   for _ in range(4):
     q_len = int(rng.integers(0, t + 1)) if masking.q_len else t
@@ -231,15 +233,13 @@ def _check_block_ranges(masking, t: int, s: int, held: int, streamed: int, seed:
       rows = r0 + np.arange(held)
       ranges = mosaic_common.kv_blocks(masking, r0, held, streamed, s // streamed, kv_len)
       # kv_blocks sees no query length: rows past it are dropped elsewhere.
-      _check_ranges(
+      check(
         ranges, streamed, s // streamed, lambda cols: _positional(masking, rows, cols, t, kv_len)
       )
     for c0 in range(0, s, held):
       cols = c0 + np.arange(held)
       ranges = mosaic_common.q_blocks(masking, c0, held, streamed, t // streamed, q_len, kv_len)
-      _check_ranges(
-        ranges, streamed, t // streamed, lambda r: _positional(masking, r, cols, q_len, kv_len)
-      )
+      check(ranges, streamed, t // streamed, lambda r: _positional(masking, r, cols, q_len, kv_len))
 
 
 @pytest.mark.parametrize("masking", _BLOCK_MASKINGS, ids=lambda m: repr(m)[8:].replace(" ", ""))
@@ -303,23 +303,9 @@ def test_block_ranges_visit_no_block_that_sees_nothing(masking, held, streamed):
   all-visible block unmasked: `kv_blocks` and `q_blocks` are exact for these maskings,
   against the brute-force visibility table at random lengths (a looser range gives the same
   numbers, only slower, so the numerical tests cannot see it)."""
-  t, s = 96, 128
-  rng = np.random.default_rng(7)
-  for _ in range(4):
-    q_len = int(rng.integers(0, t + 1)) if masking.q_len else t
-    kv_len = int(rng.integers(0, s + 1)) if masking.kv_len else s
-    for r0 in range(0, t, held):
-      rows = r0 + np.arange(held)
-      ranges = mosaic_common.kv_blocks(masking, r0, held, streamed, s // streamed, kv_len)
-      _check_tight(
-        ranges, streamed, s // streamed, lambda c: _positional(masking, rows, c, t, kv_len)
-      )
-    for c0 in range(0, s, held):
-      cols = c0 + np.arange(held)
-      ranges = mosaic_common.q_blocks(masking, c0, held, streamed, t // streamed, q_len, kv_len)
-      _check_tight(
-        ranges, streamed, t // streamed, lambda r: _positional(masking, r, cols, q_len, kv_len)
-      )
+  _check_block_ranges(
+    masking, t=96, s=128, held=held, streamed=streamed, seed=7, check=_check_tight
+  )
 
 
 @pytest.mark.parametrize("masking", _BLOCK_MASKINGS, ids=lambda m: repr(m)[8:].replace(" ", ""))

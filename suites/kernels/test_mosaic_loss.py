@@ -253,20 +253,15 @@ def test_the_kernel_gives_each_tiles_maxima_and_exponentials_for_the_gradient():
   assert np.asarray(picked).shape == (2, 128)
 
 
-@pytest.mark.host_only
-@pytest.mark.parametrize(
-  ("v", "block_n", "num_sms"), [(576, 256, 2), (512, 128, 2), (1024, 256, 1)]
-)
-def test_the_cotangent_kernel_writes_each_tiles_softmax_term_less_the_label(v, block_n, num_sms):
-  """576 columns: blocks of 64 and a 64-column tail tile; 512: blocks of 128; 1024 on one SM:
-  two column groups of four blocks, more than the three stages (each slot reused). Labels in
-  several tiles, on tile edges, and -1 (padding rows: no column)."""
-  rows = 128
-  rng = np.random.default_rng(7)
+def _check_cotangent_kernel(rows: int, v: int, block_n: int, num_sms: int, seed: int, edges=()):
+  """`cotangent_in_place` on random exponentials, interpreted with race detection, against
+  the float64 formula: each tile's softmax term less the label's `hit` (none at label -1).
+  `edges` overwrite the first labels."""
+  rng = np.random.default_rng(seed)
   probs = jnp.asarray(rng.uniform(0.0, 1.0, (rows, v)), jnp.bfloat16)
   scale = jnp.asarray(rng.uniform(0.5, 2.0, (-(-v // block_n), rows)), jnp.float32)
   labels = rng.integers(0, v, rows).astype(np.int32)
-  labels[:4] = [-1, 0, block_n - 1, v - 1]
+  labels[: len(edges)] = edges
   hit = jnp.asarray(rng.uniform(0.5, 2.0, rows), jnp.float32)
   out = mosaic_kernel.cotangent_in_place(
     probs,
@@ -288,28 +283,21 @@ def test_the_cotangent_kernel_writes_each_tiles_softmax_term_less_the_label(v, b
 
 
 @pytest.mark.host_only
+@pytest.mark.parametrize(
+  ("v", "block_n", "num_sms"), [(576, 256, 2), (512, 128, 2), (1024, 256, 1)]
+)
+def test_the_cotangent_kernel_writes_each_tiles_softmax_term_less_the_label(v, block_n, num_sms):
+  """576 columns: blocks of 64 and a 64-column tail tile; 512: blocks of 128; 1024 on one SM:
+  two column groups of four blocks, more than the three stages (each slot reused). Labels in
+  several tiles, on tile edges, and -1 (padding rows: no column)."""
+  _check_cotangent_kernel(128, v, block_n, num_sms, seed=7, edges=(-1, 0, block_n - 1, v - 1))
+
+
+@pytest.mark.host_only
 def test_the_cotangent_kernel_takes_more_row_bands_than_its_ctas_target():
   """576 rows (9 bands) on 2 SMs: more bands than the 4 CTAs per SM the grid aims at, so
   each band is one column group of every block; against the float64 formula."""
-  rows, v, block_n = 576, 256, 128
-  rng = np.random.default_rng(9)
-  probs = jnp.asarray(rng.uniform(0.0, 1.0, (rows, v)), jnp.bfloat16)
-  scale = jnp.asarray(rng.uniform(0.5, 2.0, (v // block_n, rows)), jnp.float32)
-  labels = rng.integers(0, v, rows).astype(np.int32)
-  hit = jnp.asarray(rng.uniform(0.5, 2.0, rows), jnp.float32)
-  out = mosaic_kernel.cotangent_in_place(
-    probs,
-    scale,
-    jnp.asarray(labels),
-    hit,
-    block_n=block_n,
-    num_sms=2,
-    interpret=plgpu.InterpretGPUParams(detect_races=True),
-  )
-  assert not interpret_pallas_call.get_races().races_found
-  want = np.asarray(probs, np.float64) * np.repeat(np.asarray(scale, np.float64).T, block_n, 1)
-  want[np.arange(rows), labels] -= np.asarray(hit, np.float64)
-  np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=8e-3, atol=1e-6)
+  _check_cotangent_kernel(576, 256, 128, num_sms=2, seed=9)
 
 
 @pytest.mark.parametrize(
