@@ -6478,8 +6478,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "ragged_dot.mosaic_config_reason_ignored",
     _RAGGED + "mosaic.py",
-    "    return _config_reason(args, config)\n\n  def _bwd_unsupported_reason",
-    "    return None\n\n  def _bwd_unsupported_reason",
+    "    return _config_reason(args, config)\n\n  @property\n  def _gradient_op",
+    "    return None\n\n  @property\n  def _gradient_op",
     (_MOSAIC_RAGGED, "-k", "reason"),
     "Mosaic ragged dot: a config (or N) the kernels cannot tile is not reported as unsupported.",
   ),
@@ -11371,8 +11371,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "export.abstract_gpu_has_a100_sms",
     "src/tokamax/_src/export.py",
-    'device_kind: str = "NVIDIA H200", num_cores: int = 132',
-    'device_kind: str = "NVIDIA H200", num_cores: int = 108',
+    '  device_kind: str = "NVIDIA H200", num_cores: int = device_lib.DEFAULT_SM_COUNT',
+    '  device_kind: str = "NVIDIA H200", num_cores: int = 108',
     (_EXPORT, "-k", "abstract_targets"),
     "abstract_gpu() targets an H200 with an A100's 108 SMs.",
   ),
@@ -11515,8 +11515,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "device.default_limit_not_hopper",
     "src/tokamax/_src/device.py",
-    "    cc = compute_capability() or DEFAULT_COMPUTE_CAPABILITY",
-    "    cc = compute_capability() or (8, 0)",
+    "  return compute_capability() or DEFAULT_COMPUTE_CAPABILITY",
+    "  return compute_capability() or (8, 0)",
     ("suites/kernels/test_attention_triton.py", "-k", "limit_by_compute_capability"),
     "Without an NVIDIA GPU the limit is the A100's, not that of the sm_90 kernels are lowered for.",
   ),
@@ -11557,8 +11557,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "mosaic_ragged.bwd_reason_judged_with_the_forward_config",
     _RAGGED + "mosaic.py",
-    "    gradient_op = dataclasses.replace(self, config=None)",
-    "    gradient_op = self",
+    "      reason = self._gradient_op._unsupported_reason(record)",
+    "      reason = self._unsupported_reason(record)",
     ("suites/kernels/test_mosaic_ragged_dot.py", "-k", "gradients_own_configs"),
     "Mosaic ragged_dot: the gradient's support is judged with the forward's config, which"
     " `_bwd` does not use, and refuses gradients it would compute.",
@@ -12850,6 +12850,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_TPU_RAGGED, "-k", "fewer_contracted_rows"),
     "Mosaic TPU ragged_dot heuristic (ragged_contracting): M below a row block is not padded"
     " to whole lanes, so no candidate fits and the default blocks are taken.",
+  ),
+  Mutation(
+    "device.sm_count_ignores_the_abstract_gpu",
+    "src/tokamax/_src/device.py",
+    "  if device is None and abstract is not None:",
+    "  if False:",
+    (_TRITON_NORM, "-k", "sm_count_of_the_device"),
+    "Kernels lowered under export.abstract_gpu(num_cores=...) are sized for the host's"
+    " default device instead of the GPU they target.",
   ),
 )
 

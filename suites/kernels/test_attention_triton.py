@@ -23,6 +23,7 @@ import triton
 
 import tokamax
 from suites import opdb
+from suites.kernels.gpu_limits import SMEM_LIMIT
 from tokamax._src import device, triton_call
 from tokamax._src.ops.attention import spec
 from tokamax._src.ops.attention import triton as attention_triton
@@ -37,9 +38,6 @@ gpu_only = pytest.mark.skipif(
   not ON_GPU, reason=f"needs the GPU: {triton_call.unavailable_reason()}"
 )
 HOPPER = (9, 0)
-# Shared memory a block may opt into, by sm (CUDA's technical specifications): the
-# reference the configs and the compiler's reports are held to.
-SMEM_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448, 120: 101376}
 
 
 def _inputs(

@@ -16,6 +16,7 @@ import pytest
 
 from suites import opdb
 from suites.kernels import interpreted
+from suites.kernels.gpu_limits import SMEM_LIMIT
 from tokamax._src import triton_call
 from tokamax._src.ops.gated_linear_unit import api, spec
 from tokamax._src.ops.gated_linear_unit import triton as glu_triton
@@ -24,7 +25,6 @@ from tokamax_harness import compare, references
 # The summary counts these under the op and implementation they check.
 pytestmark = pytest.mark.op("gated_linear_unit", "triton")
 
-SMEM_LIMIT = {80: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}  # Per block, by sm.
 OP = glu_triton.TritonGatedLinearUnit()
 
 # `kernel_cases.GluKernelCase`s (in the op database).

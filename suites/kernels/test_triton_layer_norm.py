@@ -15,7 +15,8 @@ import pytest
 
 from suites import opdb
 from suites.kernels import interpreted
-from tokamax._src import device, triton_call
+from suites.kernels.gpu_limits import SMEM_LIMIT
+from tokamax._src import device, export, triton_call
 from tokamax._src.ops.normalization import api, spec
 from tokamax._src.ops.normalization import triton as norm_triton
 from tokamax_harness import compare, references
@@ -23,7 +24,6 @@ from tokamax_harness import compare, references
 # The summary counts these under the op and implementation they check.
 pytestmark = pytest.mark.op("layer_norm", "triton")
 
-SMEM_LIMIT = {80: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}  # Per block, by sm.
 OP = norm_triton.TritonLayerNorm()
 
 # `kernel_cases.LayerNormKernelCase`s (in the op database).
@@ -111,6 +111,8 @@ def test_sm_count_of_the_device():
   assert device.sm_count(Gpu()) == device.DEFAULT_SM_COUNT == 132
   if jax.default_backend() == "cpu":
     assert device.sm_count() == 132
+    with export.abstract_gpu(num_cores=114):  # Lowering for an H100 PCIe on this host.
+      assert device.sm_count() == 114
 
 
 def test_heuristic_of_wide_layer_norm_rows_is_the_h200_tuning_winner():

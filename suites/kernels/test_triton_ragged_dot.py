@@ -14,6 +14,7 @@ import pytest
 
 from suites import opdb
 from suites.kernels import interpreted
+from suites.kernels.gpu_limits import SMEM_LIMIT
 from suites.opdb import kernel_cases
 from tokamax._src import triton_call
 from tokamax._src.ops.ragged_dot import api, spec
@@ -23,7 +24,6 @@ from tokamax_harness import compare, references
 # The summary counts these under the op and implementation they check.
 pytestmark = pytest.mark.op("ragged_dot", "triton")
 
-SMEM_LIMIT = {80: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}  # Per block, by sm.
 OP = rd_triton.TritonRaggedDot()
 SMALL = rd_triton.TritonRaggedDotConfig(
   block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2

@@ -60,9 +60,13 @@ def shared_memory_per_block(cc: tuple[int, int] | None = None) -> int:
     cc: A compute capability; by default the default device's, or sm_90's off
       NVIDIA GPUs. Capabilities not in the table get the smallest limit.
   """
-  if cc is None:
-    cc = compute_capability() or DEFAULT_COMPUTE_CAPABILITY
+  cc = target_compute_capability() if cc is None else cc
   return _SHARED_MEMORY_PER_BLOCK.get(tuple(cc), _SMALLEST_SHARED_MEMORY_PER_BLOCK)
+
+
+def target_compute_capability() -> tuple[int, int]:
+  """The compute capability kernels are built for: the default device's, else sm_90's."""
+  return compute_capability() or DEFAULT_COMPUTE_CAPABILITY
 
 
 # SMs of an H100/H200 SXM: what kernels lowered without a GPU at hand are sized for.
@@ -70,9 +74,15 @@ DEFAULT_SM_COUNT = 132
 
 
 def sm_count(device: jax.Device | None = None) -> int:
-  """Streaming multiprocessors of `device` (the default device's), else `DEFAULT_SM_COUNT`."""
-  device = device or default_device()
-  count = getattr(device, "core_count", None) if device.platform == "gpu" else None
+  """Streaming multiprocessors of `device`, by default the abstract mesh's GPU (see
+  `export.abstract_gpu`) or else the default device's; `DEFAULT_SM_COUNT` off GPUs."""
+  count = None
+  abstract = jax.sharding.get_abstract_mesh().abstract_device
+  if device is None and abstract is not None:
+    count = abstract.num_cores if abstract.platform == "gpu" else None
+  else:
+    device = device or default_device()
+    count = getattr(device, "core_count", None) if device.platform == "gpu" else None
   return int(count) if count else DEFAULT_SM_COUNT
 
 

@@ -23,6 +23,8 @@ from collections.abc import Iterator
 
 import jax
 
+from tokamax._src import device as device_lib
+
 # Custom calls emitted by kernel implementations, by where they come from.
 TRITON_CUSTOM_CALL_TARGETS = (
   "triton_kernel_call",  # jax-triton's `triton_call`.
@@ -74,7 +76,9 @@ def kernel_custom_calls(module: "jax.export.Exported | str") -> set[str]:
 
 
 @contextlib.contextmanager
-def abstract_gpu(device_kind: str = "NVIDIA H200", num_cores: int = 132) -> Iterator[None]:
+def abstract_gpu(
+  device_kind: str = "NVIDIA H200", num_cores: int = device_lib.DEFAULT_SM_COUNT
+) -> Iterator[None]:
   """Lowerings inside target this GPU, also on a machine that has none.
 
   Pallas Triton lowering asks for the GPU's compute capability; JAX takes it

@@ -339,10 +339,6 @@ def autotuning_configs(
   return {_shrink(_clamp(c, t, s), fp, cc) for c in variants}
 
 
-def _cc() -> tuple[int, int]:
-  return device.compute_capability() or device.DEFAULT_COMPUTE_CAPABILITY
-
-
 def unsupported_reason(args: spec.AttentionArgs) -> str | None:
   """Why the kernels cannot compute `args` (independent of the device), or None."""
   q, k, v = args.query, args.key, args.value
@@ -375,10 +371,10 @@ class TritonAttention(kernel_ops.TritonOp):
     return None
 
   def _get_heuristics_config(self, args):
-    return heuristic_config(args, _cc())
+    return heuristic_config(args, device.target_compute_capability())
 
   def _get_autotuning_configs(self, args):
-    return autotuning_configs(args, _cc())
+    return autotuning_configs(args, device.target_compute_capability())
 
   def _fwd(self, args, config):
     return forward(args, config)

@@ -117,11 +117,14 @@ class MosaicRaggedDot(kernel_ops.MosaicGpuOp):
     config = self.config if self.config is not None else self._get_heuristics_config(args)
     return _config_reason(args, config)
 
+  @property
+  def _gradient_op(self) -> "MosaicRaggedDot":
+    """This op without a given config: the gradients take their own (tuned or heuristic)."""
+    return dataclasses.replace(self, config=None)
+
   def _bwd_unsupported_reason(self, args: spec.RaggedDotArgs) -> str | None:
-    # Judged as `_bwd` runs them: with their own configs, not the forward's.
-    gradient_op = dataclasses.replace(self, config=None)
     for name, record in gradient_records(args, _abstract_dout(args)).items():
-      reason = gradient_op._unsupported_reason(record)
+      reason = self._gradient_op._unsupported_reason(record)
       if reason is not None:
         return f"gradient of {name}: {reason}"
     return None
@@ -180,10 +183,9 @@ class MosaicRaggedDot(kernel_ops.MosaicGpuOp):
 
   def _bwd(self, args, config, out, residuals, dout):
     del config, out, residuals
-    tuned = dataclasses.replace(self, config=None)
     grads = {}
     for name, record in gradient_records(args, dout).items():
-      grads[name] = self._compute(record, tuned.resolve_config(record)).astype(
+      grads[name] = self._compute(record, self._gradient_op.resolve_config(record)).astype(
         getattr(args, name).dtype
       )
     return grads
