@@ -1512,7 +1512,7 @@ MUTATIONS: tuple[Mutation, ...] = (
   ),
   Mutation(
     "wrappers.attention_triton_delta_layout",
-    _ATTENTION + "triton.py",
+    _ATTENTION + "spec.py",
     "axis=-1).transpose(0, 2, 1)",
     "axis=-1)",
     ("suites/kernels/test_attention_triton.py", "-k", "interpreted and bias-bcast-softcap"),
@@ -12859,6 +12859,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_TRITON_NORM, "-k", "sm_count_of_the_device"),
     "Kernels lowered under export.abstract_gpu(num_cores=...) are sized for the host's"
     " default device instead of the GPU they target.",
+  ),
+  Mutation(
+    "wrappers.attention_delta_float32_dot",
+    _ATTENTION + "spec.py",
+    "  return jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32), axis=-1).transpose(0, 2, 1)",
+    '  return jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), dout.astype(jnp.float32))',
+    ("suites/core/test_precision.py", "-k", "delta_is_not_a_float32_dot"),
+    "The attention backward's delta as a float32 einsum: one tf32 pass at a GPU's default"
+    " precision.",
   ),
 )
 

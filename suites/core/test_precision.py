@@ -218,3 +218,26 @@ def test_multi_pass_and_wide_presets_keep_their_accuracy_in_triton(preset, want)
 
   with jax.default_matmul_precision(preset):
     assert numerics.triton_input_precision(f32, None) == want
+
+
+def test_mosaic_gpu_attention_delta_is_not_a_float32_dot():
+  """The Mosaic GPU backward's delta (sum over H of out * dout, float32): a float32 dot there
+  runs at the ambient precision, one tf32 pass on a GPU; a product and a sum are exact."""
+  from tokamax._src.ops.attention import mosaic as attention_mosaic
+
+  q = jnp.ones((1, 64, 2, 64), jnp.bfloat16)
+  kv = jnp.ones((1, 128, 2, 64), jnp.bfloat16)
+  impl = attention_mosaic.interpret_op()
+
+  def f(q, k, v):
+    return tokamax.dot_product_attention(q, k, v, implementation=impl).astype(f32).sum()
+
+  jaxpr = jax.make_jaxpr(jax.grad(f, argnums=(0, 1, 2)))(q, kv, kv).jaxpr
+  float32_dots = [
+    e
+    for e in jaxprs.equations(jaxpr)
+    if e.primitive.name == "dot_general"
+    and any(v.aval.dtype == f32 for v in e.invars)
+    and e.params["precision"] not in ((HIGHEST, HIGHEST),)
+  ]
+  assert not float32_dots, float32_dots

@@ -439,7 +439,7 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
     t, s, h = q.shape[1], k.shape[1], q.shape[-1]
     t_mult, s_mult = bwd_padding(config)
     t_pad, s_pad = _round_up(t, t_mult), _round_up(s, s_mult)
-    delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), dout.astype(jnp.float32))
+    delta = attention_spec.output_delta(out, dout)
     lse = _pad(lse[:, :, :t], 2, t_pad, jnp.inf)  # Padded rows: zero probabilities.
     masking = _masking(args, s_pad != s)
     p_dq, passes = _bwd_kernel_params(config, h, args.scale, args.soft_cap, masking)

@@ -336,6 +336,14 @@ def row_products(x: jax.Array, y: jax.Array, precision, dtype) -> jax.Array:
   )
 
 
+def output_delta(out: jax.Array, dout: jax.Array) -> jax.Array:
+  """The backward's delta: sum over H of out [B,T,N,H] * dout, in float32, as [B,N,T].
+
+  A product and a sum, not an einsum, which could run as a reduced-precision (tf32) dot.
+  """
+  return jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
+
+
 def slice_unless_broadcast(x: jax.Array | None, axis: int, start, size: int) -> jax.Array | None:
   """`size` entries of `x` along `axis` from `start`; `x` itself where that axis is broadcast
   (size 1) or `x` is None."""

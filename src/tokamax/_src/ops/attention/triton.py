@@ -161,8 +161,7 @@ def backward(
   b, t, n, _ = q.shape
   s, kh = k.shape[1], k.shape[2]
   dout = dout.astype(q.dtype)
-  # Exact float32 row sums; an einsum here could run as a reduced-precision dot.
-  delta = jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
+  delta = spec.output_delta(out, dout)
   grad_inputs = (*inputs, dout, lse, delta)
   has_bias = args.bias is not None
   options = dict(num_warps=config.bwd_num_warps, num_stages=config.bwd_num_stages)
