@@ -680,3 +680,50 @@ def test_interpreted_kernels_run_few_ctas(monkeypatch, interpret):
   mosaic.MosaicRaggedDot(interpret=interpret)._compute(record, SMALL)
   want = mosaic_gemm.INTERPRET_NUM_SMS if interpret else mosaic_gemm.num_sms(False)
   assert seen == [want] and mosaic_gemm.INTERPRET_NUM_SMS < device.DEFAULT_SM_COUNT
+
+
+def _pairs_and_full(items, n_tiles, cluster):
+  """Each (item, N tile) pair as a tuple, and whether a block of it has two 64-row halves of
+  rows to compute (counted row by row)."""
+  pairs, full = [], []
+  for item in items[1 : 1 + items[0, 0]]:
+    dear = False
+    for row0, lo, hi in item[1 : 1 + 3 * cluster].reshape(cluster, 3):
+      rows = np.arange(row0, row0 + 128)
+      inside = (rows >= lo) & (rows < hi)
+      dear |= bool(item[0] >= 0 and inside[:64].any() and inside[64:].any())
+    for ni in range(n_tiles):
+      pairs.append((*item.tolist(), ni))
+      full.append(dear)
+  return pairs, np.array(full)
+
+
+@pytest.mark.parametrize("balance", [False, True])
+@pytest.mark.parametrize(("seed", "cluster"), [(0, 1), (1, 1), (2, 2)])
+def test_schedule_keeps_each_round_and_deals_cheap_pairs_in_turn(seed, cluster, balance):
+  """Every round of `lanes` positions holds the same pairs as in the work list's order (the
+  partial last round in that order); balanced, the lanes' counts of full blocks differ by at
+  most one, where the list's order piles up to five more on some lanes than on others."""
+  lanes, n_tiles, m = 132 // cluster, 8, 32768
+  sizes = spec.generate_ragged_dot_group_sizes(m, 64, seed=seed, alpha=0.5)
+  items, num_items = mosaic_fwd.work_items(jnp.asarray(sizes), None, m, 128, cluster)
+  table = np.asarray(mosaic_fwd.schedule(items, num_items, n_tiles, lanes, cluster, balance))
+  pairs, full = _pairs_and_full(np.asarray(items), n_tiles, cluster)
+  total = len(pairs)
+  assert table[0, 0] == total
+  got = [tuple(row) for row in table[1 : 1 + total].tolist()]
+  whole = total // lanes * lanes
+  for start in range(0, whole, lanes):
+    assert sorted(got[start : start + lanes]) == sorted(pairs[start : start + lanes])
+  assert got[whole:] == pairs[whole:]
+  full_of = dict(zip(pairs, full, strict=True))
+  lane_full = np.bincount(
+    np.arange(total) % lanes, weights=[full_of[p] for p in got], minlength=lanes
+  )
+  natural = np.bincount(np.arange(total) % lanes, weights=full, minlength=lanes)
+  if balance:
+    assert lane_full.max() - lane_full.min() <= 1, lane_full
+  else:
+    np.testing.assert_array_equal(lane_full, natural)
+  # The skewed sizes pile full blocks up on some lanes in the list's order.
+  assert natural.max() - natural.min() > 2

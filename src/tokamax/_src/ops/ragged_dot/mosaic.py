@@ -35,12 +35,15 @@ class MosaicRaggedDotConfig:
     epi_n: Output columns per epilogue store.
     cluster: CTAs per cluster of the "default"/"rhs_transposed" kernel; 2
       shares rhs tiles between two row blocks through TMA multicast.
+    balance: Whether that kernel deals each round's cheap work items to its
+      CTAs in turn (`mosaic_fwd.schedule`).
   """
 
   block_n: int = 256
   num_stages: int = 4
   epi_n: int = 128
   cluster: int = 1
+  balance: bool = True
 
 
 def _kernel_config(args: spec.RaggedDotArgs, config: MosaicRaggedDotConfig):
@@ -55,6 +58,7 @@ def _kernel_config(args: spec.RaggedDotArgs, config: MosaicRaggedDotConfig):
     num_stages=config.num_stages,
     epi_n=config.epi_n,
     cluster=config.cluster,
+    balance=config.balance,
   )
 
 

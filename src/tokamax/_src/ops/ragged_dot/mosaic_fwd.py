@@ -45,6 +45,8 @@ class MosaicRaggedDotFwdConfig:
     cluster: CTAs per cluster (1 or 2). With 2, the two CTAs of a cluster take
       two row blocks of the same group and share each rhs tile through a TMA
       multicast, which halves the rhs traffic from L2.
+    balance: Deal the cheap work items of each round to the CTAs in turn (see
+      `schedule`) instead of by their place in the work list.
   """
 
   block_n: int = 256
@@ -52,6 +54,7 @@ class MosaicRaggedDotFwdConfig:
   num_stages: int = 4
   epi_n: int = 128
   cluster: int = 1
+  balance: bool = True
 
   @property
   def block_m(self) -> int:
@@ -145,6 +148,71 @@ def work_items(
   return jnp.concatenate([header, items]), num_items
 
 
+def _full_items(items: jax.Array, cluster: int) -> jax.Array:
+  """bool [T]: items with a block whose two 64-row halves both hold rows to compute."""
+  full = jnp.zeros(items.shape[0], bool)
+  for c in range(cluster):
+    row0, lo, hi = (items[:, 1 + 3 * c + i] for i in range(3))
+    halves = [
+      jnp.minimum(hi, row0 + (j + 1) * WG_ROWS) > jnp.maximum(lo, row0 + j * WG_ROWS)
+      for j in range(NUM_COMPUTE_WGS)
+    ]
+    full |= functools.reduce(jnp.logical_and, halves)
+  return full & (items[:, 0] >= 0)
+
+
+def schedule(
+  items: jax.Array, num_items: int, n_tiles: int, lanes: int, cluster: int, balance: bool
+) -> jax.Array:
+  """The kernel's positions: each (item, N tile) pair of `items`, in the order CTAs take them.
+
+  CTA c runs positions c, c + lanes, c + 2 * lanes, ... (`plgpu.nd_loop`), so each round of
+  `lanes` positions runs at about the same time. In the work list's order a CTA may collect
+  only full blocks while another gets the blocks of one 64-row half (at group boundaries)
+  and the zero blocks. With `balance`, every whole round keeps its pairs (and so what the
+  L2 holds) but deals its cheap ones to the CTAs in turn, from where the previous round's
+  turn stopped; the last, partial round keeps the list's order (its CTAs, the first ones,
+  are the first in that turn).
+
+  Args:
+    items: `work_items`' table.
+    num_items: Its static number of item rows.
+    n_tiles: N tiles per item.
+    lanes: CTAs (clusters with `cluster` > 1) of the persistent grid.
+    cluster: Blocks per item.
+    balance: Whether to deal the cheap pairs in turn.
+
+  Returns:
+    int32 [1 + P, F + 1], P = num_items * n_tiles: row 0 holds the number of positions;
+    row 1 + p the F fields of position p's item and its N tile.
+  """
+  rows = items[1:]
+  total = items[0, 0] * n_tiles
+  pairs = num_items * n_tiles
+  p = jnp.arange(pairs, dtype=jnp.int32)
+  records = jnp.concatenate([rows[p // n_tiles], (p % n_tiles)[:, None]], axis=1)
+  if balance:
+    rounds = -(-pairs // lanes)
+    r = p // lanes
+    whole = r < total // lanes
+    cheap = ~_full_items(rows, cluster)[p // n_tiles] & whole
+    dear = ~cheap & whole
+    first = r * lanes  # The round's first position.
+    cheap_before = jnp.cumsum(cheap) - cheap  # Exclusive prefix counts.
+    dear_before = jnp.cumsum(dear) - dear
+    per_round = jax.ops.segment_sum(cheap.astype(jnp.int32), r, rounds)
+    turn = (jnp.cumsum(per_round) - per_round) % lanes  # Where each round's turn starts.
+    rank = jnp.where(
+      cheap,
+      cheap_before - cheap_before[first],
+      per_round[r] + dear_before - dear_before[first],
+    )
+    dest = jnp.where(whole, first + (turn[r] + rank) % lanes, p)
+    records = jnp.zeros_like(records).at[dest].set(records, unique_indices=True)
+  header = jnp.zeros((1, records.shape[1]), jnp.int32).at[0, 0].set(total)
+  return jnp.concatenate([header, records]).astype(jnp.int32)
+
+
 def ragged_dot_fwd(
   lhs: jax.Array,
   rhs: jax.Array,
@@ -180,7 +248,8 @@ def ragged_dot_fwd(
   n_tiles = n // bn
   k_steps = k // bk
   cluster = config.cluster
-  items, _ = work_items(sizes, before, m, bm, cluster)
+  items, num_items = work_items(sizes, before, m, bm, cluster)
+  table = schedule(items, num_items, n_tiles, num_sms // cluster, cluster, config.balance)
   collective = ("cluster",) if cluster > 1 else None
   in_tf = gemm.transforms(lhs.dtype)
   out_dtype = jnp.dtype(out_dtype)
@@ -198,7 +267,7 @@ def ragged_dot_fwd(
     ]
     return gemm.pipeline(body, compute_context, steps, in_specs, config.num_stages)
 
-  def kernel(items_ref, lhs_ref, rhs_ref, out_ref):
+  def kernel(table_ref, lhs_ref, rhs_ref, out_ref):
     nothing = lambda *_, **__: None
     rhs_block = (bn, k) if transpose_rhs else (k, bn)
 
@@ -213,18 +282,18 @@ def ragged_dot_fwd(
     )
     def scope(allocs, o_smem):
       wg = lax.axis_index("wg")
-      total = items_ref[0, 0] * n_tiles
+      total = table_ref[0, 0]
 
       @plgpu.nd_loop((total,), collective_axes="sm")
       def _item_loop(info):
         (idx,) = info.index
-        item = lax.div(idx, n_tiles) + 1
-        ni = lax.rem(idx, n_tiles)
-        g = items_ref[item, 0]
+        position = idx + 1
+        g = table_ref[position, 0]
+        ni = table_ref[position, 1 + 3 * cluster]
         base = 1 + 3 * (lax.axis_index("cluster") if cluster > 1 else 0)
-        block_row0 = pl.multiple_of(items_ref[item, base], ROW_ALIGN)
-        lo = items_ref[item, base + 1]
-        hi = items_ref[item, base + 2]
+        block_row0 = pl.multiple_of(table_ref[position, base], ROW_ALIGN)
+        lo = table_ref[position, base + 1]
+        hi = table_ref[position, base + 2]
         row0 = block_row0 + wg * WG_ROWS
         first = jnp.clip(lo - row0, 0, WG_ROWS)
         size = jnp.clip(hi - row0, 0, WG_ROWS) - first
@@ -260,4 +329,4 @@ def ragged_dot_fwd(
     cluster=cluster,
     interpret=interpret,
   )
-  return call(items, lhs, rhs)
+  return call(table, lhs, rhs)
