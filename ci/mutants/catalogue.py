@@ -6861,17 +6861,16 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_ragged_item_reads_header",
     _RAGGED + "mosaic_fwd.py",
-    "        item = lax.div(idx, n_tiles) + 1",
-    "        item = lax.div(idx, n_tiles)",
+    "        position = idx + 1",
+    "        position = idx",
     (_MOSAIC_RAGGED + "::test_interpret_preferred_element_type",),
-    "Mosaic ragged dot: work item t is read from row t of the work list, whose row 0 is the"
-    " header.",
+    "Mosaic ragged dot: position t is read from row t of the schedule, whose row 0 is the header.",
   ),
   Mutation(
     "kernels.mosaic_ragged_items_not_times_tiles",
     _RAGGED + "mosaic_fwd.py",
-    "    total = items_ref[0, 0] * n_tiles",
-    "    total = items_ref[0, 0]",
+    "  total = items[0, 0] * n_tiles",
+    "  total = items[0, 0]",
     (_MOSAIC_RAGGED, "-k", "interpret_matches and default"),
     "Mosaic ragged dot: the persistent loop runs one step per work item, not per (item, N"
     " tile): only the first items' first column tiles are computed.",
@@ -11137,8 +11136,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "mosaic_ragged.cluster_not_passed",
     _RAGGED + "mosaic.py",
-    "    cluster=config.cluster,\n  )",
-    "    cluster=1,\n  )",
+    "    cluster=config.cluster,\n    balance",
+    "    cluster=1,\n    balance",
     (_MOSAIC_RAGGED, "-k", "cluster_reaches"),
     "The config's cluster never reaches the forward kernel.",
   ),
@@ -12868,6 +12867,48 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/core/test_precision.py", "-k", "delta_is_not_a_float32_dot"),
     "The attention backward's delta as a float32 einsum: one tf32 pass at a GPU's default"
     " precision.",
+  ),
+  Mutation(
+    "mosaic_ragged.balance_not_passed",
+    _RAGGED + "mosaic.py",
+    "    balance=config.balance,\n",
+    "    balance=True,\n",
+    (_MOSAIC_RAGGED, "-k", "cluster_reaches"),
+    "The config's balance never reaches the forward kernel.",
+  ),
+  Mutation(
+    "mosaic_ragged.schedule_turn_restarts",
+    _RAGGED + "mosaic_fwd.py",
+    "    turn = (jnp.cumsum(per_round) - per_round) % lanes",
+    "    turn = 0 * per_round",
+    (_MOSAIC_RAGGED, "-k", "schedule_keeps"),
+    "Mosaic ragged schedule: every round deals its cheap pairs from the first CTA, which"
+    " piles them on the first CTAs.",
+  ),
+  Mutation(
+    "mosaic_ragged.schedule_dear_rank_overlaps",
+    _RAGGED + "mosaic_fwd.py",
+    "per_round[:, None] + lane - cheap_rank",
+    "lane - cheap_rank",
+    (_MOSAIC_RAGGED, "-k", "schedule_keeps"),
+    "Mosaic ragged schedule: full pairs are ranked from 0, onto the lanes of the cheap ones.",
+  ),
+  Mutation(
+    "mosaic_ragged.schedule_partial_round_dealt",
+    _RAGGED + "mosaic_fwd.py",
+    "    whole = (p // lanes < total // lanes) & (p < pairs)",
+    "    whole = (p // lanes <= total // lanes) & (p < pairs)",
+    (_MOSAIC_RAGGED, "-k", "schedule_keeps"),
+    "Mosaic ragged schedule: the partial last round is dealt too, moving pairs onto CTAs"
+    " past the last position.",
+  ),
+  Mutation(
+    "mosaic_ragged.schedule_cheap_misjudged",
+    _RAGGED + "mosaic_fwd.py",
+    "    full |= functools.reduce(jnp.logical_and, halves)",
+    "    full |= functools.reduce(jnp.logical_or, halves)",
+    (_MOSAIC_RAGGED, "-k", "schedule_keeps"),
+    "Mosaic ragged schedule: a block with one computed half counts as full.",
   ),
 )
 

@@ -550,7 +550,8 @@ def test_autotuning_tries_clusters_of_the_row_ragged_kernel_only(layout):
 @pytest.mark.parametrize("cluster", [1, 2])
 @pytest.mark.parametrize("transpose", [False, True])
 def test_config_cluster_reaches_the_forward_kernel(monkeypatch, cluster, transpose):
-  """`_compute` hands the row-ragged kernel the config's cluster (and its blocks)."""
+  """`_compute` hands the row-ragged kernel the config's cluster and balance (and its
+  blocks)."""
   seen = []
 
   def fake_fwd(lhs, rhs, sizes, before, *, transpose_rhs, out_dtype, config, **_):
@@ -566,13 +567,16 @@ def test_config_cluster_reaches_the_forward_kernel(monkeypatch, cluster, transpo
     spec.dimension_numbers(layout),
     preferred_element_type=jnp.float32,
   )
-  config = mosaic.MosaicRaggedDotConfig(block_n=64, num_stages=3, epi_n=64, cluster=cluster)
+  balance = cluster == 1  # Both values, over the parametrization.
+  config = mosaic.MosaicRaggedDotConfig(
+    block_n=64, num_stages=3, epi_n=64, cluster=cluster, balance=balance
+  )
   out = mosaic.MosaicRaggedDot()._compute(record, config)
   assert out.shape == (256, 192)
   ((kernel_config, transpose_rhs, out_dtype),) = seen
   assert transpose_rhs == transpose and out_dtype == jnp.float32
   assert kernel_config == mosaic_fwd.MosaicRaggedDotFwdConfig(
-    block_n=64, block_k=64, num_stages=3, epi_n=64, cluster=cluster
+    block_n=64, block_k=64, num_stages=3, epi_n=64, cluster=cluster, balance=balance
   )
 
 

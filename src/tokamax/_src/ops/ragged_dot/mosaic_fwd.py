@@ -189,26 +189,25 @@ def schedule(
   rows = items[1:]
   total = items[0, 0] * n_tiles
   pairs = num_items * n_tiles
-  p = jnp.arange(pairs, dtype=jnp.int32)
-  records = jnp.concatenate([rows[p // n_tiles], (p % n_tiles)[:, None]], axis=1)
+  rounds = -(-pairs // lanes)
+  # [rounds, lanes] grids of positions (padded past `pairs`); each pair's source position.
+  p = jnp.arange(rounds * lanes, dtype=jnp.int32).reshape(rounds, lanes)
+  source = p
   if balance:
-    rounds = -(-pairs // lanes)
-    r = p // lanes
-    whole = r < total // lanes
-    cheap = ~_full_items(rows, cluster)[p // n_tiles] & whole
-    dear = ~cheap & whole
-    first = r * lanes  # The round's first position.
-    cheap_before = jnp.cumsum(cheap) - cheap  # Exclusive prefix counts.
-    dear_before = jnp.cumsum(dear) - dear
-    per_round = jax.ops.segment_sum(cheap.astype(jnp.int32), r, rounds)
+    whole = (p // lanes < total // lanes) & (p < pairs)
+    cheap = ~_full_items(rows, cluster)[jnp.minimum(p, pairs - 1) // n_tiles] & whole
+    cheap_rank = jnp.cumsum(cheap, axis=1) - cheap
+    per_round = cheap_rank[:, -1] + cheap[:, -1]
     turn = (jnp.cumsum(per_round) - per_round) % lanes  # Where each round's turn starts.
-    rank = jnp.where(
-      cheap,
-      cheap_before - cheap_before[first],
-      per_round[r] + dear_before - dear_before[first],
+    lane = jnp.arange(lanes, dtype=jnp.int32)
+    rank = jnp.where(cheap, cheap_rank, per_round[:, None] + lane - cheap_rank)
+    dest = jnp.where(whole, p - lane + (turn[:, None] + rank) % lanes, p)
+    # One int32 scatter of the permutation; the table's rows are then gathered.
+    source = (
+      jnp.zeros(rounds * lanes, jnp.int32).at[dest.ravel()].set(p.ravel(), unique_indices=True)
     )
-    dest = jnp.where(whole, first + (turn[r] + rank) % lanes, p)
-    records = jnp.zeros_like(records).at[dest].set(records, unique_indices=True)
+  source = source.ravel()[:pairs]
+  records = jnp.concatenate([rows[source // n_tiles], (source % n_tiles)[:, None]], axis=1)
   header = jnp.zeros((1, records.shape[1]), jnp.int32).at[0, 0].set(total)
   return jnp.concatenate([header, records]).astype(jnp.int32)
 
