@@ -12910,6 +12910,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_MOSAIC_RAGGED, "-k", "schedule_keeps"),
     "Mosaic ragged schedule: a block with one computed half counts as full.",
   ),
+  Mutation(
+    "mosaic_ragged.balance_heuristic_inverted",
+    _RAGGED + "mosaic.py",
+    "  return args.num_groups * max(n // block_n, 1) >= gemm.num_sms()",
+    "  return args.num_groups * max(n // block_n, 1) < gemm.num_sms()",
+    (_MOSAIC_RAGGED, "-k", "heuristics_balance"),
+    "Mosaic ragged heuristics deal cheap items where few groups leave nothing to deal.",
+  ),
+  Mutation(
+    "mosaic_ragged.balance_for_contracting",
+    _RAGGED + "mosaic.py",
+    "  if args.layout == spec.RAGGED_CONTRACTING:\n    return False\n  _, _, n",
+    "  if False:\n    return False\n  _, _, n",
+    (_MOSAIC_RAGGED, "-k", "heuristics_balance"),
+    "Mosaic ragged heuristics set balance for the contracting kernel, which has no schedule.",
+  ),
 )
 
 

@@ -731,3 +731,25 @@ def test_schedule_keeps_each_round_and_deals_cheap_pairs_in_turn(seed, cluster, 
     np.testing.assert_array_equal(lane_full, natural)
   # The skewed sizes pile full blocks up on some lanes in the list's order.
   assert natural.max() - natural.min() > 2
+
+
+@pytest.mark.parametrize(
+  ("m", "k", "n", "g", "layout", "want"),
+  [
+    (16384, 4096, 2048, 8, spec.DEFAULT, False),  # 64 (item, N tile) columns < 132 CTAs.
+    (32768, 7168, 2048, 64, spec.DEFAULT, True),
+    (32768, 7168, 2048, 64, spec.RHS_TRANSPOSED, True),
+    (1024, 512, 4096, 16, spec.DEFAULT, True),  # 16 groups of 16 N tiles: 256 columns.
+    (1024, 512, 4096, 16, spec.RAGGED_CONTRACTING, False),  # Another kernel.
+  ],
+)
+def test_heuristics_balance_where_group_boundaries_reach_every_cta(m, k, n, g, layout, want):
+  """Dealing cheap items costs ~10 us of XLA kernels (3% of the G8 forward on the H200) and
+  gained 10% of the skewed G64 kernel: on where groups times N tiles reach the 132 CTAs."""
+  record = spec.canonicalize(
+    jnp.ones((m, k), jnp.bfloat16),
+    jnp.ones(_rhs_shape(layout, m, k, n, g), jnp.bfloat16),
+    jnp.full((g,), m // g, jnp.int32),
+    spec.dimension_numbers(layout),
+  )
+  assert mosaic.MosaicRaggedDot()._get_heuristics_config(record).balance is want

@@ -106,6 +106,19 @@ def _abstract_dout(args: spec.RaggedDotArgs) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(args.out_shape, args.lhs.dtype)
 
 
+def _balance(args: spec.RaggedDotArgs, block_n: int) -> bool:
+  """Whether to deal cheap work items in turn: where group boundaries can give every CTA one.
+
+  Dealing them cost 10-11 us of XLA kernels on the H200 and took the skewed G64 forward
+  kernel from 1.852 to 1.667 ms; the G8 forward (0.37 ms, with no cheap items) lost 3%
+  (bench/results/h200/ragged_balance_6d2aa61.json).
+  """
+  if args.layout == spec.RAGGED_CONTRACTING:
+    return False
+  _, _, n = spec.dims(args)
+  return args.num_groups * max(n // block_n, 1) >= gemm.num_sms()
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MosaicRaggedDot(kernel_ops.MosaicGpuOp):
   """Grouped matmul in Pallas Mosaic GPU (Hopper); gradients use the other layouts."""
@@ -138,18 +151,21 @@ class MosaicRaggedDot(kernel_ops.MosaicGpuOp):
     block_n = next((b for b in (256, 128, 64) if n % b == 0), 64)
     epi_n = min(128, block_n)
     cluster = 1 if args.layout == spec.RAGGED_CONTRACTING else HEURISTIC_CLUSTER
+    balance = _balance(args, block_n)
     for stages in (4, 3, 2):
       config = MosaicRaggedDotConfig(
-        block_n=block_n, num_stages=stages, epi_n=epi_n, cluster=cluster
+        block_n=block_n, num_stages=stages, epi_n=epi_n, cluster=cluster, balance=balance
       )
       if _config_reason(args, config) is None:
         return config
-    return MosaicRaggedDotConfig(block_n=block_n, num_stages=2, epi_n=min(64, block_n))
+    return MosaicRaggedDotConfig(
+      block_n=block_n, num_stages=2, epi_n=min(64, block_n), balance=balance
+    )
 
   def _get_autotuning_configs(self, args: spec.RaggedDotArgs) -> set[MosaicRaggedDotConfig]:
     clusters = (1,) if args.layout == spec.RAGGED_CONTRACTING else (1, 2)
     configs = {
-      MosaicRaggedDotConfig(block_n=b, num_stages=s, epi_n=e, cluster=c)
+      MosaicRaggedDotConfig(block_n=b, num_stages=s, epi_n=e, cluster=c, balance=_balance(args, b))
       for b, s, e, c in itertools.product((64, 128, 256), (2, 3, 4, 5), (64, 128), clusters)
       if e <= b
     }
