@@ -145,7 +145,8 @@ def work_items(
     rank = jnp.zeros_like(by_size).at[by_size].set(order)  # 0 for the most blocks.
     k = jnp.sum(count > 0)  # Empty segments (no items) rank last and stay there.
     turn = jnp.where(rank < (k + 1) // 2, 2 * rank, 2 * (k - 1 - rank) + 1)
-    order = jnp.argsort(jnp.where(rank < k, turn, rank), stable=True)
+    slot = jnp.where(rank < k, turn, rank)  # A permutation: each segment's place in turn.
+    order = jnp.zeros_like(order).at[slot].set(order, unique_indices=True)
   offsets = jnp.cumsum(count[order])
   total = offsets[-1]
   # Each segment adds at most one partial block and one partial item.
