@@ -1148,7 +1148,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     "src/tokamax/_src/ops/mosaic_gemm.py",
     "  p = 1 << (max_rows.bit_length() - 1)",
     "  p = 1 << (max_rows.bit_length() - 2)",
-    (_MOSAIC_RAGGED + "::test_interpret_two_cta_clusters_and_mixed_groups[False-2-False]",),
+    (_MOSAIC_RAGGED + "::test_interpret_two_cta_clusters[False]",),
     "Mosaic GEMM epilogue: the store ladder starts one power of two low (a full warpgroup's"
     " rows are never stored).",
   ),
@@ -6835,8 +6835,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "wrappers.ragged_work_items_cluster_stride",
     _RAGGED + "mosaic_fwd.py",
-    "  first_block = (t - (offsets[place] - count[seg])) * cluster",
-    "  first_block = t - (offsets[place] - count[seg])",
+    "  first_block = (t - (offsets[seg] - count[seg])) * cluster",
+    "  first_block = t - (offsets[seg] - count[seg])",
     (_MOSAIC_RAGGED, "-k", "work_items_cover_every_row_once"),
     "Mosaic ragged dot: consecutive cluster items of a segment start one block apart instead"
     " of `cluster` blocks (blocks written twice, others never).",
@@ -12925,31 +12925,6 @@ MUTATIONS: tuple[Mutation, ...] = (
     "  if False:\n    return False\n  _, _, n",
     (_MOSAIC_RAGGED, "-k", "heuristics_balance"),
     "Mosaic ragged heuristics set balance for the contracting kernel, which has no schedule.",
-  ),
-  Mutation(
-    "mosaic_ragged.mixed_first_block_from_place",
-    _RAGGED + "mosaic_fwd.py",
-    "  first_block = (t - (offsets[place] - count[seg])) * cluster",
-    "  first_block = (t - (offsets[place] - count[place])) * cluster",
-    (_MOSAIC_RAGGED, "-k", "cover_every_row_once and True"),
-    "Mosaic ragged work list in mixed order: an item's first block counts from the wrong"
-    " segment's item count.",
-  ),
-  Mutation(
-    "mosaic_ragged.mixed_smallest_first",
-    _RAGGED + "mosaic_fwd.py",
-    "    turn = jnp.where(rank < (k + 1) // 2, 2 * rank, 2 * (k - 1 - rank) + 1)",
-    "    turn = jnp.where(rank < (k + 1) // 2, 2 * rank + 1, 2 * (k - 1 - rank))",
-    (_MOSAIC_RAGGED, "-k", "largest_and_smallest"),
-    "Mosaic ragged mixed order: the turns start from the smallest group.",
-  ),
-  Mutation(
-    "mosaic_ragged.mix_groups_not_passed",
-    _RAGGED + "mosaic.py",
-    "    mix_groups=config.mix_groups,\n",
-    "    mix_groups=False,\n",
-    (_MOSAIC_RAGGED, "-k", "cluster_reaches"),
-    "The config's mix_groups never reaches the forward kernel.",
   ),
 )
 

@@ -79,19 +79,16 @@ def test_interpret_matches_reference_with_gradients(case, capfd):
     assert compare.relative_error(x, r) < 5e-3, name
 
 
-@pytest.mark.parametrize(("cluster", "mix_groups"), [(2, False), (2, True), (1, True)])
 @pytest.mark.parametrize("transpose", [False, True])
 @pytest.mark.host_only
-def test_interpret_two_cta_clusters_and_mixed_groups(transpose, cluster, mix_groups, capfd):
+def test_interpret_two_cta_clusters(transpose, capfd):
   m, k, n, g = 400, 256, 128, 4
   rng = np.random.default_rng(2)
   sizes = jnp.array([170, 0, 141, 60], jnp.int32)
   lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
   rhs = jnp.asarray(rng.standard_normal((g, n, k) if transpose else (g, k, n)), jnp.bfloat16)
   layout = spec.RHS_TRANSPOSED if transpose else spec.DEFAULT
-  config = mosaic.MosaicRaggedDotConfig(
-    block_n=64, num_stages=2, epi_n=64, cluster=cluster, mix_groups=mix_groups
-  )
+  config = mosaic.MosaicRaggedDotConfig(block_n=64, num_stages=2, epi_n=64, cluster=2)
   impl = mosaic.MosaicRaggedDot(interpret=True, config=config)
   out = api.ragged_dot_general(
     lhs,
@@ -166,10 +163,9 @@ def test_interpret_gradients_of_a_float32_output(capfd):
   assert compare.relative_error(drhs, ref_drhs) < 5e-3
 
 
-@pytest.mark.parametrize("mix_groups", [False, True])
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("cluster", [1, 2])
-def test_work_items_cover_every_row_once(seed, cluster, mix_groups):
+def test_work_items_cover_every_row_once(seed, cluster):
   rng = np.random.default_rng(seed)
   block_m = 128
   m, g = 8 * int(rng.integers(block_m // 8, 110)), int(rng.integers(1, 9))
@@ -178,7 +174,7 @@ def test_work_items_cover_every_row_once(seed, cluster, mix_groups):
   )
   before = int(rng.integers(0, 50))
   items, num_items = mosaic_fwd.work_items(
-    jnp.asarray(sizes), jnp.int32(before), m, block_m, cluster, mix_groups
+    jnp.asarray(sizes), jnp.int32(before), m, block_m, cluster
   )
   items = np.asarray(items)
   total = items[0, 0]
@@ -554,8 +550,8 @@ def test_autotuning_tries_clusters_of_the_row_ragged_kernel_only(layout):
 @pytest.mark.parametrize("cluster", [1, 2])
 @pytest.mark.parametrize("transpose", [False, True])
 def test_config_cluster_reaches_the_forward_kernel(monkeypatch, cluster, transpose):
-  """`_compute` hands the row-ragged kernel the config's cluster, balance and group order
-  (and its blocks)."""
+  """`_compute` hands the row-ragged kernel the config's cluster and balance (and its
+  blocks)."""
   seen = []
 
   def fake_fwd(lhs, rhs, sizes, before, *, transpose_rhs, out_dtype, config, **_):
@@ -571,22 +567,16 @@ def test_config_cluster_reaches_the_forward_kernel(monkeypatch, cluster, transpo
     spec.dimension_numbers(layout),
     preferred_element_type=jnp.float32,
   )
-  balance, mix_groups = cluster == 1, cluster == 2  # Both values, over the parametrization.
+  balance = cluster == 1  # Both values, over the parametrization.
   config = mosaic.MosaicRaggedDotConfig(
-    block_n=64, num_stages=3, epi_n=64, cluster=cluster, balance=balance, mix_groups=mix_groups
+    block_n=64, num_stages=3, epi_n=64, cluster=cluster, balance=balance
   )
   out = mosaic.MosaicRaggedDot()._compute(record, config)
   assert out.shape == (256, 192)
   ((kernel_config, transpose_rhs, out_dtype),) = seen
   assert transpose_rhs == transpose and out_dtype == jnp.float32
   assert kernel_config == mosaic_fwd.MosaicRaggedDotFwdConfig(
-    block_n=64,
-    block_k=64,
-    num_stages=3,
-    epi_n=64,
-    cluster=cluster,
-    balance=balance,
-    mix_groups=mix_groups,
+    block_n=64, block_k=64, num_stages=3, epi_n=64, cluster=cluster, balance=balance
   )
 
 
@@ -763,19 +753,3 @@ def test_heuristics_balance_where_group_boundaries_reach_every_cta(m, k, n, g, l
     spec.dimension_numbers(layout),
   )
   assert mosaic.MosaicRaggedDot()._get_heuristics_config(record).balance is want
-
-
-def test_mixed_work_items_take_the_largest_and_smallest_groups_in_turn():
-  """Groups of distinct block counts (rows at multiples of 128, so a group of b * 128 rows
-  takes b blocks): the items visit them most, fewest, second most, second fewest..."""
-  blocks = np.array([3, 9, 1, 6, 4, 12, 2])
-  items, _ = mosaic_fwd.work_items(
-    jnp.asarray(blocks * 128, jnp.int32), None, int(blocks.sum()) * 128, 128, 1, True
-  )
-  items = np.asarray(items)
-  visits = [int(g) for g in items[1 : 1 + items[0, 0], 0]]
-  order = [g for i, g in enumerate(visits) if i == 0 or visits[i - 1] != g]
-  by_size = list(np.argsort(-blocks, kind="stable"))
-  want = [by_size[0], by_size[-1], by_size[1], by_size[-2], by_size[2], by_size[-3], by_size[3]]
-  assert order == want
-  assert [visits.count(g) for g in range(len(blocks))] == list(blocks)

@@ -37,8 +37,6 @@ class MosaicRaggedDotConfig:
       shares rhs tiles between two row blocks through TMA multicast.
     balance: Whether that kernel deals each round's cheap work items to its
       CTAs in turn (`mosaic_fwd.schedule`).
-    mix_groups: Whether that kernel takes large and small groups in turn
-      (`mosaic_fwd.work_items`).
   """
 
   block_n: int = 256
@@ -46,7 +44,6 @@ class MosaicRaggedDotConfig:
   epi_n: int = 128
   cluster: int = 1
   balance: bool = True
-  mix_groups: bool = False
 
 
 def _kernel_config(args: spec.RaggedDotArgs, config: MosaicRaggedDotConfig):
@@ -62,7 +59,6 @@ def _kernel_config(args: spec.RaggedDotArgs, config: MosaicRaggedDotConfig):
     epi_n=config.epi_n,
     cluster=config.cluster,
     balance=config.balance,
-    mix_groups=config.mix_groups,
   )
 
 

@@ -47,8 +47,6 @@ class MosaicRaggedDotFwdConfig:
       multicast, which halves the rhs traffic from L2.
     balance: Deal the cheap work items of each round to the CTAs in turn (see
       `schedule`) instead of by their place in the work list.
-    mix_groups: List the segments' blocks largest and smallest segment in turn
-      (see `work_items`), not in row order.
   """
 
   block_n: int = 256
@@ -57,7 +55,6 @@ class MosaicRaggedDotFwdConfig:
   epi_n: int = 128
   cluster: int = 1
   balance: bool = True
-  mix_groups: bool = False
 
   @property
   def block_m(self) -> int:
@@ -92,12 +89,7 @@ def config_reason(
 
 
 def work_items(
-  sizes: jax.Array,
-  before: jax.Array | None,
-  m: int,
-  block_m: int,
-  cluster: int = 1,
-  mix_groups: bool = False,
+  sizes: jax.Array, before: jax.Array | None, m: int, block_m: int, cluster: int = 1
 ) -> tuple[jax.Array, int]:
   """The work list: row blocks of each segment, `cluster` blocks per item.
 
@@ -108,10 +100,6 @@ def work_items(
   previous segment too, which the kernel computes but never stores. An item
   holds `cluster` consecutive blocks of one segment (one per CTA of a
   cluster); a missing last one repeats the first block and stores nothing.
-  Segments follow one another in row order, or with `mix_groups` the one of
-  most blocks, then the one of fewest, then the second most, and so on: small
-  groups, whose rhs tiles serve one block each, then share rounds of the
-  persistent loop with large ones, whose tiles serve several.
 
   Args:
     sizes: [G] rows of each computed group, in row order.
@@ -119,7 +107,6 @@ def work_items(
     m: Rows of lhs (at least `block_m`, a multiple of ROW_ALIGN).
     block_m: Rows per block.
     cluster: Blocks per item.
-    mix_groups: Whether to interleave large and small segments.
 
   Returns:
     int32 [1 + T, 1 + 3 * cluster]: row 0 holds the number of items; row 1 + t
@@ -139,22 +126,13 @@ def work_items(
   aligned_start = seg_start // ROW_ALIGN * ROW_ALIGN
   blocks = jnp.where(seg_end > seg_start, (seg_end - aligned_start + block_m - 1) // block_m, 0)
   count = (blocks + cluster - 1) // cluster
-  order = jnp.arange(g + 2)
-  if mix_groups:
-    by_size = jnp.argsort(-count, stable=True)
-    rank = jnp.zeros_like(by_size).at[by_size].set(order)  # 0 for the most blocks.
-    k = jnp.sum(count > 0)  # Empty segments (no items) rank last and stay there.
-    turn = jnp.where(rank < (k + 1) // 2, 2 * rank, 2 * (k - 1 - rank) + 1)
-    slot = jnp.where(rank < k, turn, rank)  # A permutation: each segment's place in turn.
-    order = jnp.zeros_like(order).at[slot].set(order, unique_indices=True)
-  offsets = jnp.cumsum(count[order])
+  offsets = jnp.cumsum(count)
   total = offsets[-1]
   # Each segment adds at most one partial block and one partial item.
   num_items = (pl.cdiv(m, block_m) + g + 2) // cluster + g + 2
   t = jnp.arange(num_items, dtype=jnp.int32)
-  place = jnp.minimum(jnp.sum(offsets[None, :] <= t[:, None], axis=1), g + 1)
-  seg = order[place]
-  first_block = (t - (offsets[place] - count[seg])) * cluster
+  seg = jnp.minimum(jnp.sum(offsets[None, :] <= t[:, None], axis=1), g + 1)
+  first_block = (t - (offsets[seg] - count[seg])) * cluster
   valid = t < total
   fields = [jnp.where(valid, seg_rhs[seg], -1)]
   for c in range(cluster):
@@ -269,7 +247,7 @@ def ragged_dot_fwd(
   n_tiles = n // bn
   k_steps = k // bk
   cluster = config.cluster
-  items, num_items = work_items(sizes, before, m, bm, cluster, config.mix_groups)
+  items, num_items = work_items(sizes, before, m, bm, cluster)
   table = schedule(items, num_items, n_tiles, num_sms // cluster, cluster, config.balance)
   collective = ("cluster",) if cluster > 1 else None
   in_tf = gemm.transforms(lhs.dtype)
