@@ -8,11 +8,13 @@ the rates of its median time.
 """
 
 import dataclasses
+import datetime
 import json
 import subprocess
 import types
 import warnings
 
+import jax
 import pytest
 
 from tokamax_harness import bench, hardware, timing
@@ -304,3 +306,22 @@ def test_current_commit_is_unknown_where_git_fails(monkeypatch, error):
 
   monkeypatch.setattr(bench.subprocess, "run", run)
   assert bench.current_commit() == "unknown"
+
+
+def test_current_commit_is_gits_head_without_its_newline(monkeypatch):
+  monkeypatch.delenv("GITHUB_SHA", raising=False)
+
+  def run(args, **kwargs):
+    assert args == ["git", "rev-parse", "HEAD"]
+    return types.SimpleNamespace(stdout="0123abcd" * 5 + "\n")
+
+  monkeypatch.setattr(bench.subprocess, "run", run)
+  assert bench.current_commit() == "0123abcd" * 5
+
+
+def test_environment_dates_in_utc_and_names_jax_and_the_hardware(monkeypatch):
+  monkeypatch.setenv("GITHUB_SHA", "f" * 40)
+  env = bench.environment()
+  assert datetime.datetime.fromisoformat(env["date"]).utcoffset() == datetime.timedelta(0)
+  assert env["jax_version"] == jax.__version__
+  assert env["hardware"]["device_kind"] == jax.devices()[0].device_kind

@@ -6,6 +6,7 @@ import json
 import statistics
 import types
 
+import jax
 import pytest
 
 from bench import records
@@ -63,6 +64,8 @@ def test_config_dict_is_json():
 
   assert run_lib.config_dict(Config()) == {"block": 64, "kind": "A", "pair": [1, 2]}
   json.dumps(run_lib.config_dict(Config()))
+  # A config that is not a dataclass is still an object (a record's `config` must be one).
+  assert run_lib.config_dict(Kind.A) == {"value": "A"}
 
 
 def test_rounds_alternate_the_order_of_contenders(monkeypatch):
@@ -221,3 +224,243 @@ def test_case_records_compare_with_the_ops_anchor_of_the_same_run():
   # A training step counts 3.5 forwards of FLOPs.
   assert mosaic.extra["tflops_per_s"] == pytest.approx(3.5 * 1e12 / 8.5e-3 / 1e12)
   assert mosaic.shape == {"b": 2, "rows0": 4, "rows1": 8}
+
+
+@dataclasses.dataclass(frozen=True)
+class _VaryConfig:
+  a: int = 1
+
+
+class _Impl:
+  """An implementation as `bench.cases` lists it: a name, why it cannot run here, if so."""
+
+  def __init__(self, name, reason=None, unsupported=None):
+    self.name, self.reason, self._unsupported = name, reason, unsupported
+    self.instance = types.SimpleNamespace(
+      bind=lambda *a, **k: types.SimpleNamespace(args=None),
+      _get_heuristics_config=lambda args: _VaryConfig(),
+      with_config=lambda config: None,
+    )
+
+  def unsupported_reason(self, args, kwargs):
+    if isinstance(self._unsupported, Exception):
+      raise self._unsupported
+    return self._unsupported
+
+
+def _contender_keys(monkeypatch, impls, implementations, vary=None):
+  """The keys of what `contenders` times for ragged_dot (anchors jax.lax, then xla), and its log."""
+  monkeypatch.setattr(run_lib.cases_lib, "spec", lambda op: "spec")
+  monkeypatch.setattr(run_lib.cases_lib, "anchors", lambda op: {"jax.lax": None, "numpy": None})
+  bcase = types.SimpleNamespace(op="ragged_dot", id="case")
+  log = []
+  out = run_lib.contenders(
+    bcase, impls, (), {}, implementations=implementations, sweep=False, log=log.append, vary=vary
+  )
+  return [c.key for c in out], log
+
+
+def test_contenders_keep_the_anchors_and_skip_what_cannot_run(monkeypatch):
+  impls = [
+    _Impl("xla"),
+    _Impl("triton", reason="no GPU"),
+    _Impl("mosaic", unsupported=RuntimeError("boom")),
+    _Impl("pallas"),
+    _Impl("other"),
+  ]
+  # Everything that runs; --vary changes the implementations' configs, not the anchor's.
+  keys, log = _contender_keys(monkeypatch, impls, None, vary={"a": [2]})
+  assert keys == [
+    "xla",
+    "pallas",
+    "pallas {'a': 2}",
+    "other",
+    "other {'a': 2}",
+    run_lib.AUTO,
+    "jax.lax",
+    "numpy",
+  ]
+  assert any("SKIP ragged_dot[triton] case: no GPU" in line for line in log), log
+  assert any("mosaic" in line and "RuntimeError: boom" in line for line in log), log
+  # --impls pallas: the op's anchors (an implementation and a library call) still run.
+  keys, _ = _contender_keys(monkeypatch, impls, ["pallas"])
+  assert keys == ["xla", "pallas", "jax.lax"]
+  # Nothing of the op runs: no implementation=None either, only the anchors outside it.
+  keys, _ = _contender_keys(monkeypatch, impls[1:3], None)
+  assert keys == ["jax.lax", "numpy"]
+
+
+def test_time_case_drops_a_contender_that_does_not_compile_and_saves_the_hlo(monkeypatch, tmp_path):
+  class Compiled(_Compiled):
+    def memory_analysis(self):
+      return types.SimpleNamespace(temp_size_in_bytes=64)
+
+    def as_text(self):
+      return f"optimised HLO of {self.name}"
+
+  def compile_(bcase, c, args_list):
+    if c.name == "b":
+      raise RuntimeError("no lowering")
+    return Compiled(c.name), [()]
+
+  monkeypatch.setattr(run_lib, "_compile", compile_)
+  monkeypatch.setattr(
+    run_lib.timing,
+    "device_time",
+    lambda *a, **k: types.SimpleNamespace(median_ms=2.0, method="fake"),
+  )
+  contenders = [run_lib.Contender(name, fn=None) for name in ("a", "b", "c")]
+  bcase = types.SimpleNamespace(op="op", id="case 1")
+  log = []
+  ran = run_lib.time_case(
+    bcase, contenders, [()], rounds=1, iterations=1, warmup=1, log=log.append, hlo_dir=tmp_path
+  )
+  assert [(c.name, c.temp_bytes, c.rounds_ms) for c in ran] == [("a", 64, [2.0]), ("c", 64, [2.0])]
+  assert contenders[1].error == "RuntimeError: no lowering"
+  assert log == ["ERROR op[b] case 1: RuntimeError: no lowering"]
+  assert sorted(p.name for p in tmp_path.iterdir()) == [
+    "op-a-case_1.hlo.txt",
+    "op-c-case_1.hlo.txt",
+  ]
+  assert (tmp_path / "op-c-case_1.hlo.txt").read_text() == "optimised HLO of c"
+
+
+def _timed(name, rounds, temp_bytes=None):
+  return run_lib.Contender(name, fn=None, rounds_ms=rounds, temp_bytes=temp_bytes)
+
+
+def _records_of(monkeypatch, timed, op="layer_norm"):
+  monkeypatch.setattr(run_lib.cases_lib, "anchors", lambda op: {"jnp": None})
+  case = types.SimpleNamespace(feature="plain", id="c", shape_dict={"m": 8}, dtype="float32")
+  bcase = types.SimpleNamespace(op=op, mode="fwd", case=case)
+  recs = run_lib.case_records(bcase, timed, {"commit": "abc", "date": None}, "dev", None)
+  return {r.implementation: r for r in recs}
+
+
+def test_case_records_carry_the_anchors_rounds_and_memory(monkeypatch):
+  timed = [
+    _timed("xla", [4.0, 6.0, 5.0], temp_bytes=300),
+    _timed("pallas", [2.0, 3.0, 1.0], temp_bytes=100),
+    _timed("jnp", [8.0, 9.0, 7.0]),
+  ]
+  by_name = _records_of(monkeypatch, timed)
+  assert set(by_name) == {"pallas", "jnp"}
+  pallas = by_name["pallas"]
+  assert (pallas.median_ms, pallas.anchor, pallas.anchor_ms) == (2.0, "xla", 5.0)
+  assert pallas.extra["anchors_ms"] == {"xla": 5.0, "jnp": 8.0}
+  assert pallas.extra["rounds_ms"] == [2.0, 3.0, 1.0]
+  assert pallas.extra["anchor_rounds_ms"] == [4.0, 6.0, 5.0]
+  assert (pallas.extra["temp_bytes"], pallas.extra["anchor_temp_bytes"]) == (100, 300)
+  assert "temp_bytes" not in by_name["jnp"].extra
+
+
+def test_a_case_where_only_the_anchor_ran_records_it_against_nothing(monkeypatch):
+  by_name = _records_of(monkeypatch, [_timed("xla", [4.0, 6.0, 5.0])])
+  (xla,) = by_name.values()
+  assert (xla.implementation, xla.median_ms, xla.anchor, xla.anchor_ms) == ("xla", 5.0, None, None)
+  assert xla.ratio is None and "anchor_rounds_ms" not in xla.extra
+
+
+def test_none_is_not_held_to_a_slower_nondeterministic_implementation():
+  """A training step where cuDNN (nondeterministic gradients) is slower than Mosaic: nothing is
+  named beside Mosaic; where cuDNN alone ran, `None` has no rival at all."""
+  plain = {
+    name: run_lib.Contender(name, fn=None, rounds_ms=[ms])
+    for name, ms in (("cudnn", 9.0), ("mosaic", 7.5))
+  }
+  got = run_lib._against_fastest("dot_product_attention", "fwd_bwd", plain, 8.0)
+  assert got == {"fastest": "mosaic", "fastest_ms": 7.5, "ratio_to_fastest": 8.0 / 7.5}
+  del plain["mosaic"]
+  assert run_lib._against_fastest("dot_product_attention", "fwd_bwd", plain, 8.0) == {}
+
+
+def test_run_keeps_within_the_budget_reuses_inputs_and_sinks_every_record(monkeypatch):
+  """Three benchmark cases (two modes of c1, then c2) over a 10 s budget, the clock reading 0,
+  5 and 20 s before each: c2 is skipped; c1's inputs are made once, one set per rotation
+  (keys folded from the case's), and the sink gets all records so far after each case."""
+  clock = iter([0.0, 0.0, 5.0, 20.0])
+  monkeypatch.setattr(run_lib, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
+  monkeypatch.setattr(run_lib.bench_lib, "environment", lambda: {"commit": "c", "date": None})
+  monkeypatch.setattr(run_lib.cases_lib, "implementations", lambda op, profile: [])
+  monkeypatch.setattr(run_lib.cases_lib, "case_key", lambda case: jax.random.key(7))
+  made = []
+
+  def make_args(key):
+    made.append(key)
+    return (len(made),), {}
+
+  def cost(args, kwargs):
+    raise ValueError("no cost model")
+
+  c1 = types.SimpleNamespace(id="c1", make_args=make_args, cost=cost)
+  c2 = types.SimpleNamespace(id="c2", make_args=make_args, cost=cost)
+  bcases = [
+    types.SimpleNamespace(op="op", id=f"{c.id} {m}", case=c, mode=m)
+    for c, m in ((c1, "fwd"), (c1, "fwd_bwd"), (c2, "fwd"))
+  ]
+  monkeypatch.setattr(run_lib.cases_lib, "bench_cases", lambda family: bcases)
+  monkeypatch.setattr(run_lib, "contenders", lambda *a, **k: [])
+  seen = []
+
+  def time_case(bcase, todo, args_list, **kwargs):
+    seen.append((bcase.id, [a for a, _ in args_list]))
+    return []
+
+  def case_records(bcase, timed, env, device, cost):
+    assert cost is None
+    return [records.from_dict(_record(bcase))]
+
+  monkeypatch.setattr(run_lib, "time_case", time_case)
+  monkeypatch.setattr(run_lib, "case_records", case_records)
+  sunk, log = [], []
+  out = run_lib.run(
+    "fam", rotations=3, budget_s=10.0, log=log.append, sink=lambda rs: sunk.append(list(rs))
+  )
+  assert [r.case for r in out] == ["c1 fwd", "c1 fwd_bwd"]
+  assert seen == [("c1 fwd", [(1,), (2,), (3,)]), ("c1 fwd_bwd", [(1,), (2,), (3,)])]
+  expected_keys = [jax.random.fold_in(jax.random.key(7), i) for i in range(3)]
+  assert len(made) == 3
+  for key, expected in zip(made, expected_keys, strict=True):
+    assert (jax.random.key_data(key) == jax.random.key_data(expected)).all()
+  assert [[r.case for r in rs] for rs in sunk] == [["c1 fwd"], ["c1 fwd", "c1 fwd_bwd"]]
+  assert log[-1] == "SKIP op c2 fwd: past the 10 s budget"
+
+
+def _record(bcase) -> dict:
+  return {
+    "device": "cpu",
+    "commit": "c",
+    "date": None,
+    "op": bcase.op,
+    "implementation": "x",
+    "case": bcase.id,
+    "shape": {},
+    "dtype": "float32",
+    "mode": bcase.mode,
+    "median_ms": 1.0,
+    "extra": {},
+  }
+
+
+def test_main_passes_its_options_and_writes_the_note(monkeypatch, tmp_path):
+  out = tmp_path / "r.json"
+  got = {}
+
+  def fake_run(family, **kwargs):
+    got.update(kwargs, family=family)
+    bcase = types.SimpleNamespace(op="op", id="c", mode="fwd")
+    recs = [records.from_dict(_record(bcase))]
+    kwargs["sink"](recs)
+    return recs
+
+  monkeypatch.setattr(run_lib, "run", fake_run)
+  argv = ["--family", "h100", "--impls", "a,,b", "--rounds", "3", "--iterations", "7"]
+  argv += ["--warmup", "2", "--rotations", "4", "--budget-s", "60", "--kernels"]
+  argv += ["--out", str(out), "--note", "what it shows"]
+  assert run_lib.main(argv) == 0
+  assert got["family"] == "h100" and got["implementations"] == ["a", "b"]
+  assert (got["rounds"], got["iterations"], got["warmup"], got["rotations"]) == (3, 7, 2, 4)
+  assert (got["budget_s"], got["kernels"], got["sweep"]) == (60.0, True, False)
+  assert records.note(str(out)) == "what it shows" and len(records.load(str(out))) == 1
+  monkeypatch.setattr(run_lib, "run", lambda family, **kwargs: [])
+  assert run_lib.main(["--family", "h100"]) == 1

@@ -117,6 +117,7 @@ def test_a_good_record_has_no_errors():
     ({"schema": 2}, "schema 2 is not 1"),
     ({"mode": "bwd"}, "mode 'bwd' is not one of"),
     ({"shape": {"M": 8.0}}, "is not names to integers"),
+    ({"shape": {0: 8}}, "is not names to integers"),
     ({"median_ms": "0.5"}, "median_ms: str is not"),
     ({"date": 20260102}, "date: int is not"),
     ({"extra": None}, "extra: NoneType is not"),
@@ -168,3 +169,11 @@ def test_every_record_file_is_cited():
   kept = {os.path.relpath(p, ROOT) for p in records.files()}
   uncited = sorted(kept - cited)
   assert not uncited, f"record files nobody cites (remove them or cite them): {uncited}"
+
+
+def test_files_are_the_json_files_under_the_root_sorted(tmp_path):
+  for name in ("h200/b.json", "cpu/z.json", "cpu/a.json", "cpu/notes.md", "h200/b.json.bak"):
+    (tmp_path / name).parent.mkdir(exist_ok=True)
+    (tmp_path / name).write_text("{}")
+  expected = [str(tmp_path / n) for n in ("cpu/a.json", "cpu/z.json", "h200/b.json")]
+  assert list(records.files(str(tmp_path))) == expected
