@@ -331,7 +331,9 @@ def _timed(name, rounds, temp_bytes=None):
 
 def _records_of(monkeypatch, timed, op="layer_norm"):
   monkeypatch.setattr(run_lib.cases_lib, "anchors", lambda op: {"jnp": None})
-  case = types.SimpleNamespace(feature="plain", id="c", shape_dict={"m": 8}, dtype="float32")
+  # Dimensions read back from JSON are lists, not tuples.
+  shape = {"m": 8, "rows": [2, 3]}
+  case = types.SimpleNamespace(feature="plain", id="c", shape_dict=shape, dtype="float32")
   bcase = types.SimpleNamespace(op=op, mode="fwd", case=case)
   recs = run_lib.case_records(bcase, timed, {"commit": "abc", "date": None}, "dev", None)
   return {r.implementation: r for r in recs}
@@ -352,6 +354,7 @@ def test_case_records_carry_the_anchors_rounds_and_memory(monkeypatch):
   assert pallas.extra["anchor_rounds_ms"] == [4.0, 6.0, 5.0]
   assert (pallas.extra["temp_bytes"], pallas.extra["anchor_temp_bytes"]) == (100, 300)
   assert "temp_bytes" not in by_name["jnp"].extra
+  assert pallas.shape == {"m": 8, "rows0": 2, "rows1": 3}
 
 
 def test_a_case_where_only_the_anchor_ran_records_it_against_nothing(monkeypatch):
@@ -375,7 +378,7 @@ def test_none_is_not_held_to_a_slower_nondeterministic_implementation():
 
 
 def test_run_keeps_within_the_budget_reuses_inputs_and_sinks_every_record(monkeypatch):
-  """Three benchmark cases (two modes of c1, then c2) over a 10 s budget, the clock reading 0,
+  """Three benchmark cases of --ops (two modes of c1, then c2) over a 10 s budget, the clock reading 0,
   5 and 20 s before each: c2 is skipped; c1's inputs are made once, one set per rotation
   (keys folded from the case's), and the sink gets all records so far after each case."""
   clock = iter([0.0, 0.0, 5.0, 20.0])
@@ -394,7 +397,8 @@ def test_run_keeps_within_the_budget_reuses_inputs_and_sinks_every_record(monkey
 
   c1 = types.SimpleNamespace(id="c1", make_args=make_args, cost=cost)
   c2 = types.SimpleNamespace(id="c2", make_args=make_args, cost=cost)
-  bcases = [
+  other = types.SimpleNamespace(op="other", id="c0 fwd", case=c2, mode="fwd")  # Not in --ops.
+  bcases = [other] + [
     types.SimpleNamespace(op="op", id=f"{c.id} {m}", case=c, mode=m)
     for c, m in ((c1, "fwd"), (c1, "fwd_bwd"), (c2, "fwd"))
   ]
@@ -414,7 +418,12 @@ def test_run_keeps_within_the_budget_reuses_inputs_and_sinks_every_record(monkey
   monkeypatch.setattr(run_lib, "case_records", case_records)
   sunk, log = [], []
   out = run_lib.run(
-    "fam", rotations=3, budget_s=10.0, log=log.append, sink=lambda rs: sunk.append(list(rs))
+    "fam",
+    ops=["op"],
+    rotations=3,
+    budget_s=10.0,
+    log=log.append,
+    sink=lambda rs: sunk.append(list(rs)),
   )
   assert [r.case for r in out] == ["c1 fwd", "c1 fwd_bwd"]
   assert seen == [("c1 fwd", [(1,), (2,), (3,)]), ("c1 fwd_bwd", [(1,), (2,), (3,)])]
