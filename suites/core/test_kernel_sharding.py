@@ -238,6 +238,35 @@ def test_record_vma_and_cotangents_of_integer_inputs():
   assert seen["float0"].dtype == jax.dtypes.float0 and not partitioning.vma(seen["float0"])
 
 
+def test_a_cotangent_varies_like_its_input():
+  """A kernel's untyped cotangent of an input varying over "data", of inputs varying over
+  ("data", "model"): typed as varying over both, then summed over "model" only, so that it
+  varies over "data" like the input."""
+  seen = {}
+
+  def body(x, w):
+    grad = jnp.full((2,), 3.0)  # Untyped: a kernel's output varies over nothing.
+    both = frozenset(("data", "model"))
+    seen["x"] = partitioning.cotangent(grad, partitioning.vma(x), both)
+    seen["w"] = partitioning.cotangent(grad, frozenset(), both)
+    return jax.lax.psum(x.sum() + w.sum(), ("data", "model"))
+
+  _in_shard_map(body, P("data"), P("model"))
+  assert partitioning.vma(seen["x"]) == frozenset(("data",))
+  assert not partitioning.vma(seen["w"])
+
+
+def test_a_split_label_keeps_the_mesh_axes_it_took_first():
+  """Rows of `x` over "data" and of `labels` over "model": the rows stay on "data" (first
+  come) and the labels are resharded there, not the rows moved to "model"."""
+  x, labels, w = jnp.ones((16, 8)), jnp.zeros(16, jnp.int32), jnp.ones((8, 24))
+  args = loss_spec.canonicalize(x, labels, w, reduction="mean")
+  plan = _plan("test_loss_first_come", args, P("data"), P("model"), P())
+  assert plan.in_specs == (P(("data",), None), P(("data",)), P(None, None))
+  assert plan.shards == {"b": partitioning.Shard(("data",), 4)}
+  assert plan.out_means == ("data",) and plan.mean_count == 4
+
+
 @pytest.fixture(scope="module")
 def results(request) -> dict[str, str | None]:
   """The checks of the selected cases, in one subprocess."""
