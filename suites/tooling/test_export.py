@@ -247,3 +247,17 @@ def test_the_abstract_targets_name_an_h200_and_a_v5e():
     device = jax.sharding.get_abstract_mesh().abstract_device
     assert (device.platform, device.device_kind, device.num_cores) == ("tpu", "TPU v5 lite", 1)
   assert jax.sharding.get_abstract_mesh().empty
+
+
+def test_the_abstract_targets_take_the_device_named():
+  """Another GPU (an H100 PCIe: 114 SMs) or TPU (a v6e with two cores) as the target."""
+  with export.abstract_gpu("NVIDIA H100 PCIe", num_cores=114):
+    device = jax.sharding.get_abstract_mesh().abstract_device
+    assert (device.platform, device.device_kind, device.num_cores) == (
+      "gpu",
+      "NVIDIA H100 PCIe",
+      114,
+    )
+  with export.abstract_tpu("TPU v6 lite", num_cores=2):
+    device = jax.sharding.get_abstract_mesh().abstract_device
+    assert (device.platform, device.device_kind, device.num_cores) == ("tpu", "TPU v6 lite", 2)
