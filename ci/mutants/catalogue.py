@@ -12934,7 +12934,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     '  return {"value": _jsonable(config)}',
     "  return _jsonable(config)",
     (_BENCH_RUN_TESTS, "-k", "config_dict"),
-    "bench.run records a config that is not a dataclass as a bare value, not the JSON object a record's `config` must be.",
+    "bench.run records a config that is not a dataclass as a bare value, not the JSON object "
+    "a record's `config` must be.",
   ),
   Mutation(
     "bench.anchor_implementation_dropped_by_impls",
@@ -12942,7 +12943,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     "    keep = wanted is None or impl.name in wanted or impl.name in anchor_names",
     "    keep = wanted is None or impl.name in wanted",
     (_BENCH_RUN_TESTS, "-k", "keep_the_anchors"),
-    "bench.run --impls leaves out the op's anchor implementation (xla), so no record has an anchor.",
+    "bench.run --impls leaves out the op's anchor implementation (xla), so no record has an "
+    "anchor.",
   ),
   Mutation(
     "bench.unavailable_implementation_timed",
@@ -13006,7 +13008,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     '      log(f"ERROR {bcase.op}[{c.key}] {bcase.id}: {c.error}")\n      continue\n    analysis',
     '      log(f"ERROR {bcase.op}[{c.key}] {bcase.id}: {c.error}")\n    analysis',
     (_BENCH_RUN_TESTS, "-k", "does_not_compile"),
-    "bench.run goes on with a contender whose compilation failed, and crashes on its missing program.",
+    "bench.run goes on with a contender whose compilation failed, and crashes on its missing "
+    "program.",
   ),
   Mutation(
     "bench.hlo_not_optimised",
@@ -13078,7 +13081,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     "  if not rivals:\n    return {}\n",
     "",
     (_BENCH_RUN_TESTS, "-k", "slower_nondeterministic"),
-    "bench.run crashes (min of nothing) when only nondeterministic implementations ran in a training step.",
+    "bench.run crashes (min of nothing) when only nondeterministic implementations ran in a "
+    "training step.",
   ),
   Mutation(
     "bench.budget_inverted",
@@ -13270,7 +13274,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     "  if device is None and abstract is not None:",
     "  if abstract is not None:",
     ("suites/tooling/test_device.py", "-k", "abstract_target"),
-    "device.sm_count(device) under export.abstract_gpu answers for the abstract GPU, not the device asked about.",
+    "device.sm_count(device) under export.abstract_gpu answers for the abstract GPU, not the "
+    "device asked about.",
   ),
   Mutation(
     "device.shared_memory_of_a_list",
@@ -13279,6 +13284,55 @@ MUTATIONS: tuple[Mutation, ...] = (
     "  return _SHARED_MEMORY_PER_BLOCK.get(cc, _SMALLEST_SHARED_MEMORY_PER_BLOCK)",
     ("suites/tooling/test_device.py", "-k", "as_a_list"),
     "device.shared_memory_per_block([9, 0]) fails (a list is unhashable) or misses the table.",
+  ),
+  Mutation(
+    "bench.flat_shape_list_dimension",
+    "bench/run.py",
+    "    if isinstance(v, tuple | list):",
+    "    if isinstance(v, tuple):",
+    (_BENCH_RUN_TESTS, "-k", "anchors_rounds_and_memory"),
+    "bench.run flattens tuple dimensions only: a list (a shape read back from JSON) fails int().",
+  ),
+  Mutation(
+    "bench.ops_unfiltered",
+    "bench/run.py",
+    "    if (ops and bcase.op not in ops) or (modes and bcase.mode not in modes):",
+    "    if modes and bcase.mode not in modes:",
+    (_BENCH_RUN_TESTS, "-k", "within_the_budget"),
+    "bench.run --ops X also runs the cases of every other op.",
+  ),
+  Mutation(
+    "partitioning.label_resplit_by_a_later_operand",
+    _PARTITIONING,
+    "        factor in rule.split\n        and factor not in factors",
+    "        factor in rule.split",
+    (_KERNEL_SHARDING, "-k", "took_first"),
+    "A split label already given mesh axes by one operand is moved to another operand's mesh "
+    "axes (the rows of the loss leave 'data' for the labels' 'model').",
+  ),
+  Mutation(
+    "export.abstract_tpu_kind_ignored",
+    "src/tokamax/_src/export.py",
+    'jax.sharding.AbstractDevice(device_kind=device_kind, num_cores=num_cores, platform="tpu")',
+    'jax.sharding.AbstractDevice(device_kind="TPU v5 lite", num_cores=num_cores, platform="tpu")',
+    (_EXPORT, "-k", "device_named"),
+    "export.abstract_tpu(device_kind) always targets a v5e.",
+  ),
+  Mutation(
+    "export.abstract_tpu_cores_ignored",
+    "src/tokamax/_src/export.py",
+    'jax.sharding.AbstractDevice(device_kind=device_kind, num_cores=num_cores, platform="tpu")',
+    'jax.sharding.AbstractDevice(device_kind=device_kind, num_cores=1, platform="tpu")',
+    (_EXPORT, "-k", "device_named"),
+    "export.abstract_tpu(num_cores=2) targets a one-core TPU.",
+  ),
+  Mutation(
+    "export.abstract_gpu_kind_ignored",
+    "src/tokamax/_src/export.py",
+    'mesh_lib.AbstractDevice(device_kind=device_kind, num_cores=num_cores, platform="gpu")',
+    'mesh_lib.AbstractDevice(device_kind="NVIDIA H200", num_cores=num_cores, platform="gpu")',
+    (_EXPORT, "-k", "device_named"),
+    "export.abstract_gpu(device_kind) always targets an H200.",
   ),
 )
 

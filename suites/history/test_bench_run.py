@@ -378,9 +378,10 @@ def test_none_is_not_held_to_a_slower_nondeterministic_implementation():
 
 
 def test_run_keeps_within_the_budget_reuses_inputs_and_sinks_every_record(monkeypatch):
-  """Three benchmark cases of --ops (two modes of c1, then c2) over a 10 s budget, the clock reading 0,
-  5 and 20 s before each: c2 is skipped; c1's inputs are made once, one set per rotation
-  (keys folded from the case's), and the sink gets all records so far after each case."""
+  """Three benchmark cases of --ops (two modes of c1, then c2) over a 10 s budget, the clock
+  reading 0, 5 and 20 s before each: c2 is skipped; c1's inputs are made once, one set per
+  rotation (keys folded from the case's), and the sink gets all records so far after each case;
+  a case of another op is not run."""
   clock = iter([0.0, 0.0, 5.0, 20.0])
   monkeypatch.setattr(run_lib, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
   monkeypatch.setattr(run_lib.bench_lib, "environment", lambda: {"commit": "c", "date": None})
