@@ -6,8 +6,9 @@ The kernel is persistent: every SM walks a list of work items, each a
 (row block, N tile) pair that belongs to one segment of rows. Segments are the
 computed groups plus two zero segments (rows before a group offset and rows
 past the last group), so every output row is written exactly once and empty
-groups produce no work item at all. The work list is computed by a few tiny
-XLA ops before the kernel.
+groups produce no work item at all. The work list, and the order in which the
+CTAs take its (item, N tile) pairs (`schedule`), are computed by a few tiny XLA
+ops before the kernel.
 
 Each CTA runs three warpgroups: one issues TMA loads into a ring of shared
 memory stages, two compute (wgmma) on 64-row halves of the row block. A half
