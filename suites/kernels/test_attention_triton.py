@@ -257,6 +257,20 @@ def test_newer_gpus_take_the_hopper_limit(cc):
   )
 
 
+def test_op_configs_follow_the_gpu_at_hand(monkeypatch):
+  """The op's heuristic and autotuning configs are those of the device's compute capability
+  (an sm_86 GPU: 99 KiB of shared memory, Ampere's stages), not sm_90's."""
+  args = _args(t=2048, s=2048, h=128, b=1, n=1, k=1, bias=(1, 1, 2048, 2048))
+  ampere = (8, 6)
+  assert attention_triton.heuristic_config(args, ampere) != attention_triton.heuristic_config(
+    args, HOPPER
+  )
+  monkeypatch.setattr(device, "compute_capability", lambda device=None: ampere)
+  op = attention_triton.TritonAttention()
+  assert op._get_heuristics_config(args) == attention_triton.heuristic_config(args, ampere)
+  assert op._get_autotuning_configs(args) == attention_triton.autotuning_configs(args, ampere)
+
+
 def test_shared_memory_counted_by_hand():
   """Bias (bfloat16: 2 bytes) and mask (int8: 1) tiles count per logit; head dims pad to
   powers of two; each backward stage also holds 8 bytes of float32 lse and delta per row."""
@@ -362,6 +376,38 @@ def test_scalar_constants_and_cotangent_dtype():
   _, dkdv, dq = launches
   for launch in (dkdv, dq):
     assert launch.args[7].shape == out.shape and launch.args[7].dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize(
+  ("precision", "expected"),
+  [(HIGHEST, "ieee"), (jax.lax.Precision.HIGH, "tf32x3"), (jax.lax.Precision.DEFAULT, "tf32")],
+  ids=["highest", "high", "default"],
+)
+def test_precision_sets_the_input_precision_of_every_launch(precision, expected):
+  """float32 inputs: the caller's precision picks tl.dot's input precision in the forward
+  and both backward kernels (HIGHEST must not run as TF32)."""
+  args = _args(dtype=jnp.float32, h=16, precision=precision)
+  config = attention_triton.TritonAttentionConfig(16, 16, 4, 2, 16, 16, 4, 2)
+  launches, _ = _capture(args, config)
+  assert [launch.meta["DOT_PRECISION"] for launch in launches] == [expected] * 3
+
+
+def test_backward_row_sums_of_16_bit_outputs_in_float32():
+  """The backward kernels' delta (sum over the value head dim of out * dout, [B,N,T]) is
+  summed in float32 from bfloat16 output and cotangent, not rounded to bfloat16 (its error
+  would pass into every dS = P (dP - delta))."""
+  args = _args(b=2, t=20, s=24, n=4, k=2, h=16, hv=64)
+  config = attention_triton.TritonAttentionConfig(16, 16, 4, 2, 16, 16, 4, 2)
+  rng = np.random.default_rng(5)
+  out, dout = (jnp.asarray(rng.standard_normal((2, 20, 4, 64)), jnp.bfloat16) for _ in range(2))
+  lse = jnp.zeros((2, 4, 20), jnp.float32)
+  with triton_call.capture() as launches:
+    attention_triton.backward(args, config, out, lse, dout)
+  expected = np.einsum("btnh,btnh->bnt", np.asarray(out, np.float64), np.asarray(dout, np.float64))
+  for launch in launches:
+    delta = launch.args[9]
+    assert delta.dtype == jnp.float32 and delta.shape == (2, 4, 20)
+    np.testing.assert_allclose(np.asarray(delta), expected, rtol=1e-5, atol=1e-5)
 
 
 # -- Compiling for sm_80 and sm_90 (CPU) ------------------------------------------
@@ -512,10 +558,22 @@ def test_interpreted_lengths_out_of_range():
   _check_interpreted(kw, config, lengths)
 
 
-def _check_interpreted(kw, config, lengths=None):
-  """Interpreted forward and backward against XLA; `lengths` replaces the drawn lengths."""
+@pytest.mark.host_only
+def test_interpreted_logits_far_below_zero():
+  """A bias of about -120 puts every logit where exp underflows in float32: the running row
+  max must start at -inf, not 0, or exp2(logit - 0) is zero and rows come out empty."""
+  kw = dict(seed=14, dtype=jnp.float32, b=1, t=37, s=45, n=2, k=1, h=16, bias=(1, 2, 37, 45))
+  config = attention_triton.TritonAttentionConfig(16, 16, 4, 2, 16, 16, 4, 2)
+  _check_interpreted(kw, config, bias_shift=-120.0)
+
+
+def _check_interpreted(kw, config, lengths=None, bias_shift=0.0):
+  """Interpreted forward and backward against XLA; `lengths` replaces the drawn lengths and
+  `bias_shift` is added to the drawn bias."""
   data, options = _split(kw)
   arrays, drawn = _inputs(**data)
+  if bias_shift:
+    arrays = (*arrays[:3], arrays[3] + bias_shift, arrays[4])
   lengths = drawn if lengths is None else lengths
   args = spec.canonicalize(*arrays, **lengths, **options)
   config = config or attention_triton.heuristic_config(args, HOPPER)
