@@ -162,6 +162,24 @@ def test_chunked_any_chunk_size(chunk, is_causal, inputs):
   assert_matches(out, expected)
 
 
+@pytest.mark.parametrize("chunk", (5, 64))
+def test_chunked_logits_far_below_zero(chunk, inputs):
+  """Every logit near -120 (a bias; exp underflows in float32 there): the running row max
+  starts at -inf, not 0, or exp(logit - 0) is zero and every row comes out empty."""
+  from tokamax._src.ops.attention import xla_chunked
+
+  q, k, v = (inputs.normal((1, 19, 2, 8)) for _ in range(3))
+  bias = inputs.normal((1, 2, 19, 19)) - 120.0
+  op = xla_chunked.XlaChunkedAttention(config=xla_chunked.ChunkedConfig(kv_chunk_size=chunk))
+  run = lambda q, k, v, bias: tokamax.dot_product_attention(q, k, v, bias, implementation=op)
+  out, vjp = jax.vjp(run, q, k, v, bias)
+  dout = inputs.normal(out.shape)
+  ref_out, ref_grads = references.high_precision_vjp(references.attention, (q, k, v, bias), dout)
+  assert_matches(out, ref_out)
+  for name, g, ref in zip(("dq", "dk", "dv", "dbias"), vjp(dout), ref_grads, strict=True):
+    assert_matches(g, ref, what=name)
+
+
 @pytest.mark.parametrize("impl", ("xla", "xla_chunked"))
 def test_bfloat16_inputs_give_bfloat16_output(impl, inputs):
   """The output and the gradients take the inputs' dtype, not the float32 accumulator's."""
@@ -276,6 +294,22 @@ def test_window_and_length_forms_canonicalize_alike():
   np.testing.assert_array_equal(args.q_seq_lengths, [2] * 6)
   np.testing.assert_array_equal(args.kv_seq_lengths, [1, 3, 4] * 2)
   assert args.q_seq_lengths.dtype == jnp.int32
+
+
+def test_timing_inputs_take_every_sequence_at_its_full_length():
+  """Timing runs fill the query lengths with T and the key/value lengths with S (here
+  T = 5 and S = 9, so swapped fields would give rows or keys past their sequence)."""
+  q = jnp.ones((3, 5, 2, 8))
+  kv = jnp.ones((3, 9, 2, 8))
+  lengths = jnp.array([1, 2, 3])
+  args = spec.canonicalize(q, kv, kv, query_seq_lengths=lengths, key_value_seq_lengths=lengths)
+  draw = spec.SPEC.integer_inputs
+  rng = np.random.default_rng(0)
+  q_lengths = draw["q_seq_lengths"](args, (3,), rng)
+  kv_lengths = draw["kv_seq_lengths"](args, (3,), rng)
+  np.testing.assert_array_equal(q_lengths, [5, 5, 5])
+  np.testing.assert_array_equal(kv_lengths, [9, 9, 9])
+  assert q_lengths.dtype == kv_lengths.dtype == np.int32
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)

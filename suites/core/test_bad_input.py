@@ -60,6 +60,12 @@ CASES = {
     ValueError,
     "local_window_size",
   ),
+  # The right side is checked too, not only the left.
+  "attention_negative_right_window": (
+    lambda: attn(local_window_size=(2, -1)),
+    ValueError,
+    "must be non-negative",
+  ),
   "attention_float_window": (
     lambda: attn(local_window_size=1.5),
     ValueError,
