@@ -16,6 +16,9 @@ from ci.mutants import catalogue, runner
 def test_mutation_applies_exactly_once(mutation):
   assert runner.stale_reason(mutation, runner.ROOT) is None
   assert mutation.selection and mutation.description
+  # A bare string would run pytest on its characters, one argument each.
+  assert isinstance(mutation.selection, tuple), mutation.selection
+  assert all(isinstance(arg, str) for arg in mutation.selection), mutation.selection
 
 
 def test_ids_are_unique():
