@@ -115,6 +115,16 @@ _PARTITIONING = "src/tokamax/_src/ops/partitioning.py"
 
 _BENCH_RUN_TESTS = "suites/history/test_bench_run.py"
 
+_TRITON_ATTENTION = "suites/kernels/test_attention_triton.py"
+_TRITON_INTERPRETED = (_TRITON_ATTENTION, "-k", "test_interpreted")
+_MOSAIC_FWD_CASES = (
+  _MOSAIC_ATTENTION,
+  "-k",
+  "test_interpret_matches_xla and (gqa_plain_h64 or h256_gqa_causal or bias_mask_full_softcap"
+  " or q_lengths_unmasked or lengths_causal_padded or window_far or causal_window_softcap_cross"
+  " or fp16_h128_causal_fwd or minus_inf_bias)",
+)
+
 MUTATIONS: tuple[Mutation, ...] = (
   # --- The harness itself ------------------------------------------------------
   Mutation(
@@ -13333,6 +13343,254 @@ MUTATIONS: tuple[Mutation, ...] = (
     'mesh_lib.AbstractDevice(device_kind="NVIDIA H200", num_cores=num_cores, platform="gpu")',
     (_EXPORT, "-k", "device_named"),
     "export.abstract_gpu(device_kind) always targets an H200.",
+  ),
+  Mutation(
+    "triton_attention.dot_precision_ignored",
+    _ATTENTION + "triton.py",
+    "numerics.triton_input_precision(args.query.dtype, args.precision)",
+    "numerics.triton_input_precision(args.query.dtype, None)",
+    (_TRITON_ATTENTION, "-k", "input_precision_of_every_launch"),
+    "Triton attention: float32 matmuls take the configured default input precision whatever"
+    " the caller's precision (HIGHEST runs as TF32).",
+  ),
+  Mutation(
+    "triton_attention.delta_rounded_to_input_dtype",
+    _ATTENTION + "spec.py",
+    "  return jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32), axis=-1).transpose(",
+    "  return jnp.sum(out * dout, axis=-1).astype(jnp.float32).transpose(",
+    (_TRITON_ATTENTION, "-k", "row_sums_of_16_bit"),
+    "Triton attention backward: delta = rowsum(out * dout) computed in bfloat16, not float32.",
+  ),
+  Mutation(
+    "triton_attention.op_heuristic_ignores_target_gpu",
+    _ATTENTION + "triton.py",
+    "    return heuristic_config(args, device.target_compute_capability())",
+    "    return heuristic_config(args)",
+    (_TRITON_ATTENTION, "-k", "follow_the_gpu_at_hand"),
+    "Triton attention: the op's heuristic config is sm_90's on every GPU (too much shared"
+    " memory on 99 KiB parts).",
+  ),
+  Mutation(
+    "triton_attention.op_autotuning_ignores_target_gpu",
+    _ATTENTION + "triton.py",
+    "    return autotuning_configs(args, device.target_compute_capability())",
+    "    return autotuning_configs(args)",
+    (_TRITON_ATTENTION, "-k", "follow_the_gpu_at_hand"),
+    "Triton attention: the op's autotuning candidates are sm_90's on every GPU.",
+  ),
+  Mutation(
+    "kernels.triton_attention_row_max_starts_at_zero",
+    _ATTENTION + "triton_flash.py",
+    '  m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)',
+    "  m_i = tl.zeros([BLOCK_M], dtype=tl.float32)",
+    (_TRITON_ATTENTION, "-k", "logits_far_below_zero"),
+    "Triton attention forward: the running row max starts at 0, so logits all far below 0"
+    " underflow to zero probabilities.",
+  ),
+  Mutation(
+    "kernels.triton_attention_key_full_range_below_masked",
+    _ATTENTION + "triton_flash.py",
+    "  full_hi = tl.maximum(tl.minimum(full_hi, hi), full_lo)\n  return lo, full_lo, full_hi, hi\n"
+    "\n\n@triton.jit\ndef _query_range",
+    "  full_hi = tl.minimum(full_hi, hi)\n  return lo, full_lo, full_hi, hi\n"
+    "\n\n@triton.jit\ndef _query_range",
+    _TRITON_INTERPRETED,
+    "Triton attention (forward, dq): the key range's full blocks may end before they start,"
+    " so the trailing masked loop revisits key blocks the leading one already summed.",
+  ),
+  Mutation(
+    "kernels.triton_attention_query_full_range_below_masked",
+    _ATTENTION + "triton_flash.py",
+    "  full_hi = tl.maximum(tl.minimum(full_hi, hi), full_lo)\n  return lo, full_lo, full_hi, hi\n"
+    "\n\n@triton.jit\ndef _fwd_loop",
+    "  full_hi = tl.minimum(full_hi, hi)\n  return lo, full_lo, full_hi, hi\n"
+    "\n\n@triton.jit\ndef _fwd_loop",
+    _TRITON_INTERPRETED,
+    "Triton attention dK/dV: a key block's full query blocks may end before they start, so"
+    " query blocks are summed twice.",
+  ),
+  Mutation(
+    "kernels.triton_attention_running_max_dropped",
+    _ATTENTION + "triton_flash.py",
+    "m_new = tl.maximum(m_i, tl.max(s2, 1))",
+    "m_new = tl.max(s2, 1)",
+    _TRITON_INTERPRETED,
+    "Triton attention forward: the row max is the current key block's, not the running one"
+    " (a block a row cannot see resets it to -inf).",
+  ),
+  Mutation(
+    "kernels.triton_attention_dk_not_accumulated",
+    _ATTENTION + "triton_flash.py",
+    "dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision",
+    "dk = tl.dot(ds_t.to(q.dtype), q, input_precision",
+    _TRITON_INTERPRETED,
+    "Triton attention dK: each query block overwrites the sum instead of adding to it.",
+  ),
+  Mutation(
+    "kernels.triton_attention_output_rows_past_q_len_unwritten",
+    _ATTENTION + "triton_flash.py",
+    "out.to(o_ptr.dtype.element_ty), mask=(offs_m[:, None] < T)",
+    "out.to(o_ptr.dtype.element_ty), mask=(offs_m[:, None] < q_len)",
+    _TRITON_INTERPRETED,
+    "Triton attention forward: output rows past the query length are left unwritten, not zero.",
+  ),
+  Mutation(
+    "kernels.triton_attention_lse_rows_past_q_len_unwritten",
+    _ATTENTION + "triton_flash.py",
+    "tl.store(lse_ptr + (b64 * N + n) * T + offs_m, lse, mask=offs_m < T)",
+    "tl.store(lse_ptr + (b64 * N + n) * T + offs_m, lse, mask=offs_m < q_len)",
+    _TRITON_INTERPRETED,
+    "Triton attention forward: the log-sum-exp of rows past the query length is unwritten.",
+  ),
+  Mutation(
+    "kernels.triton_attention_dk_rows_past_kv_len_unwritten",
+    _ATTENTION + "triton_flash.py",
+    "dk_ptrs, dk.to(dk_ptr.dtype.element_ty), mask=(offs_n[:, None] < S)",
+    "dk_ptrs, dk.to(dk_ptr.dtype.element_ty), mask=(offs_n[:, None] < kv_len)",
+    _TRITON_INTERPRETED,
+    "Triton attention dK: rows of keys past the key/value length are left unwritten, not zero.",
+  ),
+  Mutation(
+    "kernels.triton_attention_full_key_blocks_past_kv_len",
+    _ATTENTION + "triton_flash.py",
+    "  full_hi = kv_len // BLOCK_N * BLOCK_N",
+    "  full_hi = S // BLOCK_N * BLOCK_N",
+    _TRITON_INTERPRETED,
+    "Triton attention (forward, dq): key blocks past the key/value length run unmasked.",
+  ),
+  Mutation(
+    "attention.chunked_row_max_starts_at_zero",
+    _ATTENTION + "xla_chunked.py",
+    "    jnp.full(shape, -jnp.inf, acc_dtype),",
+    "    jnp.zeros(shape, acc_dtype),",
+    ("suites/core/test_attention.py", "-k", "chunked_logits_far_below_zero"),
+    "Chunked attention: the running row max starts at 0, so logits all far below 0 underflow"
+    " to zero probabilities.",
+  ),
+  Mutation(
+    "attention.chunked_dv_default_precision",
+    _ATTENTION + "xla_chunked.py",
+    '      "bkgts,btkgh->bskh",\n      p.astype(do.dtype),\n      do,\n      precision=args.precision,\n',
+    '      "bkgts,btkgh->bskh",\n      p.astype(do.dtype),\n      do,\n',
+    (_PRECISION,),
+    "Chunked attention backward: dV's matmul ignores the caller's precision.",
+  ),
+  Mutation(
+    "attention.chunked_pv_default_precision",
+    _ATTENTION + "xla_chunked.py",
+    "      p.astype(v.dtype),\n      v,\n      precision=args.precision,\n",
+    "      p.astype(v.dtype),\n      v,\n",
+    (_PRECISION,),
+    "Chunked attention forward: P.V ignores the caller's precision.",
+  ),
+  Mutation(
+    "attention.chunked_dq_default_precision",
+    _ATTENTION + "xla_chunked.py",
+    '"bkgts,bskh->btkgh", ds_c, k, precision=args.precision,',
+    '"bkgts,bskh->btkgh", ds_c, k,',
+    (_PRECISION,),
+    "Chunked attention backward: dQ's matmul ignores the caller's precision.",
+  ),
+  Mutation(
+    "attention.chunked_dp_default_precision",
+    _ATTENTION + "xla_chunked.py",
+    "dp = spec.row_products(do, v, args.precision, acc_dtype)",
+    "dp = spec.row_products(do, v, None, acc_dtype)",
+    (_PRECISION,),
+    "Chunked attention backward: dP = dO.V^T ignores the caller's precision.",
+  ),
+  Mutation(
+    "attention.chunked_autotuning_unclamped",
+    _ATTENTION + "xla_chunked.py",
+    "return {ChunkedConfig(kv_chunk_size=min(c, s)) for c in",
+    "return {ChunkedConfig(kv_chunk_size=c) for c in",
+    ("suites/core/test_dispatch.py", "suites/tooling/test_autotuning.py"),
+    "Chunked attention: autotuning candidates hold chunks longer than the keys (duplicates).",
+  ),
+  Mutation(
+    "attention.negative_right_window_accepted",
+    _ATTENTION + "spec.py",
+    "  if min(window) < 0:",
+    "  if window[0] < 0:",
+    (_BAD_INPUT, "-k", "negative_right_window"),
+    "A local window with a negative right side is accepted (only the left is checked).",
+  ),
+  Mutation(
+    "attention.heads_multiple_unchecked",
+    _ATTENTION + "spec.py",
+    "  if n % kh:",
+    "  if n < kh:",
+    (_BAD_INPUT, "-k", "heads_not_multiple"),
+    "Query heads that are no multiple of the key/value heads are accepted.",
+  ),
+  Mutation(
+    "attention.timing_lengths_swapped",
+    _ATTENTION + "spec.py",
+    'integer_inputs={"q_seq_lengths": _full_lengths("query"), "kv_seq_lengths": _full_lengths("key")}',
+    'integer_inputs={"q_seq_lengths": _full_lengths("key"), "kv_seq_lengths": _full_lengths("query")}',
+    ("suites/core/test_attention.py", "-k", "timing_inputs_take_every"),
+    "Timing inputs fill the query lengths with S and the key/value lengths with T.",
+  ),
+  Mutation(
+    "attention.partitioning_kv_heads_unsplit",
+    _ATTENTION + "spec.py",
+    '    split=frozenset(("b", "k")),',
+    '    split=frozenset(("b",)),',
+    (_KERNEL_SHARDING,),
+    "Attention's partitioning rule splits the batch only, never the key/value heads.",
+  ),
+  Mutation(
+    "attention.gradient_preference_mask_alone_ignored",
+    _ATTENTION + "spec.py",
+    'if platform != "gpu" or (args.bias is None and args.mask is None):',
+    'if platform != "gpu" or args.bias is None:',
+    ("suites/core/test_dispatch.py",),
+    "`implementation=None` differentiates masked attention (no bias) in the forward's order,"
+    " cuDNN's atomics backward included.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_fwd_capped_running_max_dropped",
+    _ATTENTION + "mosaic_fwd.py",
+    "m_new = jnp.maximum(m_i, capped.max(axis=1))",
+    "m_new = capped.max(axis=1)",
+    _MOSAIC_FWD_CASES,
+    "Mosaic attention forward (soft cap or bias): the row max is the step's, not the running one.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_fwd_trailing_blocks_unmasked",
+    _ATTENTION + "mosaic_fwd.py",
+    "carry = lax.fori_loop(full_hi, hi, masked_step, carry)",
+    "carry = lax.fori_loop(full_hi, hi, plain_step, carry)",
+    _MOSAIC_FWD_CASES,
+    "Mosaic attention forward (serial): the partly visible key blocks after the full ones run"
+    " without positional masks.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_fwd_leading_blocks_unmasked",
+    _ATTENTION + "mosaic_fwd.py",
+    "carry = lax.fori_loop(lo, full_lo, masked_step, carry)",
+    "carry = lax.fori_loop(lo, full_lo, plain_step, carry)",
+    _MOSAIC_FWD_CASES,
+    "Mosaic attention forward (serial): the partly visible key blocks before the full ones run"
+    " without positional masks.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_fwd_unseen_rows_keep_output",
+    _ATTENTION + "mosaic_fwd.py",
+    "inv = jnp.where(seen, 1.0 / jnp.where(seen, l_i, 1.0), 0.0)",
+    "inv = 1.0 / jnp.where(seen, l_i, 1.0)",
+    _MOSAIC_FWD_CASES,
+    "Mosaic attention forward: rows that see nothing (or lie past the query length) keep"
+    " their accumulator instead of zero.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_fwd_second_consumer_rows_by_kv_block",
+    _ATTENTION + "mosaic_fwd.py",
+    "r0 = tile_r0 + wg * bq",
+    "r0 = tile_r0 + wg * bkv",
+    _MOSAIC_FWD_CASES,
+    "Mosaic attention forward: the second consumer's first row is offset by the key block,"
+    " not the query block.",
   ),
 )
 
