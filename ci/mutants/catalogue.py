@@ -13592,6 +13592,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Mosaic attention forward: the second consumer's first row is offset by the key block,"
     " not the query block.",
   ),
+  Mutation(
+    "kernels.mosaic_attention_fwd_running_max_dropped",
+    _ATTENTION + "mosaic_fwd.py",
+    "m_new = jnp.maximum(m_i, s.max(axis=1) * c)",
+    "m_new = s.max(axis=1) * c",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[h128_bwd_blocks_32_window_cross]",),
+    "Mosaic attention forward (no bias or soft cap): the row max is the step's, not the"
+    " running one (a key block past a row's window resets it, and its log-sum-exp).",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_fwd_row_max_starts_at_zero",
+    _ATTENTION + "mosaic_fwd.py",
+    "rows0 = (common.rows((bq,), -jnp.inf), common.rows((bq,), 0.0))",
+    "rows0 = (common.rows((bq,), 0.0), common.rows((bq,), 0.0))",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[window_far_negative_bias_fwd]",),
+    "Mosaic attention forward: the running row max starts at 0, so logits all far below 0"
+    " underflow to zero probabilities.",
+  ),
 )
 
 
