@@ -6723,7 +6723,7 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "layer_norm.triton_heuristic_stages_over_smem",
     _NORM + "triton.py",
-    "    bwd_stages = 4 if wide and in_flight <= _SMEM else 0",
+    "    bwd_stages = 4 if wide and in_flight <= _smem_budget() else 0",
     "    bwd_stages = 4 if wide else 0",
     (_TRITON_NORM, "-k", "heuristic"),
     "Triton layer_norm: the heuristic pipelines wide float32 rows through more shared memory"
@@ -10712,8 +10712,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "triton_norm.autotune_fwd_stages_smem",
     _NORM + "triton.py",
-    "          if block_m == 1 and per_thread <= 32 and 3 * row_bytes <= _SMEM:",
-    "          if block_m == 1 and per_thread <= 32 and 2 * row_bytes <= _SMEM:",
+    "          if block_m == 1 and per_thread <= 32 and 3 * row_bytes <= budget:",
+    "          if block_m == 1 and per_thread <= 32 and 2 * row_bytes <= budget:",
     (_TRITON_NORM, "-k", "elements_per_thread"),
     "Triton layer_norm autotuning: the pipelined forward's shared memory counts 2 of its 3"
     " rows in flight.",
@@ -13609,6 +13609,54 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[window_far_negative_bias_fwd]",),
     "Mosaic attention forward: the running row max starts at 0, so logits all far below 0"
     " underflow to zero probabilities.",
+  ),
+  Mutation(
+    "triton_fit.hopper_stage_uncounted",
+    "src/tokamax/_src/triton_call.py",
+    "  buffers = num_stages if cc >= (9, 0) else num_stages - 1",
+    "  buffers = num_stages - 1",
+    ("suites/kernels/test_triton_candidates_fit.py", "-k", "model_matches"),
+    "Triton pipelines counted one stage short on Hopper, which keeps all of them in shared memory.",
+  ),
+  Mutation(
+    "triton_fit.ampere_stage_overcounted",
+    "src/tokamax/_src/triton_call.py",
+    "  buffers = num_stages if cc >= (9, 0) else num_stages - 1",
+    "  buffers = num_stages",
+    ("suites/kernels/test_triton_candidates_fit.py", "-k", "model_matches"),
+    "Triton pipelines before Hopper counted with the stage held in registers.",
+  ),
+  Mutation(
+    "triton_fit.target_ignored",
+    "src/tokamax/_src/triton_call.py",
+    "  cc = device.target_compute_capability() if cc is None else tuple(cc)",
+    "  cc = device.target_compute_capability()",
+    ("suites/kernels/test_triton_candidates_fit.py", "-k", "model_matches and 80"),
+    "pipeline_fits ignores the compute capability it is given.",
+  ),
+  Mutation(
+    "triton_fit.ragged_candidates_unfiltered",
+    _RAGGED + "triton.py",
+    "            if not triton_call.pipeline_fits(stage_bytes, stages) or (bm == 64 and bn == 256):",
+    "            if bm == 64 and bn == 256:",
+    ("suites/kernels/test_triton_candidates_fit.py", "-k", "ragged and float32"),
+    "Triton ragged_dot autotuning offers candidates beyond the target GPU's shared memory.",
+  ),
+  Mutation(
+    "triton_fit.glu_candidates_unfiltered",
+    "src/tokamax/_src/ops/gated_linear_unit/triton.py",
+    "          if not triton_call.pipeline_fits((bm * bk + 2 * bk * bn) * itemsize, stages):",
+    "          if False:",
+    ("suites/kernels/test_triton_candidates_fit.py", "-k", "gated"),
+    "Triton GLU autotuning offers candidates beyond the target GPU's shared memory.",
+  ),
+  Mutation(
+    "triton_fit.norm_budget_fixed",
+    "src/tokamax/_src/ops/normalization/triton.py",
+    "  return min(_SMEM, device.shared_memory_per_block() - _SMEM_HEADROOM)",
+    "  return _SMEM",
+    ("suites/kernels/test_triton_candidates_fit.py", "-k", "norm and float32"),
+    "Triton norm pipelines sized for 128 KiB on GPUs with 99 KiB a block.",
   ),
 )
 

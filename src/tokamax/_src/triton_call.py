@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tokamax._src import device
+
 _LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas")
 
 _TRITON_TYPES = {
@@ -44,6 +46,23 @@ _TRITON_TYPES = {
   "uint8": "u8",
   "bool": "i1",
 }
+
+
+def pipeline_fits(stage_bytes: int, num_stages: int, cc: tuple[int, int] | None = None) -> bool:
+  """Whether a Triton matmul loop of `num_stages` stages fits one block's shared memory.
+
+  Triton keeps every stage's operands in shared memory on Hopper (wgmma) and all but
+  one on earlier GPUs (compiled: 192 KiB on sm_90 and 144 KiB on sm_80/sm_89 for four
+  stages of 48 KiB).
+
+  Args:
+    stage_bytes: Operand bytes of one stage.
+    num_stages: Pipeline stages.
+    cc: The target compute capability; by default the one kernels are built for.
+  """
+  cc = device.target_compute_capability() if cc is None else tuple(cc)
+  buffers = num_stages if cc >= (9, 0) else num_stages - 1
+  return stage_bytes * buffers <= device.shared_memory_per_block(cc)
 
 
 @functools.cache

@@ -172,7 +172,7 @@ class TritonGatedLinearUnit(kernel_ops.TritonOp):
     for bm, bn in ((64, 64), (64, 128), (128, 64), (128, 128)):
       for bk in (32, 64):
         for stages in (2, 3, 4):
-          if (bm * bk + 2 * bk * bn) * itemsize * stages > 220 * 1024:
+          if not triton_call.pipeline_fits((bm * bk + 2 * bk * bn) * itemsize, stages):
             continue
           warps = 8 if bm * bn >= 128 * 128 else 4
           configs.add(TritonGluConfig(bm, bn, bk, group_m=8, num_warps=warps, num_stages=stages))

@@ -17,7 +17,16 @@ from tokamax._src.ops.normalization import triton_layer_norm as kernels
 
 _DTYPES = ("float32", "bfloat16", "float16")
 _MAX_D = 32768  # Rows are held in registers; longer rows would spill.
-_SMEM = 128 * 1024  # Shared memory for the pipelined loops' stages (sm_80 has 163 KB).
+# Shared memory for the pipelined loops' stages: at most 128 KiB, and 2 KiB under a block's
+# limit (the loops' 96 KiB compile to 96-98 KiB; sm_86/89/120 blocks have 99 KiB).
+_SMEM = 128 * 1024
+_SMEM_HEADROOM = 2 * 1024
+
+
+def _smem_budget() -> int:
+  return min(_SMEM, device.shared_memory_per_block() - _SMEM_HEADROOM)
+
+
 # Columns per program of the partial sums' reduction: one 128-byte line of float32 per row.
 _SUM_BLOCK_C = 32
 
@@ -249,7 +258,7 @@ class TritonLayerNorm(kernel_ops.TritonOp):
     bwd_num_warps = int(np.clip(block_d * bwd_block_m // 512, 1, 16))
     wide = block_d >= 8192
     in_flight = 3 * 2 * block_d * np.dtype(args.x.dtype).itemsize  # Bytes of 3 rows of x, dy.
-    bwd_stages = 4 if wide and in_flight <= _SMEM else 0
+    bwd_stages = 4 if wide and in_flight <= _smem_budget() else 0
     # LayerNorm rows of 8192: persistent programs, 4 per SM, each loading its next row and
     # the scale and offset once (0.0939 against 0.0986 ms forward+backward at 4096x8192 in
     # the H200 tuning of src/tokamax/data/NVIDIA_H200.json, 28b7769; RMSNorm gained 0.6%).
@@ -272,6 +281,7 @@ class TritonLayerNorm(kernel_ops.TritonOp):
     row_bytes = block_d * np.dtype(args.x.dtype).itemsize
     base = self._get_heuristics_config(args)
     sms = device.sm_count()
+    budget = _smem_budget()
     rep = dataclasses.replace
     configs = {base}
     for block_m in (1, 2, 4):
@@ -291,7 +301,7 @@ class TritonLayerNorm(kernel_ops.TritonOp):
                   fwd_one_pass=one_pass,
                 )
               )
-          if block_m == 1 and per_thread <= 32 and 3 * row_bytes <= _SMEM:
+          if block_m == 1 and per_thread <= 32 and 3 * row_bytes <= budget:
             configs.add(
               rep(base, block_m=block_m, num_warps=num_warps, fwd_programs=sms * 4, fwd_stages=4)
             )
@@ -306,7 +316,7 @@ class TritonLayerNorm(kernel_ops.TritonOp):
           # (blocks of 2 rows and more ran 1.6-2x slower on the H200 at 4096x8192).
           for stages in (3, 4):
             smem = (stages - 1) * 2 * row_bytes  # Stages in flight of x and dy.
-            if block_m == 1 and per_thread <= 32 and bwd_programs <= sms * 2 and smem <= _SMEM:
+            if block_m == 1 and per_thread <= 32 and bwd_programs <= sms * 2 and smem <= budget:
               configs.add(
                 rep(bwd, bwd_programs=bwd_programs, bwd_prefetch=False, bwd_stages=stages)
               )

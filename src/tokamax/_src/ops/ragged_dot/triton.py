@@ -194,8 +194,8 @@ class TritonRaggedDot(kernel_ops.TritonOp):
       for bn in (64, 128, 256):
         for bk in (32, 64) if not wide else (32,):
           for stages in (3, 4):
-            smem = (bm * bk + bk * bn) * (4 if wide else 2) * stages
-            if smem > 200 * 1024 or (bm == 64 and bn == 256):
+            stage_bytes = (bm * bk + bk * bn) * (4 if wide else 2)
+            if not triton_call.pipeline_fits(stage_bytes, stages) or (bm == 64 and bn == 256):
               continue
             configs.add(
               TritonRaggedDotConfig(
