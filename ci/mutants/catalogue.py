@@ -13658,6 +13658,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/kernels/test_triton_candidates_fit.py", "-k", "norm and float32"),
     "Triton norm pipelines sized for 128 KiB on GPUs with 99 KiB a block.",
   ),
+  Mutation(
+    "triton_norm.block_d_short_of_rows_one_past_a_power_of_two",
+    _NORM + "triton.py",
+    "return max(16, 1 << (d - 1).bit_length())",
+    "return max(16, 1 << (d - 2).bit_length())",
+    (_TRITON_NORM, "-k", "one_past_a_power_of_two"),
+    "Triton layer_norm: the register block of a row of 2**k + 1 elements is 2**k wide, so the"
+    " row's last column is neither normalised nor counted in its statistics.",
+  ),
 )
 
 

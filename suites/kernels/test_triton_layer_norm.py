@@ -525,3 +525,32 @@ def test_heuristic_backward_prefetches_rows_it_does_not_pipeline(d, dtype, pipel
   and dy fit) or prefetches the next rows into registers: never neither."""
   config = OP._get_heuristics_config(_record((64, d), -1, dtype, True, True, True, 0.0))
   assert (config.bwd_stages > 1, config.bwd_prefetch) == (pipelined, not pipelined), config
+
+
+@pytest.mark.host_only
+@pytest.mark.parametrize("d", [17, 33, 129])
+def test_interpreted_rows_one_past_a_power_of_two(d):
+  """Rows of 2**k + 1 elements (the kernel cases' widths all sit well inside their power of
+  two): a block narrower than the row would drop its last column, forward and backward, in
+  the plain, persistent (register prefetch) and pipelined kernels."""
+  x, scale, offset, dy = _inputs((5, d), -1, "float32", True, True, seed=9)
+  args = spec.canonicalize(x, scale, offset)
+  config = norm_triton.TritonNormConfig(
+    block_m=2, num_warps=4, bwd_block_m=2, bwd_num_warps=4, bwd_programs=2
+  )
+  ref_out, ref_grads = references.high_precision_vjp(
+    lambda a, b, c: references.layer_norm(a, b, c, epsilon=1e-6), (x, scale, offset), dy
+  )
+  variants = (
+    {},
+    dict(block_m=1, fwd_programs=2, bwd_prefetch=True),
+    dict(fwd_programs=2, fwd_stages=3, bwd_stages=3, fwd_one_pass=True),
+  )
+  for variant in variants:
+    run_config = dataclasses.replace(config, **variant)
+    with triton_call.interpret():
+      out, residuals = OP._fwd(args, run_config)
+      grads = OP._bwd(args, run_config, out, residuals, dy)
+    assert compare.relative_error(out, ref_out) <= 1e-5, variant
+    for name, rg in zip(("x", "scale", "offset"), ref_grads, strict=True):
+      assert compare.relative_error(grads[name], rg) <= 1e-5, (variant, name)
