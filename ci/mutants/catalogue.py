@@ -13667,6 +13667,65 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton layer_norm: the register block of a row of 2**k + 1 elements is 2**k wide, so the"
     " row's last column is neither normalised nor counted in its statistics.",
   ),
+  Mutation(
+    "triton_glu.forward_input_precision_ignored",
+    _GLU + "triton.py",
+    "INPUT_PRECISION=numerics.triton_input_precision(args.x.dtype, args.precision)",
+    "INPUT_PRECISION=numerics.triton_input_precision(args.x.dtype, None)",
+    (_TRITON_GLU, "-k", "reaches_the_forward_launch"),
+    "Triton GLU: float32 inputs always take tl.dot's default (tf32) input precision,"
+    " whatever precision the caller asked for.",
+  ),
+  Mutation(
+    "triton_glu.backward_precision_dropped",
+    _GLU + "triton.py",
+    "  prec = args.precision\n",
+    "  prec = None\n",
+    (_TRITON_GLU, "-k", "reaches_the_forward_launch"),
+    "Triton GLU backward: the dx and dw matmuls ignore the caller's precision.",
+  ),
+  Mutation(
+    "triton_glu.backward_dw_precision_dropped",
+    _GLU + "triton.py",
+    '  dw = jnp.einsum("mk,mjn->kjn", x, d, precision=prec,',
+    '  dw = jnp.einsum("mk,mjn->kjn", x, d,',
+    (_TRITON_GLU, "-k", "reaches_the_forward_launch"),
+    "Triton GLU backward: the weight-gradient matmul alone runs at the default precision.",
+  ),
+  Mutation(
+    "triton_glu.heuristic_128_rows_take_64_row_tiles",
+    _GLU + "triton.py",
+    "block_m = 128 if m >= 128 else 64",
+    "block_m = 128 if m > 128 else 64",
+    (_TRITON_GLU, "-k", "heuristic_tiles_by_hand"),
+    "Triton GLU heuristic: exactly 128 rows take 64-row tiles (two programs per column"
+    " tile where one 128-row tile fits).",
+  ),
+  Mutation(
+    "triton_glu.heuristic_128_columns_take_64_column_tiles",
+    _GLU + "triton.py",
+    "block_n=128 if args.n >= 128 else 64",
+    "block_n=128 if args.n > 128 else 64",
+    (_TRITON_GLU, "-k", "heuristic_tiles_by_hand"),
+    "Triton GLU heuristic: N = 128 takes 64-column tiles.",
+  ),
+  Mutation(
+    "triton_glu.heuristic_8_warps_for_64_row_tiles",
+    _GLU + "triton.py",
+    "num_warps=8 if block_m == 128 else 4",
+    "num_warps=8",
+    (_TRITON_GLU, "-k", "heuristic_tiles_by_hand"),
+    "Triton GLU heuristic: 64-row tiles get 8 warps instead of 4.",
+  ),
+  Mutation(
+    "triton_glu.autotuning_shared_memory_of_one_weight_tile",
+    _GLU + "triton.py",
+    "pipeline_fits((bm * bk + 2 * bk * bn) * itemsize, stages)",
+    "pipeline_fits((bm * bk + bk * bn) * itemsize, stages)",
+    (_TRITON_GLU, "-k", "most_shared_memory"),
+    "Triton GLU autotuning: a stage's shared memory counts one weight tile, not the gate's"
+    " and the up's, so float32 candidates over sm_90's shared memory are offered.",
+  ),
 )
 
 

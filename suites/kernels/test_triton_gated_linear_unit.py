@@ -17,7 +17,7 @@ import pytest
 from suites import opdb
 from suites.kernels import interpreted
 from suites.kernels.gpu_limits import SMEM_LIMIT
-from tokamax._src import triton_call
+from tokamax._src import jaxprs, triton_call
 from tokamax._src.ops.gated_linear_unit import api, spec
 from tokamax._src.ops.gated_linear_unit import triton as glu_triton
 from tokamax_harness import compare, references
@@ -245,3 +245,61 @@ def test_gpu_matches_reference_with_gradients(case, dtype):
   assert compare.relative_error(gx, rx) <= limit
   for g, r in zip(jax.tree.leaves(gw), jax.tree.leaves(rw), strict=True):
     assert compare.relative_error(g, r) <= limit
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "pair"])
+@pytest.mark.parametrize(
+  ("precision", "expected"),
+  [(jax.lax.Precision.HIGHEST, "ieee"), (jax.lax.Precision.DEFAULT, "tf32")],
+  ids=["highest", "default"],
+)
+def test_precision_reaches_the_forward_launch_and_the_backward_matmuls(precision, expected, fused):
+  """float32 inputs: the caller's precision picks tl.dot's input precision in the forward
+  kernel (with and without residuals), and the backward's XLA matmuls (dx, dw) take it too."""
+  x, weights, dout = _inputs((24, 16), 8, "float32", fused)
+  args = spec.canonicalize(x, weights, activation=jax.nn.silu, precision=precision)
+  config = OP._get_heuristics_config(args)
+  with triton_call.capture() as launches:
+    OP._fwd(args, config)
+    OP._fwd_primal(args, config)
+  assert [launch.meta["INPUT_PRECISION"] for launch in launches] == [expected] * 2
+  residuals = (jnp.ones((24, 8), jnp.float32),) * 2
+  jaxpr = jax.make_jaxpr(lambda r, d: OP._bwd(args, config, None, r, d))(residuals, dout)
+  dots = [e for e in jaxprs.equations(jaxpr.jaxpr) if e.primitive.name == "dot_general"]
+  assert len(dots) == 2
+  want = jax.lax.Precision(precision)
+  assert all(e.params["precision"] in (want, (want, want)) for e in dots), dots
+
+
+@pytest.mark.parametrize(
+  ("m", "n", "dtype", "expected"),
+  [
+    # 128 rows and 128 columns take the 128 x (2 x 128) tile with 8 warps, three stages;
+    # 16-bit inputs step 64 of K.
+    (128, 128, "bfloat16", (128, 128, 64, 8, 8, 3)),
+    # float32 steps 32 of K (the 64 step's three stages exceed sm_80's shared memory).
+    (128, 128, "float32", (128, 128, 32, 8, 8, 3)),
+    # One row or column short of 128: 64-wide tiles, 4 warps for 64-row tiles.
+    (127, 128, "bfloat16", (64, 128, 64, 8, 4, 3)),
+    (128, 127, "bfloat16", (128, 64, 64, 8, 8, 3)),
+  ],
+)
+def test_heuristic_tiles_by_hand(m, n, dtype, expected):
+  config = OP._get_heuristics_config(_record((m, 32), n, dtype, jax.nn.silu, True))
+  fields = ("block_m", "block_n", "block_k", "group_m", "num_warps", "num_stages")
+  assert tuple(getattr(config, f) for f in fields) == expected
+
+
+def test_float32_autotuning_candidate_with_the_most_shared_memory_compiles_for_sm90():
+  """float32 (4-byte) tiles: the candidate whose stages of x and both weight tiles take the
+  most shared memory still fits sm_90's."""
+  args = _record((256, 512), 512, "float32", jax.nn.swish, True)
+  configs = OP._get_autotuning_configs(args)
+
+  def stage_bytes(c):
+    return (c.block_m * c.block_k + 2 * c.block_k * c.block_n) * 4 * c.num_stages
+
+  largest = max(configs, key=lambda c: (stage_bytes(c), c.block_m, c.block_n))
+  with triton_call.capture() as launches:
+    glu_triton.forward(args, largest, False)
+  assert triton_call.compile_launch(launches[0], 90).metadata.shared <= SMEM_LIMIT[90], largest
