@@ -13726,6 +13726,48 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton GLU autotuning: a stage's shared memory counts one weight tile, not the gate's"
     " and the up's, so float32 candidates over sm_90's shared memory are offered.",
   ),
+  Mutation(
+    "triton_ragged.heuristic_128_rows_a_group_take_64_row_tiles",
+    _RAGGED + "triton.py",
+    "block_m = 128 if m >= 128 * args.num_groups else 64",
+    "block_m = 128 if m > 128 * args.num_groups else 64",
+    (_TRITON_RAGGED, "-k", "at_their_boundaries"),
+    "Triton ragged_dot heuristic: exactly 128 rows a group take 64-row tiles (and so never"
+    " the 128x256 tile).",
+  ),
+  Mutation(
+    "triton_ragged.heuristic_n_256_not_256_wide",
+    _RAGGED + "triton.py",
+    "block_n = 256 if n >= 256 and",
+    "block_n = 256 if n > 256 and",
+    (_TRITON_RAGGED, "-k", "at_their_boundaries"),
+    "Triton ragged_dot heuristic: N = 256 takes 128-wide tiles instead of the measured"
+    " faster 128x256 tile.",
+  ),
+  Mutation(
+    "triton_ragged.heuristic_n_128_takes_64_wide_tiles",
+    _RAGGED + "triton.py",
+    "and not wide else (128 if n >= 128 else 64)",
+    "and not wide else (128 if n > 128 else 64)",
+    (_TRITON_RAGGED, "-k", "at_their_boundaries"),
+    "Triton ragged_dot heuristic (grouped rows): N = 128 takes 64-wide tiles.",
+  ),
+  Mutation(
+    "triton_ragged.heuristic_contracting_k_128_takes_64",
+    _RAGGED + "triton.py",
+    "block_k=128 if k >= 128 else 64",
+    "block_k=128 if k > 128 else 64",
+    (_TRITON_RAGGED, "-k", "at_their_boundaries"),
+    "Triton ragged_dot heuristic (ragged_contracting): K = 128 takes 64-row output tiles.",
+  ),
+  Mutation(
+    "triton_ragged.heuristic_contracting_n_128_takes_64",
+    _RAGGED + "triton.py",
+    "        block_n=128 if n >= 128 else 64,\n        num_warps=8,",
+    "        block_n=128 if n > 128 else 64,\n        num_warps=8,",
+    (_TRITON_RAGGED, "-k", "at_their_boundaries"),
+    "Triton ragged_dot heuristic (ragged_contracting): N = 128 takes 64-wide output tiles.",
+  ),
 )
 
 

@@ -337,3 +337,28 @@ def test_gpu_matches_reference_with_gradients(case, dtype):
   assert compare.relative_error(out, ref_out) <= limit
   for name, gr, rg in zip(("lhs", "rhs"), grads, ref_grads, strict=True):
     assert compare.relative_error(gr, rg) <= limit, name
+
+
+@pytest.mark.parametrize(
+  "layout, m, k, n, g, expected",
+  [
+    # Exactly 128 rows a group take 128-row tiles, and N = 256 the 128x256 tile.
+    (spec.DEFAULT, 512, 256, 256, 4, (128, 256, 64, 8, 3)),
+    # One row short: 64-row tiles, so 128 wide (256-wide tiles need 128 rows), 4 stages.
+    (spec.DEFAULT, 511, 256, 256, 4, (64, 128, 64, 4, 4)),
+    # N one short of 256: 128 wide; N = 128 stays 128 wide, one short of it 64.
+    (spec.RHS_TRANSPOSED, 512, 256, 255, 4, (128, 128, 64, 8, 4)),
+    (spec.DEFAULT, 512, 256, 128, 4, (128, 128, 64, 8, 4)),
+    (spec.RHS_TRANSPOSED, 512, 256, 127, 4, (128, 64, 64, 8, 4)),
+    # The contracting layout: K = N = 128 take 128x128 output tiles, one short 64.
+    (spec.RAGGED_CONTRACTING, 512, 128, 128, 4, (64, 128, 128, 8, 3)),
+    (spec.RAGGED_CONTRACTING, 512, 127, 127, 4, (64, 64, 64, 8, 3)),
+  ],
+)
+def test_heuristic_tiles_at_their_boundaries(layout, m, k, n, g, expected):
+  """bfloat16 shapes at the edges of the heuristic's choices (the by-hand cases above sit
+  well inside them)."""
+  args = _record(kernel_cases.RaggedDotKernelCase(layout, m, k, n, g, "bfloat16", None))
+  config = OP._get_heuristics_config(args)
+  fields = ("block_m", "block_n", "block_k", "num_warps", "num_stages")
+  assert tuple(getattr(config, f) for f in fields) == expected
