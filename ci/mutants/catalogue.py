@@ -13768,6 +13768,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_TRITON_RAGGED, "-k", "at_their_boundaries"),
     "Triton ragged_dot heuristic (ragged_contracting): N = 128 takes 64-wide output tiles.",
   ),
+  Mutation(
+    "layer_norm.partitioning_rows_of_the_last_axis",
+    _NORM + "spec.py",
+    'rows = tuple(None if i == args.axis else f"r{i}" for i in range(args.x.ndim))',
+    'rows = tuple(None if i == args.x.ndim - 1 else f"r{i}" for i in range(args.x.ndim))',
+    ("suites/core/test_layer_norm.py", "-k", "partitioning"),
+    "layer_norm's sharding rule takes the last axis as the normalized one: with axis != -1"
+    " the normalized axis may split across devices and the last one may not.",
+  ),
+  Mutation(
+    "glu.partitioning_k_split",
+    _GLU + "spec.py",
+    '    split=frozenset((*rows, "n")),',
+    '    split=frozenset((*rows, "n", "k")),',
+    ("suites/core/test_gated_linear_unit.py", "-k", "partitioning"),
+    "gated_linear_unit's sharding rule lets the contracted K split, with no sum of the"
+    " shards' partial products.",
+  ),
 )
 
 

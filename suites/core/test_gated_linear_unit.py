@@ -7,6 +7,7 @@ import pytest
 
 import tokamax
 from suites.core.conftest import assert_matches, references
+from tokamax._src.ops.gated_linear_unit import spec as glu_spec
 
 ACTIVATIONS = {"none": None, "swish": jax.nn.swish, "gelu": jax.nn.gelu, "relu": jax.nn.relu}
 
@@ -63,3 +64,33 @@ def test_bfloat16_inputs_give_bfloat16_outputs_and_gradients(fused, impl, inputs
   ref = references.high_precision(references.gated_linear_unit)(x, w, activation=jax.nn.swish)
   # One bfloat16 rounding (8 significant bits) of O(1) values, and the matmul's input roundings.
   np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "pair"])
+def test_partitioning_splits_rows_and_columns_never_k(fused):
+  """The sharding rule's labels: each names axes of one size across x, the weights and the
+  output (B=2, M=3, K=5, N=7 here); rows and N split, the contracted K never (its shards'
+  outputs would be partial sums), nor the [K, 2, N] weights' gate/up axis."""
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((2, 3, 5)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((5, 2, 7)), jnp.float32)
+  record = glu_spec.canonicalize(x, w if fused else (w[:, 0], w[:, 1]))
+  rule = glu_spec.partitioning(record)
+  leaves = {"x": [x.shape], "weights": [w.shape] if fused else [(5, 7), (5, 7)]}
+  labels = {"x": [rule.inputs["x"]], "weights": rule.inputs["weights"]}
+  if fused:
+    labels["weights"] = [labels["weights"]]
+  sizes = {}
+  for name in leaves:
+    for leaf_labels, shape in zip(labels[name], leaves[name], strict=True):
+      assert len(leaf_labels) == len(shape), name
+      for label, size in zip(leaf_labels, shape, strict=True):
+        if label is not None:
+          assert sizes.setdefault(label, size) == size, (name, leaf_labels)
+  assert len(rule.output) == 3
+  for label, size in zip(rule.output, (2, 3, 7), strict=True):
+    assert sizes[label] == size, rule.output
+  k_label = rule.inputs["x"][-1]
+  assert set(rule.split) == {*rule.output} and k_label not in rule.split
+  if fused:
+    assert rule.inputs["weights"][1] is None or rule.inputs["weights"][1] not in rule.split

@@ -7,6 +7,7 @@ import pytest
 
 import tokamax
 from suites.core.conftest import assert_matches, references
+from tokamax._src.ops.normalization import spec as norm_spec
 
 CASES = {
   "layernorm": dict(shape=(6, 37)),
@@ -82,3 +83,26 @@ def test_16_bit_inputs_give_outputs_of_their_dtype(dtype, subtract_mean, impl, i
   )
   # One rounding to the 16-bit dtype (8 or 11 significant bits) of O(1) values.
   np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=1e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1])
+def test_partitioning_splits_every_axis_but_the_normalized_one(axis):
+  """The sharding rule's labels: the normalized axis shares its label with scale and offset
+  and never splits (each row's statistics need all of it); every other axis is rows, splits,
+  and keeps its own label in the output."""
+  shape = (3, 5, 7)
+  d = shape[axis]
+  x = jnp.asarray(np.random.default_rng(0).standard_normal(shape), jnp.float32)
+  record = norm_spec.canonicalize(x, jnp.ones(d), jnp.ones(d), axis=axis)
+  rule = norm_spec.partitioning(record)
+  shapes = {"x": shape, "scale": (d,), "offset": (d,)}
+  sizes = {}
+  for name, labels in rule.inputs.items():
+    assert len(labels) == len(shapes[name]), name
+    for label, size in zip(labels, shapes[name], strict=True):
+      assert sizes.setdefault(label, size) == size, (name, labels)
+  x_labels = rule.inputs["x"]
+  assert tuple(rule.output) == tuple(x_labels)
+  assert x_labels[axis] == rule.inputs["scale"][0] == rule.inputs["offset"][0]
+  rows = {x_labels[i] for i in range(len(shape)) if i != axis % len(shape)}
+  assert len(rows) == len(shape) - 1 and set(rule.split) == rows
