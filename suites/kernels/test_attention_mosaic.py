@@ -464,6 +464,24 @@ def test_lowers_with_every_feature_for_cuda():
   )
 
 
+@pytest.mark.parametrize(("h", "bwd_block_q"), [(64, 64), (64, 128), (128, 64)])
+def test_atomic_dq_backward_lowers_for_cuda_as_one_kernel(h, bwd_block_q):
+  """deterministic_bwd=False: the dk/dv kernel forms dq by TMA reduce-adds; no dq kernel runs."""
+  impl = mosaic.MosaicAttention()
+  config = mosaic.MosaicAttentionConfig(deterministic_bwd=False, bwd_block_q=bwd_block_q)
+  assert mosaic.bwd_config_reason(config, h) is None
+  lengths = dict(query_seq_lengths=jnp.array([3, 50]), key_value_seq_lengths=jnp.array([70, 0]))
+  text = _lower(
+    impl, config, (2, 200, 300, 4, 2, h), grads=True, is_causal=True, logits_soft_cap=3.0, **lengths
+  ).as_text()
+  assert "attention_dk_dv_dq" in text
+  assert "attention_dq" not in text.replace("attention_dk_dv_dq", "")
+  deterministic = _lower(
+    impl, dataclasses.replace(config, deterministic_bwd=True), (2, 200, 300, 4, 2, h), grads=True
+  )
+  assert "attention_dq" in deterministic.as_text()
+
+
 @pytest.mark.parametrize(("h", "block_kv"), [(64, 64), (64, 128), (128, 64), (128, 128), (256, 64)])
 def test_overlap_qk_lowers_for_cuda(h, block_kv):
   impl = mosaic.MosaicAttention()
@@ -780,16 +798,18 @@ def test_gpu_matches_xla_and_is_deterministic(shape, dtype, kw):
 
 @_GPU
 @pytest.mark.parametrize(
-  ("shape", "kw", "config"),
+  ("shape", "kw", "config", "grads"),
   [
-    (_shape(case), case.features, case.config)
+    (_shape(case), case.features, case.config, case.grads)
     for case in opdb.get("dot_product_attention").kernel_cases["mosaic:gpu_configs"].values()
   ],
 )
-def test_gpu_configs_match_xla(shape, kw, config):
+def test_gpu_configs_match_xla(shape, kw, config, grads):
   impl = mosaic.MosaicAttention(config=mosaic.MosaicAttentionConfig(**config))
-  res = _compare(impl, shape, jnp.bfloat16, grads=False, seed=5, **_kwargs(kw))
+  res = _compare(impl, shape, jnp.bfloat16, grads=grads, seed=5, **_kwargs(kw))
   assert res["finite"] and res["out"] < 1e-2, res
+  if grads:
+    assert len(res["grads"]) == 3 and max(res["grads"]) < 1e-2, res
 
 
 if __name__ == "__main__":

@@ -185,6 +185,25 @@ _MOSAIC_CASES = {
     features=dict(local_window_size=(90, 20), logits_soft_cap=4.0),
     config=dict(dq_block_kv=128, dq_num_stages=1),
   ),
+  # dq formed by the dk/dv kernel (deterministic_bwd=False): 128-query streamed blocks
+  # (dS^T K is [128, H]), GQA, causal, lengths, and T and S padded to 256.
+  "atomic_dq_128q_gqa_lengths_causal_padded": kc.AttentionKernelCase(
+    dict(b=2, t=200, s=150, n=2, k=1, h=64),
+    "bfloat16",
+    grads=True,
+    features=dict(is_causal=True, query_seq_lengths=(150, 37), key_value_seq_lengths=(100, 150)),
+    config=dict(deterministic_bwd=False, bwd_block_q=128),
+  ),
+  # The same at head dim 128 with 64-query blocks, a window, a soft cap and a bias plane.
+  "atomic_dq_h128_window_softcap_bias": kc.AttentionKernelCase(
+    dict(b=1, t=128, s=256, n=2, k=2, h=128),
+    "bfloat16",
+    grads=True,
+    features=dict(
+      local_window_size=(90, 20), logits_soft_cap=4.0, bias=kc.RandomBias(13, (1, 2, 128, 256))
+    ),
+    config=dict(deterministic_bwd=False),
+  ),
   # Head dim 256: dq and the dk pass with one pipeline slot, the dv pass with two.
   "h256_gqa_causal": kc.AttentionKernelCase(
     dict(b=1, t=128, s=128, n=2, k=1, h=256),
@@ -374,8 +393,8 @@ _MOSAIC_GPU_CASES = {
     dict(b=1, t=512, s=512, n=2, k=2, h=256), "bfloat16", features=dict(is_causal=True)
   ),
 }
-# Compiled on a Hopper GPU with configs other than the heuristics' (overlap_qk):
-# outputs against XLA.
+# Compiled on a Hopper GPU with configs other than the heuristics' (overlap_qk,
+# deterministic_bwd): outputs against XLA, and gradients where `grads`.
 _MOSAIC_GPU_CONFIG_CASES = {
   "h128_causal_softcap_lengths": kc.AttentionKernelCase(
     dict(b=2, t=512, s=500, n=4, k=2, h=128),
@@ -397,6 +416,19 @@ _MOSAIC_GPU_CONFIG_CASES = {
     grads=False,
     features=dict(is_causal=True),
     config=dict(block_kv=64, overlap_qk=True, schedule_barrier=False),
+  ),
+  # dq by reduce-adds from the dk/dv kernel (not bitwise reproducible): gradients too.
+  "h128_causal_gqa_atomic_dq": kc.AttentionKernelCase(
+    dict(b=2, t=640, s=640, n=4, k=2, h=128),
+    "bfloat16",
+    features=dict(is_causal=True),
+    config=dict(deterministic_bwd=False),
+  ),
+  "h64_lengths_atomic_dq": kc.AttentionKernelCase(
+    dict(b=2, t=512, s=500, n=4, k=4, h=64),
+    "bfloat16",
+    features=dict(key_value_seq_lengths=(500, 77)),
+    config=dict(deterministic_bwd=False, bwd_block_q=128),
   ),
 }
 

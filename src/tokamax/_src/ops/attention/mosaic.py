@@ -51,6 +51,10 @@ class MosaicAttentionConfig:
     dq_block_q: query rows per consumer warpgroup of the dq kernel.
     dq_block_kv: keys per streamed block of the dq kernel (32, 64 or 128).
     dq_num_stages: pipeline slots of the dq kernel (fewer where they do not fit).
+    deterministic_bwd: False: the dk/dv kernel also forms dq, adding each step's
+      share into a float32 buffer by TMA reduce-add, and the dq kernel does not
+      run (five matmuls per block pair instead of seven; head dims up to 128).
+      The order of those adds varies, so dq is not bitwise reproducible.
   """
 
   block_kv: int = 128
@@ -63,6 +67,7 @@ class MosaicAttentionConfig:
   dq_block_q: int = 64
   dq_block_kv: int = 64
   dq_num_stages: int = 2
+  deterministic_bwd: bool = True
 
   # The fields the forward kernel ignores (see `Op._forward_config`).
   BACKWARD_FIELDS: ClassVar[tuple[str, ...]] = (
@@ -72,6 +77,7 @@ class MosaicAttentionConfig:
     "dq_block_q",
     "dq_block_kv",
     "dq_num_stages",
+    "deterministic_bwd",
   )
 
   def __post_init__(self):
@@ -117,14 +123,16 @@ def _staged_itemsizes(args: attention_spec.AttentionArgs) -> tuple[int, ...]:
   return tuple(staged)
 
 
-def _bwd_passes(head_dim: int) -> tuple[tuple[str, ...], ...]:
-  """The outputs of each dk/dv kernel launch.
+def _bwd_passes(head_dim: int, deterministic: bool = True) -> tuple[tuple[str, ...], ...]:
+  """The outputs of each dk/dv kernel launch ("dq" too where it forms dq).
 
   A consumer's float32 dk and dv accumulators take head_dim registers per
   thread together: past 128 they leave too few of the 232 for the rest, so
   each output gets its own pass.
   """
-  return (("dk", "dv"),) if head_dim <= 128 else (("dv",), ("dk",))
+  if head_dim > 128:
+    return (("dv",), ("dk",))
+  return (("dk", "dv"),) if deterministic else (("dk", "dv", "dq"),)
 
 
 def _bwd_kernel_params(
@@ -153,19 +161,23 @@ def _bwd_kernel_params(
 
   p_dq = fit(p_dq, lambda x: mosaic_bwd.dq_smem_bytes(x, head_dim))
   passes = [
-    (o, fit(p_dkv, lambda x, o=o: mosaic_bwd.dkv_smem_bytes(x, head_dim, o)))
-    for o in _bwd_passes(head_dim)
+    (o, fit(p_dkv, lambda x, o=o: _dkv_smem_bytes(x, head_dim, o)))
+    for o in _bwd_passes(head_dim, config.deterministic_bwd)
   ]
   return p_dq, passes
+
+
+def _dkv_smem_bytes(p: mosaic_bwd.BwdParams, head_dim: int, outputs: tuple[str, ...]) -> int:
+  return mosaic_bwd.dkv_smem_bytes(p, head_dim, outputs, with_dq="dq" in outputs)
 
 
 def bwd_smem_bytes(config: MosaicAttentionConfig, head_dim: int) -> int:
   """Shared memory of the largest backward kernel for `config` (after fitting its stages)."""
   p_dq, passes = _bwd_kernel_params(config, head_dim)
-  return max(
-    mosaic_bwd.dq_smem_bytes(p_dq, head_dim),
-    *(mosaic_bwd.dkv_smem_bytes(p, head_dim, o) for o, p in passes),
-  )
+  dkv = [_dkv_smem_bytes(p, head_dim, o) for o, p in passes]
+  if not config.deterministic_bwd:
+    return max(dkv)
+  return max(mosaic_bwd.dq_smem_bytes(p_dq, head_dim), *dkv)
 
 
 # Float32 registers per consumer thread that the backward kernels' live tiles
@@ -187,11 +199,21 @@ def bwd_registers(config: MosaicAttentionConfig, head_dim: int) -> tuple[int, in
   dq = config.dq_block_q * (head_dim + 2 * config.dq_block_kv)
   outputs = max(len(o) for o in _bwd_passes(head_dim))
   dkv = config.bwd_block_kv * (outputs * head_dim + 2 * config.bwd_block_q)
+  if not config.deterministic_bwd:
+    # The dq share's tile replaces the score tiles once dS is formed; no dq kernel.
+    dkv = max(dkv, config.bwd_block_kv * outputs * head_dim + config.bwd_block_q * head_dim)
+    dq = 0
   return dq // 128, dkv // 128
 
 
 def bwd_config_reason(config: MosaicAttentionConfig, head_dim: int) -> str | None:
   """Why the backward kernels cannot take `config` at `head_dim` (None if they can)."""
+  if not config.deterministic_bwd and head_dim > 128:
+    return f"deterministic_bwd=False at head dim {head_dim} (the dk/dv kernel forms dq up to 128)"
+  if not config.deterministic_bwd and config.bwd_block_q < 64:
+    return (
+      f"deterministic_bwd=False with bwd_block_q {config.bwd_block_q} (dS^T K needs 64 or more)"
+    )
   regs = bwd_registers(config, head_dim)
   if max(regs) > _BWD_REGISTERS:
     return (
@@ -449,11 +471,14 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
     extras = (_extra(args.bias, t_pad, s_pad), _extra(args.mask, t_pad, s_pad, jnp.int8))
     extras_t = tuple(None if x is None else jnp.swapaxes(x, 2, 3) for x in extras)
     interpret = self.interpret_params
-    grads = {"query": mosaic_bwd.dq(p_dq, *operands, *extras, interpret=interpret)[:, :t]}
+    grads = {}
+    if config.deterministic_bwd:
+      grads["query"] = mosaic_bwd.dq(p_dq, *operands, *extras, interpret=interpret)[:, :t]
+    names = {"dq": "query", "dk": "key", "dv": "value"}
     for outputs, p_dkv in passes:
       res = mosaic_bwd.dkv(p_dkv, *operands, *extras_t, outputs=outputs, interpret=interpret)
       for name, x in zip(outputs, res, strict=True):
-        grads["key" if name == "dk" else "value"] = x[:, :s]
+        grads[names[name]] = x[:, : t if name == "dq" else s]
     if args.bias is not None:
       grads["bias"] = xla.bias_grad(args, out, dout)
     return grads

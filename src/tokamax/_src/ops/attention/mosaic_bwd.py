@@ -13,6 +13,12 @@ producer warpgroup, and no atomics (so results are bitwise reproducible):
   fit the registers (head dim 256), it runs twice, once per output: the dv
   pass needs neither the value block nor delta.
 
+The dk/dv kernel can also form dq (`dkv(..., dq=buffer)`), in place of the dq
+kernel: each step's share dS K goes through shared memory into a float32
+buffer by TMA reduce-add. Five matmuls per step pair instead of seven, but the
+order of the adds varies from run to run, so that dq is not bitwise
+reproducible.
+
 The masking and block ranges are the forward kernel's (`mosaic_common`). A bias
 and a mask ([B|1, N|1, T|1, S|1], as the forward takes them) are read tile by
 tile from global memory into registers, as in the forward; the dk/dv kernel,
@@ -55,10 +61,14 @@ def dq_smem_bytes(p: BwdParams, h: int, itemsize: int = 2) -> int:
   return held + 2 * p.num_stages * p.block_kv * h * itemsize
 
 
-def dkv_smem_bytes(p: BwdParams, h: int, outputs=("dk", "dv"), itemsize: int = 2) -> int:
-  """Shared memory of the dk/dv kernel computing `outputs` (compiled, not interpreted)."""
+def dkv_smem_bytes(
+  p: BwdParams, h: int, outputs=("dk", "dv"), itemsize: int = 2, *, with_dq: bool = False
+) -> int:
+  """Shared memory of the dk/dv kernel computing `outputs` (and dq), compiled."""
   dk = "dk" in outputs
   held = (2 if dk else 1) * NUM_CONSUMERS * p.block_kv * h * itemsize
+  if with_dq:  # Each consumer's dS tile and float32 dq share.
+    held += NUM_CONSUMERS * p.block_q * (p.block_kv * itemsize + h * 4)
   return held + p.num_stages * p.block_q * (2 * h * itemsize + (8 if dk else 4))
 
 
@@ -87,14 +97,19 @@ def _mm(acc, a, b_ref, interpret, stage_ref):
   return pl.run_state(g)(plgpu.ACC.init(acc))
 
 
-def _mm_t(a_ref, b_ref, shape):
-  """a_ref @ b_ref.T from shared memory into a fresh float32 tile."""
+def _mm_refs(a_ref, b_ref, shape):
+  """a_ref @ b_ref from shared memory (either may be transposed) into a fresh float32 tile."""
 
   def f(acc_ref):
-    plgpu.wgmma(acc_ref, a_ref, b_ref.T)
+    plgpu.wgmma(acc_ref, a_ref, b_ref)
     return acc_ref[...]
 
   return pl.run_scoped(f, plgpu.ACC(shape, jnp.float32))
+
+
+def _mm_t(a_ref, b_ref, shape):
+  """a_ref @ b_ref.T from shared memory into a fresh float32 tile."""
+  return _mm_refs(a_ref, b_ref.T, shape)
 
 
 def dq(p: BwdParams, q, k, v, do, lse, delta, lengths, bias=None, mask=None, *, interpret=None):
@@ -286,8 +301,9 @@ def dkv(
   outputs=("dk", "dv"),
   interpret=None,
 ):
-  """The `outputs` ("dk", "dv" or both, in that order), each [B,S,K,H].
+  """The `outputs` ("dk", "dv" or both, then "dq" with "dk"), in that order.
 
+  dk and dv are [B,S,K,H]; dq is [B,T,N,H], summed by reduce-adds (module doc).
   `bias_t` and `mask_t` are the forward's bias and mask with T and S swapped.
   """
   b, t, n, h = q.shape
@@ -300,20 +316,26 @@ def dkv(
   dtype = q.dtype
   m = p.masking
   any_mask = m != common.Masking()
-  want_dk, want_dv = "dk" in outputs, "dv" in outputs
+  want_dk, want_dv, want_dq = ("dk" in outputs, "dv" in outputs, "dq" in outputs)
   names = [x for x in ("dk", "dv") if x in outputs]
-  assert names and len(names) == len(outputs), outputs
+  assert names and len(names) + want_dq == len(outputs) and want_dk >= want_dq, outputs
+  assert not want_dq or bq % 64 == 0, "dS^T K takes whole wgmma M tiles of queries"
   # As in `dq`: with one slot per operand the dk pass uses dO first (dP) and
   # releases it early, and the query block last.
   do_first = want_dk and not want_dv and stages == 1
   extras = tuple(x for x in (bias_t, mask_t) if x is not None)
+  # Interpreted, TMA has no reduce-add: each consumer writes its dq shares to a
+  # buffer of its own, summed afterwards.
+  dq_parts = num_tiles * NUM_CONSUMERS if interpret else 1
 
   def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref, *refs):
     refs_bm = common.extra_refs(refs, bias_t, mask_t)
     refs = refs[len(extras) :]
+    if want_dq:
+      dq_ref, *refs = refs
     out_refs = dict(zip(names, refs[: len(names)], strict=True))
     smem, bars = refs[len(names) :]
-    k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem = smem
+    k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem
     kv_bar, q_bar, do_bar, lse_bar, delta_bar, q_free, do_free, lse_free, delta_free = bars
     kv_head = lax.axis_index("heads")
     tile = lax.axis_index("kv_tiles")
@@ -391,9 +413,24 @@ def dkv(
         ds_t = p_t * (dp_t - lax.broadcast_in_dim(delta, (bkv, bq), [1]))
         if dcap is not None:
           ds_t = ds_t * dcap
-        acc["dk"] = _mm(acc["dk"], ds_t.astype(dtype), q_smem.at[slot], interpret, stage)
+        ds_t = ds_t.astype(dtype)
+        acc["dk"] = _mm(acc["dk"], ds_t, q_smem.at[slot], interpret, stage)
         plgpu.barrier_arrive(q_free.at[slot])
+        if want_dq:
+          _add_dq(ds_t, q_step, g)
         return acc
+
+      def _add_dq(ds_t, q_step, g):
+        """Adds dS K, this consumer's share of the query block's dq, to the buffer."""
+        ds_smem.at[wg][...] = ds_t
+        plgpu.commit_smem()
+        share = _mm_refs(ds_smem.at[wg].T, k_smem.at[wg], (bq, h))
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The previous share's store.
+        dq_smem.at[wg][...] = share
+        plgpu.commit_smem()
+        part = tile * NUM_CONSUMERS + wg if interpret else 0
+        dst = dq_ref.at[part, batch, pl.ds(q_step * bq, bq), kv_head * groups + g]
+        plgpu.copy_smem_to_gmem(dq_smem.at[wg], dst, reduction_op=None if interpret else "add")
 
       def skip(q_step, carry, *, g):
         slot = lax.rem(g * span + q_step - tile_lo, jnp.int32(stages))
@@ -450,8 +487,9 @@ def dkv(
     plgpu.SMEM((stages, bq), jnp.float32),
     plgpu.SMEM((stages, bq), jnp.float32) if want_dk else None,
     plgpu.SMEM((NUM_CONSUMERS, bkv, bq), dtype, transforms=common.smem_transforms(dtype, bq))
-    if interpret
+    if interpret or want_dq
     else None,
+    plgpu.SMEM((NUM_CONSUMERS, bq, h), jnp.float32) if want_dq else None,
   )
   full = plgpu.Barrier(num_barriers=stages)
   free = plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages)
@@ -467,7 +505,7 @@ def dkv(
     free if want_dk else None,
   )
   kv_type = jax.ShapeDtypeStruct(k.shape, dtype)
-  return plgpu.kernel(
+  call = plgpu.kernel(
     body,
     out_type=tuple(kv_type for _ in names),
     scratch_types=(smem, bars),
@@ -475,7 +513,14 @@ def dkv(
     grid_names=("heads", "kv_tiles", "batch"),
     num_threads=NUM_CONSUMERS + 1,
     thread_name="wg",
-    kernel_name="attention_" + "_".join(names),  # attention_dk_dv, or one output's pass
+    kernel_name="attention_" + "_".join(outputs),  # attention_dk_dv, or one output's pass
     compiler_params=plgpu.CompilerParams(approx_math=True),
     interpret=interpret,
-  )(q, k, v, do, lse, delta, lengths, *extras)
+  )
+  operands = (q, k, v, do, lse, delta, lengths, *extras)
+  if not want_dq:
+    return call(*operands)
+  buffer = jax.new_ref(jnp.zeros((dq_parts, *q.shape), jnp.float32))  # Written in place.
+  results = call(*operands, buffer)
+  dq_sum = jnp.sum(jax.freeze(buffer), axis=0)
+  return (*results, (dq_sum * p.scale).astype(dtype))
