@@ -1332,6 +1332,68 @@ MUTATIONS: tuple[Mutation, ...] = (
     " kv_head on instead of its own group's.",
   ),
   Mutation(
+    "kernels.mosaic_attention_atomic_dq_head",
+    _ATTENTION + "mosaic_bwd.py",
+    "pl.ds(q_step * bq, bq), kv_head * groups + g]",
+    "pl.ds(q_step * bq, bq), kv_head + g]",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[atomic_dq_h128_gqa_window_softcap_bias]",),
+    "Mosaic attention backward (dk/dv forming dq): a key/value head adds its query heads' dq"
+    " shares to heads kv_head + g instead of kv_head * groups + g.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_atomic_dq_rows",
+    _ATTENTION + "mosaic_bwd.py",
+    "dst = dq_ref.at[part, batch, pl.ds(q_step * bq, bq)",
+    "dst = dq_ref.at[part, batch, pl.ds(q_step * bkv, bq)",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[atomic_dq_128q_gqa_lengths_causal_padded]",),
+    "Mosaic attention backward (dk/dv forming dq): a share lands at rows counted in key"
+    " blocks, not query blocks.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_atomic_dq_parts",
+    _ATTENTION + "mosaic_bwd.py",
+    "part = tile * NUM_CONSUMERS + wg if interpret else 0",
+    "part = tile if interpret else 0",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[atomic_dq_h128_gqa_window_softcap_bias]",),
+    "Mosaic attention backward (dk/dv forming dq, interpreted): both consumers write their"
+    " shares to one buffer, so one overwrites the other.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_atomic_dq_scale",
+    _ATTENTION + "mosaic_bwd.py",
+    "(dq_sum * p.scale).astype(dtype)",
+    "dq_sum.astype(dtype)",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[atomic_dq_h128_gqa_window_softcap_bias]",),
+    "Mosaic attention backward (dk/dv forming dq): dq not multiplied by the logits scale.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_atomic_dq_smem",
+    _ATTENTION + "mosaic_bwd.py",
+    "held += NUM_CONSUMERS * p.block_q * (p.block_kv * itemsize + h * 4)",
+    "held += NUM_CONSUMERS * p.block_q * (p.block_kv * itemsize + h * itemsize)",
+    (_MOSAIC_ATTENTION + "::test_backward_shared_memory_bytes",),
+    "Mosaic attention backward: the float32 dq share counted at the input's itemsize, so a"
+    " config that does not fit passes.",
+  ),
+  Mutation(
+    "wrappers.attention_mosaic_atomic_dq_h256",
+    _ATTENTION + "mosaic.py",
+    "if not config.deterministic_bwd and head_dim > 128:",
+    "if not config.deterministic_bwd and head_dim > 256:",
+    (_MOSAIC_ATTENTION + "::test_backward_config_reason",),
+    "Mosaic attention: deterministic_bwd=False accepted at head dim 256, where the dk/dv"
+    " kernel runs two passes and forms no dq.",
+  ),
+  Mutation(
+    "wrappers.attention_mosaic_atomic_dq_registers",
+    _ATTENTION + "mosaic.py",
+    "    # the score tiles are dead, and no larger than them while H <= 2 * bwd_block_kv.\n    dq = 0",
+    "    # the score tiles are dead, and no larger than them while H <= 2 * bwd_block_kv.\n    pass",
+    (_MOSAIC_ATTENTION + "::test_backward_config_reason",),
+    "Mosaic attention: deterministic_bwd=False still counts the dq kernel's registers, so"
+    " configs whose dq kernel never runs are refused.",
+  ),
+  Mutation(
     "wrappers.attention_mosaic_kv_lengths_unclipped",
     _ATTENTION + "mosaic.py",
     "jnp.minimum(kv_len, s)]",
@@ -2012,8 +2074,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "wrappers.attention_mosaic_bwd_passes_split_at_128",
     _ATTENTION + "mosaic.py",
-    '  return (("dk", "dv"),) if head_dim <= 128 else',
-    '  return (("dk", "dv"),) if head_dim < 128 else',
+    "  if head_dim > 128:\n    return ((\"dv\",), (\"dk\",))",
+    "  if head_dim >= 128:\n    return ((\"dv\",), (\"dk\",))",
     (_MOSAIC_ATTENTION, "-k", "backward_passes_and_stages"),
     "Mosaic attention backward: head dim 128 splits dk and dv into two passes.",
   ),
@@ -2099,8 +2161,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_attention_dk_times_do",
     _ATTENTION + "mosaic_bwd.py",
-    "ds_t.astype(dtype), q_smem.at[slot]",
-    "ds_t.astype(dtype), do_smem.at[slot]",
+    'acc["dk"] = _mm(acc["dk"], ds_t, q_smem.at[slot]',
+    'acc["dk"] = _mm(acc["dk"], ds_t, do_smem.at[slot]',
     (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[gqa_plain_h64]",),
     "Mosaic attention backward (dk): dS^T multiplies the dO block instead of the query block.",
   ),

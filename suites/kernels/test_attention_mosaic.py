@@ -593,6 +593,28 @@ def test_backward_shared_memory_bytes():
   assert mosaic_bwd.dkv_smem_bytes(p, h) == 2 * held + 3 * (2 * slot + 2 * vec)
   assert mosaic_bwd.dkv_smem_bytes(p, h, ("dk",)) == 2 * held + 3 * (2 * slot + 2 * vec)
   assert mosaic_bwd.dkv_smem_bytes(p, h, ("dv",)) == held + 3 * (2 * slot + vec)
+  # Forming dq too: each consumer's bfloat16 dS^T tile [block_kv, block_q] and float32 dq
+  # share [block_q, H].
+  shares = 2 * (128 * 64 * bf16 + 64 * h * f32)
+  assert mosaic_bwd.dkv_smem_bytes(p, h, with_dq=True) == 2 * held + shares + 3 * (
+    2 * slot + 2 * vec
+  )
+
+
+@pytest.mark.parametrize(("h", "stages"), [(64, 2), (128, 2)])
+def test_atomic_dq_backward_is_one_kernel_that_fits(h, stages):
+  """deterministic_bwd=False: one dk/dv pass that also forms dq, whose shared memory counts the
+  dS and dq tiles (the heuristics' blocks keep two slots), and no dq kernel's registers."""
+  q = jnp.ones((1, 8, 2, h), jnp.bfloat16)
+  config = mosaic.MosaicAttention()._get_heuristics_config(spec.canonicalize(q, q, q))
+  config = dataclasses.replace(config, deterministic_bwd=False)
+  _, passes = mosaic._bwd_kernel_params(config, h)
+  assert [(o, p.num_stages) for o, p in passes] == [(("dk", "dv", "dq"), stages)]
+  p = passes[0][1]
+  assert mosaic.bwd_smem_bytes(config, h) == mosaic_bwd.dkv_smem_bytes(
+    p, h, ("dk", "dv"), with_dq=True
+  )
+  assert mosaic.bwd_registers(config, h) == (0, 192)
 
 
 def test_forward_shared_memory_bytes():
@@ -746,6 +768,10 @@ def test_config_validation():
     (256, dict(bwd_block_q=32, bwd_block_kv=128), "registers"),
     (128, dict(bwd_block_q=32, bwd_block_kv=128), "registers"),  # dk and dv [128, 128]: 256.
     (64, dict(bwd_block_q=32, bwd_block_kv=128), None),
+    (256, dict(deterministic_bwd=False), "deterministic_bwd=False at head dim 256"),
+    (128, dict(deterministic_bwd=False, bwd_block_q=32), "bwd_block_q 32"),
+    (128, dict(deterministic_bwd=False, dq_block_q=128), None),  # No dq kernel runs.
+    (64, dict(deterministic_bwd=False, bwd_block_q=128), None),
   ],
 )
 def test_backward_config_reason(h, fields, words):

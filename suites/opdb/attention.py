@@ -194,13 +194,14 @@ _MOSAIC_CASES = {
     features=dict(is_causal=True, query_seq_lengths=(150, 37), key_value_seq_lengths=(100, 150)),
     config=dict(deterministic_bwd=False, bwd_block_q=128),
   ),
-  # The same at head dim 128 with 64-query blocks, a window, a soft cap and a bias plane.
-  "atomic_dq_h128_window_softcap_bias": kc.AttentionKernelCase(
-    dict(b=1, t=128, s=256, n=2, k=2, h=128),
+  # The same at head dim 128 with 64-query blocks, two key/value heads of two query heads
+  # each, a window, a soft cap and a bias plane.
+  "atomic_dq_h128_gqa_window_softcap_bias": kc.AttentionKernelCase(
+    dict(b=1, t=128, s=256, n=4, k=2, h=128),
     "bfloat16",
     grads=True,
     features=dict(
-      local_window_size=(90, 20), logits_soft_cap=4.0, bias=kc.RandomBias(13, (1, 2, 128, 256))
+      local_window_size=(90, 20), logits_soft_cap=4.0, bias=kc.RandomBias(13, (1, 4, 128, 256))
     ),
     config=dict(deterministic_bwd=False),
   ),

@@ -200,8 +200,8 @@ def bwd_registers(config: MosaicAttentionConfig, head_dim: int) -> tuple[int, in
   outputs = max(len(o) for o in _bwd_passes(head_dim))
   dkv = config.bwd_block_kv * (outputs * head_dim + 2 * config.bwd_block_q)
   if not config.deterministic_bwd:
-    # The dq share's tile replaces the score tiles once dS is formed; no dq kernel.
-    dkv = max(dkv, config.bwd_block_kv * outputs * head_dim + config.bwd_block_q * head_dim)
+    # No dq kernel. The dk/dv kernel's dq share [bwd_block_q, H] is live only once
+    # the score tiles are dead, and no larger than them while H <= 2 * bwd_block_kv.
     dq = 0
   return dq // 128, dkv // 128
 
