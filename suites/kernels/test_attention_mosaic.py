@@ -596,6 +596,11 @@ def test_backward_shared_memory_bytes():
   # Forming dq too: each consumer's bfloat16 dS^T tile [block_kv, block_q] and float32 dq
   # share [block_q, H].
   shares = 2 * (128 * 64 * bf16 + 64 * h * f32)
+  assert mosaic_bwd.dkv_smem_bytes(
+    dataclasses.replace(p, pair_dq=False), h, with_dq=True
+  ) == 2 * held + shares + 3 * (2 * slot + 2 * vec)
+  # The consumers pair up and each holds half of the CTA's dq share (64 of H = 128 columns).
+  shares = 2 * (128 * 64 * bf16 + 64 * h // 2 * f32)
   assert mosaic_bwd.dkv_smem_bytes(p, h, with_dq=True) == 2 * held + shares + 3 * (
     2 * slot + 2 * vec
   )

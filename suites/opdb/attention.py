@@ -205,6 +205,15 @@ _MOSAIC_CASES = {
     ),
     config=dict(deterministic_bwd=False),
   ),
+  # 64-query blocks at head dim 64: no half of the share is a whole wgmma tile, so each
+  # consumer adds its own.
+  "atomic_dq_h64_64q_unpaired_causal": kc.AttentionKernelCase(
+    dict(b=1, t=128, s=128, n=2, k=1, h=64),
+    "bfloat16",
+    grads=True,
+    features=dict(is_causal=True),
+    config=dict(deterministic_bwd=False, bwd_block_q=64),
+  ),
   # Head dim 256: dq and the dk pass with one pipeline slot, the dv pass with two.
   "h256_gqa_causal": kc.AttentionKernelCase(
     dict(b=1, t=128, s=128, n=2, k=1, h=256),
@@ -424,6 +433,11 @@ _MOSAIC_GPU_CONFIG_CASES = {
     "bfloat16",
     features=dict(is_causal=True),
     config=dict(deterministic_bwd=False),
+  ),
+  "h128_atomic_dq_unpaired": kc.AttentionKernelCase(
+    dict(b=1, t=512, s=512, n=4, k=4, h=128),
+    "bfloat16",
+    config=dict(deterministic_bwd=False, pair_dq=False),
   ),
   "h64_lengths_atomic_dq": kc.AttentionKernelCase(
     dict(b=2, t=512, s=500, n=4, k=4, h=64),

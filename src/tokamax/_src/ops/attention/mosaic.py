@@ -68,6 +68,7 @@ class MosaicAttentionConfig:
   dq_block_kv: int = 64
   dq_num_stages: int = 2
   deterministic_bwd: bool = True
+  pair_dq: bool = True
 
   # The fields the forward kernel ignores (see `Op._forward_config`).
   BACKWARD_FIELDS: ClassVar[tuple[str, ...]] = (
@@ -78,6 +79,7 @@ class MosaicAttentionConfig:
     "dq_block_kv",
     "dq_num_stages",
     "deterministic_bwd",
+    "pair_dq",
   )
 
   def __post_init__(self):
@@ -150,6 +152,7 @@ def _bwd_kernel_params(
     block_q=config.bwd_block_q,
     block_kv=config.bwd_block_kv,
     num_stages=config.bwd_num_stages,
+    pair_dq=config.pair_dq,
     **common_kw,
   )
 

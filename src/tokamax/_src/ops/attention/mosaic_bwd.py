@@ -53,6 +53,7 @@ class BwdParams:
   masking: common.Masking
   consumer_registers: int = 232
   producer_registers: int = 40
+  pair_dq: bool = True  # Whether the consumers form one dq share per CTA (`dq_split`).
 
 
 def dq_smem_bytes(p: BwdParams, h: int, itemsize: int = 2) -> int:
@@ -61,14 +62,27 @@ def dq_smem_bytes(p: BwdParams, h: int, itemsize: int = 2) -> int:
   return held + 2 * p.num_stages * p.block_kv * h * itemsize
 
 
+def dq_split(block_q: int, h: int) -> str | None:
+  """How the dk/dv kernel's consumers split the CTA's dq share: "rows", "cols" or None.
+
+  Both consumers' dS tiles make one share of the query block's dq, each consumer
+  forming half of it (whole 64-row wgmma tiles, or 64-column halves of the key
+  tile's 128-byte swizzle), so the CTA adds it once; None: each adds its own.
+  """
+  if block_q >= 128:
+    return "rows"
+  return "cols" if h >= 128 else None
+
+
 def dkv_smem_bytes(
   p: BwdParams, h: int, outputs=("dk", "dv"), itemsize: int = 2, *, with_dq: bool = False
 ) -> int:
   """Shared memory of the dk/dv kernel computing `outputs` (and dq), compiled."""
   dk = "dk" in outputs
   held = (2 if dk else 1) * NUM_CONSUMERS * p.block_kv * h * itemsize
-  if with_dq:  # Each consumer's dS tile and float32 dq share.
-    held += NUM_CONSUMERS * p.block_q * (p.block_kv * itemsize + h * 4)
+  if with_dq:  # Each consumer's dS tile and float32 part of the dq share.
+    share = p.block_q * h * 4 // (2 if p.pair_dq and dq_split(p.block_q, h) else 1)
+    held += NUM_CONSUMERS * (p.block_q * p.block_kv * itemsize + share)
   return held + p.num_stages * p.block_q * (2 * h * itemsize + (8 if dk else 4))
 
 
@@ -327,6 +341,7 @@ def dkv(
   # Interpreted, TMA has no reduce-add: each consumer writes its dq shares to a
   # buffer of its own, summed afterwards.
   dq_parts = num_tiles * NUM_CONSUMERS if interpret else 1
+  split = dq_split(bq, h) if want_dq and p.pair_dq else None
 
   def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref, *refs):
     refs_bm = common.extra_refs(refs, bias_t, mask_t)
@@ -336,7 +351,8 @@ def dkv(
     out_refs = dict(zip(names, refs[: len(names)], strict=True))
     smem, bars = refs[len(names) :]
     k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem
-    kv_bar, q_bar, do_bar, lse_bar, delta_bar, q_free, do_free, lse_free, delta_free = bars
+    kv_bar, q_bar, do_bar, lse_bar, delta_bar, q_free, do_free, lse_free, delta_free = bars[:9]
+    ds_full, ds_read = bars[9:]
     kv_head = lax.axis_index("heads")
     tile = lax.axis_index("kv_tiles")
     batch = lax.axis_index("batch")
@@ -421,15 +437,33 @@ def dkv(
         return acc
 
       def _add_dq(ds_t, q_step, g):
-        """Adds dS K, this consumer's share of the query block's dq, to the buffer."""
+        """Adds this consumer's part of dS K, the query block's dq share, to the buffer."""
+        rows, cols = pl.ds(q_step * bq, bq), pl.ds(0, h)
         ds_smem.at[wg][...] = ds_t
         plgpu.commit_smem()
-        share = _mm_refs(ds_smem.at[wg].T, k_smem.at[wg], (bq, h))
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The previous share's store.
-        dq_smem.at[wg][...] = share
+        if split is None:
+          part = _mm_refs(ds_smem.at[wg].T, k_smem.at[wg], (bq, h))
+        else:
+          # Both consumers' dS tiles in place; each forms half of the CTA's share.
+          plgpu.barrier_arrive(ds_full)
+          plgpu.barrier_wait(ds_full)
+          half = (bq if split == "rows" else h) // 2
+          mine = pl.ds(wg * half, half)
+          a = [ds_smem.at[i] for i in range(NUM_CONSUMERS)]
+          b = [k_smem.at[i] for i in range(NUM_CONSUMERS)]
+          if split == "rows":
+            rows, a = pl.ds(q_step * bq + wg * half, half), [x.at[:, mine] for x in a]
+          else:
+            cols, b = mine, [x.at[:, mine] for x in b]
+          part = _mm_refs(a[0].T, b[0], (rows.size, cols.size))
+          part = part + _mm_refs(a[1].T, b[1], (rows.size, cols.size))
+          plgpu.barrier_arrive(ds_read)  # The partner may overwrite its dS tile once both read.
+          plgpu.barrier_wait(ds_read)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The previous part's store.
+        dq_smem.at[wg][...] = part
         plgpu.commit_smem()
-        part = tile * NUM_CONSUMERS + wg if interpret else 0
-        dst = dq_ref.at[part, batch, pl.ds(q_step * bq, bq), kv_head * groups + g]
+        buffer = tile * NUM_CONSUMERS + wg if interpret else 0
+        dst = dq_ref.at[buffer, batch, rows, kv_head * groups + g, cols]
         plgpu.copy_smem_to_gmem(dq_smem.at[wg], dst, reduction_op=None if interpret else "add")
 
       def skip(q_step, carry, *, g):
@@ -437,6 +471,8 @@ def dkv(
         for full, free in streamed:
           plgpu.barrier_wait(full.at[slot])
           plgpu.barrier_arrive(free.at[slot])
+        if want_dq and split is not None:  # The partner's share needs this consumer's half.
+          _add_dq(common.tile((bkv, bq), 0.0).astype(dtype), q_step, g)
         return carry
 
       def group(g, carry):
@@ -489,7 +525,14 @@ def dkv(
     plgpu.SMEM((NUM_CONSUMERS, bkv, bq), dtype, transforms=common.smem_transforms(dtype, bq))
     if interpret or want_dq
     else None,
-    plgpu.SMEM((NUM_CONSUMERS, bq, h), jnp.float32) if want_dq else None,
+    plgpu.SMEM(
+      (NUM_CONSUMERS, bq // 2, h)
+      if split == "rows"
+      else (NUM_CONSUMERS, bq, h // (1 + bool(split))),
+      jnp.float32,
+    )
+    if want_dq
+    else None,
   )
   full = plgpu.Barrier(num_barriers=stages)
   free = plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages)
@@ -503,6 +546,7 @@ def dkv(
     free,
     free,
     free if want_dk else None,
+    *(2 * [plgpu.Barrier(num_arrivals=NUM_CONSUMERS) if split else None]),
   )
   kv_type = jax.ShapeDtypeStruct(k.shape, dtype)
   call = plgpu.kernel(
