@@ -1334,8 +1334,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_attention_atomic_dq_head",
     _ATTENTION + "mosaic_bwd.py",
-    "pl.ds(q_step * bq, bq), kv_head * groups + g]",
-    "pl.ds(q_step * bq, bq), kv_head + g]",
+    "dst = dq_ref.at[buffer, batch, rows, kv_head * groups + g, cols]",
+    "dst = dq_ref.at[buffer, batch, rows, kv_head + g, cols]",
     (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[atomic_dq_h128_gqa_window_softcap_bias]",),
     "Mosaic attention backward (dk/dv forming dq): a key/value head adds its query heads' dq"
     " shares to heads kv_head + g instead of kv_head * groups + g.",
@@ -1343,20 +1343,29 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_attention_atomic_dq_rows",
     _ATTENTION + "mosaic_bwd.py",
-    "dst = dq_ref.at[part, batch, pl.ds(q_step * bq, bq)",
-    "dst = dq_ref.at[part, batch, pl.ds(q_step * bkv, bq)",
+    "rows, a = pl.ds(q_step * bq + wg * half, half)",
+    "rows, a = pl.ds(q_step * bq, half)",
     (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[atomic_dq_128q_gqa_lengths_causal_padded]",),
-    "Mosaic attention backward (dk/dv forming dq): a share lands at rows counted in key"
-    " blocks, not query blocks.",
+    "Mosaic attention backward (dk/dv forming dq): both consumers of a pair add their halves"
+    " of the share to the query block's first half of rows.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_atomic_dq_partner_dropped",
+    _ATTENTION + "mosaic_bwd.py",
+    "part = part + _mm_refs(a[1].T, b[1], (rows.size, cols.size))",
+    "part = part + 0.0",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[atomic_dq_h128_gqa_window_softcap_bias]",),
+    "Mosaic attention backward (dk/dv forming dq): a paired consumer's half of the share"
+    " leaves out the second consumer's keys.",
   ),
   Mutation(
     "kernels.mosaic_attention_atomic_dq_parts",
     _ATTENTION + "mosaic_bwd.py",
-    "part = tile * NUM_CONSUMERS + wg if interpret else 0",
-    "part = tile if interpret else 0",
-    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[atomic_dq_h128_gqa_window_softcap_bias]",),
-    "Mosaic attention backward (dk/dv forming dq, interpreted): both consumers write their"
-    " shares to one buffer, so one overwrites the other.",
+    "buffer = tile * NUM_CONSUMERS + wg if interpret else 0",
+    "buffer = tile if interpret else 0",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[atomic_dq_h64_64q_unpaired_causal]",),
+    "Mosaic attention backward (dk/dv forming dq, interpreted, unpaired): both consumers"
+    " write their shares to one buffer, so one overwrites the other.",
   ),
   Mutation(
     "kernels.mosaic_attention_atomic_dq_scale",
@@ -1369,8 +1378,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_attention_atomic_dq_smem",
     _ATTENTION + "mosaic_bwd.py",
-    "held += NUM_CONSUMERS * p.block_q * (p.block_kv * itemsize + h * 4)",
-    "held += NUM_CONSUMERS * p.block_q * (p.block_kv * itemsize + h * itemsize)",
+    "share = p.block_q * h * 4 // (2 if p.pair_dq and dq_split(p.block_q, h) else 1)",
+    "share = p.block_q * h * itemsize // (2 if p.pair_dq and dq_split(p.block_q, h) else 1)",
     (_MOSAIC_ATTENTION + "::test_backward_shared_memory_bytes",),
     "Mosaic attention backward: the float32 dq share counted at the input's itemsize, so a"
     " config that does not fit passes.",
@@ -2074,8 +2083,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "wrappers.attention_mosaic_bwd_passes_split_at_128",
     _ATTENTION + "mosaic.py",
-    "  if head_dim > 128:\n    return ((\"dv\",), (\"dk\",))",
-    "  if head_dim >= 128:\n    return ((\"dv\",), (\"dk\",))",
+    '  if head_dim > 128:\n    return (("dv",), ("dk",))',
+    '  if head_dim >= 128:\n    return (("dv",), ("dk",))',
     (_MOSAIC_ATTENTION, "-k", "backward_passes_and_stages"),
     "Mosaic attention backward: head dim 128 splits dk and dv into two passes.",
   ),
