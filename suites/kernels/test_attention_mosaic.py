@@ -464,22 +464,32 @@ def test_lowers_with_every_feature_for_cuda():
   )
 
 
-@pytest.mark.parametrize(("h", "bwd_block_q"), [(64, 64), (64, 128), (128, 64)])
-def test_atomic_dq_backward_lowers_for_cuda_as_one_kernel(h, bwd_block_q):
+@pytest.mark.parametrize(
+  ("h", "bwd_block_q", "kernel"),
+  [
+    (64, 64, "attention_dk_dv_dq"),  # Each consumer adds its own share.
+    (64, 128, "attention_dk_dv_dq"),  # Paired: halves of the rows.
+    (128, 64, "attention_dk_dv_dq"),  # Paired: halves of the columns.
+    (128, 32, "attention_dk_dv_dq"),  # Paired: halves of dq^T's rows.
+    (256, 32, "attention_dk_dq"),  # The dk pass forms dq; the dv pass runs on its own.
+  ],
+)
+def test_atomic_dq_backward_lowers_for_cuda_without_a_dq_kernel(h, bwd_block_q, kernel):
   """deterministic_bwd=False: the dk/dv kernel forms dq by TMA reduce-adds; no dq kernel runs."""
   impl = mosaic.MosaicAttention()
-  config = mosaic.MosaicAttentionConfig(deterministic_bwd=False, bwd_block_q=bwd_block_q)
+  config = mosaic.MosaicAttentionConfig(
+    block_kv=64, deterministic_bwd=False, bwd_block_q=bwd_block_q
+  )
   assert mosaic.bwd_config_reason(config, h) is None
   lengths = dict(query_seq_lengths=jnp.array([3, 50]), key_value_seq_lengths=jnp.array([70, 0]))
-  text = _lower(
-    impl, config, (2, 200, 300, 4, 2, h), grads=True, is_causal=True, logits_soft_cap=3.0, **lengths
-  ).as_text()
-  assert "attention_dk_dv_dq" in text
-  assert "attention_dq" not in text.replace("attention_dk_dv_dq", "")
+  shape = (2, 200, 300, 4, 2, h)
+  text = _lower(impl, config, shape, grads=True, is_causal=True, logits_soft_cap=3.0, **lengths)
+  kernels = set(re.findall(r"attention_d[a-z_]*", text.as_text()))
+  assert kernel in kernels and "attention_dq" not in kernels, kernels
   deterministic = _lower(
-    impl, dataclasses.replace(config, deterministic_bwd=True), (2, 200, 300, 4, 2, h), grads=True
+    impl, dataclasses.replace(config, deterministic_bwd=True), shape, grads=True
   )
-  assert "attention_dq" in deterministic.as_text()
+  assert "attention_dq" in set(re.findall(r"attention_d[a-z_]*", deterministic.as_text()))
 
 
 @pytest.mark.parametrize(("h", "block_kv"), [(64, 64), (64, 128), (128, 64), (128, 128), (256, 64)])
@@ -606,20 +616,28 @@ def test_backward_shared_memory_bytes():
   )
 
 
-@pytest.mark.parametrize(("h", "stages"), [(64, 2), (128, 2)])
-def test_atomic_dq_backward_is_one_kernel_that_fits(h, stages):
-  """deterministic_bwd=False: one dk/dv pass that also forms dq, whose shared memory counts the
-  dS and dq tiles (the heuristics' blocks keep two slots), and no dq kernel's registers."""
+@pytest.mark.parametrize(
+  ("h", "passes", "registers"),
+  [
+    (64, [(("dk", "dv", "dq"), 2)], (0, 192)),
+    (128, [(("dk", "dv", "dq"), 2)], (0, 192)),
+    # The dk pass holds keys and values and the dS and dq^T tiles: one slot left.
+    (256, [(("dv",), 3), (("dk", "dq"), 1)], (0, 160)),
+  ],
+)
+def test_atomic_dq_backward_kernels_and_their_resources(h, passes, registers):
+  """deterministic_bwd=False on the heuristics' blocks: the dk/dv passes, the last forming dq,
+  with the slots that fit beside the dS and dq tiles, and no dq kernel's registers."""
   q = jnp.ones((1, 8, 2, h), jnp.bfloat16)
   config = mosaic.MosaicAttention()._get_heuristics_config(spec.canonicalize(q, q, q))
   config = dataclasses.replace(config, deterministic_bwd=False)
-  _, passes = mosaic._bwd_kernel_params(config, h)
-  assert [(o, p.num_stages) for o, p in passes] == [(("dk", "dv", "dq"), stages)]
-  p = passes[0][1]
-  assert mosaic.bwd_smem_bytes(config, h) == mosaic_bwd.dkv_smem_bytes(
-    p, h, ("dk", "dv"), with_dq=True
+  _, got = mosaic._bwd_kernel_params(config, h)
+  assert [(o, p.num_stages) for o, p in got] == passes
+  assert mosaic.bwd_smem_bytes(config, h) == max(
+    mosaic_bwd.dkv_smem_bytes(p, h, o, with_dq="dq" in o) for o, p in got
   )
-  assert mosaic.bwd_registers(config, h) == (0, 192)
+  assert mosaic.bwd_smem_bytes(config, h) <= mosaic._SMEM_BYTES
+  assert mosaic.bwd_registers(config, h) == registers
 
 
 def test_forward_shared_memory_bytes():
@@ -773,8 +791,9 @@ def test_config_validation():
     (256, dict(bwd_block_q=32, bwd_block_kv=128), "registers"),
     (128, dict(bwd_block_q=32, bwd_block_kv=128), "registers"),  # dk and dv [128, 128]: 256.
     (64, dict(bwd_block_q=32, bwd_block_kv=128), None),
-    (256, dict(deterministic_bwd=False), "deterministic_bwd=False at head dim 256"),
-    (128, dict(deterministic_bwd=False, bwd_block_q=32), "bwd_block_q 32"),
+    (64, dict(deterministic_bwd=False, bwd_block_q=32), "bwd_block_q 32 at head dim 64"),
+    (128, dict(deterministic_bwd=False, bwd_block_q=32), None),
+    (256, dict(deterministic_bwd=False, bwd_block_q=32), None),
     (128, dict(deterministic_bwd=False, dq_block_q=128), None),  # No dq kernel runs.
     (64, dict(deterministic_bwd=False, bwd_block_q=128), None),
   ],

@@ -53,7 +53,8 @@ class MosaicAttentionConfig:
     dq_num_stages: pipeline slots of the dq kernel (fewer where they do not fit).
     deterministic_bwd: False: the dk/dv kernel also forms dq, adding each step's
       share into a float32 buffer by TMA reduce-add, and the dq kernel does not
-      run (five matmuls per block pair instead of seven; head dims up to 128).
+      run (five matmuls per block pair instead of seven; at head dim 256 the
+      dk pass forms dq: six instead of eight).
       The order of those adds varies, so dq is not bitwise reproducible.
   """
 
@@ -132,9 +133,10 @@ def _bwd_passes(head_dim: int, deterministic: bool = True) -> tuple[tuple[str, .
   thread together: past 128 they leave too few of the 232 for the rest, so
   each output gets its own pass.
   """
+  dq = () if deterministic else ("dq",)
   if head_dim > 128:
-    return (("dv",), ("dk",))
-  return (("dk", "dv"),) if deterministic else (("dk", "dv", "dq"),)
+    return (("dv",), ("dk", *dq))
+  return (("dk", "dv", *dq),)
 
 
 def _bwd_kernel_params(
@@ -211,11 +213,10 @@ def bwd_registers(config: MosaicAttentionConfig, head_dim: int) -> tuple[int, in
 
 def bwd_config_reason(config: MosaicAttentionConfig, head_dim: int) -> str | None:
   """Why the backward kernels cannot take `config` at `head_dim` (None if they can)."""
-  if not config.deterministic_bwd and head_dim > 128:
-    return f"deterministic_bwd=False at head dim {head_dim} (the dk/dv kernel forms dq up to 128)"
-  if not config.deterministic_bwd and config.bwd_block_q < 64:
+  if not config.deterministic_bwd and config.bwd_block_q < 64 and head_dim < 128:
     return (
-      f"deterministic_bwd=False with bwd_block_q {config.bwd_block_q} (dS^T K needs 64 or more)"
+      f"deterministic_bwd=False with bwd_block_q {config.bwd_block_q} at head dim {head_dim}"
+      " (dq's share needs 64 query rows or head dims of 128 and more)"
     )
   regs = bwd_registers(config, head_dim)
   if max(regs) > _BWD_REGISTERS:

@@ -63,15 +63,19 @@ def dq_smem_bytes(p: BwdParams, h: int, itemsize: int = 2) -> int:
 
 
 def dq_split(block_q: int, h: int) -> str | None:
-  """How the dk/dv kernel's consumers split the CTA's dq share: "rows", "cols" or None.
+  """How the dk/dv kernel's consumers split the CTA's dq share, or None.
 
   Both consumers' dS tiles make one share of the query block's dq, each consumer
-  forming half of it (whole 64-row wgmma tiles, or 64-column halves of the key
-  tile's 128-byte swizzle), so the CTA adds it once; None: each adds its own.
+  forming half of it, so that the CTA adds it once: "rows" (halves of 64 or more
+  query rows), "cols" (64-column halves of H, within the key tile's swizzle) or,
+  where the query block is under one wgmma tile of 64 rows, "head_rows" (halves
+  of dq^T [H, block_q] = K^T dS^T). None: each consumer adds its own share.
   """
   if block_q >= 128:
     return "rows"
-  return "cols" if h >= 128 else None
+  if h < 128:
+    return None
+  return "cols" if block_q >= 64 else "head_rows"
 
 
 def dkv_smem_bytes(
@@ -333,7 +337,7 @@ def dkv(
   want_dk, want_dv, want_dq = ("dk" in outputs, "dv" in outputs, "dq" in outputs)
   names = [x for x in ("dk", "dv") if x in outputs]
   assert names and len(names) + want_dq == len(outputs) and want_dk >= want_dq, outputs
-  assert not want_dq or bq % 64 == 0, "dS^T K takes whole wgmma M tiles of queries"
+  assert not want_dq or bq >= 64 or h >= 128, "dq's share takes whole wgmma M tiles (`dq_split`)"
   # As in `dq`: with one slot per operand the dk pass uses dO first (dP) and
   # releases it early, and the query block last.
   do_first = want_dk and not want_dv and stages == 1
@@ -449,21 +453,29 @@ def dkv(
           plgpu.barrier_wait(ds_full)
           half = (bq if split == "rows" else h) // 2
           mine = pl.ds(wg * half, half)
-          a = [ds_smem.at[i] for i in range(NUM_CONSUMERS)]
-          b = [k_smem.at[i] for i in range(NUM_CONSUMERS)]
+          ds = [ds_smem.at[i] for i in range(NUM_CONSUMERS)]
+          keys = [k_smem.at[i] for i in range(NUM_CONSUMERS)]
           if split == "rows":
-            rows, a = pl.ds(q_step * bq + wg * half, half), [x.at[:, mine] for x in a]
+            rows, ds = pl.ds(q_step * bq + wg * half, half), [x.at[:, mine] for x in ds]
           else:
-            cols, b = mine, [x.at[:, mine] for x in b]
-          part = _mm_refs(a[0].T, b[0], (rows.size, cols.size))
-          part = part + _mm_refs(a[1].T, b[1], (rows.size, cols.size))
+            cols, keys = mine, [x.at[:, mine] for x in keys]
+          # dq = sum_i dS_i K_i, or its transpose sum_i K_i^T dS_i^T ("head_rows").
+          if split == "head_rows":
+            pairs, shape = [(k.T, d) for k, d in zip(keys, ds)], (half, bq)
+          else:
+            pairs, shape = [(d.T, k) for k, d in zip(keys, ds)], (rows.size, cols.size)
+          part = _mm_refs(*pairs[0], shape)
+          part = part + _mm_refs(*pairs[1], shape)
           plgpu.barrier_arrive(ds_read)  # The partner may overwrite its dS tile once both read.
           plgpu.barrier_wait(ds_read)
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The previous part's store.
         dq_smem.at[wg][...] = part
         plgpu.commit_smem()
         buffer = tile * NUM_CONSUMERS + wg if interpret else 0
-        dst = dq_ref.at[buffer, batch, rows, kv_head * groups + g, cols]
+        if split == "head_rows":  # The buffer is [.., B, N, H, T].
+          dst = dq_ref.at[buffer, batch, kv_head * groups + g, cols, rows]
+        else:
+          dst = dq_ref.at[buffer, batch, rows, kv_head * groups + g, cols]
         plgpu.copy_smem_to_gmem(dq_smem.at[wg], dst, reduction_op=None if interpret else "add")
 
       def skip(q_step, carry, *, g):
@@ -525,14 +537,7 @@ def dkv(
     plgpu.SMEM((NUM_CONSUMERS, bkv, bq), dtype, transforms=common.smem_transforms(dtype, bq))
     if interpret or want_dq
     else None,
-    plgpu.SMEM(
-      (NUM_CONSUMERS, bq // 2, h)
-      if split == "rows"
-      else (NUM_CONSUMERS, bq, h // (1 + bool(split))),
-      jnp.float32,
-    )
-    if want_dq
-    else None,
+    plgpu.SMEM((NUM_CONSUMERS, *_dq_part_shape(split, bq, h)), jnp.float32) if want_dq else None,
   )
   full = plgpu.Barrier(num_barriers=stages)
   free = plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages)
@@ -564,7 +569,17 @@ def dkv(
   operands = (q, k, v, do, lse, delta, lengths, *extras)
   if not want_dq:
     return call(*operands)
-  buffer = jax.new_ref(jnp.zeros((dq_parts, *q.shape), jnp.float32))  # Written in place.
+  transposed = split == "head_rows"
+  shape = (b, n, h, t) if transposed else q.shape
+  buffer = jax.new_ref(jnp.zeros((dq_parts, *shape), jnp.float32))  # Written in place.
   results = call(*operands, buffer)
   dq_sum = jnp.sum(jax.freeze(buffer), axis=0)
+  if transposed:
+    dq_sum = jnp.transpose(dq_sum, (0, 3, 1, 2))
   return (*results, (dq_sum * p.scale).astype(dtype))
+
+
+def _dq_part_shape(split: str | None, bq: int, h: int) -> tuple[int, int]:
+  """The dq share a consumer forms and adds (a transposed one for "head_rows")."""
+  shapes = {None: (bq, h), "rows": (bq // 2, h), "cols": (bq, h // 2), "head_rows": (h // 2, bq)}
+  return shapes[split]
