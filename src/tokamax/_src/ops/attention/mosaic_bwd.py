@@ -461,9 +461,9 @@ def dkv(
             cols, keys = mine, [x.at[:, mine] for x in keys]
           # dq = sum_i dS_i K_i, or its transpose sum_i K_i^T dS_i^T ("head_rows").
           if split == "head_rows":
-            pairs, shape = [(k.T, d) for k, d in zip(keys, ds)], (half, bq)
+            pairs, shape = [(k.T, d) for k, d in zip(keys, ds, strict=True)], (half, bq)
           else:
-            pairs, shape = [(d.T, k) for k, d in zip(keys, ds)], (rows.size, cols.size)
+            pairs, shape = [(d.T, k) for k, d in zip(keys, ds, strict=True)], (rows.size, cols.size)
           part = _mm_refs(*pairs[0], shape)
           part = part + _mm_refs(*pairs[1], shape)
           plgpu.barrier_arrive(ds_read)  # The partner may overwrite its dS tile once both read.
