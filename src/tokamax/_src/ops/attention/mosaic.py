@@ -213,7 +213,11 @@ def bwd_registers(config: MosaicAttentionConfig, head_dim: int) -> tuple[int, in
 
 def bwd_config_reason(config: MosaicAttentionConfig, head_dim: int) -> str | None:
   """Why the backward kernels cannot take `config` at `head_dim` (None if they can)."""
-  if not config.deterministic_bwd and config.bwd_block_q < 64 and head_dim < 128:
+  if (
+    not config.deterministic_bwd
+    and config.bwd_block_q < 64
+    and (head_dim < 128 or not config.pair_dq)
+  ):
     return (
       f"deterministic_bwd=False with bwd_block_q {config.bwd_block_q} at head dim {head_dim}"
       " (dq's share needs 64 query rows or head dims of 128 and more)"
