@@ -537,7 +537,15 @@ def dkv(
     plgpu.SMEM((NUM_CONSUMERS, bkv, bq), dtype, transforms=common.smem_transforms(dtype, bq))
     if interpret or want_dq
     else None,
-    plgpu.SMEM((NUM_CONSUMERS, *_dq_part_shape(split, bq, h)), jnp.float32) if want_dq else None,
+    # Swizzled: the share's rows are 128 bytes apart or more, so a plain tile's stores from
+    # the wgmma layout would hit the same banks.
+    plgpu.SMEM(
+      (NUM_CONSUMERS, *_dq_part_shape(split, bq, h)),
+      jnp.float32,
+      transforms=common.smem_transforms(jnp.float32, 32),
+    )
+    if want_dq
+    else None,
   )
   full = plgpu.Barrier(num_barriers=stages)
   free = plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages)
