@@ -1343,8 +1343,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_attention_atomic_dq_rows",
     _ATTENTION + "mosaic_bwd.py",
-    "rows, a = pl.ds(q_step * bq + wg * half, half)",
-    "rows, a = pl.ds(q_step * bq, half)",
+    "rows, ds = pl.ds(q_step * bq + wg * half, half)",
+    "rows, ds = pl.ds(q_step * bq, half)",
     (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[atomic_dq_128q_gqa_lengths_causal_padded]",),
     "Mosaic attention backward (dk/dv forming dq): both consumers of a pair add their halves"
     " of the share to the query block's first half of rows.",
@@ -1352,11 +1352,29 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_attention_atomic_dq_partner_dropped",
     _ATTENTION + "mosaic_bwd.py",
-    "part = part + _mm_refs(a[1].T, b[1], (rows.size, cols.size))",
+    "part = part + _mm_refs(*pairs[1], shape)",
     "part = part + 0.0",
     (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[atomic_dq_h128_gqa_window_softcap_bias]",),
     "Mosaic attention backward (dk/dv forming dq): a paired consumer's half of the share"
     " leaves out the second consumer's keys.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_dq_split_rows_boundary",
+    _ATTENTION + "mosaic_bwd.py",
+    '  if block_q >= 128:\n    return "rows"',
+    '  if block_q > 128:\n    return "rows"',
+    (_MOSAIC_ATTENTION + "::test_dq_split_takes_halves_of_whole_wgmma_tiles",),
+    "Mosaic attention backward (dk/dv forming dq): 128-query blocks left unpaired, so each"
+    " consumer adds its own share (twice the reduce-adds).",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_dq_split_head_rows_at_64",
+    _ATTENTION + "mosaic_bwd.py",
+    "  if h < 128:\n    return None",
+    "  if h < 64:\n    return None",
+    (_MOSAIC_ATTENTION + "::test_dq_split_takes_halves_of_whole_wgmma_tiles",),
+    "Mosaic attention backward (dk/dv forming dq): head dim 64 paired into 32-column halves,"
+    " which no wgmma tile or 128-byte swizzle takes.",
   ),
   Mutation(
     "kernels.mosaic_attention_atomic_dq_parts",
@@ -1385,13 +1403,13 @@ MUTATIONS: tuple[Mutation, ...] = (
     " config that does not fit passes.",
   ),
   Mutation(
-    "wrappers.attention_mosaic_atomic_dq_h256",
+    "wrappers.attention_mosaic_atomic_dq_32q_h64",
     _ATTENTION + "mosaic.py",
-    "if not config.deterministic_bwd and head_dim > 128:",
-    "if not config.deterministic_bwd and head_dim > 256:",
+    "    and (head_dim < 128 or not config.pair_dq)",
+    "    and (head_dim < 64 or not config.pair_dq)",
     (_MOSAIC_ATTENTION + "::test_backward_config_reason",),
-    "Mosaic attention: deterministic_bwd=False accepted at head dim 256, where the dk/dv"
-    " kernel runs two passes and forms no dq.",
+    "Mosaic attention: deterministic_bwd=False accepted with 32-query blocks at head dim 64,"
+    " where no half of the dq share fits a wgmma tile.",
   ),
   Mutation(
     "wrappers.attention_mosaic_atomic_dq_registers",
@@ -2083,8 +2101,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "wrappers.attention_mosaic_bwd_passes_split_at_128",
     _ATTENTION + "mosaic.py",
-    '  if head_dim > 128:\n    return (("dv",), ("dk",))',
-    '  if head_dim >= 128:\n    return (("dv",), ("dk",))',
+    '  if head_dim > 128:\n    return (("dv",), ("dk", *dq))',
+    '  if head_dim >= 128:\n    return (("dv",), ("dk", *dq))',
     (_MOSAIC_ATTENTION, "-k", "backward_passes_and_stages"),
     "Mosaic attention backward: head dim 128 splits dk and dv into two passes.",
   ),

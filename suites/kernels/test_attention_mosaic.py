@@ -617,6 +617,23 @@ def test_backward_shared_memory_bytes():
 
 
 @pytest.mark.parametrize(
+  ("block_q", "h", "split"),
+  [
+    (128, 64, "rows"),  # Halves of 64 query rows: whole wgmma M tiles.
+    (128, 128, "rows"),
+    (64, 64, None),  # 32 rows or 32 columns: neither half fits a wgmma tile or the swizzle.
+    (64, 128, "cols"),
+    (64, 256, "cols"),
+    (32, 128, "head_rows"),  # dq^T [H, 32]: halves of 64 head-dim rows.
+    (32, 256, "head_rows"),
+    (32, 64, None),
+  ],
+)
+def test_dq_split_takes_halves_of_whole_wgmma_tiles(block_q, h, split):
+  assert mosaic_bwd.dq_split(block_q, h) == split
+
+
+@pytest.mark.parametrize(
   ("h", "passes", "registers"),
   [
     (64, [(("dk", "dv", "dq"), 2)], (0, 192)),
