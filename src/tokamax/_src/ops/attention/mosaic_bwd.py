@@ -13,11 +13,11 @@ producer warpgroup, and no atomics (so results are bitwise reproducible):
   fit the registers (head dim 256), it runs twice, once per output: the dv
   pass needs neither the value block nor delta.
 
-The dk/dv kernel can also form dq (`dkv(..., dq=buffer)`), in place of the dq
+The dk/dv kernel can also form dq (`outputs` with "dq"), in place of the dq
 kernel: each step's share dS K goes through shared memory into a float32
-buffer by TMA reduce-add. Five matmuls per step pair instead of seven, but the
-order of the adds varies from run to run, so that dq is not bitwise
-reproducible.
+buffer by TMA reduce-add, one share per CTA where the two consumers can split
+it (`dq_split`). Five matmuls per block pair instead of seven, but the order of
+the adds varies from run to run, so that dq is not bitwise reproducible.
 
 The masking and block ranges are the forward kernel's (`mosaic_common`). A bias
 and a mask ([B|1, N|1, T|1, S|1], as the forward takes them) are read tile by
