@@ -13875,6 +13875,128 @@ MUTATIONS: tuple[Mutation, ...] = (
     "gated_linear_unit's sharding rule lets the contracted K split, with no sum of the"
     " shards' partial products.",
   ),
+  Mutation(
+    "kernels.triton_ragged_contracting_lhs_rows_unmasked",
+    _RAGGED + "triton_ragged_dot.py",
+    "      mask=k_ok[:, None] & row_ok[None, :],",
+    "      mask=k_ok[:, None],",
+    (_TRITON_RAGGED, "-k", "outside_every_group"),
+    "Triton ragged_dot (ragged_contracting): the lhs tile takes rows past the group's end"
+    " (only the rhs tile is masked, so a non-finite row of the next group or of no group"
+    " reaches the output as nan).",
+  ),
+  Mutation(
+    "kernels.triton_ragged_contracting_rhs_rows_unmasked",
+    _RAGGED + "triton_ragged_dot.py",
+    "      mask=row_ok[:, None] & n_ok[None, :],",
+    "      mask=n_ok[None, :],",
+    (_TRITON_RAGGED, "-k", "outside_every_group"),
+    "Triton ragged_dot (ragged_contracting): the rhs tile takes rows past the group's end"
+    " (only the lhs tile is masked, so a non-finite row of the next group or of no group"
+    " reaches the output as nan).",
+  ),
+  Mutation(
+    "numerics.one_pass_max_starts_at_zero",
+    "src/tokamax/_src/numerics.py",
+    "  init = (jnp.array(-jnp.inf, logits.dtype), jnp.array(0, logits.dtype))",
+    "  init = (jnp.array(0, logits.dtype), jnp.array(0, logits.dtype))",
+    ("suites/core/test_loss.py", "-k", "row_max"),
+    "The one-pass row max and sum start the max at 0, not -inf: a row below zero has max 0"
+    " and its sum of exp underflows (log-sum-exp -inf far below zero).",
+  ),
+  Mutation(
+    "harness.gpu_matmul_row_for_every_dtype",
+    _TOLERANCE,
+    '  if name == "float32" and has_matmul and platform == "gpu":',
+    '  if has_matmul and platform == "gpu":',
+    ("harness/tests/test_tolerance_pins.py", "-k", "matmul-gpu"),
+    "The GPU float32-matmul row (TF32) applies to every dtype's matmuls on a GPU: float64"
+    " passes with a 5e-4 error, and 16-bit ones lose the relative rule.",
+  ),
+  Mutation(
+    "harness.tpu_matmul_row_for_every_dtype",
+    _TOLERANCE,
+    '  elif name == "float32" and has_matmul and platform == "tpu":',
+    '  elif has_matmul and platform == "tpu":',
+    ("harness/tests/test_tolerance_pins.py", "-k", "matmul-tpu"),
+    "The TPU float32-matmul row (bfloat16 passes) applies to every dtype's matmuls on a TPU:"
+    " float16 and float64 take bfloat16's bound without the relative rule.",
+  ),
+  Mutation(
+    "wrappers.drhs_chunk_align_row_multiple_unchecked",
+    _RAGGED + "mosaic_drhs.py",
+    "  if align % ROW_ALIGN or config.block_m % align:",
+    "  if config.block_m % align:",
+    (_MOSAIC_RAGGED, "-k", "config_reasons_at_their_limits"),
+    "Mosaic ragged_dot drhs: a chunk_align that is not a multiple of the TMA row tiling passes.",
+  ),
+  Mutation(
+    "triton_ragged.autotuning_128x128_four_warps",
+    _RAGGED + "triton.py",
+    "num_warps=8 if bm * bn >= 128 * 128 else 4",
+    "num_warps=8 if bm * bn > 128 * 128 else 4",
+    (_TRITON_RAGGED, "-k", "warps_by_tile_size"),
+    "Triton ragged_dot autotuning: 128x128 tiles get 4 warps, not 8.",
+  ),
+  Mutation(
+    "numerics.precision_pair_of_nones_default",
+    "src/tokamax/_src/numerics.py",
+    "default=None, key=lambda p: p.value)",
+    "default=jax.lax.Precision.DEFAULT, key=lambda p: p.value)",
+    ("suites/core/test_precision.py", "-k", "triton_input_precision_follows"),
+    "triton_input_precision: a precision pair of Nones is DEFAULT (one tf32 pass), not the"
+    " configured jax.default_matmul_precision.",
+  ),
+  Mutation(
+    "triton_ragged.backward_reuses_forward_tiles",
+    _RAGGED + "triton.py",
+    "      grads[name] = ragged_dot(record, self._get_heuristics_config(record))",
+    "      grads[name] = ragged_dot(record, config)",
+    (_TRITON_RAGGED, "-k", "own_layouts_heuristic_tiles"),
+    "Triton ragged_dot backward: the gradient kernels run with the forward layout's tiles"
+    " (for ragged_contracting block_m steps the rows, not the output), not their own layouts'.",
+  ),
+  Mutation(
+    "kernels.mosaic_ragged_drhs_both_warpgroups_one_k_half",
+    _RAGGED + "mosaic_drhs.py",
+    "          a_wg = a_smem.at[:, pl.ds(wg * WG_ROWS, WG_ROWS)]",
+    "          a_wg = a_smem.at[:, pl.ds(0, WG_ROWS)]",
+    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[64]",),
+    "Mosaic ragged_dot drhs: both compute warpgroups multiply the first 64 lhs columns.",
+  ),
+  Mutation(
+    "kernels.mosaic_ragged_drhs_mask_drops_group_start",
+    _RAGGED + "mosaic_drhs.py",
+    "            keep = (row >= start) & (row < end)",
+    "            keep = (row > start) & (row < end)",
+    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[8]",),
+    "Mosaic ragged_dot drhs: the masked chunk drops the group's first row.",
+  ),
+  Mutation(
+    "triton_ragged.float16_unsupported",
+    _RAGGED + "triton.py",
+    '_DTYPES = ("float32", "bfloat16", "float16")\n_OUT',
+    '_DTYPES = ("float32", "bfloat16")\n_OUT',
+    (_TRITON_RAGGED, "-k", "test_unsupported_reasons and not offsets"),
+    "Triton ragged_dot refuses float16 inputs.",
+  ),
+  Mutation(
+    "triton_ragged.autotuning_float32_stage_bytes_halved",
+    _RAGGED + "triton.py",
+    "stage_bytes = (bm * bk + bk * bn) * (4 if wide else 2)",
+    "stage_bytes = (bm * bk + bk * bn) * 2",
+    ("suites/kernels/test_triton_candidates_fit.py", "-k", "ragged and float32"),
+    "Triton ragged_dot autotuning: float32 stages are counted at 2 bytes an element, so"
+    " candidates past the shared memory limit are kept.",
+  ),
+  Mutation(
+    "triton_ragged.float16_output_unsupported",
+    _RAGGED + "triton.py",
+    '_OUT_DTYPES = ("float32", "bfloat16", "float16")',
+    '_OUT_DTYPES = ("float32", "bfloat16")',
+    (_TRITON_RAGGED, "-k", "test_unsupported_reasons and not offsets"),
+    "Triton ragged_dot refuses a float16 preferred_element_type.",
+  ),
 )
 
 

@@ -65,6 +65,12 @@ _FORWARD = [
   Row("float32-matmul-tpu", "float32", 2e-3, 1.6e-2, platform="tpu", has_matmul=True),
   Row("float32-gpu-no-matmul", "float32", 2e-6, 1e-5, platform="gpu"),
   Row("float32-tpu-no-matmul", "float32", 2e-6, 1e-5, platform="tpu"),
+  # Only float32 matmuls run at reduced precision by default; the other dtypes' matmuls keep
+  # their own rows (and the 16-bit ones the relative rule) on accelerators.
+  Row("float64-matmul-gpu", "float64", 1e-13, 1e-12, platform="gpu", has_matmul=True),
+  Row("bfloat16-matmul-gpu", "bfloat16", 2e-3, 1.6e-2, platform="gpu", has_matmul=True),
+  Row("float64-matmul-tpu", "float64", 1e-13, 1e-12, platform="tpu", has_matmul=True),
+  Row("float16-matmul-tpu", "float16", 2.5e-4, 2e-3, platform="tpu", has_matmul=True),
 ]
 ROWS = _FORWARD + [
   dataclasses.replace(

@@ -66,6 +66,21 @@ def test_row_max_and_sum_give_the_log_sum_exp(form):
   assert float(single_max[0] + jnp.log(single_total[0])) == 3.0
 
 
+@pytest.mark.parametrize("form", (numerics._one_pass, numerics._two_passes), ids=("one", "two"))
+def test_row_max_and_sum_of_rows_far_below_zero(form):
+  """Rows whose every logit is about -1000: the max is the row's own (not 0, where every
+  exp would underflow) and the log-sum-exp matches float64 numpy."""
+  rows = np.random.default_rng(8).normal(size=(3, 64)) - np.array([1000.0, 50.0, 1e4])[:, None]
+  rows = rows.astype(np.float32)
+  row_max, total = jax.jit(form)(jnp.asarray(rows))
+  np.testing.assert_array_equal(np.asarray(row_max), rows.max(-1))
+  wide = rows.astype(np.float64)
+  top = wide.max(-1, keepdims=True)
+  expected = np.log(np.exp(wide - top).sum(-1)) + top[:, 0]
+  lse = np.asarray(row_max, np.float64) + np.log(np.asarray(total, np.float64))
+  np.testing.assert_allclose(lse, expected, rtol=1e-6)
+
+
 @pytest.mark.parametrize("impl", ("xla", "chunked_xla", None))
 @pytest.mark.parametrize("reduction", ("sum", "mean", "none"))
 def test_bfloat16_inputs_give_a_float32_loss_and_bfloat16_gradients(reduction, impl, inputs):

@@ -188,6 +188,8 @@ def test_triton_input_precision_follows_jax_precision():
   for configured, expected in (("highest", "ieee"), ("high", "tf32x3"), ("default", "tf32")):
     with jax.default_matmul_precision(configured):
       assert numerics.triton_input_precision(f32, None) == expected, configured
+      # A pair of Nones follows the configured precision too.
+      assert numerics.triton_input_precision(f32, (None, None)) == expected, configured
 
 
 def test_triton_input_precision_of_dot_algorithm_presets():

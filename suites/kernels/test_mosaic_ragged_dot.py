@@ -384,7 +384,7 @@ def test_kernel_config_reasons_at_their_limits():
   # A chunk alignment must be a multiple of 8 rows that divides block_m.
   for align in (8, 32, 64):
     assert mosaic_drhs.config_reason(drhs(**base, chunk_align=align), m, 128, 64, 2, 4) is None
-  for align in (12, 128):
+  for align in (4, 12, 128):  # 4 divides block_m but is not a multiple of 8 rows.
     reason = mosaic_drhs.config_reason(drhs(**base, chunk_align=align), m, 128, 64, 2, 4)
     assert reason is not None and "chunk_align" in reason
   # wgmma operand tiles: a contraction depth of exactly 128 bytes, block_n a multiple of 64 up

@@ -210,13 +210,14 @@ def test_interpreted_kernels_match_float64_reference(case):
 
 @pytest.mark.parametrize(
   "activation",
-  [jax.nn.relu, jax.nn.leaky_relu, jnp.tanh, jax.nn.gelu, jax.nn.silu],
-  ids=["relu", "leaky_relu", "tanh", "gelu", "silu"],
+  [jax.nn.relu, jax.nn.leaky_relu, jnp.tanh, jax.nn.gelu, jax.nn.silu, jax.nn.sigmoid],
+  ids=["relu", "leaky_relu", "tanh", "gelu", "silu", "sigmoid"],
 )
 @pytest.mark.host_only
 def test_interpreted_activations_match_float64_reference(activation):
   """Each activation the kernel names, in its epilogue: a small float32 case with gate values
-  of both signs (the kernel cases leave relu, leaky_relu and tanh out)."""
+  of both signs (the kernel cases leave relu, leaky_relu and tanh out, and run sigmoid only
+  through the unfused pair)."""
   case = dataclasses.replace(CASES[0], x_shape=(24, 16), n=24, activation=activation)
   result = _interpreted_errors(case)
   assert result["dtype"] == "float32"

@@ -163,6 +163,28 @@ def test_autotuning_configs_compile_for_sm90():
     assert triton_call.compile_launch(launches[0], 90).metadata.shared <= SMEM_LIMIT[90]
 
 
+def test_backward_launches_take_their_own_layouts_heuristic_tiles():
+  """Whatever tiles the forward pass ran with, each gradient kernel takes its own layout's
+  heuristic tiles: for bfloat16 M=512, K=256, N=512, G=4 (default layout), dlhs is an
+  rhs_transposed product [512, 256] contracting 512 (128x256 tiles, 64 deep) and drhs a
+  ragged_contracting one (128x128 output tiles over 64-row steps)."""
+  args = _record(kernel_cases.RaggedDotKernelCase(spec.DEFAULT, 512, 256, 512, 4, "bfloat16", None))
+  with triton_call.capture() as launches:
+    OP._bwd(args, SMALL, None, None, jnp.ones(args.out_shape, jnp.bfloat16))
+  tiles = [tuple(launch.meta[f] for f in ("BLOCK_M", "BLOCK_N", "BLOCK_K")) for launch in launches]
+  assert tiles == [(128, 256, 64), (64, 128, 128)]
+
+
+def test_autotuning_candidates_warps_by_tile_size():
+  """Tiles of 128x128 and larger take 8 warps, smaller ones 4; 64x256 is never a candidate."""
+  args = _record(kernel_cases.RaggedDotKernelCase(spec.DEFAULT, 512, 256, 512, 4, "bfloat16", None))
+  warps = {(64, 64): 4, (64, 128): 4, (128, 64): 4, (128, 128): 8, (128, 256): 8}
+  configs = OP._get_autotuning_configs(args) - {OP._get_heuristics_config(args)}
+  assert {(c.block_m, c.block_n) for c in configs} == set(warps)
+  for c in configs:
+    assert c.num_warps == warps[c.block_m, c.block_n], c
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_wrapper_shapes_dtypes_and_gradient_layouts(case):
   args = _record(case, preferred_element_type=jnp.float32)
@@ -208,6 +230,14 @@ def test_unsupported_reasons():
   assert "empty" in OP._unsupported_reason(empty)
   int8 = dataclasses.replace(args, out_dtype=np.dtype(np.int8))
   assert "preferred_element_type" in OP._unsupported_reason(int8)
+  # Each of the three float dtypes, as inputs (with the same output) and as the output of
+  # float32 inputs.
+  for dtype in map(jnp.dtype, ("float32", "bfloat16", "float16")):
+    same = dataclasses.replace(
+      args, lhs=args.lhs.astype(dtype), rhs=args.rhs.astype(dtype), out_dtype=dtype
+    )
+    assert OP._unsupported_reason(same) is None, dtype
+    assert OP._unsupported_reason(dataclasses.replace(args, out_dtype=dtype)) is None, dtype
 
 
 def test_unsupported_reasons_no_groups_and_32_bit_offsets():
@@ -301,6 +331,30 @@ def test_interpreted_groups_of_one_row_past_a_block(layout):
   )
   for name, x, r in zip(("out", "lhs", "rhs"), (out, *grads), (ref_out, *ref_grads), strict=True):
     assert compare.relative_error(x, r) < 1e-5, name
+
+
+@pytest.mark.host_only
+def test_interpreted_contracting_ignores_rows_outside_every_group():
+  """ragged_contracting sums each group's own rows: nan rows after the last group (which the
+  last group's final 16-row block overlaps) reach neither operand of its dot."""
+  m, k, n = 40, 24, 20
+  sizes = np.array([5, 0, 18, 9], np.int32)  # 32 rows; rows 32..39 are in no group.
+  rng = np.random.default_rng(12)
+  lhs, rhs = rng.standard_normal((m, k)), rng.standard_normal((m, n))
+  lhs[32:], rhs[32:] = np.nan, np.nan
+  args = spec.canonicalize(
+    jnp.asarray(lhs, jnp.float32),
+    jnp.asarray(rhs, jnp.float32),
+    jnp.asarray(sizes),
+    spec.dimension_numbers(spec.RAGGED_CONTRACTING),
+    jax.lax.Precision.HIGHEST,
+  )
+  with triton_call.interpret():
+    out = np.asarray(rd_triton.ragged_dot(args, SMALL), np.float64)
+  lhs, rhs = lhs.astype(np.float32).astype(np.float64), rhs.astype(np.float32).astype(np.float64)
+  ends = np.cumsum(sizes)
+  expected = np.stack([lhs[e - s : e].T @ rhs[e - s : e] for s, e in zip(sizes, ends, strict=True)])
+  np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.requires("triton")
