@@ -13997,6 +13997,49 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_TRITON_RAGGED, "-k", "test_unsupported_reasons and not offsets"),
     "Triton ragged_dot refuses a float16 preferred_element_type.",
   ),
+  Mutation(
+    "triton_ragged.autotuning_float32_64_deep",
+    _RAGGED + "triton.py",
+    "        for bk in (32, 64) if not wide else (32,):",
+    "        for bk in (32, 64):",
+    (_TRITON_RAGGED, "-k", "step_32_of_k"),
+    "Triton ragged_dot autotuning: float32 candidates step 64 of K as 16-bit ones do (the"
+    " heuristic's float32 tiles step 32).",
+  ),
+  Mutation(
+    "triton_ragged.autotuning_64x256_tiles",
+    _RAGGED + "triton.py",
+    " or (bm == 64 and bn == 256):",
+    ":",
+    (_TRITON_RAGGED, "-k", "warps_by_tile_size"),
+    "Triton ragged_dot autotuning: 64x256 tiles are candidates.",
+  ),
+  Mutation(
+    "numerics.unconfigured_precision_highest",
+    "src/tokamax/_src/numerics.py",
+    "  if value is None:\n    return jax.lax.Precision.DEFAULT",
+    "  if value is None:\n    return jax.lax.Precision.HIGHEST",
+    ("suites/core/test_precision.py", "-k", "triton_input_precision_follows"),
+    "triton_input_precision: with no jax.default_matmul_precision configured, a float32 tl.dot"
+    " is IEEE (three times the tf32 cost), not JAX's default one pass.",
+  ),
+  Mutation(
+    "triton_ragged.heuristic_tiles_by_output_dtype",
+    _RAGGED + "triton.py",
+    "    wide = np.dtype(args.lhs.dtype).itemsize == 4\n    block_k = 32 if wide else 64",
+    "    wide = np.dtype(args.out_dtype).itemsize == 4\n    block_k = 32 if wide else 64",
+    (_TRITON_RAGGED, "-k", "follow_the_input_dtype"),
+    "Triton ragged_dot heuristic: the tiles follow the output dtype, so bfloat16 inputs with a"
+    " float32 preferred_element_type take float32's narrow tiles.",
+  ),
+  Mutation(
+    "kernels.triton_glu_up_not_saved",
+    _GLU + "triton_glu.py",
+    "    tl.store(up_ptr + offs, up.to(up_ptr.dtype.element_ty), mask=mask)\n",
+    "",
+    (_TRITON_GLU, "-k", "interpreted_kernels"),
+    "Triton gated_linear_unit: the up projection is not saved for the backward pass.",
+  ),
 )
 
 

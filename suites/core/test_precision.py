@@ -190,6 +190,9 @@ def test_triton_input_precision_follows_jax_precision():
       assert numerics.triton_input_precision(f32, None) == expected, configured
       # A pair of Nones follows the configured precision too.
       assert numerics.triton_input_precision(f32, (None, None)) == expected, configured
+  # Nothing configured is JAX's DEFAULT: one tf32 pass, as XLA's own float32 GPU matmuls.
+  with jax.default_matmul_precision(None):
+    assert numerics.triton_input_precision(f32, None) == "tf32"
 
 
 def test_triton_input_precision_of_dot_algorithm_presets():

@@ -175,6 +175,27 @@ def test_backward_launches_take_their_own_layouts_heuristic_tiles():
   assert tiles == [(128, 256, 64), (64, 128, 128)]
 
 
+def test_heuristic_tiles_follow_the_input_dtype_not_the_output():
+  """bfloat16 inputs with a float32 preferred_element_type take bfloat16's tiles (the dot's
+  operands are what fill shared memory): 128x256, 64 deep, 3 stages."""
+  case = kernel_cases.RaggedDotKernelCase(spec.DEFAULT, 512, 256, 256, 4, "bfloat16", None)
+  config = OP._get_heuristics_config(_record(case, preferred_element_type=jnp.float32))
+  fields = ("block_m", "block_n", "block_k", "num_warps", "num_stages")
+  assert tuple(getattr(config, f) for f in fields) == (128, 256, 64, 8, 3)
+
+
+def test_float32_autotuning_candidates_step_32_of_k():
+  """float32 candidates step 32 of K, as the heuristic's float32 tiles do; 16-bit ones 32
+  or 64."""
+  shape = (spec.DEFAULT, 512, 256, 512, 4)
+  f32 = OP._get_autotuning_configs(
+    _record(kernel_cases.RaggedDotKernelCase(*shape, "float32", None))
+  )
+  assert {c.block_k for c in f32} == {32}
+  bf16 = _record(kernel_cases.RaggedDotKernelCase(*shape, "bfloat16", None))
+  assert {c.block_k for c in OP._get_autotuning_configs(bf16)} == {32, 64}
+
+
 def test_autotuning_candidates_warps_by_tile_size():
   """Tiles of 128x128 and larger take 8 warps, smaller ones 4; 64x256 is never a candidate."""
   args = _record(kernel_cases.RaggedDotKernelCase(spec.DEFAULT, 512, 256, 512, 4, "bfloat16", None))
