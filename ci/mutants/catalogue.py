@@ -14040,6 +14040,33 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_TRITON_GLU, "-k", "interpreted_kernels"),
     "Triton gated_linear_unit: the up projection is not saved for the backward pass.",
   ),
+  Mutation(
+    "numerics.float16_accumulates_in_float16",
+    "src/tokamax/_src/numerics.py",
+    "  return jnp.promote_types(dtype, jnp.float32)",
+    "  return jnp.promote_types(dtype, jnp.float16)",
+    ("suites/core/test_float64.py", "-k", "accumulation_dtype"),
+    "accumulation_dtype: float16 inputs accumulate in float16 (bfloat16 ones still in float32),"
+    " so sums and softmax statistics of float16 inputs lose their float32 accumulation.",
+  ),
+  Mutation(
+    "wrappers.drhs_chunk_align_default_block",
+    _RAGGED + "mosaic_drhs.py",
+    "CHUNK_ALIGN = ROW_ALIGN\n",
+    "CHUNK_ALIGN = 64\n",
+    (_MOSAIC_RAGGED, "-k", "config_reasons_at_their_limits"),
+    "Mosaic ragged_dot drhs: a group's first chunk is aligned to 64 rows by default, not the"
+    " TMA row tiling: 32-row chunks are refused and a group costs up to one more chunk.",
+  ),
+  Mutation(
+    "triton_ragged.autotuning_three_stages_dropped",
+    _RAGGED + "triton.py",
+    "          for stages in (3, 4):",
+    "          for stages in (4,):",
+    (_TRITON_RAGGED, "-k", "step_32_of_k"),
+    "Triton ragged_dot autotuning: only 4-stage pipelines are candidates (3 stages, which the"
+    " wide tiles need to fit, are not searched).",
+  ),
 )
 
 

@@ -59,3 +59,17 @@ def test_float64_finite_differences(name):
     fn, args = _calls()[name]
     assert fn(*args).dtype == jnp.float64
     check_grads(fn, args, order=1, modes=("rev",), eps=1e-6, atol=1e-7, rtol=1e-7)
+
+
+def test_accumulation_dtype_by_hand():
+  """Sums and softmax statistics accumulate in at least float32: both 16-bit dtypes in
+  float32, float32 in float32, float64 in float64."""
+  from tokamax._src import numerics
+
+  for dtype, want in (
+    (jnp.float16, jnp.float32),
+    (jnp.bfloat16, jnp.float32),
+    (jnp.float32, jnp.float32),
+    (jnp.float64, jnp.float64),
+  ):
+    assert numerics.accumulation_dtype(dtype) == jnp.dtype(want), dtype

@@ -387,6 +387,10 @@ def test_kernel_config_reasons_at_their_limits():
   for align in (4, 12, 128):  # 4 divides block_m but is not a multiple of 8 rows.
     reason = mosaic_drhs.config_reason(drhs(**base, chunk_align=align), m, 128, 64, 2, 4)
     assert reason is not None and "chunk_align" in reason
+  # No chunk_align: the TMA row tiling, 8 rows, so float32's 32-row chunks are accepted too.
+  assert mosaic_drhs.chunk_align(drhs(**base)) == 8
+  f32_base = dict(base, block_m=32)
+  assert mosaic_drhs.config_reason(drhs(**f32_base), m, 128, 64, 4, 4) is None
   # wgmma operand tiles: a contraction depth of exactly 128 bytes, block_n a multiple of 64 up
   # to 256.
   assert mosaic_fwd.config_reason(fwd(block_n=256, num_stages=2), m, 512, 512, 2, 2) is None

@@ -193,7 +193,11 @@ def test_float32_autotuning_candidates_step_32_of_k():
   )
   assert {c.block_k for c in f32} == {32}
   bf16 = _record(kernel_cases.RaggedDotKernelCase(*shape, "bfloat16", None))
-  assert {c.block_k for c in OP._get_autotuning_configs(bf16)} == {32, 64}
+  bf16_configs = OP._get_autotuning_configs(bf16)
+  assert {c.block_k for c in bf16_configs} == {32, 64}
+  # Both pipeline depths are candidates, also for tiles that fit four stages.
+  for stages in (3, 4):
+    assert rd_triton.TritonRaggedDotConfig(64, 64, 32, 4, stages) in bf16_configs, stages
 
 
 def test_autotuning_candidates_warps_by_tile_size():
