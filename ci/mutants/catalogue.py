@@ -14067,6 +14067,65 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton ragged_dot autotuning: only 4-stage pipelines are candidates (3 stages, which the"
     " wide tiles need to fit, are not searched).",
   ),
+  Mutation(
+    "validation.flag_takes_one_element_arrays",
+    "src/tokamax/_src/validation.py",
+    '  if getattr(value, "dtype", None) == np.bool_ and np.shape(value) == ():',
+    '  if getattr(value, "dtype", None) == np.bool_:',
+    ("suites/core/test_bad_input.py", "-k", "one_element_array"),
+    "Argument checks: a flag takes a one-element boolean array ([True]) as a bool.",
+  ),
+  Mutation(
+    "validation.finite_takes_infinity",
+    "src/tokamax/_src/validation.py",
+    "  if not np.isfinite(number):",
+    "  if np.isnan(number):",
+    ("suites/core/test_bad_input.py", "-k", "infinite"),
+    "Argument checks: a number must not be NaN but may be infinite (epsilon, scale_offset,"
+    " logits_soft_cap of inf are accepted).",
+  ),
+  Mutation(
+    "loss.chunked_running_max_of_the_last_chunk",
+    _LOSS + "chunked_xla.py",
+    "    m_new = jnp.maximum(m, m_chunk)",
+    "    m_new = m_chunk",
+    ("suites/core/test_loss.py", "-k", "falls_from_chunk_to_chunk"),
+    "Chunked loss: the running max is the latest chunk's, not the largest so far; a chunk far"
+    " below an earlier one overflows the rescaled sum.",
+  ),
+  Mutation(
+    "loss.api_implementation_dropped",
+    _LOSS + "api.py",
+    "    x, labels, weights, reduction=reduction, precision=precision, implementation=implementation",
+    "    x, labels, weights, reduction=reduction, precision=precision",
+    ("suites/core/test_loss.py", "-k", "passes_the_implementation_on"),
+    "Public loss: `implementation` is not passed on (always the default choice).",
+  ),
+  Mutation(
+    "layer_norm.backward_dscale_not_cast",
+    _NORM + "xla.py",
+    '    grads["scale"] = (dy * normalized).sum(axis=rows).astype(args.scale.dtype)',
+    '    grads["scale"] = (dy * normalized).sum(axis=rows)',
+    ("suites/core/test_layer_norm.py", "-k", "scale_and_offset_get_gradients"),
+    "layer_norm's XLA backward: dscale stays float32 for 16-bit scales.",
+  ),
+  Mutation(
+    "layer_norm.backward_doffset_not_cast",
+    _NORM + "xla.py",
+    '    grads["offset"] = dy.sum(axis=rows).astype(args.offset.dtype)',
+    '    grads["offset"] = dy.sum(axis=rows)',
+    ("suites/core/test_layer_norm.py", "-k", "scale_and_offset_get_gradients"),
+    "layer_norm's XLA backward: doffset stays float32 for 16-bit offsets.",
+  ),
+  Mutation(
+    "ragged_dot.api_implementation_dropped",
+    _RAGGED + "api.py",
+    "    group_offset=group_offset,\n    implementation=implementation,\n  )\n\n\ndef ragged_dot_general",
+    "    group_offset=group_offset,\n  )\n\n\ndef ragged_dot_general",
+    ("suites/core/test_ragged_dot.py", "-k", "passes_the_implementation_on"),
+    "Public ragged_dot: `implementation` is not passed on to ragged_dot_general (always the"
+    " default choice).",
+  ),
 )
 
 

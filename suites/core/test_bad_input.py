@@ -168,6 +168,34 @@ CASES = {
     TypeError,
     "`subtract_mean` must be a bool",
   ),
+  # Infinite numbers: an infinite epsilon zeroes every output, an infinite scale_offset
+  # gives NaN or infinities.
+  "norm_scale_offset_infinite": (
+    lambda: tokamax.layer_norm(jnp.ones((4, 8)), jnp.ones(8), None, scale_offset=float("inf")),
+    ValueError,
+    "`scale_offset` must be finite",
+  ),
+  "norm_epsilon_infinite": (
+    lambda: tokamax.layer_norm(jnp.ones((4, 8)), None, None, epsilon=np.inf),
+    ValueError,
+    "`epsilon` must be finite",
+  ),
+  "attention_soft_cap_infinite": (
+    lambda: attn(logits_soft_cap=-np.inf),
+    ValueError,
+    "`logits_soft_cap` must be finite",
+  ),
+  # A one-element boolean array is no flag: one per row (or per call of a batch) was meant.
+  "norm_subtract_mean_one_element_array": (
+    lambda: tokamax.layer_norm(jnp.ones((4, 8)), None, None, subtract_mean=np.array([True])),
+    TypeError,
+    "`subtract_mean` must be a bool",
+  ),
+  "attention_causal_one_element_array": (
+    lambda: attn(is_causal=jnp.array([False])),
+    TypeError,
+    "`is_causal` must be a bool",
+  ),
   "norm_scale_shape": (
     lambda: tokamax.layer_norm(jnp.ones((4, 8)), jnp.ones(7), None),
     ValueError,

@@ -106,3 +106,25 @@ def test_partitioning_splits_every_axis_but_the_normalized_one(axis):
   assert x_labels[axis] == rule.inputs["scale"][0] == rule.inputs["offset"][0]
   rows = {x_labels[i] for i in range(len(shape)) if i != axis % len(shape)}
   assert len(rows) == len(shape) - 1 and set(rule.split) == rows
+
+
+@pytest.mark.parametrize("impl", ("xla", None))
+@pytest.mark.parametrize("dtype", (jnp.bfloat16, jnp.float16))
+def test_16_bit_scale_and_offset_get_gradients_of_their_dtype(dtype, impl, inputs):
+  """dscale and doffset have the dtype of scale and offset (summed over rows in float32),
+  and match the float64 reference to one 16-bit rounding."""
+  x = (inputs.normal((6, 40)) + 0.5).astype(dtype)
+  scale, offset = inputs.normal((40,)).astype(dtype), inputs.normal((40,)).astype(dtype)
+  dout = inputs.normal((6, 40)).astype(dtype)
+
+  def run(scale, offset):
+    return tokamax.layer_norm(x, scale, offset, implementation=impl)
+
+  dscale, doffset = jax.vjp(run, scale, offset)[1](dout)
+  assert (dscale.dtype, doffset.dtype) == (dtype, dtype)
+  x64, dout64 = np.asarray(x, np.float64), np.asarray(dout, np.float64)
+  normalized = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-6)
+  np.testing.assert_allclose(
+    np.asarray(dscale, np.float64), (dout64 * normalized).sum(0), rtol=1e-2, atol=3e-2
+  )
+  np.testing.assert_allclose(np.asarray(doffset, np.float64), dout64.sum(0), rtol=1e-2, atol=3e-2)

@@ -202,3 +202,42 @@ def test_traced_labels_outside_the_vocabulary_lose_nan(impl, inputs):
   np.testing.assert_array_equal(np.isnan(np.asarray(dx)).all(axis=1), bad)
   assert not np.isnan(np.asarray(dx)[good]).any()
   assert np.isnan(np.asarray(dw)).all()
+
+
+def test_chunked_running_max_falls_from_chunk_to_chunk(inputs):
+  """The first of 3 vocabulary chunks of 16 holds logits near +60, the others near -60: the
+  running max must stay the first chunk's (rescaling by exp(m - m_chunk) = exp(120) from a later
+  chunk's max overflows float32)."""
+  from tokamax._src.ops.linear_softmax_cross_entropy_loss import chunked_xla
+
+  op = chunked_xla.ChunkedXlaLoss(config=chunked_xla.ChunkedLossConfig(vocab_chunk_size=16))
+  x = jnp.concatenate([inputs.normal((6, 7)), jnp.ones((6, 1))], axis=1)
+  last = jnp.where(jnp.arange(48) < 16, 60.0, -60.0)[None, :]
+  w = jnp.concatenate([inputs.normal((7, 48), 0.5), last], axis=0)
+  labels = jnp.asarray([0, 5, 15, 16, 30, 47], jnp.int32)
+
+  def run(x, w):
+    return tokamax.linear_softmax_cross_entropy_loss(
+      x, labels, w, reduction="none", implementation=op
+    )
+
+  def reference(x, w):
+    return references.linear_softmax_cross_entropy_loss(x, labels, w, reduction="none")
+
+  out, vjp = jax.vjp(run, x, w)
+  dout = inputs.normal(out.shape)
+  ref_out, ref_grads = references.high_precision_vjp(reference, (x, w), dout)
+  assert_matches(out, ref_out, what="loss")
+  dx, dw = vjp(dout)
+  assert_matches(dx[:, :7], ref_grads[0][:, :7], what="dx")
+  assert_matches(dw, ref_grads[1], what="dweights")
+
+
+@pytest.mark.skipif(jax.default_backend() == "tpu", reason="Mosaic TPU runs here")
+def test_the_public_loss_passes_the_implementation_on():
+  """An implementation that cannot run here is refused by name, not replaced by XLA."""
+  x, w = jnp.ones((4, 8)), jnp.ones((8, 16))
+  with pytest.raises(NotImplementedError, match="mosaic_tpu: runs on tpu"):
+    tokamax.linear_softmax_cross_entropy_loss(
+      x, jnp.zeros((4,), jnp.int32), w, implementation="mosaic_tpu"
+    )

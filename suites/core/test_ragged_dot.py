@@ -366,3 +366,11 @@ def test_gradients_are_ragged_dots_of_the_other_layouts(layout, offset):
   for name, w in zip(("lhs", "rhs"), want, strict=True):
     got = np.asarray(grads[name], np.float64)
     np.testing.assert_allclose(got, w, rtol=2e-2, atol=2e-2 * np.abs(w).max(), err_msg=name)
+
+
+@pytest.mark.skipif(jax.default_backend() == "tpu", reason="Mosaic TPU runs here")
+def test_the_public_ragged_dot_passes_the_implementation_on():
+  """An implementation that cannot run here is refused by name, not replaced by XLA."""
+  lhs, rhs = jnp.ones((4, 8)), jnp.ones((2, 8, 16))
+  with pytest.raises(NotImplementedError, match="mosaic_tpu: runs on tpu"):
+    tokamax.ragged_dot(lhs, rhs, jnp.array([2, 2], jnp.int32), implementation="mosaic_tpu")
