@@ -607,11 +607,11 @@ def test_backward_shared_memory_bytes():
   # share [block_q, H].
   shares = 2 * (128 * 64 * bf16 + 64 * h * f32)
   assert mosaic_bwd.dkv_smem_bytes(
-    dataclasses.replace(p, pair_dq=False), h, with_dq=True
+    dataclasses.replace(p, pair_dq=False), h, ("dk", "dv", "dq")
   ) == 2 * held + shares + 3 * (2 * slot + 2 * vec)
   # The consumers pair up and each holds half of the CTA's dq share (64 of H = 128 columns).
   shares = 2 * (128 * 64 * bf16 + 64 * h // 2 * f32)
-  assert mosaic_bwd.dkv_smem_bytes(p, h, with_dq=True) == 2 * held + shares + 3 * (
+  assert mosaic_bwd.dkv_smem_bytes(p, h, ("dk", "dv", "dq")) == 2 * held + shares + 3 * (
     2 * slot + 2 * vec
   )
 
@@ -650,9 +650,7 @@ def test_atomic_dq_backward_kernels_and_their_resources(h, passes, registers):
   config = dataclasses.replace(config, deterministic_bwd=False)
   _, got = mosaic._bwd_kernel_params(config, h)
   assert [(o, p.num_stages) for o, p in got] == passes
-  assert mosaic.bwd_smem_bytes(config, h) == max(
-    mosaic_bwd.dkv_smem_bytes(p, h, o, with_dq="dq" in o) for o, p in got
-  )
+  assert mosaic.bwd_smem_bytes(config, h) == max(mosaic_bwd.dkv_smem_bytes(p, h, o) for o, p in got)
   assert mosaic.bwd_smem_bytes(config, h) <= mosaic._SMEM_BYTES
   assert mosaic.bwd_registers(config, h) == registers
 

@@ -166,20 +166,16 @@ def _bwd_kernel_params(
 
   p_dq = fit(p_dq, lambda x: mosaic_bwd.dq_smem_bytes(x, head_dim))
   passes = [
-    (o, fit(p_dkv, lambda x, o=o: _dkv_smem_bytes(x, head_dim, o)))
+    (o, fit(p_dkv, lambda x, o=o: mosaic_bwd.dkv_smem_bytes(x, head_dim, o)))
     for o in _bwd_passes(head_dim, config.deterministic_bwd)
   ]
   return p_dq, passes
 
 
-def _dkv_smem_bytes(p: mosaic_bwd.BwdParams, head_dim: int, outputs: tuple[str, ...]) -> int:
-  return mosaic_bwd.dkv_smem_bytes(p, head_dim, outputs, with_dq="dq" in outputs)
-
-
 def bwd_smem_bytes(config: MosaicAttentionConfig, head_dim: int) -> int:
   """Shared memory of the largest backward kernel for `config` (after fitting its stages)."""
   p_dq, passes = _bwd_kernel_params(config, head_dim)
-  dkv = [_dkv_smem_bytes(p, head_dim, o) for o, p in passes]
+  dkv = [mosaic_bwd.dkv_smem_bytes(p, head_dim, o) for o, p in passes]
   if not config.deterministic_bwd:
     return max(dkv)
   return max(mosaic_bwd.dq_smem_bytes(p_dq, head_dim), *dkv)

@@ -78,13 +78,11 @@ def dq_split(block_q: int, h: int) -> str | None:
   return "cols" if block_q >= 64 else "head_rows"
 
 
-def dkv_smem_bytes(
-  p: BwdParams, h: int, outputs=("dk", "dv"), itemsize: int = 2, *, with_dq: bool = False
-) -> int:
+def dkv_smem_bytes(p: BwdParams, h: int, outputs=("dk", "dv"), itemsize: int = 2) -> int:
   """Shared memory of the dk/dv kernel computing `outputs` (and dq), compiled."""
   dk = "dk" in outputs
   held = (2 if dk else 1) * NUM_CONSUMERS * p.block_kv * h * itemsize
-  if with_dq:  # Each consumer's dS tile and float32 part of the dq share.
+  if "dq" in outputs:  # Each consumer's dS tile and float32 part of the dq share.
     share = p.block_q * h * 4 // (2 if p.pair_dq and dq_split(p.block_q, h) else 1)
     held += NUM_CONSUMERS * (p.block_q * p.block_kv * itemsize + share)
   return held + p.num_stages * p.block_q * (2 * h * itemsize + (8 if dk else 4))
