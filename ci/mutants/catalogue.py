@@ -14126,6 +14126,30 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Public ragged_dot: `implementation` is not passed on to ragged_dot_general (always the"
     " default choice).",
   ),
+  Mutation(
+    "validation.finite_takes_bytes",
+    "src/tokamax/_src/validation.py",
+    "  if isinstance(value, bool | np.bool_ | str | bytes):",
+    "  if isinstance(value, bool | np.bool_ | str):",
+    ("suites/core/test_bad_input.py", "-k", "epsilon_bytes"),
+    "A number argument given as bytes (b'1e-6') is parsed by float() instead of refused.",
+  ),
+  Mutation(
+    "validation.rank_layout_hint_dropped",
+    "src/tokamax/_src/validation.py",
+    '    hint = f" ({layout})" if layout else ""\n    raise ValueError(f"`{name}` must have rank {what}',
+    '    hint = ""\n    raise ValueError(f"`{name}` must have rank {what}',
+    ("suites/core/test_bad_input.py", "-k", "rank"),
+    "A rank error no longer says which layout was expected (e.g. rhs [G, K, N]).",
+  ),
+  Mutation(
+    "validation.min_rank_layout_hint_dropped",
+    "src/tokamax/_src/validation.py",
+    '    hint = f" ({layout})" if layout else ""\n    raise ValueError(f"`{name}` must have rank >=',
+    '    hint = ""\n    raise ValueError(f"`{name}` must have rank >=',
+    ("suites/core/test_bad_input.py", "-k", "rank"),
+    "A minimum-rank error no longer says which layout was expected (e.g. query [*B,T,N,H]).",
+  ),
 )
 
 

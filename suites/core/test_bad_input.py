@@ -1,5 +1,7 @@
 """Bad input raises ValueError/TypeError naming the argument."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -131,7 +133,7 @@ CASES = {
   "attention_all_rank_2": (
     lambda: attn(query=Q[0, 0], key=Q[0, 0], value=Q[0, 0]),
     ValueError,
-    "`query` must have rank >= 3",
+    re.escape("`query` must have rank >= 3 (query [*B,T,N,H]"),
   ),
   "attention_q_sharding_not_named": (
     lambda: attn(q_sharding=PartitionSpec("x")),
@@ -160,6 +162,11 @@ CASES = {
   ),
   "norm_epsilon_not_a_number": (
     lambda: tokamax.layer_norm(jnp.ones((4, 8)), None, None, epsilon="1e-6"),
+    TypeError,
+    "`epsilon` must be a number",
+  ),
+  "norm_epsilon_bytes": (
+    lambda: tokamax.layer_norm(jnp.ones((4, 8)), None, None, epsilon=b"1e-6"),
     TypeError,
     "`epsilon` must be a number",
   ),
@@ -239,7 +246,7 @@ CASES = {
   "glu_x_rank": (
     lambda: tokamax.gated_linear_unit(jnp.ones((8,)), jnp.ones((8, 2, 5))),
     ValueError,
-    "`x`",
+    re.escape("`x` must have rank >= 2 (x [*B, M, K])"),
   ),
   "glu_weights_shape": (
     lambda: tokamax.gated_linear_unit(jnp.ones((4, 8)), jnp.ones((8, 3, 5))),
@@ -335,7 +342,7 @@ CASES = {
   "ragged_rhs_rank": (
     lambda: tokamax.ragged_dot(jnp.ones((6, 4)), jnp.ones((2, 4)), jnp.array([2, 4])),
     ValueError,
-    "`rhs`",
+    re.escape("`rhs` must have rank 3 (rhs [G, K, N])"),
   ),
   "ragged_group_offset_shape": (
     lambda: tokamax.ragged_dot(
@@ -403,7 +410,7 @@ CASES = {
       jnp.ones((2, 8, 8)), jnp.zeros(2, jnp.int32), jnp.ones((8, 5))
     ),
     ValueError,
-    "`x`",
+    re.escape("`x` must have rank 2 (x [B, H])"),
   ),
   "loss_float_labels": (
     lambda: tokamax.linear_softmax_cross_entropy_loss(
