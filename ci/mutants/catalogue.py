@@ -1334,8 +1334,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_attention_atomic_dq_head",
     _ATTENTION + "mosaic_bwd.py",
-    "dst = dq_ref.at[buffer, batch, rows, kv_head * groups + g, cols]",
-    "dst = dq_ref.at[buffer, batch, rows, kv_head + g, cols]",
+    "dst = dq_ref.at[buffer, batch, pl.ds(q_step * bq, bq), kv_head * groups + g]",
+    "dst = dq_ref.at[buffer, batch, pl.ds(q_step * bq, bq), kv_head + g]",
     (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[atomic_dq_h128_gqa_window_softcap_bias]",),
     "Mosaic attention backward (dk/dv forming dq): a key/value head adds its query heads' dq"
     " shares to heads kv_head + g instead of kv_head * groups + g.",
@@ -1343,46 +1343,19 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_attention_atomic_dq_rows",
     _ATTENTION + "mosaic_bwd.py",
-    "rows, ds = pl.ds(q_step * bq + wg * half, half)",
-    "rows, ds = pl.ds(q_step * bq, half)",
+    "dst = dq_ref.at[buffer, batch, pl.ds(q_step * bq, bq), kv_head * groups + g]",
+    "dst = dq_ref.at[buffer, batch, pl.ds(q_step, bq), kv_head * groups + g]",
     (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[atomic_dq_128q_gqa_lengths_causal_padded]",),
-    "Mosaic attention backward (dk/dv forming dq): both consumers of a pair add their halves"
-    " of the share to the query block's first half of rows.",
-  ),
-  Mutation(
-    "kernels.mosaic_attention_atomic_dq_partner_dropped",
-    _ATTENTION + "mosaic_bwd.py",
-    "part = part + _mm_refs(*pairs[1], shape)",
-    "part = part + 0.0",
-    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[atomic_dq_h128_gqa_window_softcap_bias]",),
-    "Mosaic attention backward (dk/dv forming dq): a paired consumer's half of the share"
-    " leaves out the second consumer's keys.",
-  ),
-  Mutation(
-    "kernels.mosaic_attention_dq_split_rows_boundary",
-    _ATTENTION + "mosaic_bwd.py",
-    '  if block_q >= 128:\n    return "rows"',
-    '  if block_q > 128:\n    return "rows"',
-    (_MOSAIC_ATTENTION + "::test_dq_split_takes_halves_of_whole_wgmma_tiles",),
-    "Mosaic attention backward (dk/dv forming dq): 128-query blocks left unpaired, so each"
-    " consumer adds its own share (twice the reduce-adds).",
-  ),
-  Mutation(
-    "kernels.mosaic_attention_dq_split_head_rows_at_64",
-    _ATTENTION + "mosaic_bwd.py",
-    "  if h < 128:\n    return None",
-    "  if h < 64:\n    return None",
-    (_MOSAIC_ATTENTION + "::test_dq_split_takes_halves_of_whole_wgmma_tiles",),
-    "Mosaic attention backward (dk/dv forming dq): head dim 64 paired into 32-column halves,"
-    " which no wgmma tile or 128-byte swizzle takes.",
+    "Mosaic attention backward (dk/dv forming dq): a share added at row q_step, not at its"
+    " query block's first row.",
   ),
   Mutation(
     "kernels.mosaic_attention_atomic_dq_parts",
     _ATTENTION + "mosaic_bwd.py",
     "buffer = tile * NUM_CONSUMERS + wg if interpret else 0",
     "buffer = tile if interpret else 0",
-    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[atomic_dq_h64_64q_unpaired_causal]",),
-    "Mosaic attention backward (dk/dv forming dq, interpreted, unpaired): both consumers"
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[atomic_dq_h64_64q_causal]",),
+    "Mosaic attention backward (dk/dv forming dq, interpreted): both consumers"
     " write their shares to one buffer, so one overwrites the other.",
   ),
   Mutation(
@@ -1396,20 +1369,29 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_attention_atomic_dq_smem",
     _ATTENTION + "mosaic_bwd.py",
-    "share = p.block_q * h * 4 // (2 if p.pair_dq and dq_split(p.block_q, h) else 1)",
-    "share = p.block_q * h * itemsize // (2 if p.pair_dq and dq_split(p.block_q, h) else 1)",
+    "held += NUM_CONSUMERS * p.block_q * (p.block_kv * itemsize + h * 4)",
+    "held += NUM_CONSUMERS * p.block_q * (p.block_kv * itemsize + h * itemsize)",
     (_MOSAIC_ATTENTION + "::test_backward_shared_memory_bytes",),
     "Mosaic attention backward: the float32 dq share counted at the input's itemsize, so a"
     " config that does not fit passes.",
   ),
   Mutation(
-    "wrappers.attention_mosaic_atomic_dq_32q_h64",
+    "wrappers.attention_mosaic_atomic_dq_32q",
     _ATTENTION + "mosaic.py",
-    "    and (head_dim < 128 or not config.pair_dq)",
-    "    and (head_dim < 64 or not config.pair_dq)",
+    "  if forms_dq_in_dkv(config, head_dim) and config.bwd_block_q < 64:",
+    "  if forms_dq_in_dkv(config, head_dim) and config.bwd_block_q < 32:",
     (_MOSAIC_ATTENTION + "::test_backward_config_reason",),
-    "Mosaic attention: deterministic_bwd=False accepted with 32-query blocks at head dim 64,"
-    " where no half of the dq share fits a wgmma tile.",
+    "Mosaic attention: deterministic_bwd=False accepted with 32-query blocks, where the dq"
+    " share is no whole wgmma tile.",
+  ),
+  Mutation(
+    "wrappers.attention_mosaic_atomic_dq_at_256",
+    _ATTENTION + "mosaic.py",
+    "  return not config.deterministic_bwd and head_dim <= 128",
+    "  return not config.deterministic_bwd",
+    (_MOSAIC_ATTENTION, "-k", "atomic_dq_is_not_taken_at_head_dim_256"),
+    "Mosaic attention: deterministic_bwd=False at head dim 256 takes the dk pass forming dq"
+    " (1.9x slower on the H200) instead of the deterministic kernels.",
   ),
   Mutation(
     "wrappers.attention_mosaic_atomic_dq_registers",
@@ -2101,8 +2083,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "wrappers.attention_mosaic_bwd_passes_split_at_128",
     _ATTENTION + "mosaic.py",
-    '  if head_dim > 128:\n    return (("dv",), ("dk", *dq))',
-    '  if head_dim >= 128:\n    return (("dv",), ("dk", *dq))',
+    '  if head_dim > 128:\n    return (("dv",), ("dk",))',
+    '  if head_dim >= 128:\n    return (("dv",), ("dk",))',
     (_MOSAIC_ATTENTION, "-k", "backward_passes_and_stages"),
     "Mosaic attention backward: head dim 128 splits dk and dv into two passes.",
   ),

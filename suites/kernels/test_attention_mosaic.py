@@ -467,11 +467,9 @@ def test_lowers_with_every_feature_for_cuda():
 @pytest.mark.parametrize(
   ("h", "bwd_block_q", "kernel"),
   [
-    (64, 64, "attention_dk_dv_dq"),  # Each consumer adds its own share.
-    (64, 128, "attention_dk_dv_dq"),  # Paired: halves of the rows.
-    (128, 64, "attention_dk_dv_dq"),  # Paired: halves of the columns.
-    (128, 32, "attention_dk_dv_dq"),  # Paired: halves of dq^T's rows.
-    (256, 32, "attention_dk_dq"),  # The dk pass forms dq; the dv pass runs on its own.
+    (64, 64, "attention_dk_dv_dq"),
+    (64, 128, "attention_dk_dv_dq"),
+    (128, 64, "attention_dk_dv_dq"),
   ],
 )
 def test_atomic_dq_backward_lowers_for_cuda_without_a_dq_kernel(h, bwd_block_q, kernel):
@@ -490,6 +488,19 @@ def test_atomic_dq_backward_lowers_for_cuda_without_a_dq_kernel(h, bwd_block_q, 
     impl, dataclasses.replace(config, deterministic_bwd=True), shape, grads=True
   )
   assert "attention_dq" in set(re.findall(r"attention_d[a-z_]*", deterministic.as_text()))
+
+
+def test_atomic_dq_is_not_taken_at_head_dim_256():
+  """deterministic_bwd=False at head dim 256 runs the deterministic kernels (the dk pass
+  forming dq measured slower than them)."""
+  impl = mosaic.MosaicAttention()
+  q = jnp.ones((1, 8, 2, 256), jnp.bfloat16)
+  config = impl._get_heuristics_config(spec.canonicalize(q, q, q))
+  fast = dataclasses.replace(config, deterministic_bwd=False)
+  assert not mosaic.forms_dq_in_dkv(fast, 256) and mosaic.forms_dq_in_dkv(fast, 128)
+  text = _lower(impl, fast, (2, 200, 300, 4, 2, 256), grads=True, is_causal=True)
+  kernels = set(re.findall(r"attention_d[a-z_]*", text.as_text()))
+  assert kernels >= {"attention_dq", "attention_dk", "attention_dv"}, kernels
 
 
 @pytest.mark.parametrize(("h", "block_kv"), [(64, 64), (64, 128), (128, 64), (128, 128), (256, 64)])
@@ -606,31 +617,9 @@ def test_backward_shared_memory_bytes():
   # Forming dq too: each consumer's bfloat16 dS^T tile [block_kv, block_q] and float32 dq
   # share [block_q, H].
   shares = 2 * (128 * 64 * bf16 + 64 * h * f32)
-  assert mosaic_bwd.dkv_smem_bytes(
-    dataclasses.replace(p, pair_dq=False), h, ("dk", "dv", "dq")
-  ) == 2 * held + shares + 3 * (2 * slot + 2 * vec)
-  # The consumers pair up and each holds half of the CTA's dq share (64 of H = 128 columns).
-  shares = 2 * (128 * 64 * bf16 + 64 * h // 2 * f32)
   assert mosaic_bwd.dkv_smem_bytes(p, h, ("dk", "dv", "dq")) == 2 * held + shares + 3 * (
     2 * slot + 2 * vec
   )
-
-
-@pytest.mark.parametrize(
-  ("block_q", "h", "split"),
-  [
-    (128, 64, "rows"),  # Halves of 64 query rows: whole wgmma M tiles.
-    (128, 128, "rows"),
-    (64, 64, None),  # 32 rows or 32 columns: neither half fits a wgmma tile or the swizzle.
-    (64, 128, "cols"),
-    (64, 256, "cols"),
-    (32, 128, "head_rows"),  # dq^T [H, 32]: halves of 64 head-dim rows.
-    (32, 256, "head_rows"),
-    (32, 64, None),
-  ],
-)
-def test_dq_split_takes_halves_of_whole_wgmma_tiles(block_q, h, split):
-  assert mosaic_bwd.dq_split(block_q, h) == split
 
 
 @pytest.mark.parametrize(
@@ -638,8 +627,6 @@ def test_dq_split_takes_halves_of_whole_wgmma_tiles(block_q, h, split):
   [
     (64, [(("dk", "dv", "dq"), 2)], (0, 192)),
     (128, [(("dk", "dv", "dq"), 2)], (0, 192)),
-    # The dk pass holds keys and values and the dS and dq^T tiles: one slot left.
-    (256, [(("dv",), 3), (("dk", "dq"), 1)], (0, 160)),
   ],
 )
 def test_atomic_dq_backward_kernels_and_their_resources(h, passes, registers):
@@ -807,8 +794,8 @@ def test_config_validation():
     (128, dict(bwd_block_q=32, bwd_block_kv=128), "registers"),  # dk and dv [128, 128]: 256.
     (64, dict(bwd_block_q=32, bwd_block_kv=128), None),
     (64, dict(deterministic_bwd=False, bwd_block_q=32), "bwd_block_q 32 at head dim 64"),
-    (128, dict(deterministic_bwd=False, bwd_block_q=32), None),
-    (256, dict(deterministic_bwd=False, bwd_block_q=32), None),
+    (128, dict(deterministic_bwd=False, bwd_block_q=32), "bwd_block_q 32 at head dim 128"),
+    (256, dict(deterministic_bwd=False, bwd_block_q=32), None),  # The deterministic kernels.
     (128, dict(deterministic_bwd=False, dq_block_q=128), None),  # No dq kernel runs.
     (64, dict(deterministic_bwd=False, bwd_block_q=128), None),
   ],

@@ -205,30 +205,13 @@ _MOSAIC_CASES = {
     ),
     config=dict(deterministic_bwd=False),
   ),
-  # 64-query blocks at head dim 64: no half of the share is a whole wgmma tile, so each
-  # consumer adds its own.
-  "atomic_dq_h64_64q_unpaired_causal": kc.AttentionKernelCase(
+  # 64-query blocks at head dim 64.
+  "atomic_dq_h64_64q_causal": kc.AttentionKernelCase(
     dict(b=1, t=128, s=128, n=2, k=1, h=64),
     "bfloat16",
     grads=True,
     features=dict(is_causal=True),
     config=dict(deterministic_bwd=False, bwd_block_q=64),
-  ),
-  # 32-query blocks: each consumer of a pair forms half of dq^T = K^T dS^T (rows of H), at
-  # head dim 128 and in the dk pass of head dim 256 (the heuristics' 32-row blocks there).
-  "atomic_dq_h128_32q_gqa_window": kc.AttentionKernelCase(
-    dict(b=1, t=128, s=256, n=4, k=2, h=128),
-    "bfloat16",
-    grads=True,
-    features=dict(local_window_size=(70, 30)),
-    config=dict(deterministic_bwd=False, bwd_block_q=32),
-  ),
-  "atomic_dq_h256_gqa_causal": kc.AttentionKernelCase(
-    dict(b=1, t=128, s=128, n=2, k=1, h=256),
-    "bfloat16",
-    grads=True,
-    features=dict(is_causal=True),
-    config=dict(block_kv=64, deterministic_bwd=False, bwd_block_q=32),
   ),
   # Head dim 256: dq and the dk pass with one pipeline slot, the dv pass with two.
   "h256_gqa_causal": kc.AttentionKernelCase(
@@ -450,16 +433,10 @@ _MOSAIC_GPU_CONFIG_CASES = {
     features=dict(is_causal=True),
     config=dict(deterministic_bwd=False),
   ),
-  "h128_atomic_dq_unpaired": kc.AttentionKernelCase(
+  "h128_atomic_dq": kc.AttentionKernelCase(
     dict(b=1, t=512, s=512, n=4, k=4, h=128),
     "bfloat16",
-    config=dict(deterministic_bwd=False, pair_dq=False),
-  ),
-  "h256_causal_gqa_atomic_dq": kc.AttentionKernelCase(
-    dict(b=1, t=512, s=512, n=4, k=2, h=256),
-    "bfloat16",
-    features=dict(is_causal=True),
-    config=dict(block_kv=64, deterministic_bwd=False, bwd_block_q=32, bwd_num_stages=3),
+    config=dict(deterministic_bwd=False),
   ),
   "h64_lengths_atomic_dq": kc.AttentionKernelCase(
     dict(b=2, t=512, s=500, n=4, k=4, h=64),

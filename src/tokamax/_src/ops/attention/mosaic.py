@@ -51,11 +51,11 @@ class MosaicAttentionConfig:
     dq_block_q: query rows per consumer warpgroup of the dq kernel.
     dq_block_kv: keys per streamed block of the dq kernel (32, 64 or 128).
     dq_num_stages: pipeline slots of the dq kernel (fewer where they do not fit).
-    deterministic_bwd: False: the dk/dv kernel also forms dq, adding each step's
-      share into a float32 buffer by TMA reduce-add, and the dq kernel does not
-      run (five matmuls per block pair instead of seven; at head dim 256 the
-      dk pass forms dq: six instead of eight).
-      The order of those adds varies, so dq is not bitwise reproducible.
+    deterministic_bwd: False allows a backward whose dq is not bitwise
+      reproducible: at head dims 64 and 128 the dk/dv kernel also forms dq,
+      adding each step's share into a float32 buffer by TMA reduce-add, and the
+      dq kernel does not run (five matmuls per block pair instead of seven). At
+      head dim 256 the deterministic kernels run (`forms_dq_in_dkv`).
   """
 
   block_kv: int = 128
@@ -69,7 +69,6 @@ class MosaicAttentionConfig:
   dq_block_kv: int = 64
   dq_num_stages: int = 2
   deterministic_bwd: bool = True
-  pair_dq: bool = True
 
   # The fields the forward kernel ignores (see `Op._forward_config`).
   BACKWARD_FIELDS: ClassVar[tuple[str, ...]] = (
@@ -80,7 +79,6 @@ class MosaicAttentionConfig:
     "dq_block_kv",
     "dq_num_stages",
     "deterministic_bwd",
-    "pair_dq",
   )
 
   def __post_init__(self):
@@ -126,17 +124,25 @@ def _staged_itemsizes(args: attention_spec.AttentionArgs) -> tuple[int, ...]:
   return tuple(staged)
 
 
-def _bwd_passes(head_dim: int, deterministic: bool = True) -> tuple[tuple[str, ...], ...]:
+def forms_dq_in_dkv(config: MosaicAttentionConfig, head_dim: int) -> bool:
+  """Whether the dk/dv kernel forms dq (`deterministic_bwd=False`) in place of the dq kernel.
+
+  Not at head dim 256: there the dk pass would form it, and on the H200 that took 1.9x the
+  deterministic kernels' time (h200/attention_fused_dq_1a0b065.json).
+  """
+  return not config.deterministic_bwd and head_dim <= 128
+
+
+def _bwd_passes(head_dim: int, with_dq: bool = False) -> tuple[tuple[str, ...], ...]:
   """The outputs of each dk/dv kernel launch ("dq" too where it forms dq).
 
   A consumer's float32 dk and dv accumulators take head_dim registers per
   thread together: past 128 they leave too few of the 232 for the rest, so
   each output gets its own pass.
   """
-  dq = () if deterministic else ("dq",)
   if head_dim > 128:
-    return (("dv",), ("dk", *dq))
-  return (("dk", "dv", *dq),)
+    return (("dv",), ("dk",))
+  return (("dk", "dv", *(("dq",) if with_dq else ())),)
 
 
 def _bwd_kernel_params(
@@ -154,7 +160,6 @@ def _bwd_kernel_params(
     block_q=config.bwd_block_q,
     block_kv=config.bwd_block_kv,
     num_stages=config.bwd_num_stages,
-    pair_dq=config.pair_dq,
     **common_kw,
   )
 
@@ -167,7 +172,7 @@ def _bwd_kernel_params(
   p_dq = fit(p_dq, lambda x: mosaic_bwd.dq_smem_bytes(x, head_dim))
   passes = [
     (o, fit(p_dkv, lambda x, o=o: mosaic_bwd.dkv_smem_bytes(x, head_dim, o)))
-    for o in _bwd_passes(head_dim, config.deterministic_bwd)
+    for o in _bwd_passes(head_dim, forms_dq_in_dkv(config, head_dim))
   ]
   return p_dq, passes
 
@@ -176,7 +181,7 @@ def bwd_smem_bytes(config: MosaicAttentionConfig, head_dim: int) -> int:
   """Shared memory of the largest backward kernel for `config` (after fitting its stages)."""
   p_dq, passes = _bwd_kernel_params(config, head_dim)
   dkv = [mosaic_bwd.dkv_smem_bytes(p, head_dim, o) for o, p in passes]
-  if not config.deterministic_bwd:
+  if forms_dq_in_dkv(config, head_dim):
     return max(dkv)
   return max(mosaic_bwd.dq_smem_bytes(p_dq, head_dim), *dkv)
 
@@ -200,7 +205,7 @@ def bwd_registers(config: MosaicAttentionConfig, head_dim: int) -> tuple[int, in
   dq = config.dq_block_q * (head_dim + 2 * config.dq_block_kv)
   outputs = max(len(o) for o in _bwd_passes(head_dim))
   dkv = config.bwd_block_kv * (outputs * head_dim + 2 * config.bwd_block_q)
-  if not config.deterministic_bwd:
+  if forms_dq_in_dkv(config, head_dim):
     # No dq kernel. The dk/dv kernel's dq share [bwd_block_q, H] is live only once
     # the score tiles are dead, and no larger than them while H <= 2 * bwd_block_kv.
     dq = 0
@@ -209,14 +214,10 @@ def bwd_registers(config: MosaicAttentionConfig, head_dim: int) -> tuple[int, in
 
 def bwd_config_reason(config: MosaicAttentionConfig, head_dim: int) -> str | None:
   """Why the backward kernels cannot take `config` at `head_dim` (None if they can)."""
-  if (
-    not config.deterministic_bwd
-    and config.bwd_block_q < 64
-    and (head_dim < 128 or not config.pair_dq)
-  ):
+  if forms_dq_in_dkv(config, head_dim) and config.bwd_block_q < 64:
     return (
       f"deterministic_bwd=False with bwd_block_q {config.bwd_block_q} at head dim {head_dim}"
-      " (dq's share needs 64 query rows or head dims of 128 and more)"
+      " (dq's share is whole 64-row wgmma tiles)"
     )
   regs = bwd_registers(config, head_dim)
   if max(regs) > _BWD_REGISTERS:
@@ -476,7 +477,7 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
     extras_t = tuple(None if x is None else jnp.swapaxes(x, 2, 3) for x in extras)
     interpret = self.interpret_params
     grads = {}
-    if config.deterministic_bwd:
+    if not forms_dq_in_dkv(config, h):
       grads["query"] = mosaic_bwd.dq(p_dq, *operands, *extras, interpret=interpret)[:, :t]
     names = {"dq": "query", "dk": "key", "dv": "value"}
     for outputs, p_dkv in passes:

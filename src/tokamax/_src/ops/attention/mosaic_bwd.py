@@ -14,10 +14,10 @@ producer warpgroup, and no atomics (so results are bitwise reproducible):
   pass needs neither the value block nor delta.
 
 The dk/dv kernel can also form dq (`outputs` with "dq"), in place of the dq
-kernel: each step's share dS K goes through shared memory into a float32
-buffer by TMA reduce-add, one share per CTA where the two consumers can split
-it (`dq_split`). Five matmuls per block pair instead of seven, but the order of
-the adds varies from run to run, so that dq is not bitwise reproducible.
+kernel: each consumer's step share dS K goes through shared memory into a
+float32 buffer by TMA reduce-add. Five matmuls per block pair instead of seven,
+but the order of the adds varies from run to run, so that dq is not bitwise
+reproducible.
 
 The masking and block ranges are the forward kernel's (`mosaic_common`). A bias
 and a mask ([B|1, N|1, T|1, S|1], as the forward takes them) are read tile by
@@ -53,7 +53,6 @@ class BwdParams:
   masking: common.Masking
   consumer_registers: int = 232
   producer_registers: int = 40
-  pair_dq: bool = True  # Whether the consumers form one dq share per CTA (`dq_split`).
 
 
 def dq_smem_bytes(p: BwdParams, h: int, itemsize: int = 2) -> int:
@@ -62,29 +61,12 @@ def dq_smem_bytes(p: BwdParams, h: int, itemsize: int = 2) -> int:
   return held + 2 * p.num_stages * p.block_kv * h * itemsize
 
 
-def dq_split(block_q: int, h: int) -> str | None:
-  """How the dk/dv kernel's consumers split the CTA's dq share, or None.
-
-  Both consumers' dS tiles make one share of the query block's dq, each consumer
-  forming half of it, so that the CTA adds it once: "rows" (halves of 64 or more
-  query rows), "cols" (64-column halves of H, within the key tile's swizzle) or,
-  where the query block is under one wgmma tile of 64 rows, "head_rows" (halves
-  of dq^T [H, block_q] = K^T dS^T). None: each consumer adds its own share.
-  """
-  if block_q >= 128:
-    return "rows"
-  if h < 128:
-    return None
-  return "cols" if block_q >= 64 else "head_rows"
-
-
 def dkv_smem_bytes(p: BwdParams, h: int, outputs=("dk", "dv"), itemsize: int = 2) -> int:
   """Shared memory of the dk/dv kernel computing `outputs` (and dq), compiled."""
   dk = "dk" in outputs
   held = (2 if dk else 1) * NUM_CONSUMERS * p.block_kv * h * itemsize
   if "dq" in outputs:  # Each consumer's dS tile and float32 part of the dq share.
-    share = p.block_q * h * 4 // (2 if p.pair_dq and dq_split(p.block_q, h) else 1)
-    held += NUM_CONSUMERS * (p.block_q * p.block_kv * itemsize + share)
+    held += NUM_CONSUMERS * p.block_q * (p.block_kv * itemsize + h * 4)
   return held + p.num_stages * p.block_q * (2 * h * itemsize + (8 if dk else 4))
 
 
@@ -335,7 +317,7 @@ def dkv(
   want_dk, want_dv, want_dq = ("dk" in outputs, "dv" in outputs, "dq" in outputs)
   names = [x for x in ("dk", "dv") if x in outputs]
   assert names and len(names) + want_dq == len(outputs) and want_dk >= want_dq, outputs
-  assert not want_dq or bq >= 64 or h >= 128, "dq's share takes whole wgmma M tiles (`dq_split`)"
+  assert not want_dq or bq >= 64, "dq's share takes whole wgmma M tiles"
   # As in `dq`: with one slot per operand the dk pass uses dO first (dP) and
   # releases it early, and the query block last.
   do_first = want_dk and not want_dv and stages == 1
@@ -343,7 +325,6 @@ def dkv(
   # Interpreted, TMA has no reduce-add: each consumer writes its dq shares to a
   # buffer of its own, summed afterwards.
   dq_parts = num_tiles * NUM_CONSUMERS if interpret else 1
-  split = dq_split(bq, h) if want_dq and p.pair_dq else None
 
   def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref, *refs):
     refs_bm = common.extra_refs(refs, bias_t, mask_t)
@@ -353,8 +334,7 @@ def dkv(
     out_refs = dict(zip(names, refs[: len(names)], strict=True))
     smem, bars = refs[len(names) :]
     k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem
-    kv_bar, q_bar, do_bar, lse_bar, delta_bar, q_free, do_free, lse_free, delta_free = bars[:9]
-    ds_full, ds_read = bars[9:]
+    kv_bar, q_bar, do_bar, lse_bar, delta_bar, q_free, do_free, lse_free, delta_free = bars
     kv_head = lax.axis_index("heads")
     tile = lax.axis_index("kv_tiles")
     batch = lax.axis_index("batch")
@@ -439,41 +419,15 @@ def dkv(
         return acc
 
       def _add_dq(ds_t, q_step, g):
-        """Adds this consumer's part of dS K, the query block's dq share, to the buffer."""
-        rows, cols = pl.ds(q_step * bq, bq), pl.ds(0, h)
+        """Adds this consumer's share of the query block's dq, dS K, to the buffer."""
         ds_smem.at[wg][...] = ds_t
         plgpu.commit_smem()
-        if split is None:
-          part = _mm_refs(ds_smem.at[wg].T, k_smem.at[wg], (bq, h))
-        else:
-          # Both consumers' dS tiles in place; each forms half of the CTA's share.
-          plgpu.barrier_arrive(ds_full)
-          plgpu.barrier_wait(ds_full)
-          half = (bq if split == "rows" else h) // 2
-          mine = pl.ds(wg * half, half)
-          ds = [ds_smem.at[i] for i in range(NUM_CONSUMERS)]
-          keys = [k_smem.at[i] for i in range(NUM_CONSUMERS)]
-          if split == "rows":
-            rows, ds = pl.ds(q_step * bq + wg * half, half), [x.at[:, mine] for x in ds]
-          else:
-            cols, keys = mine, [x.at[:, mine] for x in keys]
-          # dq = sum_i dS_i K_i, or its transpose sum_i K_i^T dS_i^T ("head_rows").
-          if split == "head_rows":
-            pairs, shape = [(k.T, d) for k, d in zip(keys, ds, strict=True)], (half, bq)
-          else:
-            pairs, shape = [(d.T, k) for k, d in zip(keys, ds, strict=True)], (rows.size, cols.size)
-          part = _mm_refs(*pairs[0], shape)
-          part = part + _mm_refs(*pairs[1], shape)
-          plgpu.barrier_arrive(ds_read)  # The partner may overwrite its dS tile once both read.
-          plgpu.barrier_wait(ds_read)
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The previous part's store.
+        part = _mm_refs(ds_smem.at[wg].T, k_smem.at[wg], (bq, h))
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The previous share's store.
         dq_smem.at[wg][...] = part
         plgpu.commit_smem()
         buffer = tile * NUM_CONSUMERS + wg if interpret else 0
-        if split == "head_rows":  # The buffer is [.., B, N, H, T].
-          dst = dq_ref.at[buffer, batch, kv_head * groups + g, cols, rows]
-        else:
-          dst = dq_ref.at[buffer, batch, rows, kv_head * groups + g, cols]
+        dst = dq_ref.at[buffer, batch, pl.ds(q_step * bq, bq), kv_head * groups + g]
         plgpu.copy_smem_to_gmem(dq_smem.at[wg], dst, reduction_op=None if interpret else "add")
 
       def skip(q_step, carry, *, g):
@@ -481,8 +435,6 @@ def dkv(
         for full, free in streamed:
           plgpu.barrier_wait(full.at[slot])
           plgpu.barrier_arrive(free.at[slot])
-        if want_dq and split is not None:  # The partner's share needs this consumer's half.
-          _add_dq(common.tile((bkv, bq), 0.0).astype(dtype), q_step, g)
         return carry
 
       def group(g, carry):
@@ -538,7 +490,7 @@ def dkv(
     # Swizzled: the share's rows are 128 bytes apart or more, so a plain tile's stores from
     # the wgmma layout would hit the same banks.
     plgpu.SMEM(
-      (NUM_CONSUMERS, *_dq_part_shape(split, bq, h)),
+      (NUM_CONSUMERS, bq, h),
       jnp.float32,
       transforms=common.smem_transforms(jnp.float32, 32),
     )
@@ -557,7 +509,6 @@ def dkv(
     free,
     free,
     free if want_dk else None,
-    *(2 * [plgpu.Barrier(num_arrivals=NUM_CONSUMERS) if split else None]),
   )
   kv_type = jax.ShapeDtypeStruct(k.shape, dtype)
   call = plgpu.kernel(
@@ -575,17 +526,7 @@ def dkv(
   operands = (q, k, v, do, lse, delta, lengths, *extras)
   if not want_dq:
     return call(*operands)
-  transposed = split == "head_rows"
-  shape = (b, n, h, t) if transposed else q.shape
-  buffer = jax.new_ref(jnp.zeros((dq_parts, *shape), jnp.float32))  # Written in place.
+  buffer = jax.new_ref(jnp.zeros((dq_parts, *q.shape), jnp.float32))  # Written in place.
   results = call(*operands, buffer)
   dq_sum = jnp.sum(jax.freeze(buffer), axis=0)
-  if transposed:
-    dq_sum = jnp.transpose(dq_sum, (0, 3, 1, 2))
   return (*results, (dq_sum * p.scale).astype(dtype))
-
-
-def _dq_part_shape(split: str | None, bq: int, h: int) -> tuple[int, int]:
-  """The dq share a consumer forms and adds (a transposed one for "head_rows")."""
-  shapes = {None: (bq, h), "rows": (bq // 2, h), "cols": (bq, h // 2), "head_rows": (h // 2, bq)}
-  return shapes[split]
