@@ -174,12 +174,16 @@ def markdown(doc: dict) -> str:
 
 def junit_finished_ids(path: str) -> set[tuple[str, str]]:
   """(classname, name) of the test cases a JUnit XML file records as passed or skipped."""
-  root = ET.parse(path).getroot()
   return {
     (case.get("classname", ""), case.get("name", ""))
-    for case in root.iter("testcase")
+    for case in _test_cases(path)
     if case.find("failure") is None and case.find("error") is None
   }
+
+
+def _test_cases(path: str) -> list[ET.Element]:
+  """The named test cases of a JUnit XML file (an interrupted run also writes a nameless one)."""
+  return [case for case in ET.parse(path).getroot().iter("testcase") if case.get("name")]
 
 
 def item_junit_id(item) -> tuple[str, str]:
@@ -199,7 +203,7 @@ def from_junit(paths: list[str], title: str, collected: int | None = None) -> di
   """
   cases = {}
   for path in paths:
-    for case in ET.parse(path).getroot().iter("testcase"):
+    for case in _test_cases(path):
       cases[case.get("classname", ""), case.get("name", "")] = case
   outcomes = collections.defaultdict(collections.Counter)
   reasons = collections.defaultdict(collections.Counter)

@@ -121,6 +121,19 @@ def test_a_later_run_overrides_an_earlier_outcome(tmp_path):
   assert (doc["rows"][0]["passed"], doc["rows"][0]["failed"]) == (0, 1)
 
 
+def test_an_interrupted_runs_nameless_case_is_no_test(tmp_path):
+  """pytest's JUnit file of a run stopped by its time limit ends with an empty <testcase/>:
+  it is neither a passed test nor a finished one."""
+  path = tmp_path / "j.xml"
+  path.write_text(
+    '<testsuite><testcase classname="suites.t" name="test_a"></testcase>'
+    '<testcase time="0.000" /></testsuite>'
+  )
+  doc = summary.from_junit([str(path)], "host", collected=2)
+  assert (doc["rows"][0]["passed"], doc["ran"]) == (1, 1)
+  assert summary.junit_finished_ids(str(path)) == {("suites.t", "test_a")}
+
+
 def test_markdown_row_lists_the_three_commonest_skip_reasons():
   """Four reasons seen 2, 4, 1 and 3 times: the row names the top three, commonest first, with
   a `|` in a reason turned into `/` so the table keeps its columns."""
