@@ -186,12 +186,15 @@ _MOSAIC_CASES = {
     config=dict(dq_block_kv=128, dq_num_stages=1),
   ),
   # dq formed by the dk/dv kernel (deterministic_bwd=False): 128-query streamed blocks
-  # (dS^T K is [128, H]), GQA, causal, lengths, and T and S padded to 256.
-  "atomic_dq_128q_gqa_lengths_causal_padded": kc.AttentionKernelCase(
+  # (dS^T K is [128, H]), GQA, a window that masks like a causal mask (a causal mask itself
+  # runs the deterministic kernels), lengths, and T and S padded to 256.
+  "atomic_dq_128q_gqa_lengths_window_padded": kc.AttentionKernelCase(
     dict(b=2, t=200, s=150, n=2, k=1, h=64),
     "bfloat16",
     grads=True,
-    features=dict(is_causal=True, query_seq_lengths=(150, 37), key_value_seq_lengths=(100, 150)),
+    features=dict(
+      local_window_size=(200, 0), query_seq_lengths=(150, 37), key_value_seq_lengths=(100, 150)
+    ),
     config=dict(deterministic_bwd=False, bwd_block_q=128),
   ),
   # The same at head dim 128 with 64-query blocks, two key/value heads of two query heads
@@ -205,12 +208,12 @@ _MOSAIC_CASES = {
     ),
     config=dict(deterministic_bwd=False),
   ),
-  # 64-query blocks at head dim 64.
-  "atomic_dq_h64_64q_causal": kc.AttentionKernelCase(
+  # 64-query blocks at head dim 64, with a band of 40 keys.
+  "atomic_dq_h64_64q_window": kc.AttentionKernelCase(
     dict(b=1, t=128, s=128, n=2, k=1, h=64),
     "bfloat16",
     grads=True,
-    features=dict(is_causal=True),
+    features=dict(local_window_size=(40, 0)),
     config=dict(deterministic_bwd=False, bwd_block_q=64),
   ),
   # Head dim 256: dq and the dk pass with one pipeline slot, the dv pass with two.
@@ -427,10 +430,10 @@ _MOSAIC_GPU_CONFIG_CASES = {
     config=dict(block_kv=64, overlap_qk=True, schedule_barrier=False),
   ),
   # dq by reduce-adds from the dk/dv kernel (not bitwise reproducible): gradients too.
-  "h128_causal_gqa_atomic_dq": kc.AttentionKernelCase(
+  "h128_window_gqa_atomic_dq": kc.AttentionKernelCase(
     dict(b=2, t=640, s=640, n=4, k=2, h=128),
     "bfloat16",
-    features=dict(is_causal=True),
+    features=dict(local_window_size=(300, 0)),
     config=dict(deterministic_bwd=False),
   ),
   "h128_atomic_dq": kc.AttentionKernelCase(

@@ -55,9 +55,9 @@ class MosaicAttentionConfig:
       reproducible: at head dims 64 and 128 the dk/dv kernel also forms dq,
       adding each step's share into a float32 buffer by TMA reduce-add, and the
       dq kernel does not run (five matmuls per block pair instead of seven). At
-      head dim 256 the deterministic kernels run (`forms_dq_in_dkv`). On the
-      H200 it gained 7% at head dim 64 and lost 23% with a causal mask at 128
-      (docs/perf.md).
+      head dim 256 and under a causal mask the deterministic kernels run
+      (`forms_dq_in_dkv`: there the one kernel measured slower). On the H200 it
+      gained 7% at head dim 64 (docs/perf.md).
   """
 
   block_kv: int = 128
@@ -126,13 +126,16 @@ def _staged_itemsizes(args: attention_spec.AttentionArgs) -> tuple[int, ...]:
   return tuple(staged)
 
 
-def forms_dq_in_dkv(config: MosaicAttentionConfig, head_dim: int) -> bool:
+def forms_dq_in_dkv(config: MosaicAttentionConfig, head_dim: int, causal: bool = False) -> bool:
   """Whether the dk/dv kernel forms dq (`deterministic_bwd=False`) in place of the dq kernel.
 
   Not at head dim 256: there the dk pass would form it, and on the H200 that took 1.9x the
-  deterministic kernels' time (h200/attention_fused_dq_1a0b065.json).
+  deterministic kernels' time (h200/attention_fused_dq_1a0b065.json). Not with a causal
+  mask either: there the one kernel took 1.23x the deterministic kernels' time
+  (h200/attention_fused_dq_6eac6db.json). Checks of a config take `causal` False, the
+  kernels it may run.
   """
-  return not config.deterministic_bwd and head_dim <= 128
+  return not config.deterministic_bwd and head_dim <= 128 and not causal
 
 
 def _bwd_passes(head_dim: int, with_dq: bool = False) -> tuple[tuple[str, ...], ...]:
@@ -151,7 +154,8 @@ def _bwd_kernel_params(
   config: MosaicAttentionConfig, head_dim: int, scale=1.0, soft_cap=None, masking=None
 ):
   """(dq params, [(outputs, dk/dv params) per pass]), each with the stages that fit."""
-  common_kw = dict(scale=scale, soft_cap=soft_cap, masking=masking or common.Masking())
+  masking = masking or common.Masking()
+  common_kw = dict(scale=scale, soft_cap=soft_cap, masking=masking)
   p_dq = mosaic_bwd.BwdParams(
     block_q=config.dq_block_q,
     block_kv=config.dq_block_kv,
@@ -174,17 +178,19 @@ def _bwd_kernel_params(
   p_dq = fit(p_dq, lambda x: mosaic_bwd.dq_smem_bytes(x, head_dim))
   passes = [
     (o, fit(p_dkv, lambda x, o=o: mosaic_bwd.dkv_smem_bytes(x, head_dim, o)))
-    for o in _bwd_passes(head_dim, forms_dq_in_dkv(config, head_dim))
+    for o in _bwd_passes(head_dim, forms_dq_in_dkv(config, head_dim, masking.causal))
   ]
   return p_dq, passes
 
 
 def bwd_smem_bytes(config: MosaicAttentionConfig, head_dim: int) -> int:
-  """Shared memory of the largest backward kernel for `config` (after fitting its stages)."""
+  """Shared memory of the largest backward kernel `config` may run (after fitting its stages).
+
+  The dq kernel counts even where the dk/dv kernel forms dq: a causal mask runs it.
+  """
   p_dq, passes = _bwd_kernel_params(config, head_dim)
-  dkv = [mosaic_bwd.dkv_smem_bytes(p, head_dim, o) for o, p in passes]
-  if forms_dq_in_dkv(config, head_dim):
-    return max(dkv)
+  _, causal_passes = _bwd_kernel_params(config, head_dim, masking=common.Masking(causal=True))
+  dkv = [mosaic_bwd.dkv_smem_bytes(p, head_dim, o) for o, p in passes + causal_passes]
   return max(mosaic_bwd.dq_smem_bytes(p_dq, head_dim), *dkv)
 
 
@@ -202,15 +208,14 @@ def bwd_registers(config: MosaicAttentionConfig, head_dim: int) -> tuple[int, in
   [dq_block_q, H]; dk and dv [bwd_block_kv, H] each, one per pass where
   `_bwd_passes` splits them) and the two score tiles (S and dP). At head dim
   256 the 64-row blocks take 192 in each kernel, and streamed 32-row blocks
-  (`dq_block_kv`, `bwd_block_q`) 160, halving the score tiles.
+  (`dq_block_kv`, `bwd_block_q`) 160, halving the score tiles. The dq kernel
+  counts whatever `deterministic_bwd` (a causal mask runs it); where the dk/dv
+  kernel forms dq, its share [bwd_block_q, H] is live only once the score tiles
+  are dead, and no larger than them while H <= 2 * bwd_block_kv.
   """
   dq = config.dq_block_q * (head_dim + 2 * config.dq_block_kv)
   outputs = max(len(o) for o in _bwd_passes(head_dim))
   dkv = config.bwd_block_kv * (outputs * head_dim + 2 * config.bwd_block_q)
-  if forms_dq_in_dkv(config, head_dim):
-    # No dq kernel. The dk/dv kernel's dq share [bwd_block_q, H] is live only once
-    # the score tiles are dead, and no larger than them while H <= 2 * bwd_block_kv.
-    dq = 0
   return dq // 128, dkv // 128
 
 
@@ -479,7 +484,7 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
     extras_t = tuple(None if x is None else jnp.swapaxes(x, 2, 3) for x in extras)
     interpret = self.interpret_params
     grads = {}
-    if not forms_dq_in_dkv(config, h):
+    if not forms_dq_in_dkv(config, h, masking.causal):
       grads["query"] = mosaic_bwd.dq(p_dq, *operands, *extras, interpret=interpret)[:, :t]
     names = {"dq": "query", "dk": "key", "dv": "value"}
     for outputs, p_dkv in passes:
