@@ -530,6 +530,36 @@ def test_overlap_qk_lowers_for_cuda(h, block_kv):
     _lower(impl, config, (2, 200, 300, 4, 2, h), jnp.float16, **kw)
 
 
+@pytest.mark.parametrize(("h", "block_kv"), [(64, 64), (64, 128), (128, 64)])
+def test_three_consumers_lower_for_cuda(h, block_kv):
+  """fwd_consumers=3: T 300 pads to 320, a whole tile of 192 rows and a partial one."""
+  impl = mosaic.MosaicAttention()
+  config = mosaic.MosaicAttentionConfig(block_kv=block_kv, fwd_consumers=3, schedule_barrier=False)
+  lengths = dict(key_value_seq_lengths=jnp.array([70, 0]))
+  text = _lower(impl, config, (2, 300, 300, 4, 2, h), is_causal=True, **lengths).as_text()
+  assert "attention" in text
+
+
+@pytest.mark.parametrize(
+  ("fields", "words"),
+  [
+    (dict(fwd_consumers=4, schedule_barrier=False), "`fwd_consumers` must be 2 or 3"),
+    (dict(fwd_consumers=3), "needs `schedule_barrier=False`"),
+    (dict(fwd_consumers=3, schedule_barrier=False, overlap_qk=True), "`overlap_qk=False`"),
+  ],
+)
+def test_three_consumers_config_is_checked(fields, words):
+  with pytest.raises(ValueError, match=re.escape(words)):
+    mosaic.MosaicAttentionConfig(**fields)
+
+
+def test_three_consumers_refuse_large_key_blocks():
+  q = jnp.ones((1, 8, 2, 128), jnp.bfloat16)
+  config = mosaic.MosaicAttentionConfig(block_kv=128, fwd_consumers=3, schedule_barrier=False)
+  reason = mosaic.MosaicAttention(config=config)._unsupported_reason(spec.canonicalize(q, q, q))
+  assert "fwd_consumers=3 with block_kv 128 at head dim 128" in reason
+
+
 @pytest.mark.parametrize("name", _EXTRA_CASES)
 def test_bias_mask_cases_mask_whole_rows(name):
   """The random masks (or -inf bias rows) of the interpret cases leave some query rows with

@@ -216,6 +216,16 @@ _MOSAIC_CASES = {
     features=dict(local_window_size=(40, 0)),
     config=dict(deterministic_bwd=False, bwd_block_q=64),
   ),
+  # Three forward consumers: T 320 is one whole tile of 192 rows and a partial one whose
+  # third consumer holds no row; causal, key lengths and a mask plane (loaded, not staged).
+  "three_consumers_partial_tile_causal_mask": kc.AttentionKernelCase(
+    dict(b=2, t=320, s=256, n=2, k=1, h=64),
+    "bfloat16",
+    features=dict(
+      is_causal=True, key_value_seq_lengths=(256, 100), mask=kc.RandomMask(5, (2, 1, 320, 256))
+    ),
+    config=dict(fwd_consumers=3, schedule_barrier=False, block_kv=128),
+  ),
   # Head dim 256: dq and the dk pass with one pipeline slot, the dv pass with two.
   "h256_gqa_causal": kc.AttentionKernelCase(
     dict(b=1, t=128, s=128, n=2, k=1, h=256),
@@ -428,6 +438,21 @@ _MOSAIC_GPU_CONFIG_CASES = {
     grads=False,
     features=dict(is_causal=True),
     config=dict(block_kv=64, overlap_qk=True, schedule_barrier=False),
+  ),
+  # Three forward consumers with a partial last tile: T 2048 is 10 tiles of 192 rows and one
+  # of 128 (its third consumer idle); T 448 two and one of 64 (two idle).
+  "h64_three_consumers": kc.AttentionKernelCase(
+    dict(b=2, t=2048, s=2048, n=4, k=2, h=64),
+    "bfloat16",
+    grads=False,
+    config=dict(fwd_consumers=3, schedule_barrier=False, block_kv=128),
+  ),
+  "h64_three_consumers_causal_lengths": kc.AttentionKernelCase(
+    dict(b=2, t=448, s=512, n=4, k=4, h=64),
+    "bfloat16",
+    grads=False,
+    features=dict(is_causal=True, key_value_seq_lengths=(512, 77)),
+    config=dict(fwd_consumers=3, schedule_barrier=False, block_kv=128, num_stages=3),
   ),
   # dq by reduce-adds from the dk/dv kernel (not bitwise reproducible): gradients too.
   "h128_window_gqa_atomic_dq": kc.AttentionKernelCase(

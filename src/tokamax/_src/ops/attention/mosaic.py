@@ -41,6 +41,9 @@ class MosaicAttentionConfig:
     block_kv: keys per pipeline step.
     num_stages: shared-memory slots of the key/value pipeline.
     schedule_barrier: whether the two consumers take turns on the tensor cores.
+    fwd_consumers: consumer warpgroups of the forward kernel, `BLOCK_Q` query rows
+      each: 2, or 3 without the schedule barrier and `overlap_qk` (its registers
+      hold 128-key blocks at head dims up to 128).
     overlap_qk: whether each consumer issues the next step's Q.K^T before its
       softmax, so that its own matmuls overlap it (see `mosaic_fwd`).
     bwd_block_q: query rows per streamed block of the dk/dv kernel (32, 64 or
@@ -64,6 +67,7 @@ class MosaicAttentionConfig:
   num_stages: int = 2
   schedule_barrier: bool = True
   overlap_qk: bool = False
+  fwd_consumers: int = 2
   bwd_block_q: int = 64
   bwd_block_kv: int = 64
   bwd_num_stages: int = 2
@@ -88,6 +92,13 @@ class MosaicAttentionConfig:
       raise ValueError(f"`block_kv` must be 64, 128 or 256, got {self.block_kv}.")
     if self.num_stages < 2:
       raise ValueError(f"`num_stages` must be at least 2, got {self.num_stages}.")
+    if self.fwd_consumers not in (2, 3):
+      raise ValueError(f"`fwd_consumers` must be 2 or 3, got {self.fwd_consumers}.")
+    if self.fwd_consumers == 3 and (self.schedule_barrier or self.overlap_qk):
+      raise ValueError(
+        "`fwd_consumers=3` needs `schedule_barrier=False` and `overlap_qk=False` (their turns"
+        " are for two consumers)."
+      )
     # Rows held per consumer: whole wgmma M tiles. Streamed blocks: the N of the
     # score products and the K of the products that contract them (dS.K, P^T.dO,
     # dS^T.Q), which a 32-wide block takes with a 64-byte swizzle (`mosaic_bwd`).
@@ -109,7 +120,7 @@ def smem_bytes(
   `staged` holds the itemsizes of the bias and mask planes the kernel streams
   through shared memory (`_staged_itemsizes`).
   """
-  rows = mosaic_fwd.NUM_CONSUMERS * BLOCK_Q
+  rows = config.fwd_consumers * BLOCK_Q
   q = rows * head_dim * itemsize
   kv = 2 * config.num_stages * config.block_kv * head_dim * itemsize
   extras = config.num_stages * rows * config.block_kv * sum(staged)
@@ -356,9 +367,12 @@ def _pad(x: jax.Array, axis: int, length: int, value: float = 0.0) -> jax.Array:
 def _stages_extras(config: MosaicAttentionConfig, args: attention_spec.AttentionArgs) -> bool:
   """Whether the forward streams full bias and mask planes through shared memory.
 
-  Where their slots do not fit beside the key/value pipeline, the consumers load
-  them from global memory instead.
+  Where their slots do not fit beside the key/value pipeline, or with three
+  consumers (whose last tile may be partial), the consumers load them from global
+  memory instead.
   """
+  if config.fwd_consumers != 2:
+    return False
   staged = _staged_itemsizes(args)
   return smem_bytes(config, args.query.shape[-1], staged=staged) <= _SMEM_BYTES
 
@@ -384,6 +398,11 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
     config = self.config
     if config is not None and smem_bytes(config, h) > _SMEM_BYTES:
       return f"config {config} needs {smem_bytes(config, h)} bytes of shared memory"
+    if config is not None and config.fwd_consumers == 3 and config.block_kv * h > 128 * 64:
+      return (
+        f"fwd_consumers=3 with block_kv {config.block_kv} at head dim {h} (three consumers'"
+        " registers hold block_kv * head_dim <= 8192)"
+      )
     return None
 
   def _get_heuristics_config(self, args: attention_spec.AttentionArgs) -> MosaicAttentionConfig:
@@ -429,7 +448,9 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
     q, k, v = args.query, args.key, args.value
     b, t, _, _ = q.shape
     s = k.shape[1]
-    t_pad = _round_up(t, mosaic_fwd.NUM_CONSUMERS * BLOCK_Q)
+    # Two consumers take whole CTA tiles; three a partial last tile (whole 64-row blocks),
+    # where padding to 192 rows would copy q.
+    t_pad = _round_up(t, 2 * BLOCK_Q if config.fwd_consumers == 2 else BLOCK_Q)
     s_pad = _round_up(s, config.block_kv)
     masking = _masking(args, s_pad != s)
     q_len = args.q_seq_lengths if args.q_seq_lengths is not None else jnp.full((b,), t, jnp.int32)
@@ -447,6 +468,9 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
       schedule_barrier=config.schedule_barrier,
       overlap_qk=config.overlap_qk,
       stage_extras=_stages_extras(config, args),
+      consumers=config.fwd_consumers,
+      # Three consumers and the producer share the 512 registers per thread of four.
+      **(dict(consumer_registers=160, producer_registers=32) if config.fwd_consumers == 3 else {}),
     )
     out, lse = mosaic_fwd.forward(
       params,

@@ -105,7 +105,7 @@ def query_tile(
   `len_ref` holds int32 [2, B] query and key lengths.
   """
   rows_per_cta = consumers * block_q
-  tile = t // rows_per_cta - 1 - lax.axis_index("q_tiles")
+  tile = pl.cdiv(t, rows_per_cta) - 1 - lax.axis_index("q_tiles")
   head = lax.axis_index("heads")
   batch = lax.axis_index("batch")
   q_len = len_ref[0, batch] if m.q_len else t
@@ -115,6 +115,14 @@ def query_tile(
   ranges = [
     kv_blocks(m, r0 + i * block_q, block_q, block_kv, num_kv, kv_len) for i in range(consumers)
   ]
+  if t % rows_per_cta:
+    # The last tile is partial: its consumers past row t (whole blocks, as block_q divides
+    # t) get an empty range at the first consumer's start, which needs no extra key blocks.
+    assert t % block_q == 0, (t, block_q)
+    start = ranges[0][0]
+    ranges = [
+      tuple(jnp.where(r0 + i * block_q < t, x, start) for x in r) for i, r in enumerate(ranges)
+    ]
   return QueryTile(
     head=head,
     batch=batch,
@@ -126,6 +134,14 @@ def query_tile(
     lo=functools.reduce(jnp.minimum, [r[0] for r in ranges]),
     hi=functools.reduce(jnp.maximum, [r[3] for r in ranges]),
   )
+
+
+def of_consumer(wg, values):
+  """values[wg] for a traced warpgroup index `wg`."""
+  out = values[-1]
+  for i in range(len(values) - 2, -1, -1):
+    out = jnp.where(wg == i, values[i], out)
+  return out
 
 
 def q_blocks(m: Masking, c0, cols: int, block_q: int, num_q: int, q_len, kv_len):

@@ -40,7 +40,7 @@ from jax import lax
 
 from tokamax._src.ops.attention import mosaic_common as common
 
-NUM_CONSUMERS = 2
+NUM_CONSUMERS = 2  # The default; `FwdParams.consumers` may take 3 (no schedule barrier).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +56,7 @@ class FwdParams:
   schedule_barrier: bool = True
   overlap_qk: bool = False
   stage_extras: bool = True
+  consumers: int = NUM_CONSUMERS
   consumer_registers: int = 232
   producer_registers: int = 40
 
@@ -69,9 +70,12 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
   b, t, n, h = q.shape
   s_len, kh = k.shape[1], k.shape[2]
   groups = n // kh
-  bq, bkv, stages = p.block_q, p.block_kv, p.num_stages
-  rows_per_cta = NUM_CONSUMERS * bq
-  num_tiles = t // rows_per_cta
+  bq, bkv, stages, nc = p.block_q, p.block_kv, p.num_stages, p.consumers
+  rows_per_cta = nc * bq
+  num_tiles = pl.cdiv(t, rows_per_cta)
+  # A partial last tile: its consumers past row t load and store nothing (`query_tile`).
+  partial = t % rows_per_cta != 0
+  assert nc == 2 or not (p.schedule_barrier or p.overlap_qk), "turns are for two consumers"
   dtype = q.dtype
   m = p.masking
   any_mask = m != common.Masking()
@@ -79,10 +83,11 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
 
   extras = tuple(x for x in (bias, mask) if x is not None)
   staged = tuple(p.stage_extras and common.is_full_plane(x) for x in (bias, mask))
+  assert not (partial and any(staged)), "staged planes need whole tiles"
 
   def staged_barrier(bar, slot, consumer):
     """The barrier of one consumer's staged tile in a pipeline slot."""
-    return bar.at[slot * NUM_CONSUMERS + consumer]
+    return bar.at[slot * nc + consumer]
 
   def body(q_ref, k_ref, v_ref, len_ref, *refs):
     refs_bm = common.extra_refs(refs, bias, mask)
@@ -92,7 +97,7 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
     turn = turn[0] if turn else None
     wg = lax.axis_index("wg")
     qt = common.query_tile(
-      m, len_ref, t=t, s_len=s_len, groups=groups, block_q=bq, block_kv=bkv, consumers=NUM_CONSUMERS
+      m, len_ref, t=t, s_len=s_len, groups=groups, block_q=bq, block_kv=bkv, consumers=nc
     )
     head, batch, kv_head, q_len, kv_len = qt.head, qt.batch, qt.kv_head, qt.q_len, qt.kv_len
     tile_r0, ranges, tile_lo, tile_hi = qt.r0, qt.ranges, qt.lo, qt.hi
@@ -102,15 +107,20 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
         plgpu.barrier_arrive(sched)
         plgpu.barrier_wait(sched)
 
-    @pl.when(wg < NUM_CONSUMERS)
+    @pl.when(wg < nc)
     def _consumer():
       plgpu.set_max_registers(p.consumer_registers, action="increase")
       r0 = tile_r0 + wg * bq
-      lo, full_lo, full_hi, hi = (jnp.where(wg == 0, a, b_) for a, b_ in zip(*ranges, strict=True))
+      lo, full_lo, full_hi, hi = (common.of_consumer(wg, x) for x in zip(*ranges, strict=True))
       q_smem = qo_smem.at[wg]
-      plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(r0, bq), head], q_smem, q_bar.at[wg])
+      in_rows = (lambda f: pl.when(r0 < t)(f)) if partial else (lambda f: f())
+
+      @in_rows
+      def _():
+        plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(r0, bq), head], q_smem, q_bar.at[wg])
+        plgpu.barrier_wait(q_bar.at[wg])
+
       planes = common.extra_planes(refs_bm, batch, head, r0, bq)
-      plgpu.barrier_wait(q_bar.at[wg])
 
       def slot_of(kv_step):
         return lax.rem(kv_step - tile_lo, jnp.int32(stages))
@@ -188,8 +198,12 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
         q_smem[...] = out.astype(dtype)
         lse_smem.at[wg][...] = jnp.where(seen, m_i + jnp.log2(jnp.where(seen, l_i, 1.0)), jnp.inf)
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(q_smem, o_ref.at[batch, pl.ds(r0, bq), head])
-        plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[batch, head, pl.ds(r0, bq)])
+
+        @in_rows
+        def _():
+          plgpu.copy_smem_to_gmem(q_smem, o_ref.at[batch, pl.ds(r0, bq), head])
+          plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[batch, head, pl.ds(r0, bq)])
+
         plgpu.wait_smem_to_gmem(0)
 
       rows0 = (common.rows((bq,), -jnp.inf), common.rows((bq,), 0.0))
@@ -366,7 +380,7 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
       else:
         pl.run_scoped(overlapped, plgpu.ACC((bq, h), jnp.float32))
 
-    @pl.when(wg == NUM_CONSUMERS)
+    @pl.when(wg == nc)
     def _producer():
       plgpu.set_max_registers(p.producer_registers, action="decrease")
 
@@ -386,7 +400,7 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
           if smem_x is None:
             continue
           plane = common.plane_of(ref, batch, head)
-          for c in range(NUM_CONSUMERS):
+          for c in range(nc):
             src = plane.at[pl.ds(tile_r0 + c * bq, bq), pl.ds(kv_step * bkv, bkv)]
             plgpu.copy_gmem_to_smem(src, smem_x.at[slot, c], staged_barrier(bar, slot, c))
 
@@ -405,32 +419,30 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
 
   transforms = common.smem_transforms(dtype, h)
   smem = (
-    plgpu.SMEM((NUM_CONSUMERS, bq, h), dtype, transforms=transforms),
+    plgpu.SMEM((nc, bq, h), dtype, transforms=transforms),
     plgpu.SMEM((stages, bkv, h), dtype, transforms=transforms),
     plgpu.SMEM((stages, bkv, h), dtype, transforms=transforms),
-    plgpu.SMEM((NUM_CONSUMERS, bq), jnp.float32),
-    plgpu.SMEM((NUM_CONSUMERS, bq, bkv), dtype, transforms=common.smem_transforms(dtype, bkv))
+    plgpu.SMEM((nc, bq), jnp.float32),
+    plgpu.SMEM((nc, bq, bkv), dtype, transforms=common.smem_transforms(dtype, bkv))
     if interpret
     else None,
     tuple(
-      plgpu.SMEM(
-        (stages, NUM_CONSUMERS, bq, bkv), x.dtype, transforms=common.smem_transforms(x.dtype, bkv)
-      )
+      plgpu.SMEM((stages, nc, bq, bkv), x.dtype, transforms=common.smem_transforms(x.dtype, bkv))
       if st
       else None
       for x, st in zip((bias, mask), staged, strict=True)
     ),
   )
   bars = (
-    plgpu.Barrier(num_barriers=NUM_CONSUMERS),
+    plgpu.Barrier(num_barriers=nc),
     plgpu.Barrier(num_barriers=stages),
     plgpu.Barrier(num_barriers=stages),
-    plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
-    plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
-    plgpu.Barrier(num_arrivals=NUM_CONSUMERS),
-    tuple(plgpu.Barrier(num_barriers=stages * NUM_CONSUMERS) if st else None for st in staged),
+    plgpu.Barrier(num_arrivals=nc, num_barriers=stages),
+    plgpu.Barrier(num_arrivals=nc, num_barriers=stages),
+    plgpu.Barrier(num_arrivals=nc),
+    tuple(plgpu.Barrier(num_barriers=stages * nc) if st else None for st in staged),
     # `overlap_qk`: consumer i may issue its matmuls of a step when turn[i] completes.
-    *([plgpu.Barrier(num_barriers=NUM_CONSUMERS)] if p.overlap_qk else []),
+    *([plgpu.Barrier(num_barriers=nc)] if p.overlap_qk else []),
   )
   out_type = (
     jax.ShapeDtypeStruct(q.shape, dtype),
@@ -442,7 +454,7 @@ def forward(p: FwdParams, q, k, v, lengths, bias=None, mask=None, *, interpret=N
     scratch_types=(smem, bars),
     grid=(n, num_tiles, b),
     grid_names=("heads", "q_tiles", "batch"),
-    num_threads=NUM_CONSUMERS + 1,
+    num_threads=nc + 1,
     thread_name="wg",
     compiler_params=plgpu.CompilerParams(approx_math=True),
     interpret=interpret,
