@@ -423,7 +423,7 @@ def test_every_autotuning_config_lowers_for_cuda(h):
   )
   configs = impl._get_autotuning_configs(record)
   assert impl._get_heuristics_config(record) in configs
-  fwd_fields = ("block_kv", "num_stages", "schedule_barrier")
+  fwd_fields = ("block_kv", "num_stages", "schedule_barrier", "fwd_consumers")
   forwards, dq_blocks, dkv_blocks = set(), set(), set()
   for config in sorted(configs, key=str):
     assert mosaic.smem_bytes(config, h) <= mosaic._SMEM_BYTES
@@ -945,28 +945,41 @@ def _abstract_record(h, s, t=256, bias=None, mask=None, **kw):
 
 
 @pytest.mark.parametrize(
-  ("h", "s", "block_kv", "overlap"),
+  ("h", "s", "block_kv", "overlap", "consumers"),
   [
-    # H64: 64 keys take one 64-key block, up to 511 keys 128, from 512 keys 256.
-    (64, 64, 64, False),
-    (64, 65, 128, False),
-    (64, 511, 128, False),
-    (64, 512, 256, False),
+    # H64: 64 keys take one 64-key block, up to 511 keys 128; from 512 keys three consumers
+    # on 128-key blocks.
+    (64, 64, 64, False, 2),
+    (64, 65, 128, False, 2),
+    (64, 511, 128, False, 2),
+    (64, 512, 128, False, 3),
+    (64, 4096, 128, False, 3),
     # H128: 128-key blocks with the Q.K^T / softmax overlap (and no schedule barrier),
     # except 64 keys or fewer.
-    (128, 64, 64, False),
-    (128, 65, 128, True),
-    (128, 4096, 128, True),
+    (128, 64, 64, False, 2),
+    (128, 65, 128, True, 2),
+    (128, 4096, 128, True, 2),
     # H256: serial 64-key blocks.
-    (256, 64, 64, False),
-    (256, 4096, 64, False),
+    (256, 64, 64, False, 2),
+    (256, 4096, 64, False, 2),
   ],
 )
-def test_heuristic_forward_blocks_and_overlap(h, s, block_kv, overlap):
+def test_heuristic_forward_blocks_and_overlap(h, s, block_kv, overlap, consumers):
   """The forward heuristic's documented choices (`_get_heuristics_config`)."""
   config = mosaic.MosaicAttention()._get_heuristics_config(_abstract_record(h, s))
-  assert (config.block_kv, config.num_stages) == (block_kv, 2), config
-  assert config.overlap_qk == overlap and config.schedule_barrier == (not overlap), config
+  assert (config.block_kv, config.num_stages, config.fwd_consumers) == (block_kv, 2, consumers)
+  turns = not overlap and consumers == 2
+  assert config.overlap_qk == overlap and config.schedule_barrier == turns, config
+
+
+def test_heuristic_keeps_two_consumers_for_staged_planes():
+  """At H64 a bias plane that streams through shared memory keeps two consumers (three
+  load planes from global memory)."""
+  sds = jax.ShapeDtypeStruct
+  bias = sds((1, 2, 1024, 1024), jnp.float32)
+  record = _abstract_record(64, 1024, t=1024, bias=bias)
+  config = mosaic.MosaicAttention()._get_heuristics_config(record)
+  assert config.fwd_consumers == 2 and mosaic._stages_extras(config, record), config
 
 
 @pytest.mark.parametrize(
@@ -992,7 +1005,7 @@ def test_heuristic_keeps_key_blocks_for_broadcast_planes(h):
   sds = jax.ShapeDtypeStruct
   s, impl = 1024, mosaic.MosaicAttention()
   plain = impl._get_heuristics_config(_abstract_record(h, s, t=1024)).block_kv
-  assert plain == (256 if h == 64 else 128)
+  assert plain == 128
   for bias, mask in (
     (sds((1, 2, 1, s), jnp.float32), sds((1, 2, 1024, 1), jnp.bool_)),
     (sds((1, 2, 1024, 1), jnp.float32), sds((1, 1, 1, s), jnp.bool_)),

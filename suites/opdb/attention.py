@@ -98,6 +98,7 @@ _GPU_BENCH = (
   base.BenchCall(_ANCHOR_SHAPE, "bfloat16", "plain"),
   base.BenchCall(_ANCHOR_SHAPE, "bfloat16", "causal"),
   base.BenchCall(dict(b=32, t=2048, s=2048, n=16, k=16, h=64), "bfloat16", "plain"),
+  base.BenchCall(dict(b=32, t=2048, s=2048, n=16, k=16, h=64), "bfloat16", "causal"),
   base.BenchCall(dict(b=2, t=8192, s=8192, n=8, k=8, h=256), "bfloat16", "causal"),
   base.BenchCall(dict(b=1, t=16384, s=16384, n=16, k=16, h=128), "bfloat16", "causal"),
   base.BenchCall(dict(_ANCHOR_SHAPE, k=8), "bfloat16", "causal"),

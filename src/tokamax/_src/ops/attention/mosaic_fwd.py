@@ -1,10 +1,12 @@
 """Warp-specialised flash-attention forward kernel in Pallas Mosaic GPU (Hopper).
 
-One CTA holds 2 * block_q query rows of one head: two consumer warpgroups own
-block_q rows each and run the wgmma matmuls and the online softmax; a third,
-producer warpgroup streams key and value blocks by TMA into `num_stages`
-shared-memory slots. A schedule barrier makes the two consumers take turns on
-the tensor cores, so one's softmax overlaps the other's matmuls.
+One CTA holds `consumers` * block_q query rows of one head: two (or three)
+consumer warpgroups own block_q rows each and run the wgmma matmuls and the
+online softmax; one more, producer warpgroup streams key and value blocks by TMA
+into `num_stages` shared-memory slots. With two consumers a schedule barrier
+makes them take turns on the tensor cores, so one's softmax overlaps the other's
+matmuls; three interleave without one. Where T is not a multiple of the CTA's
+rows, the last tile's consumers past row T load and store nothing.
 
 With `overlap_qk` each consumer also overlaps its own matmuls with its softmax:
 step j issues Q.K_j^T and then P_{j-1}.V_{j-1} (the probabilities of the step
@@ -15,7 +17,7 @@ steps. The first step only issues its Q.K^T and the last P.V comes after the
 loop. The schedule barrier then becomes a pair of turn barriers: a consumer
 issues its two matmuls of a step only after the other issued its own.
 
-Shapes: q [B,T,N,H], k and v [B,S,K,H] with T a multiple of 2 * block_q and S
+Shapes: q [B,T,N,H], k and v [B,S,K,H] with T a multiple of block_q and S
 of block_kv (the caller pads). Outputs o [B,T,N,H] and the log2-domain
 log-sum-exp [B,N,T] of the scaled logits (+inf for rows that see nothing, so a
 backward pass gets zero probabilities there).
