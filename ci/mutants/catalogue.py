@@ -1403,6 +1403,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     " forming dq (1.23x slower on the H200) instead of the deterministic kernels.",
   ),
   Mutation(
+    "kernels.mosaic_attention_partial_tile_consumer",
+    _ATTENTION + "mosaic_common.py",
+    "tuple(jnp.where(r0 + i * block_q < t, x, start) for x in r)",
+    "tuple(jnp.where(r0 + i * block_q <= t, x, start) for x in r)",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[three_consumers_partial_tile_causal_mask]",),
+    "Mosaic attention forward: in a partial last tile the consumer that starts at row T keeps"
+    " its key range, so it runs on rows past the queries.",
+  ),
+  Mutation(
+    "wrappers.attention_mosaic_three_consumers_with_planes",
+    _ATTENTION + "mosaic.py",
+    "    if block_kv == 256 and not _staged_itemsizes(args):",
+    "    if block_kv == 256:",
+    (_MOSAIC_ATTENTION, "-k", "keeps_two_consumers_for_staged_planes"),
+    "Mosaic attention heuristic: H64 with a full bias or mask plane takes three consumers,"
+    " which load the plane from global memory instead of streaming it through shared memory.",
+  ),
+  Mutation(
     "wrappers.attention_mosaic_atomic_dq_registers",
     _ATTENTION + "mosaic.py",
     "  return dq // 128, dkv // 128",
