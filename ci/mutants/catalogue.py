@@ -1473,7 +1473,7 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "wrappers.attention_mosaic_heuristic_ignores_staged_planes",
     _ATTENTION + "mosaic.py",
-    "    while config.block_kv > 64 and not _stages_extras(config, args):",
+    "    while config.block_kv > 64 and _staged_itemsizes(args) and not _stages_extras(config, args):",
     "    while False and not _stages_extras(config, args):",
     (_MOSAIC_ATTENTION, "-k", "staged_planes"),
     "Mosaic attention heuristic: full bias and mask planes do not shrink the key block, so"
@@ -2269,8 +2269,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_attention_fwd_consumer_ranges_swapped",
     _ATTENTION + "mosaic_fwd.py",
-    "(jnp.where(wg == 0, a, b_) for a, b_",
-    "(jnp.where(wg == 1, a, b_) for a, b_",
+    "(common.of_consumer(wg, x) for x in zip(*ranges, strict=True))",
+    "(common.of_consumer(1 - wg, x) for x in zip(*ranges, strict=True))",
     (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[h256_gqa_causal]",),
     "Mosaic attention forward: each consumer walks the other consumer's key blocks.",
   ),
@@ -2309,15 +2309,6 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Mosaic attention forward: a row that saw nothing in a step carries the 0 its"
     " exponentials subtracted on as its max, so logits all far below 0 underflow in later"
     " steps (the product bug fixed with this entry).",
-  ),
-  Mutation(
-    "wrappers.attention_mosaic_fwd_rows_padded_to_one_block",
-    _ATTENTION + "mosaic.py",
-    "    t_pad = _round_up(t, mosaic_fwd.NUM_CONSUMERS * BLOCK_Q)",
-    "    t_pad = _round_up(t, BLOCK_Q)",
-    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[plain_padded_keys]",),
-    "Mosaic attention forward: queries are padded to one consumer's block instead of a"
-    " CTA's two, so a last half tile (all 64 rows of T = 64) is never computed.",
   ),
   Mutation(
     "kernels.mosaic_attention_fwd_query_rows_of_tile",
@@ -11134,8 +11125,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "mosaic_attention.autotune_barrier_not_varied",
     _ATTENTION + "mosaic.py",
-    "        base, block_kv=block_kv, num_stages=stages, schedule_barrier=sched",
-    "        base, block_kv=block_kv, num_stages=stages",
+    "        schedule_barrier=sched,\n        overlap_qk",
+    "        schedule_barrier=base.schedule_barrier and consumers == 2,\n        overlap_qk",
     (_MOSAIC_ATTENTION, "-k", "autotuning_forward_variants"),
     "Autotuning never varies the schedule barrier.",
   ),
@@ -11896,7 +11887,7 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_attention_query_tile_lightest_first",
     _ATTENTION + "mosaic_common.py",
-    '  tile = t // rows_per_cta - 1 - lax.axis_index("q_tiles")',
+    '  tile = pl.cdiv(t, rows_per_cta) - 1 - lax.axis_index("q_tiles")',
     '  tile = lax.axis_index("q_tiles")',
     (_MOSAIC_ATTENTION, "-k", "heaviest"),
     "Mosaic attention: CTAs take the query tiles in order, the lightest causal tiles first "
