@@ -842,13 +842,13 @@ def test_bound_heuristics_config_ignores_an_entered_result():
 def test_signature_keys_are_the_text_of_the_shipped_cache_entries():
   """A key names the record type, then each field in order: arrays by dtype and shape, others
   by value. The shipped H200 file holds this very text, so the format cannot drift."""
-  q = jax.ShapeDtypeStruct((32, 2048, 16, 64), jnp.bfloat16)
+  q = jax.ShapeDtypeStruct((4, 4096, 32, 128), jnp.bfloat16)
   record = jax.eval_shape(lambda q: attention_spec.SPEC.canonicalize(q, q, q), q)
-  array = "(bfloat16[32, 2048, 16, 64])"
+  array = "(bfloat16[4, 4096, 32, 128])"
   expected = (
     f"AttentionArgs(query={array}, key={array}, value={array}, bias=None, mask=None, "
-    "q_seq_lengths=None, kv_seq_lengths=None, scale=0.125, is_causal=False, local_window=None, "
-    "soft_cap=None, precision=None, batch_shape=(32,))"
+    "q_seq_lengths=None, kv_seq_lengths=None, scale=0.08838834764831843, is_causal=False, "
+    "local_window=None, soft_cap=None, precision=None, batch_shape=(4,))"
   )
   assert arguments.signature_key(record) == expected
   shipped = pathlib.Path(tokamax.__file__).parent / "data" / "NVIDIA_H200.json"
