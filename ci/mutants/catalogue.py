@@ -4078,6 +4078,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "A [left, right] list `local_window_size` is refused.",
   ),
   Mutation(
+    "attention.zero_scale_taken_as_default",
+    _ATTENTION + "spec.py",
+    'scale = 1.0 / math.sqrt(h) if scale is None else validation.finite("scale", scale)',
+    'scale = validation.finite("scale", scale) if scale else 1.0 / math.sqrt(h)',
+    ("suites/core/test_attention.py", "-k", "zero_scale"),
+    "Attention: scale=0.0 is falsy and taken as no scale given (1/sqrt(H) applies).",
+  ),
+  Mutation(
     "attention.scalar_lengths_not_broadcast",
     _ATTENTION + "spec.py",
     "      x = jnp.broadcast_to(x, batch_shape).reshape((b,)).astype(jnp.int32)",

@@ -352,3 +352,13 @@ def test_cudnn_takes_a_window_only_with_the_causal_mask():
     assert op._unsupported_reason(causal) is None, window
     plain = spec.SPEC.canonicalize(q, q, q, local_window_size=window)
     assert op._unsupported_reason(plain) == "local_window_size without is_causal", window
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_zero_scale_is_a_scale_not_the_default(impl, inputs):
+  """scale=0.0 weighs every visible key alike (each causal row i is the mean of values
+  0..i); a falsy scale taken as "no scale given" would apply 1/sqrt(H) instead."""
+  q, k, v = (inputs.normal((2, 6, 2, 8)) for _ in range(3))
+  out = tokamax.dot_product_attention(q, k, v, scale=0.0, is_causal=True, implementation=impl)
+  rows = np.arange(1, 7, dtype=np.float64)[None, :, None, None]
+  assert_matches(out, np.cumsum(np.asarray(v, np.float64), axis=1) / rows)
