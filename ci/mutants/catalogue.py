@@ -4086,6 +4086,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Attention: scale=0.0 is falsy and taken as no scale given (1/sqrt(H) applies).",
   ),
   Mutation(
+    "attention.low_rank_bias_not_padded",
+    _ATTENTION + "spec.py",
+    "  if x.ndim < trailing:\n    x = x.reshape((1,) * (trailing - x.ndim) + x.shape)\n",
+    "",
+    ("suites/core/test_attention.py", "-k", "rank_two"),
+    "Attention: a bias or mask of rank < 3 (a [T, S] mask, an [S] bias) is not padded to"
+    " [#N, #T, #S], so its leading dims are taken for batch dims.",
+  ),
+  Mutation(
     "attention.scalar_lengths_not_broadcast",
     _ATTENTION + "spec.py",
     "      x = jnp.broadcast_to(x, batch_shape).reshape((b,)).astype(jnp.int32)",

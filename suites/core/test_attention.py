@@ -362,3 +362,24 @@ def test_zero_scale_is_a_scale_not_the_default(impl, inputs):
   out = tokamax.dot_product_attention(q, k, v, scale=0.0, is_causal=True, implementation=impl)
   rows = np.arange(1, 7, dtype=np.float64)[None, :, None, None]
   assert_matches(out, np.cumsum(np.asarray(v, np.float64), axis=1) / rows)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_a_mask_of_rank_two_and_a_bias_of_rank_one_broadcast(impl, inputs):
+  """A mask [T, S] and a bias [S] have fewer dims than the [*B, N, T, S] they broadcast to
+  (numpy aligns them on the right): they apply to every batch entry and head, and the bias
+  cotangent sums over all of them."""
+  q = inputs.normal((2, 3, 10, 4, 8))
+  k, v = inputs.normal((2, 3, 12, 2, 8)), inputs.normal((2, 3, 12, 2, 8))
+  bias, mask = inputs.normal((12,)), inputs.bools((10, 12))
+  run = lambda q, k, v, bias: tokamax.dot_product_attention(
+    q, k, v, bias, mask, implementation=impl
+  )
+  out, vjp = jax.vjp(run, q, k, v, bias)
+  dout = inputs.normal(out.shape)
+  ref_out, ref_grads = references.high_precision_vjp(
+    lambda *a: references.attention(*a, mask), (q, k, v, bias), dout
+  )
+  assert_matches(out, ref_out)
+  for name, g, ref in zip(("dq", "dk", "dv", "dbias"), vjp(dout), ref_grads, strict=True):
+    assert_matches(g, ref, what=name)
