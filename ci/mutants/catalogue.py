@@ -4095,6 +4095,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     " [#N, #T, #S], so its leading dims are taken for batch dims.",
   ),
   Mutation(
+    "attention.q_sharding_bias_batch_dims_left_aligned",
+    _ATTENTION + "api.py",
+    "batch[len(batch) - len(lead) :]",
+    "batch[: len(lead)]",
+    ("suites/core/test_transforms.py", "-k", "eight_host_devices"),
+    "q_sharding: a bias, mask or lengths with fewer batch dims than the query take the"
+    " partitioning of its first batch dims, not its last (each shard reads another's rows).",
+  ),
+  Mutation(
     "attention.scalar_lengths_not_broadcast",
     _ATTENTION + "spec.py",
     "      x = jnp.broadcast_to(x, batch_shape).reshape((b,)).astype(jnp.int32)",
