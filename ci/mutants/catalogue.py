@@ -4104,6 +4104,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     " partitioning of its first batch dims, not its last (each shard reads another's rows).",
   ),
   Mutation(
+    "validation.none_array_unnamed",
+    "src/tokamax/_src/validation.py",
+    '  if value is None:\n    raise TypeError(f"`{name}` must be an array, got None.")\n',
+    "",
+    (_BAD_INPUT, "-k", "value_none"),
+    "An array argument given as None reaches jnp.asarray, whose ValueError names no argument.",
+  ),
+  Mutation(
     "attention.scalar_lengths_not_broadcast",
     _ATTENTION + "spec.py",
     "      x = jnp.broadcast_to(x, batch_shape).reshape((b,)).astype(jnp.int32)",

@@ -123,6 +123,7 @@ CASES = {
     TypeError,
     "`bias`",
   ),
+  "attention_value_none": (lambda: attn(value=None), TypeError, "`value` must be an array"),
   "attention_bias_not_an_array": (lambda: attn(bias="bias"), TypeError, "`bias` must be an array"),
   "attention_value_dtype": (lambda: attn(value=Q.astype(jnp.bfloat16)), TypeError, "`value`"),
   "attention_value_rank": (
