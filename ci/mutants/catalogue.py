@@ -4112,6 +4112,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "An array argument given as None reaches jnp.asarray, whose ValueError names no argument.",
   ),
   Mutation(
+    "attention.backward_delta_in_input_dtype",
+    _ATTENTION + "xla_chunked.py",
+    "    do.astype(acc_dtype),\n    out.reshape(do.shape).astype(acc_dtype),",
+    "    do,\n    out.reshape(do.shape),",
+    ("suites/core/test_attention.py", "-k", "equal_at_every_key"),
+    "Attention's XLA backward (xla and xla_chunked): delta = rowsum(dO * O) formed in the"
+    " inputs' dtype (bfloat16), so ds = p (dP - delta) no longer cancels.",
+  ),
+  Mutation(
     "attention.scalar_lengths_not_broadcast",
     _ATTENTION + "spec.py",
     "      x = jnp.broadcast_to(x, batch_shape).reshape((b,)).astype(jnp.int32)",

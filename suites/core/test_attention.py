@@ -383,3 +383,21 @@ def test_a_mask_of_rank_two_and_a_bias_of_rank_one_broadcast(impl, inputs):
   assert_matches(out, ref_out)
   for name, g, ref in zip(("dq", "dk", "dv", "dbias"), vjp(dout), ref_grads, strict=True):
     assert_matches(g, ref, what=name)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_bfloat16_gradient_of_values_equal_at_every_key_is_zero(impl, inputs):
+  """Values equal at every key make the output that value whatever the logits, so dq is
+  exactly zero: ds = p (dO.v - rowsum(dO * O)) cancels only where the row sum (delta) is
+  formed in float32 like dO.v, not rounded to bfloat16 (an error of ~2^-9 |delta|). Zero
+  queries and power-of-two S keep every probability and output exact in bfloat16."""
+  bf16 = jnp.bfloat16
+  q = jnp.zeros((2, 8, 4, 16), bf16)
+  k = jnp.ones((2, 16, 2, 16), bf16)
+  v = jnp.broadcast_to(inputs.normal((2, 1, 2, 16)), (2, 16, 2, 16)).astype(bf16)
+  run = lambda q: tokamax.dot_product_attention(q, k, v, implementation=impl)
+  out, vjp = jax.vjp(run, q)
+  expected = np.repeat(np.asarray(v[:, :8], np.float32), 2, axis=2)  # Query head n: K/V n // 2.
+  np.testing.assert_array_equal(np.asarray(out, np.float32), expected)
+  (dq,) = vjp(inputs.normal(out.shape, scale=4.0).astype(bf16))
+  assert np.abs(np.asarray(dq, np.float32)).max() < 1e-4
