@@ -4121,6 +4121,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     " inputs' dtype (bfloat16), so ds = p (dP - delta) no longer cancels.",
   ),
   Mutation(
+    "attention.backward_dp_in_input_dtype",
+    _ATTENTION + "xla_chunked.py",
+    "dp = spec.row_products(do, v, args.precision, acc_dtype)",
+    "dp = spec.row_products(do, v, args.precision, do.dtype)",
+    ("suites/core/test_attention.py", "-k", "equal_at_every_key"),
+    "Attention's XLA backward (xla and xla_chunked): dP = dO.V^T comes out of its matmul in"
+    " the inputs' dtype (bfloat16), so ds = p (dP - delta) no longer cancels.",
+  ),
+  Mutation(
     "attention.scalar_lengths_not_broadcast",
     _ATTENTION + "spec.py",
     "      x = jnp.broadcast_to(x, batch_shape).reshape((b,)).astype(jnp.int32)",

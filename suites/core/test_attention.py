@@ -388,9 +388,9 @@ def test_a_mask_of_rank_two_and_a_bias_of_rank_one_broadcast(impl, inputs):
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_bfloat16_gradient_of_values_equal_at_every_key_is_zero(impl, inputs):
   """Values equal at every key make the output that value whatever the logits, so dq is
-  exactly zero: ds = p (dO.v - rowsum(dO * O)) cancels only where the row sum (delta) is
-  formed in float32 like dO.v, not rounded to bfloat16 (an error of ~2^-9 |delta|). Zero
-  queries and power-of-two S keep every probability and output exact in bfloat16."""
+  exactly zero: ds = p (dO.v - rowsum(dO * O)) cancels only where both dP = dO.v and the row
+  sum (delta) are formed in float32, neither rounded to bfloat16 (an error of ~2^-9 |delta|).
+  Zero queries and power-of-two S keep every probability and output exact in bfloat16."""
   bf16 = jnp.bfloat16
   q = jnp.zeros((2, 8, 4, 16), bf16)
   k = jnp.ones((2, 16, 2, 16), bf16)
