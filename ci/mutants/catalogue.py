@@ -4130,6 +4130,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     " the inputs' dtype (bfloat16), so ds = p (dP - delta) no longer cancels.",
   ),
   Mutation(
+    "attention.value_batch_dims_unchecked",
+    _ATTENTION + "spec.py",
+    '  for name, x in (("key", k), ("value", v)):\n    if tuple(x.shape[:-3]) != batch_shape:',
+    '  for name, x in (("key", k),):\n    if tuple(x.shape[:-3]) != batch_shape:',
+    (_BAD_INPUT, "-k", "value_batch_dims"),
+    "Attention arguments: the value's batch dims are not checked against the query's (a"
+    " reshape error, or a silent one where the sizes multiply alike).",
+  ),
+  Mutation(
     "attention.scalar_lengths_not_broadcast",
     _ATTENTION + "spec.py",
     "      x = jnp.broadcast_to(x, batch_shape).reshape((b,)).astype(jnp.int32)",

@@ -96,6 +96,12 @@ CASES = {
     ValueError,
     "`key` batch dims",
   ),
+  # The value's batch dims too (batch dims (2, 3) against (3, 2) would reshape silently).
+  "attention_value_batch_dims": (
+    lambda: attn(value=jnp.ones((3, 8, 4, 16))),
+    ValueError,
+    "`value` batch dims",
+  ),
   "attention_value_heads": (lambda: attn(value=jnp.ones((2, 8, 2, 16))), ValueError, "value"),
   "attention_mask_shape": (
     lambda: attn(mask=jnp.ones((2, 4, 8, 5), bool)),
