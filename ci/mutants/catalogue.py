@@ -4139,6 +4139,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     " reshape error, or a silent one where the sizes multiply alike).",
   ),
   Mutation(
+    "attention.mask_not_an_array_unnamed",
+    _ATTENTION + "spec.py",
+    '    mask = validation.as_array("mask", mask)',
+    "    mask = jnp.asarray(mask)",
+    (_BAD_INPUT, "-k", "mask_not_an_array"),
+    "Attention arguments: a mask that is no array reaches jnp.asarray, whose error names no"
+    " argument.",
+  ),
+  Mutation(
     "attention.scalar_lengths_not_broadcast",
     _ATTENTION + "spec.py",
     "      x = jnp.broadcast_to(x, batch_shape).reshape((b,)).astype(jnp.int32)",

@@ -131,6 +131,7 @@ CASES = {
   ),
   "attention_value_none": (lambda: attn(value=None), TypeError, "`value` must be an array"),
   "attention_bias_not_an_array": (lambda: attn(bias="bias"), TypeError, "`bias` must be an array"),
+  "attention_mask_not_an_array": (lambda: attn(mask="mask"), TypeError, "`mask` must be an array"),
   "attention_value_dtype": (lambda: attn(value=Q.astype(jnp.bfloat16)), TypeError, "`value`"),
   "attention_value_rank": (
     lambda: attn(value=Q[None]),
