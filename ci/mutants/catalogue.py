@@ -4148,6 +4148,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     " argument.",
   ),
   Mutation(
+    "validation.finite_takes_bools",
+    "src/tokamax/_src/validation.py",
+    "  if isinstance(value, bool | np.bool_ | str | bytes):",
+    "  if isinstance(value, str | bytes):",
+    (_BAD_INPUT, "-k", "scale_bool"),
+    "A number argument given as a bool is taken as 0 or 1 (scale=True is a scale of 1).",
+  ),
+  Mutation(
     "attention.scalar_lengths_not_broadcast",
     _ATTENTION + "spec.py",
     "      x = jnp.broadcast_to(x, batch_shape).reshape((b,)).astype(jnp.int32)",

@@ -49,6 +49,8 @@ CASES = {
   "attention_bias_shape": (lambda: attn(bias=jnp.ones((2, 4, 8, 5))), ValueError, "bias"),
   "attention_mask_dtype": (lambda: attn(mask=jnp.ones((2, 4, 8, 8))), TypeError, "mask"),
   "attention_scale_not_a_number": (lambda: attn(scale="a"), TypeError, "`scale` must be a number"),
+  # A bool is an int to Python: True would silently mean a scale of 1.
+  "attention_scale_bool": (lambda: attn(scale=True), TypeError, "`scale` must be a number"),
   "attention_scale_nan": (lambda: attn(scale=float("nan")), ValueError, "`scale` must be finite"),
   "attention_soft_cap_not_a_number": (
     lambda: attn(logits_soft_cap="a"),
