@@ -4156,6 +4156,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "A number argument given as a bool is taken as 0 or 1 (scale=True is a scale of 1).",
   ),
   Mutation(
+    "validation.integer_takes_bools",
+    "src/tokamax/_src/validation.py",
+    "  if not jnp.issubdtype(value.dtype, jnp.integer):",
+    "  if jnp.issubdtype(value.dtype, jnp.floating):",
+    (_BAD_INPUT, "-k", "bool_lengths"),
+    "integer() refuses floats only: boolean sequence lengths (or group sizes) pass as 0 and 1.",
+  ),
+  Mutation(
     "attention.scalar_lengths_not_broadcast",
     _ATTENTION + "spec.py",
     "      x = jnp.broadcast_to(x, batch_shape).reshape((b,)).astype(jnp.int32)",

@@ -91,6 +91,12 @@ CASES = {
     TypeError,
     "query_seq_lengths",
   ),
+  # Booleans are no lengths (True would silently mean 1).
+  "attention_bool_lengths": (
+    lambda: attn(key_value_seq_lengths=jnp.array([True, False])),
+    TypeError,
+    "`key_value_seq_lengths` must have an integer dtype",
+  ),
   "attention_soft_cap": (lambda: attn(logits_soft_cap=-1.0), ValueError, "logits_soft_cap"),
   "attention_zero_soft_cap": (lambda: attn(logits_soft_cap=0.0), ValueError, "logits_soft_cap"),
   "attention_key_batch_dims": (
