@@ -4164,6 +4164,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "integer() refuses floats only: boolean sequence lengths (or group sizes) pass as 0 and 1.",
   ),
   Mutation(
+    "validation.floating_takes_complex",
+    "src/tokamax/_src/validation.py",
+    "  if not jnp.issubdtype(value.dtype, jnp.floating):",
+    "  if not jnp.issubdtype(value.dtype, jnp.inexact):",
+    (_BAD_INPUT, "-k", "complex"),
+    "floating() checks for an inexact dtype: complex queries (or other float arguments) pass.",
+  ),
+  Mutation(
     "attention.scalar_lengths_not_broadcast",
     _ATTENTION + "spec.py",
     "      x = jnp.broadcast_to(x, batch_shape).reshape((b,)).astype(jnp.int32)",

@@ -44,6 +44,12 @@ CASES = {
     TypeError,
     "query",
   ),
+  # Complex is inexact but not floating: the softmax has no order on it.
+  "attention_complex_inputs": (
+    lambda: attn(query=Q.astype(jnp.complex64), key=Q.astype(jnp.complex64)),
+    TypeError,
+    "`query` must have a floating dtype",
+  ),
   "attention_mixed_dtypes": (lambda: attn(key=Q.astype(jnp.bfloat16)), TypeError, "dtype"),
   "attention_value_len": (lambda: attn(value=jnp.ones((2, 7, 4, 16))), ValueError, "value"),
   "attention_bias_shape": (lambda: attn(bias=jnp.ones((2, 4, 8, 5))), ValueError, "bias"),
