@@ -4172,6 +4172,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "floating() checks for an inexact dtype: complex queries (or other float arguments) pass.",
   ),
   Mutation(
+    "attention.dbias_in_query_dtype",
+    _ATTENTION + "xla_chunked.py",
+    'grads["bias"] = dbias[..., : args.bias.shape[3]].astype(args.bias.dtype)',
+    'grads["bias"] = dbias[..., : args.bias.shape[3]].astype(q.dtype)',
+    ("suites/core/test_attention.py", "-k", "another_dtype"),
+    "Attention's XLA backward casts the bias cotangent to the query's dtype: a bfloat16 bias"
+    " on float32 queries gets a float32 cotangent (JAX's custom_vjp lets it through).",
+  ),
+  Mutation(
     "attention.scalar_lengths_not_broadcast",
     _ATTENTION + "spec.py",
     "      x = jnp.broadcast_to(x, batch_shape).reshape((b,)).astype(jnp.int32)",

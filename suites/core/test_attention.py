@@ -401,3 +401,20 @@ def test_bfloat16_gradient_of_values_equal_at_every_key_is_zero(impl, inputs):
   np.testing.assert_array_equal(np.asarray(out, np.float32), expected)
   (dq,) = vjp(inputs.normal(out.shape, scale=4.0).astype(bf16))
   assert np.abs(np.asarray(dq, np.float32)).max() < 1e-4
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_bias_of_another_dtype_gets_a_cotangent_of_its_own_dtype(impl, inputs):
+  """A bfloat16 bias on float32 queries: the bias cotangent is bfloat16 (the primal's dtype),
+  not the queries' float32, and matches the float64 reference's at bfloat16 tolerance."""
+  q, k, v = (inputs.normal((2, 12, 4, 8)) for _ in range(3))
+  bias = inputs.normal((2, 4, 12, 12)).astype(jnp.bfloat16)
+  run = lambda q, bias: tokamax.dot_product_attention(q, k, v, bias, implementation=impl)
+  out, vjp = jax.vjp(run, q, bias)
+  dout = inputs.normal(out.shape)
+  dq, dbias = vjp(dout)
+  assert (dq.dtype, dbias.dtype) == (jnp.float32, jnp.bfloat16)
+  _, (_, ref) = references.high_precision_vjp(
+    lambda q, bias: references.attention(q, k, v, bias), (q, bias), dout
+  )
+  np.testing.assert_allclose(np.asarray(dbias, np.float32), ref, rtol=2e-2, atol=2e-2)
