@@ -9,6 +9,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 import tokamax
+from tokamax_harness import references
 
 
 def _close(a, b, what):
@@ -72,6 +73,23 @@ def main() -> None:
       h(put(q, "data", None, "model"), k1, v1, bias, mask),
       tokamax.dot_product_attention(q, k1, v1, bias, mask, implementation="xla", **features),
       f"attention[{impl}] q_sharding with bias, mask, lengths and one K/V head",
+    )
+
+  # Two batch dims, each split, and a bias and lengths with one batch dim (the query's last,
+  # as numpy aligns them): each shard gets the bias rows and lengths of its own last batch
+  # index, not those of its first.
+  q2 = normal(4, 4, 16, 4, 8)
+  k2, v2 = normal(4, 4, 16, 2, 8), normal(4, 4, 16, 2, 8)
+  bias2, lengths2 = normal(4, 1, 16, 16), jnp.array([16, 5, 11, 2])
+  q_sharding2 = NamedSharding(mesh, PartitionSpec("data", "model", None, None, None))
+  for impl in ("xla", "xla_chunked"):
+    run = lambda q, k, v, bias, sharding, impl=impl: tokamax.dot_product_attention(
+      q, k, v, bias, key_value_seq_lengths=lengths2, implementation=impl, q_sharding=sharding
+    )
+    _close(
+      jax.jit(lambda q, k, v, bias: run(q, k, v, bias, q_sharding2))(q2, k2, v2, bias2),
+      references.attention(q2, k2, v2, bias2, key_value_seq_lengths=lengths2),
+      f"attention[{impl}] q_sharding over two batch dims, bias and lengths of the last one",
     )
 
   x = normal(16, 32)

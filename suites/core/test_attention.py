@@ -352,3 +352,69 @@ def test_cudnn_takes_a_window_only_with_the_causal_mask():
     assert op._unsupported_reason(causal) is None, window
     plain = spec.SPEC.canonicalize(q, q, q, local_window_size=window)
     assert op._unsupported_reason(plain) == "local_window_size without is_causal", window
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_zero_scale_is_a_scale_not_the_default(impl, inputs):
+  """scale=0.0 weighs every visible key alike (each causal row i is the mean of values
+  0..i); a falsy scale taken as "no scale given" would apply 1/sqrt(H) instead."""
+  q, k, v = (inputs.normal((2, 6, 2, 8)) for _ in range(3))
+  out = tokamax.dot_product_attention(q, k, v, scale=0.0, is_causal=True, implementation=impl)
+  rows = np.arange(1, 7, dtype=np.float64)[None, :, None, None]
+  assert_matches(out, np.cumsum(np.asarray(v, np.float64), axis=1) / rows)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_a_mask_of_rank_two_and_a_bias_of_rank_one_broadcast(impl, inputs):
+  """A mask [T, S] and a bias [S] have fewer dims than the [*B, N, T, S] they broadcast to
+  (numpy aligns them on the right): they apply to every batch entry and head, and the bias
+  cotangent sums over all of them."""
+  q = inputs.normal((2, 3, 10, 4, 8))
+  k, v = inputs.normal((2, 3, 12, 2, 8)), inputs.normal((2, 3, 12, 2, 8))
+  bias, mask = inputs.normal((12,)), inputs.bools((10, 12))
+  run = lambda q, k, v, bias: tokamax.dot_product_attention(
+    q, k, v, bias, mask, implementation=impl
+  )
+  out, vjp = jax.vjp(run, q, k, v, bias)
+  dout = inputs.normal(out.shape)
+  ref_out, ref_grads = references.high_precision_vjp(
+    lambda *a: references.attention(*a, mask), (q, k, v, bias), dout
+  )
+  assert_matches(out, ref_out)
+  for name, g, ref in zip(("dq", "dk", "dv", "dbias"), vjp(dout), ref_grads, strict=True):
+    assert_matches(g, ref, what=name)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_bfloat16_gradient_of_values_equal_at_every_key_is_zero(impl, inputs):
+  """Values equal at every key make the output that value whatever the logits, so dq is
+  exactly zero: ds = p (dO.v - rowsum(dO * O)) cancels only where both dP = dO.v and the row
+  sum (delta) are formed in float32, neither rounded to bfloat16 (an error of ~2^-9 |delta|).
+  Zero queries and power-of-two S keep every probability and output exact in bfloat16."""
+  bf16 = jnp.bfloat16
+  q = jnp.zeros((2, 8, 4, 16), bf16)
+  k = jnp.ones((2, 16, 2, 16), bf16)
+  v = jnp.broadcast_to(inputs.normal((2, 1, 2, 16)), (2, 16, 2, 16)).astype(bf16)
+  run = lambda q: tokamax.dot_product_attention(q, k, v, implementation=impl)
+  out, vjp = jax.vjp(run, q)
+  expected = np.repeat(np.asarray(v[:, :8], np.float32), 2, axis=2)  # Query head n: K/V n // 2.
+  np.testing.assert_array_equal(np.asarray(out, np.float32), expected)
+  (dq,) = vjp(inputs.normal(out.shape, scale=4.0).astype(bf16))
+  assert np.abs(np.asarray(dq, np.float32)).max() < 1e-4
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_bias_of_another_dtype_gets_a_cotangent_of_its_own_dtype(impl, inputs):
+  """A bfloat16 bias on float32 queries: the bias cotangent is bfloat16 (the primal's dtype),
+  not the queries' float32, and matches the float64 reference's at bfloat16 tolerance."""
+  q, k, v = (inputs.normal((2, 12, 4, 8)) for _ in range(3))
+  bias = inputs.normal((2, 4, 12, 12)).astype(jnp.bfloat16)
+  run = lambda q, bias: tokamax.dot_product_attention(q, k, v, bias, implementation=impl)
+  out, vjp = jax.vjp(run, q, bias)
+  dout = inputs.normal(out.shape)
+  dq, dbias = vjp(dout)
+  assert (dq.dtype, dbias.dtype) == (jnp.float32, jnp.bfloat16)
+  _, (_, ref) = references.high_precision_vjp(
+    lambda q, bias: references.attention(q, k, v, bias), (q, bias), dout
+  )
+  np.testing.assert_allclose(np.asarray(dbias, np.float32), ref, rtol=2e-2, atol=2e-2)

@@ -44,11 +44,19 @@ CASES = {
     TypeError,
     "query",
   ),
+  # Complex is inexact but not floating: the softmax has no order on it.
+  "attention_complex_inputs": (
+    lambda: attn(query=Q.astype(jnp.complex64), key=Q.astype(jnp.complex64)),
+    TypeError,
+    "`query` must have a floating dtype",
+  ),
   "attention_mixed_dtypes": (lambda: attn(key=Q.astype(jnp.bfloat16)), TypeError, "dtype"),
   "attention_value_len": (lambda: attn(value=jnp.ones((2, 7, 4, 16))), ValueError, "value"),
   "attention_bias_shape": (lambda: attn(bias=jnp.ones((2, 4, 8, 5))), ValueError, "bias"),
   "attention_mask_dtype": (lambda: attn(mask=jnp.ones((2, 4, 8, 8))), TypeError, "mask"),
   "attention_scale_not_a_number": (lambda: attn(scale="a"), TypeError, "`scale` must be a number"),
+  # A bool is an int to Python: True would silently mean a scale of 1.
+  "attention_scale_bool": (lambda: attn(scale=True), TypeError, "`scale` must be a number"),
   "attention_scale_nan": (lambda: attn(scale=float("nan")), ValueError, "`scale` must be finite"),
   "attention_soft_cap_not_a_number": (
     lambda: attn(logits_soft_cap="a"),
@@ -89,12 +97,24 @@ CASES = {
     TypeError,
     "query_seq_lengths",
   ),
+  # Booleans are no lengths (True would silently mean 1).
+  "attention_bool_lengths": (
+    lambda: attn(key_value_seq_lengths=jnp.array([True, False])),
+    TypeError,
+    "`key_value_seq_lengths` must have an integer dtype",
+  ),
   "attention_soft_cap": (lambda: attn(logits_soft_cap=-1.0), ValueError, "logits_soft_cap"),
   "attention_zero_soft_cap": (lambda: attn(logits_soft_cap=0.0), ValueError, "logits_soft_cap"),
   "attention_key_batch_dims": (
     lambda: attn(key=jnp.ones((3, 8, 4, 16)), value=jnp.ones((3, 8, 4, 16))),
     ValueError,
     "`key` batch dims",
+  ),
+  # The value's batch dims too (batch dims (2, 3) against (3, 2) would reshape silently).
+  "attention_value_batch_dims": (
+    lambda: attn(value=jnp.ones((3, 8, 4, 16))),
+    ValueError,
+    "`value` batch dims",
   ),
   "attention_value_heads": (lambda: attn(value=jnp.ones((2, 8, 2, 16))), ValueError, "value"),
   "attention_mask_shape": (
@@ -123,7 +143,9 @@ CASES = {
     TypeError,
     "`bias`",
   ),
+  "attention_value_none": (lambda: attn(value=None), TypeError, "`value` must be an array"),
   "attention_bias_not_an_array": (lambda: attn(bias="bias"), TypeError, "`bias` must be an array"),
+  "attention_mask_not_an_array": (lambda: attn(mask="mask"), TypeError, "`mask` must be an array"),
   "attention_value_dtype": (lambda: attn(value=Q.astype(jnp.bfloat16)), TypeError, "`value`"),
   "attention_value_rank": (
     lambda: attn(value=Q[None]),
