@@ -14141,6 +14141,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The empty <testcase/> an interrupted run writes counts as a passed test (a cut suite"
     " reads one test more than ran).",
   ),
+  Mutation(
+    "ragged_dot.more_sizes_than_groups_accepted",
+    _RAGGED + "spec.py",
+    "if group_offset is None and local != g_all:",
+    "if group_offset is None and local > g_all:",
+    (_BAD_INPUT, "-k", "ragged_more_sizes_than_groups"),
+    "ragged_dot takes more group sizes than rhs has groups without naming `group_sizes` (the"
+    " error is jax.lax's TypeError about the rhs group dimension).",
+  ),
 )
 
 

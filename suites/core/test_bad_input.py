@@ -288,6 +288,12 @@ CASES = {
     ValueError,
     "group_sizes",
   ),
+  # More sizes than rhs has groups: jax.lax's own error would not name `group_sizes`.
+  "ragged_more_sizes_than_groups": (
+    lambda: tokamax.ragged_dot(jnp.ones((6, 4)), jnp.ones((2, 4, 5)), jnp.array([2, 2, 2])),
+    ValueError,
+    "`group_sizes` must have one entry per group",
+  ),
   "ragged_group_dtype": (
     lambda: tokamax.ragged_dot(jnp.ones((6, 4)), jnp.ones((2, 4, 5)), jnp.array([2.0, 4.0])),
     TypeError,
