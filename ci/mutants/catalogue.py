@@ -14150,6 +14150,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "ragged_dot takes more group sizes than rhs has groups without naming `group_sizes` (the"
     " error is jax.lax's TypeError about the rhs group dimension).",
   ),
+  Mutation(
+    "ragged_dot.lhs_rank_unchecked",
+    _RAGGED + "spec.py",
+    '  validation.rank("lhs", lhs, 2, "lhs [M, K]")\n',
+    "",
+    (_BAD_INPUT, "-k", "ragged_lhs_rank"),
+    "ragged_dot takes an lhs of rank 3 past its checks (the unpacking of its shape fails"
+    " without naming `lhs`).",
+  ),
 )
 
 

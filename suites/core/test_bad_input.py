@@ -294,6 +294,11 @@ CASES = {
     ValueError,
     "`group_sizes` must have one entry per group",
   ),
+  "ragged_lhs_rank": (
+    lambda: tokamax.ragged_dot(jnp.ones((2, 6, 4)), jnp.ones((2, 4, 5)), jnp.array([2, 4])),
+    ValueError,
+    re.escape("`lhs` must have rank 2 (lhs [M, K])"),
+  ),
   "ragged_group_dtype": (
     lambda: tokamax.ragged_dot(jnp.ones((6, 4)), jnp.ones((2, 4, 5)), jnp.array([2.0, 4.0])),
     TypeError,
