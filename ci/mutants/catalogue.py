@@ -14159,6 +14159,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "ragged_dot takes an lhs of rank 3 past its checks (the unpacking of its shape fails"
     " without naming `lhs`).",
   ),
+  Mutation(
+    "ragged_dot.int_rhs_unnamed",
+    _RAGGED + "spec.py",
+    '  rhs = validation.floating("rhs", rhs)',
+    '  rhs = validation.as_array("rhs", rhs)',
+    (_BAD_INPUT, "-k", "ragged_int_rhs"),
+    "ragged_dot no longer checks that rhs is floating: an int32 rhs beside a float lhs is"
+    " refused only as a dtype mismatch, which does not say rhs must be floating.",
+  ),
 )
 
 

@@ -299,6 +299,11 @@ CASES = {
     ValueError,
     re.escape("`lhs` must have rank 2 (lhs [M, K])"),
   ),
+  "ragged_int_rhs": (
+    lambda: tokamax.ragged_dot(jnp.ones((6, 4)), jnp.ones((2, 4, 5), jnp.int32), jnp.array([2, 4])),
+    TypeError,
+    "`rhs` must have a floating dtype",
+  ),
   "ragged_group_dtype": (
     lambda: tokamax.ragged_dot(jnp.ones((6, 4)), jnp.ones((2, 4, 5)), jnp.array([2.0, 4.0])),
     TypeError,
