@@ -14168,6 +14168,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "ragged_dot no longer checks that rhs is floating: an int32 rhs beside a float lhs is"
     " refused only as a dtype mismatch, which does not say rhs must be floating.",
   ),
+  Mutation(
+    "glu.pair_rank_unchecked",
+    "src/tokamax/_src/ops/gated_linear_unit/spec.py",
+    "      if w.ndim != 2 or w.shape[0] != k:",
+    "      if w.shape[0] != k:",
+    (_BAD_INPUT, "-k", "glu_pair_rank"),
+    "A (w_gate, w_up) pair of rank-3 weights is accepted by the GLU's checks (the einsum fails"
+    " later without naming `weights`).",
+  ),
 )
 
 

@@ -278,6 +278,12 @@ CASES = {
     ValueError,
     "axis",
   ),
+  # Rank 3 with the pair's shapes equal: the einsum, not the check, would fail.
+  "glu_pair_rank": (
+    lambda: tokamax.gated_linear_unit(jnp.ones((4, 8)), (jnp.ones((8, 5, 1)),) * 2),
+    ValueError,
+    re.escape("`weights[0]` must have shape [K=8, N]"),
+  ),
   "glu_activation": (
     lambda: tokamax.gated_linear_unit(jnp.ones((4, 8)), jnp.ones((8, 2, 5)), activation="swish"),
     TypeError,
