@@ -14177,6 +14177,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "A (w_gate, w_up) pair of rank-3 weights is accepted by the GLU's checks (the einsum fails"
     " later without naming `weights`).",
   ),
+  Mutation(
+    "glu.fused_rank_unchecked",
+    "src/tokamax/_src/ops/gated_linear_unit/spec.py",
+    "    if weights.ndim != 3 or weights.shape[0] != k or weights.shape[1] != 2:",
+    "    if weights.shape[0] != k or weights.shape[1] != 2:",
+    (_BAD_INPUT, "-k", "glu_fused_rank_2"),
+    "Fused GLU weights of rank 2 [K, 2] pass the [K, 2, N] check (the einsum fails later"
+    " without naming `weights`).",
+  ),
 )
 
 

@@ -284,6 +284,12 @@ CASES = {
     ValueError,
     re.escape("`weights[0]` must have shape [K=8, N]"),
   ),
+  # Rank 2 of K rows and 2 columns: the [K, 2, N] check must count the dims.
+  "glu_fused_rank_2": (
+    lambda: tokamax.gated_linear_unit(jnp.ones((4, 8)), jnp.ones((8, 2))),
+    ValueError,
+    re.escape("`weights` must have shape [K=8, 2, N]"),
+  ),
   "glu_activation": (
     lambda: tokamax.gated_linear_unit(jnp.ones((4, 8)), jnp.ones((8, 2, 5)), activation="swish"),
     TypeError,
