@@ -14186,6 +14186,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Fused GLU weights of rank 2 [K, 2] pass the [K, 2, N] check (the einsum fails later"
     " without naming `weights`).",
   ),
+  Mutation(
+    "glu.int_x_accepted",
+    "src/tokamax/_src/ops/gated_linear_unit/spec.py",
+    '  x = validation.floating("x", x)',
+    '  x = validation.as_array("x", x)',
+    (_BAD_INPUT, "-k", "glu_int_x"),
+    "The GLU accepts an integer x (the matmul promotes it; the output comes back int32).",
+  ),
 )
 
 

@@ -290,6 +290,12 @@ CASES = {
     ValueError,
     re.escape("`weights` must have shape [K=8, 2, N]"),
   ),
+  # Without the check an int32 x would be promoted by the matmul: a silent answer.
+  "glu_int_x": (
+    lambda: tokamax.gated_linear_unit(jnp.ones((4, 8), jnp.int32), jnp.ones((8, 2, 5))),
+    TypeError,
+    "`x` must have a floating dtype",
+  ),
   "glu_activation": (
     lambda: tokamax.gated_linear_unit(jnp.ones((4, 8)), jnp.ones((8, 2, 5)), activation="swish"),
     TypeError,
