@@ -14194,6 +14194,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_BAD_INPUT, "-k", "glu_int_x"),
     "The GLU accepts an integer x (the matmul promotes it; the output comes back int32).",
   ),
+  Mutation(
+    "glu.pair_up_dtype_unchecked",
+    "src/tokamax/_src/ops/gated_linear_unit/spec.py",
+    'weights = tuple(validation.floating(f"weights[{i}]", w) for i, w in enumerate(weights))',
+    'weights = (validation.floating("weights[0]", weights[0]), jnp.asarray(weights[1]))',
+    (_BAD_INPUT, "-k", "glu_int_up_weight"),
+    "The GLU checks only w_gate of a (w_gate, w_up) pair for a floating dtype: an int32 w_up"
+    " is promoted by its matmul without an error.",
+  ),
 )
 
 

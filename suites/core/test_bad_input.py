@@ -296,6 +296,14 @@ CASES = {
     TypeError,
     "`x` must have a floating dtype",
   ),
+  # The pair's second weight is checked too, not only the gate's.
+  "glu_int_up_weight": (
+    lambda: tokamax.gated_linear_unit(
+      jnp.ones((4, 8)), (jnp.ones((8, 5)), jnp.ones((8, 5), jnp.int32))
+    ),
+    TypeError,
+    re.escape("`weights[1]` must have a floating dtype"),
+  ),
   "glu_activation": (
     lambda: tokamax.gated_linear_unit(jnp.ones((4, 8)), jnp.ones((8, 2, 5)), activation="swish"),
     TypeError,
