@@ -14203,6 +14203,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The GLU checks only w_gate of a (w_gate, w_up) pair for a floating dtype: an int32 w_up"
     " is promoted by its matmul without an error.",
   ),
+  Mutation(
+    "loss.int_x_unnamed",
+    _LOSS + "spec.py",
+    '  x = validation.floating("x", x)',
+    '  x = validation.as_array("x", x)',
+    (_BAD_INPUT, "-k", "loss_int_x"),
+    "The loss no longer checks that x is floating: an int32 x is refused only as a dtype"
+    " mismatch with the weights, which does not say x must be floating.",
+  ),
 )
 
 

@@ -482,6 +482,13 @@ CASES = {
     ValueError,
     "`labels`",
   ),
+  "loss_int_x": (
+    lambda: tokamax.linear_softmax_cross_entropy_loss(
+      jnp.ones((4, 8), jnp.int32), jnp.zeros(4, jnp.int32), jnp.ones((8, 5))
+    ),
+    TypeError,
+    "`x` must have a floating dtype",
+  ),
   "loss_mixed_dtypes": (
     lambda: tokamax.linear_softmax_cross_entropy_loss(
       jnp.ones((4, 8), jnp.bfloat16), jnp.zeros(4, jnp.int32), jnp.ones((8, 5))
