@@ -14212,6 +14212,16 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The loss no longer checks that x is floating: an int32 x is refused only as a dtype"
     " mismatch with the weights, which does not say x must be floating.",
   ),
+  Mutation(
+    "loss.label_logits_in_input_dtype",
+    _LOSS + "spec.py",
+    "    precision=args.precision,\n    preferred_element_type=jnp.float32,\n  )\n"
+    "  return jnp.where(held, logits, 0.0)",
+    "    precision=args.precision,\n  )\n  return jnp.where(held, logits, 0.0)",
+    (_TPU_LOSS, "-k", "bfloat16_label_logits"),
+    "The label logits gathered for the Mosaic TPU loss are rounded to bfloat16 for bfloat16"
+    " inputs (no float32 accumulation), an error of up to half a bfloat16 step in each row's loss.",
+  ),
 )
 
 

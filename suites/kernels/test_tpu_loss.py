@@ -139,6 +139,22 @@ def test_interpret_large_logits():
   assert compare.relative_error(dw, ref_dw) < 1e-3
 
 
+def test_interpret_bfloat16_label_logits_accumulate_in_float32():
+  """bfloat16 inputs with logits near 100, where bfloat16 holds steps of 0.5: each row's loss
+  (log-sum-exp less the label's logit, both summed in float32) matches float64 numpy of the
+  same bfloat16 values to float32 rounding, not to a bfloat16 rounding of the label's logit."""
+  x, labels, w = _inputs(21, 128, 300, "bfloat16", seed=6, scale=60.0)
+  impl = mosaic_tpu.MosaicTpuLoss(interpret=True, config=SMALL)
+  out = api.linear_softmax_cross_entropy_loss(
+    x, labels, w, reduction="none", precision=jax.lax.Precision.HIGHEST, implementation=impl
+  )
+  logits = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  picked = logits[np.arange(21), np.asarray(labels)]
+  assert np.abs(picked).max() > 64  # bfloat16 steps of 0.5 or more there.
+  want = np.logaddexp.reduce(logits, axis=1) - picked
+  np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=0, atol=2e-3)
+
+
 def test_the_kernel_alone_gives_the_log_sum_exp_of_its_tiles():
   x, _, w = _inputs(45, 256, 520, "float32", seed=2, scale=10.0)
   got = mosaic_tpu_kernel.logsumexp(
