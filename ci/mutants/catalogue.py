@@ -14222,6 +14222,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The label logits gathered for the Mosaic TPU loss are rounded to bfloat16 for bfloat16"
     " inputs (no float32 accumulation), an error of up to half a bfloat16 step in each row's loss.",
   ),
+  Mutation(
+    "loss.mosaic_tpu_bwd_tail_logits_in_input_dtype",
+    _LOSS + "mosaic_tpu.py",
+    "    logits = jnp.matmul(x, tail, precision=args.precision, preferred_element_type=jnp.float32)",
+    "    logits = jnp.matmul(x, tail, precision=args.precision)",
+    (_TPU_LOSS, "-k", "backward_tail_from_float32_logits"),
+    "Mosaic TPU loss backward: the XLA tail's logits stay bfloat16 for bfloat16 inputs, so its"
+    " softmax (and its share of dx and dweights) is off by a few per cent.",
+  ),
 )
 
 
