@@ -14231,6 +14231,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Mosaic TPU loss backward: the XLA tail's logits stay bfloat16 for bfloat16 inputs, so its"
     " softmax (and its share of dx and dweights) is off by a few per cent.",
   ),
+  Mutation(
+    "layer_norm.backward_scale_offset_without_scale",
+    "src/tokamax/_src/ops/normalization/xla.py",
+    "  g = dy * spec.effective_scale(args)",
+    "  g = dy * (spec.effective_scale(args) if args.scale is not None else 1.0)",
+    ("suites/core/test_layer_norm.py", "-k", "scale_offset_no_scale_layernorm and xla"),
+    "LayerNorm's analytic backward forgets scale_offset where there is no scale (dx too small"
+    " by 1 + scale_offset; the forward is right).",
+  ),
 )
 
 

@@ -23,6 +23,8 @@ CASES = {
   "scale_offset_no_scale_rms": dict(
     shape=(4, 33), scale=False, scale_offset=0.5, subtract_mean=False
   ),
+  # LayerNorm's own backward (RMSNorm's is JAX's): dx takes 1 + scale_offset without a scale.
+  "scale_offset_no_scale_layernorm": dict(shape=(4, 33), scale=False, scale_offset=0.5),
   "epsilon": dict(shape=(4, 16), epsilon=0.3),
   "zero_epsilon": dict(shape=(4, 16), epsilon=0.0),
   "vector": dict(shape=(50,)),
