@@ -14240,6 +14240,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "LayerNorm's analytic backward forgets scale_offset where there is no scale (dx too small"
     " by 1 + scale_offset; the forward is right).",
   ),
+  Mutation(
+    "ragged_dot.representative_sizes_traced",
+    _RAGGED + "spec.py",
+    'representative_value: tuple[int, ...] = dataclasses.field(metadata={"static": True})',
+    "representative_value: tuple[int, ...] = dataclasses.field()",
+    ("suites/core/test_ragged_dot.py", "-k", "representative_sizes_static"),
+    "RaggedDotGroupSizes' representative sizes are pytree leaves, not static: through jax.jit"
+    " they are traced and canonicalize's int() of them fails.",
+  ),
 )
 
 

@@ -91,6 +91,21 @@ def test_ragged_dot_matches_default_layout_and_group_sizes_object(inputs):
   assert_matches(out, ref)
 
 
+def test_group_sizes_object_through_jit_keeps_its_representative_sizes_static(inputs):
+  """A `RaggedDotGroupSizes` handed to a jitted function: its value is traced, its
+  representative sizes (the tuning key) stay static Python ints, and the product is the
+  reference's."""
+  sizes = jnp.array([10, 0, 17, 3, 15], jnp.int32)
+  wrapped = tokamax.RaggedDotGroupSizes(sizes, (9, 9, 9, 9, 9))
+  assert len(jax.tree.leaves(wrapped)) == 1
+  lhs, rhs = inputs.normal((M, K)), inputs.normal((5, K, N))
+  out = jax.jit(lambda a, b, g: tokamax.ragged_dot(a, b, g, implementation="xla"))(
+    lhs, rhs, wrapped
+  )
+  ref = references.high_precision(references.ragged_dot_general)(lhs, rhs, sizes, "default")
+  assert_matches(out, ref)
+
+
 def test_generated_sizes_are_uneven_and_can_be_empty():
   sizes = tokamax.generate_ragged_dot_group_sizes(4096, 16, seed=1, alpha=0.5, empty_fraction=0.25)
   assert sizes.sum() == 4096
