@@ -14249,6 +14249,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "RaggedDotGroupSizes' representative sizes are pytree leaves, not static: through jax.jit"
     " they are traced and canonicalize's int() of them fails.",
   ),
+  Mutation(
+    "glu.list_pair_refused",
+    "src/tokamax/_src/ops/gated_linear_unit/spec.py",
+    "  if isinstance(weights, tuple | list):",
+    "  if isinstance(weights, tuple):",
+    ("suites/core/test_gated_linear_unit.py", "-k", "list_pair"),
+    "The GLU takes only a tuple as a (w_gate, w_up) pair: a list is stacked as fused weights"
+    " [2, K, N] and refused.",
+  ),
 )
 
 
