@@ -14258,6 +14258,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The GLU takes only a tuple as a (w_gate, w_up) pair: a list is stacked as fused weights"
     " [2, K, N] and refused.",
   ),
+  Mutation(
+    "layer_norm.numpy_integer_axis_refused",
+    "src/tokamax/_src/ops/normalization/spec.py",
+    "if not isinstance(axis, int | np.integer) or",
+    "if not isinstance(axis, int) or",
+    ("suites/core/test_layer_norm.py", "-k", "numpy_integer_axis"),
+    "layer_norm refuses a numpy integer axis (np.int64(0)) as not an int.",
+  ),
 )
 
 
