@@ -14266,6 +14266,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/core/test_layer_norm.py", "-k", "numpy_integer_axis"),
     "layer_norm refuses a numpy integer axis (np.int64(0)) as not an int.",
   ),
+  Mutation(
+    "ragged_dot.scalar_group_offset_refused",
+    _RAGGED + "spec.py",
+    "    if group_offset.shape not in ((), (1,)):",
+    "    if group_offset.shape != (1,):",
+    ("suites/core/test_ragged_dot.py", "-k", "scalar_group_offset"),
+    "ragged_dot refuses a scalar group_offset, which canonicalize means to take as [offset].",
+  ),
 )
 
 

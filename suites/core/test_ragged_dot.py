@@ -183,6 +183,17 @@ def test_ragged_dot_passes_the_group_offset_on(impl, inputs):
   assert np.all(np.asarray(out)[:7] == 0) and np.all(np.asarray(out)[27:] == 0)
 
 
+def test_a_scalar_group_offset_is_the_one_element_offset(inputs):
+  """`group_offset` as a scalar (shape ()) is taken as the [1] array it stands for."""
+  sizes = jnp.array([7, 0, 11, 9, 6], jnp.int32)
+  lhs, rhs = inputs.normal((M, K)), inputs.normal((2, K, N))
+  out = tokamax.ragged_dot(lhs, rhs, sizes, group_offset=jnp.int32(2), implementation="xla")
+  ref = references.high_precision(references.ragged_dot_general)(
+    lhs, rhs, sizes, "default", jnp.array([2]), 2
+  )
+  assert_matches(out, ref)
+
+
 @pytest.mark.parametrize("layout", spec.LAYOUTS)
 @pytest.mark.parametrize("offset", (None, 1))
 def test_float64_matches_the_reference(layout, offset):
