@@ -14274,6 +14274,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/core/test_ragged_dot.py", "-k", "scalar_group_offset"),
     "ragged_dot refuses a scalar group_offset, which canonicalize means to take as [offset].",
   ),
+  Mutation(
+    "glu.triton_empty_rows_accepted",
+    "src/tokamax/_src/ops/gated_linear_unit/triton.py",
+    "    if args.x.size == 0 or args.n == 0:",
+    "    if args.n == 0:",
+    (_TRITON_GLU, "-k", "no_rows_or_an_empty_k"),
+    "Triton GLU: an x without rows (M = 0) or with K = 0 is taken by the kernel instead of"
+    " being refused as an empty input.",
+  ),
 )
 
 
