@@ -14283,6 +14283,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton GLU: an x without rows (M = 0) or with K = 0 is taken by the kernel instead of"
     " being refused as an empty input.",
   ),
+  Mutation(
+    "loss.narrow_labels_not_int32",
+    _LOSS + "spec.py",
+    "    labels=labels.astype(jnp.int32),",
+    "    labels=labels,",
+    ("suites/core/test_loss.py", "-k", "narrow_integer_labels"),
+    "The loss keeps labels in their own integer dtype: uint8 or int8 labels over a vocabulary"
+    " wider than the dtype are clipped in that dtype (wrapping) and their rows lose NaN.",
+  ),
 )
 
 
