@@ -14292,6 +14292,16 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The loss keeps labels in their own integer dtype: uint8 or int8 labels over a vocabulary"
     " wider than the dtype are clipped in that dtype (wrapping) and their rows lose NaN.",
   ),
+  Mutation(
+    "glu.triton_unhashable_activation_raises",
+    "src/tokamax/_src/ops/gated_linear_unit/triton.py",
+    "  try:\n    return known.get(activation)\n  except TypeError:  # Unhashable callables.\n"
+    "    return None",
+    "  return known.get(activation)",
+    (_TRITON_GLU, "-k", "unhashable_activation"),
+    "Triton GLU: the support check looks an unhashable activation up in its table unguarded, so"
+    " it raises TypeError instead of naming the unsupported activation.",
+  ),
 )
 
 
