@@ -14302,6 +14302,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton GLU: the support check looks an unhashable activation up in its table unguarded, so"
     " it raises TypeError instead of naming the unsupported activation.",
   ),
+  Mutation(
+    "ragged_dot.gradient_cotangent_uncast",
+    _RAGGED + "spec.py",
+    '"dout": dout.astype(args.lhs.dtype)}',
+    '"dout": dout}',
+    ("suites/core/test_ragged_dot.py", "-k", "gradients_are_ragged_dots"),
+    "ragged_dot's gradients hand the float32 output cotangent (preferred_element_type float32)"
+    " to the kernels beside bfloat16 operands: records of mixed dtypes.",
+  ),
 )
 
 

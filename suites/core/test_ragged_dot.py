@@ -381,6 +381,10 @@ def test_gradients_are_ragged_dots_of_the_other_layouts(layout, offset):
 
   grads = spec.gradients(record, dout, compute)
   assert [r.out_dtype for r in records] == [jnp.float32, jnp.float32]
+  # The float32 cotangent is cast to the inputs' dtype: a kernel's matmul takes one dtype.
+  assert all(r.lhs.dtype == r.rhs.dtype == jnp.bfloat16 for r in records), [
+    (r.lhs.dtype, r.rhs.dtype) for r in records
+  ]
   assert grads["lhs"].dtype == grads["rhs"].dtype == jnp.bfloat16
   with jax.enable_x64(True):
     a, b = (np.asarray(x, np.float64) for x in (lhs, rhs))
