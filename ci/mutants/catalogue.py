@@ -14262,6 +14262,176 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The empty <testcase/> an interrupted run writes counts as a passed test (a cut suite"
     " reads one test more than ran).",
   ),
+  Mutation(
+    "ragged_dot.more_sizes_than_groups_accepted",
+    _RAGGED + "spec.py",
+    "if group_offset is None and local != g_all:",
+    "if group_offset is None and local > g_all:",
+    (_BAD_INPUT, "-k", "ragged_more_sizes_than_groups"),
+    "ragged_dot takes more group sizes than rhs has groups without naming `group_sizes` (the"
+    " error is jax.lax's TypeError about the rhs group dimension).",
+  ),
+  Mutation(
+    "ragged_dot.lhs_rank_unchecked",
+    _RAGGED + "spec.py",
+    '  validation.rank("lhs", lhs, 2, "lhs [M, K]")\n',
+    "",
+    (_BAD_INPUT, "-k", "ragged_lhs_rank"),
+    "ragged_dot takes an lhs of rank 3 past its checks (the unpacking of its shape fails"
+    " without naming `lhs`).",
+  ),
+  Mutation(
+    "ragged_dot.int_rhs_unnamed",
+    _RAGGED + "spec.py",
+    '  rhs = validation.floating("rhs", rhs)',
+    '  rhs = validation.as_array("rhs", rhs)',
+    (_BAD_INPUT, "-k", "ragged_int_rhs"),
+    "ragged_dot no longer checks that rhs is floating: an int32 rhs beside a float lhs is"
+    " refused only as a dtype mismatch, which does not say rhs must be floating.",
+  ),
+  Mutation(
+    "glu.pair_rank_unchecked",
+    "src/tokamax/_src/ops/gated_linear_unit/spec.py",
+    "      if w.ndim != 2 or w.shape[0] != k:",
+    "      if w.shape[0] != k:",
+    (_BAD_INPUT, "-k", "glu_pair_rank"),
+    "A (w_gate, w_up) pair of rank-3 weights is accepted by the GLU's checks (the einsum fails"
+    " later without naming `weights`).",
+  ),
+  Mutation(
+    "glu.fused_rank_unchecked",
+    "src/tokamax/_src/ops/gated_linear_unit/spec.py",
+    "    if weights.ndim != 3 or weights.shape[0] != k or weights.shape[1] != 2:",
+    "    if weights.shape[0] != k or weights.shape[1] != 2:",
+    (_BAD_INPUT, "-k", "glu_fused_rank_2"),
+    "Fused GLU weights of rank 2 [K, 2] pass the [K, 2, N] check (the einsum fails later"
+    " without naming `weights`).",
+  ),
+  Mutation(
+    "glu.int_x_accepted",
+    "src/tokamax/_src/ops/gated_linear_unit/spec.py",
+    '  x = validation.floating("x", x)',
+    '  x = validation.as_array("x", x)',
+    (_BAD_INPUT, "-k", "glu_int_x"),
+    "The GLU accepts an integer x (the matmul promotes it; the output comes back int32).",
+  ),
+  Mutation(
+    "glu.pair_up_dtype_unchecked",
+    "src/tokamax/_src/ops/gated_linear_unit/spec.py",
+    'weights = tuple(validation.floating(f"weights[{i}]", w) for i, w in enumerate(weights))',
+    'weights = (validation.floating("weights[0]", weights[0]), jnp.asarray(weights[1]))',
+    (_BAD_INPUT, "-k", "glu_int_up_weight"),
+    "The GLU checks only w_gate of a (w_gate, w_up) pair for a floating dtype: an int32 w_up"
+    " is promoted by its matmul without an error.",
+  ),
+  Mutation(
+    "loss.int_x_unnamed",
+    _LOSS + "spec.py",
+    '  x = validation.floating("x", x)',
+    '  x = validation.as_array("x", x)',
+    (_BAD_INPUT, "-k", "loss_int_x"),
+    "The loss no longer checks that x is floating: an int32 x is refused only as a dtype"
+    " mismatch with the weights, which does not say x must be floating.",
+  ),
+  Mutation(
+    "loss.label_logits_in_input_dtype",
+    _LOSS + "spec.py",
+    "    precision=args.precision,\n    preferred_element_type=jnp.float32,\n  )\n"
+    "  return jnp.where(held, logits, 0.0)",
+    "    precision=args.precision,\n  )\n  return jnp.where(held, logits, 0.0)",
+    (_TPU_LOSS, "-k", "bfloat16_label_logits"),
+    "The label logits gathered for the Mosaic TPU loss are rounded to bfloat16 for bfloat16"
+    " inputs (no float32 accumulation), an error of up to half a bfloat16 step in each row's loss.",
+  ),
+  Mutation(
+    "loss.mosaic_tpu_bwd_tail_logits_in_input_dtype",
+    _LOSS + "mosaic_tpu.py",
+    "    logits = jnp.matmul(x, tail, precision=args.precision, preferred_element_type=jnp.float32)",
+    "    logits = jnp.matmul(x, tail, precision=args.precision)",
+    (_TPU_LOSS, "-k", "backward_tail_from_float32_logits"),
+    "Mosaic TPU loss backward: the XLA tail's logits stay bfloat16 for bfloat16 inputs, so its"
+    " softmax (and its share of dx and dweights) is off by a few per cent.",
+  ),
+  Mutation(
+    "layer_norm.backward_scale_offset_without_scale",
+    "src/tokamax/_src/ops/normalization/xla.py",
+    "  g = dy * spec.effective_scale(args)",
+    "  g = dy * (spec.effective_scale(args) if args.scale is not None else 1.0)",
+    ("suites/core/test_layer_norm.py", "-k", "scale_offset_no_scale_layernorm and xla"),
+    "LayerNorm's analytic backward forgets scale_offset where there is no scale (dx too small"
+    " by 1 + scale_offset; the forward is right).",
+  ),
+  Mutation(
+    "ragged_dot.representative_sizes_traced",
+    _RAGGED + "spec.py",
+    'representative_value: tuple[int, ...] = dataclasses.field(metadata={"static": True})',
+    "representative_value: tuple[int, ...] = dataclasses.field()",
+    ("suites/core/test_ragged_dot.py", "-k", "representative_sizes_static"),
+    "RaggedDotGroupSizes' representative sizes are pytree leaves, not static: through jax.jit"
+    " they are traced and canonicalize's int() of them fails.",
+  ),
+  Mutation(
+    "glu.list_pair_refused",
+    "src/tokamax/_src/ops/gated_linear_unit/spec.py",
+    "  if isinstance(weights, tuple | list):",
+    "  if isinstance(weights, tuple):",
+    ("suites/core/test_gated_linear_unit.py", "-k", "list_pair"),
+    "The GLU takes only a tuple as a (w_gate, w_up) pair: a list is stacked as fused weights"
+    " [2, K, N] and refused.",
+  ),
+  Mutation(
+    "layer_norm.numpy_integer_axis_refused",
+    "src/tokamax/_src/ops/normalization/spec.py",
+    "if not isinstance(axis, int | np.integer) or",
+    "if not isinstance(axis, int) or",
+    ("suites/core/test_layer_norm.py", "-k", "numpy_integer_axis"),
+    "layer_norm refuses a numpy integer axis (np.int64(0)) as not an int.",
+  ),
+  Mutation(
+    "ragged_dot.scalar_group_offset_refused",
+    _RAGGED + "spec.py",
+    "    if group_offset.shape not in ((), (1,)):",
+    "    if group_offset.shape != (1,):",
+    ("suites/core/test_ragged_dot.py", "-k", "scalar_group_offset"),
+    "ragged_dot refuses a scalar group_offset, which canonicalize means to take as [offset].",
+  ),
+  Mutation(
+    "glu.triton_empty_rows_accepted",
+    "src/tokamax/_src/ops/gated_linear_unit/triton.py",
+    "    if args.x.size == 0 or args.n == 0:",
+    "    if args.n == 0:",
+    (_TRITON_GLU, "-k", "no_rows_or_an_empty_k"),
+    "Triton GLU: an x without rows (M = 0) or with K = 0 is taken by the kernel instead of"
+    " being refused as an empty input.",
+  ),
+  Mutation(
+    "loss.narrow_labels_not_int32",
+    _LOSS + "spec.py",
+    "    labels=labels.astype(jnp.int32),",
+    "    labels=labels,",
+    ("suites/core/test_loss.py", "-k", "narrow_integer_labels"),
+    "The loss keeps labels in their own integer dtype: uint8 or int8 labels over a vocabulary"
+    " wider than the dtype are clipped in that dtype (wrapping) and their rows lose NaN.",
+  ),
+  Mutation(
+    "glu.triton_unhashable_activation_raises",
+    "src/tokamax/_src/ops/gated_linear_unit/triton.py",
+    "  try:\n    return known.get(activation)\n  except TypeError:  # Unhashable callables.\n"
+    "    return None",
+    "  return known.get(activation)",
+    (_TRITON_GLU, "-k", "unhashable_activation"),
+    "Triton GLU: the support check looks an unhashable activation up in its table unguarded, so"
+    " it raises TypeError instead of naming the unsupported activation.",
+  ),
+  Mutation(
+    "ragged_dot.gradient_cotangent_uncast",
+    _RAGGED + "spec.py",
+    '"dout": dout.astype(args.lhs.dtype)}',
+    '"dout": dout}',
+    ("suites/core/test_ragged_dot.py", "-k", "gradients_are_ragged_dots"),
+    "ragged_dot's gradients hand the float32 output cotangent (preferred_element_type float32)"
+    " to the kernels beside bfloat16 operands: records of mixed dtypes.",
+  ),
 )
 
 

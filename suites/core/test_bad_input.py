@@ -300,6 +300,32 @@ CASES = {
     ValueError,
     "axis",
   ),
+  # Rank 3 with the pair's shapes equal: the einsum, not the check, would fail.
+  "glu_pair_rank": (
+    lambda: tokamax.gated_linear_unit(jnp.ones((4, 8)), (jnp.ones((8, 5, 1)),) * 2),
+    ValueError,
+    re.escape("`weights[0]` must have shape [K=8, N]"),
+  ),
+  # Rank 2 of K rows and 2 columns: the [K, 2, N] check must count the dims.
+  "glu_fused_rank_2": (
+    lambda: tokamax.gated_linear_unit(jnp.ones((4, 8)), jnp.ones((8, 2))),
+    ValueError,
+    re.escape("`weights` must have shape [K=8, 2, N]"),
+  ),
+  # Without the check an int32 x would be promoted by the matmul: a silent answer.
+  "glu_int_x": (
+    lambda: tokamax.gated_linear_unit(jnp.ones((4, 8), jnp.int32), jnp.ones((8, 2, 5))),
+    TypeError,
+    "`x` must have a floating dtype",
+  ),
+  # The pair's second weight is checked too, not only the gate's.
+  "glu_int_up_weight": (
+    lambda: tokamax.gated_linear_unit(
+      jnp.ones((4, 8)), (jnp.ones((8, 5)), jnp.ones((8, 5), jnp.int32))
+    ),
+    TypeError,
+    re.escape("`weights[1]` must have a floating dtype"),
+  ),
   "glu_activation": (
     lambda: tokamax.gated_linear_unit(jnp.ones((4, 8)), jnp.ones((8, 2, 5)), activation="swish"),
     TypeError,
@@ -309,6 +335,22 @@ CASES = {
     lambda: tokamax.ragged_dot(jnp.ones((6, 4)), jnp.ones((3, 4, 5)), jnp.array([2, 4])),
     ValueError,
     "group_sizes",
+  ),
+  # More sizes than rhs has groups: jax.lax's own error would not name `group_sizes`.
+  "ragged_more_sizes_than_groups": (
+    lambda: tokamax.ragged_dot(jnp.ones((6, 4)), jnp.ones((2, 4, 5)), jnp.array([2, 2, 2])),
+    ValueError,
+    "`group_sizes` must have one entry per group",
+  ),
+  "ragged_lhs_rank": (
+    lambda: tokamax.ragged_dot(jnp.ones((2, 6, 4)), jnp.ones((2, 4, 5)), jnp.array([2, 4])),
+    ValueError,
+    re.escape("`lhs` must have rank 2 (lhs [M, K])"),
+  ),
+  "ragged_int_rhs": (
+    lambda: tokamax.ragged_dot(jnp.ones((6, 4)), jnp.ones((2, 4, 5), jnp.int32), jnp.array([2, 4])),
+    TypeError,
+    "`rhs` must have a floating dtype",
   ),
   "ragged_group_dtype": (
     lambda: tokamax.ragged_dot(jnp.ones((6, 4)), jnp.ones((2, 4, 5)), jnp.array([2.0, 4.0])),
@@ -461,6 +503,13 @@ CASES = {
     ),
     ValueError,
     "`labels`",
+  ),
+  "loss_int_x": (
+    lambda: tokamax.linear_softmax_cross_entropy_loss(
+      jnp.ones((4, 8), jnp.int32), jnp.zeros(4, jnp.int32), jnp.ones((8, 5))
+    ),
+    TypeError,
+    "`x` must have a floating dtype",
   ),
   "loss_mixed_dtypes": (
     lambda: tokamax.linear_softmax_cross_entropy_loss(

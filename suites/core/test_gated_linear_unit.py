@@ -94,3 +94,14 @@ def test_partitioning_splits_rows_and_columns_never_k(fused):
   assert set(rule.split) == {*rule.output} and k_label not in rule.split
   if fused:
     assert rule.inputs["weights"][1] is None or rule.inputs["weights"][1] not in rule.split
+
+
+def test_weights_as_a_list_pair_are_the_gate_and_up_weights(inputs):
+  """A list [w_gate, w_up] is taken as the pair a tuple is (not stacked into fused weights)."""
+  x = inputs.normal((7, 24))
+  w_gate, w_up = inputs.normal((24, 19), 0.3), inputs.normal((24, 19), 0.3)
+  out = tokamax.gated_linear_unit(x, [w_gate, w_up], activation=jax.nn.swish, implementation="xla")
+  ref = references.high_precision(references.gated_linear_unit)(
+    x, (w_gate, w_up), activation=jax.nn.swish
+  )
+  assert_matches(out, ref)

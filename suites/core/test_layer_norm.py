@@ -23,6 +23,8 @@ CASES = {
   "scale_offset_no_scale_rms": dict(
     shape=(4, 33), scale=False, scale_offset=0.5, subtract_mean=False
   ),
+  # LayerNorm's own backward (RMSNorm's is JAX's): dx takes 1 + scale_offset without a scale.
+  "scale_offset_no_scale_layernorm": dict(shape=(4, 33), scale=False, scale_offset=0.5),
   "epsilon": dict(shape=(4, 16), epsilon=0.3),
   "zero_epsilon": dict(shape=(4, 16), epsilon=0.0),
   "vector": dict(shape=(50,)),
@@ -128,3 +130,13 @@ def test_16_bit_scale_and_offset_get_gradients_of_their_dtype(dtype, impl, input
     np.asarray(dscale, np.float64), (dout64 * normalized).sum(0), rtol=1e-2, atol=3e-2
   )
   np.testing.assert_allclose(np.asarray(doffset, np.float64), dout64.sum(0), rtol=1e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("axis", (np.int64(0), np.int32(-2)), ids=("int64", "int32_negative"))
+def test_numpy_integer_axis_is_an_axis(axis, inputs):
+  """A numpy integer axis (as from `np.argmax` or a shape computation) normalizes that axis."""
+  x = inputs.normal((19, 5), 2.0) + 0.5
+  scale, offset = inputs.normal((19,)), inputs.normal((19,))
+  out = tokamax.layer_norm(x, scale, offset, axis=axis, implementation="xla")
+  ref = references.high_precision(references.layer_norm)(x, scale, offset, axis=0)
+  assert_matches(out, ref)

@@ -209,6 +209,27 @@ def test_chunked_running_max_falls_from_chunk_to_chunk(inputs):
   _check_vjp(op, x, w, labels, "none", inputs, dx_columns=slice(7))
 
 
+@pytest.mark.parametrize("impl", ("xla", "chunked_xla"))
+@pytest.mark.parametrize(
+  ("dtype", "labels"),
+  ((jnp.uint8, [0, 100, 200, 255, 17, 250]), (jnp.int8, [0, 100, 120, 127, 17, 5])),
+  ids=("uint8", "int8"),
+)
+def test_narrow_integer_labels_index_the_whole_vocabulary(dtype, labels, impl, inputs):
+  """Labels of a narrow integer dtype over a vocabulary of 300 (past what the dtype holds):
+  each row's loss is the reference's with the same labels as int32 (no NaN from a column
+  arithmetic that wraps in the narrow dtype)."""
+  x, w = inputs.normal((6, 8)), inputs.normal((8, 300), 0.5)
+  narrow = jnp.array(labels, dtype)
+  out = tokamax.linear_softmax_cross_entropy_loss(
+    x, narrow, w, reduction="none", implementation=impl
+  )
+  ref = references.high_precision(references.linear_softmax_cross_entropy_loss)(
+    x, jnp.array(labels, jnp.int32), w, reduction="none"
+  )
+  assert_matches(out, ref)
+
+
 @pytest.mark.skipif(jax.default_backend() == "tpu", reason="Mosaic TPU runs here")
 def test_the_public_loss_passes_the_implementation_on():
   """An implementation that cannot run here is refused by name, not replaced by XLA."""

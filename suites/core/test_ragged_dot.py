@@ -91,6 +91,21 @@ def test_ragged_dot_matches_default_layout_and_group_sizes_object(inputs):
   assert_matches(out, ref)
 
 
+def test_group_sizes_object_through_jit_keeps_its_representative_sizes_static(inputs):
+  """A `RaggedDotGroupSizes` handed to a jitted function: its value is traced, its
+  representative sizes (the tuning key) stay static Python ints, and the product is the
+  reference's."""
+  sizes = jnp.array([10, 0, 17, 3, 15], jnp.int32)
+  wrapped = tokamax.RaggedDotGroupSizes(sizes, (9, 9, 9, 9, 9))
+  assert len(jax.tree.leaves(wrapped)) == 1
+  lhs, rhs = inputs.normal((M, K)), inputs.normal((5, K, N))
+  out = jax.jit(lambda a, b, g: tokamax.ragged_dot(a, b, g, implementation="xla"))(
+    lhs, rhs, wrapped
+  )
+  ref = references.high_precision(references.ragged_dot_general)(lhs, rhs, sizes, "default")
+  assert_matches(out, ref)
+
+
 def test_generated_sizes_are_uneven_and_can_be_empty():
   sizes = tokamax.generate_ragged_dot_group_sizes(4096, 16, seed=1, alpha=0.5, empty_fraction=0.25)
   assert sizes.sum() == 4096
@@ -166,6 +181,17 @@ def test_ragged_dot_passes_the_group_offset_on(impl, inputs):
   )
   assert_matches(out, ref)
   assert np.all(np.asarray(out)[:7] == 0) and np.all(np.asarray(out)[27:] == 0)
+
+
+def test_a_scalar_group_offset_is_the_one_element_offset(inputs):
+  """`group_offset` as a scalar (shape ()) is taken as the [1] array it stands for."""
+  sizes = jnp.array([7, 0, 11, 9, 6], jnp.int32)
+  lhs, rhs = inputs.normal((M, K)), inputs.normal((2, K, N))
+  out = tokamax.ragged_dot(lhs, rhs, sizes, group_offset=jnp.int32(2), implementation="xla")
+  ref = references.high_precision(references.ragged_dot_general)(
+    lhs, rhs, sizes, "default", jnp.array([2]), 2
+  )
+  assert_matches(out, ref)
 
 
 @pytest.mark.parametrize("layout", spec.LAYOUTS)
@@ -355,6 +381,10 @@ def test_gradients_are_ragged_dots_of_the_other_layouts(layout, offset):
 
   grads = spec.gradients(record, dout, compute)
   assert [r.out_dtype for r in records] == [jnp.float32, jnp.float32]
+  # The float32 cotangent is cast to the inputs' dtype: a kernel's matmul takes one dtype.
+  assert all(r.lhs.dtype == r.rhs.dtype == jnp.bfloat16 for r in records), [
+    (r.lhs.dtype, r.rhs.dtype) for r in records
+  ]
   assert grads["lhs"].dtype == grads["rhs"].dtype == jnp.bfloat16
   with jax.enable_x64(True):
     a, b = (np.asarray(x, np.float64) for x in (lhs, rhs))

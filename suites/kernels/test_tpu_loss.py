@@ -139,6 +139,45 @@ def test_interpret_large_logits():
   assert compare.relative_error(dw, ref_dw) < 1e-3
 
 
+def test_interpret_bfloat16_label_logits_accumulate_in_float32():
+  """bfloat16 inputs with logits near 100, where bfloat16 holds steps of 0.5: each row's loss
+  (log-sum-exp less the label's logit, both summed in float32) matches float64 numpy of the
+  same bfloat16 values to float32 rounding, not to a bfloat16 rounding of the label's logit."""
+  x, labels, w = _inputs(21, 128, 300, "bfloat16", seed=6, scale=60.0)
+  impl = mosaic_tpu.MosaicTpuLoss(interpret=True, config=SMALL)
+  out = api.linear_softmax_cross_entropy_loss(
+    x, labels, w, reduction="none", precision=jax.lax.Precision.HIGHEST, implementation=impl
+  )
+  logits = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  picked = logits[np.arange(21), np.asarray(labels)]
+  assert np.abs(picked).max() > 64  # bfloat16 steps of 0.5 or more there.
+  want = np.logaddexp.reduce(logits, axis=1) - picked
+  np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=0, atol=2e-3)
+
+
+def test_interpret_bfloat16_backward_tail_from_float32_logits():
+  """bfloat16 inputs with logits of a few tens: the backward's XLA tail (columns 256..299 past
+  its two tiles) recomputes its logits in float32, so its softmax, dweights and dx share hold to
+  one bfloat16 rounding of the cotangents (about 2e-3 here), not to a rounding of the logits
+  (a few per cent in the exponentials)."""
+  x, labels, w = _inputs(37, 128, 300, "bfloat16", seed=8, scale=10.0)
+  impl = mosaic_tpu.MosaicTpuLoss(interpret=True, config=SMALL)
+
+  def fn(x, w):
+    return api.linear_softmax_cross_entropy_loss(
+      x, labels, w, precision=jax.lax.Precision.HIGHEST, implementation=impl
+    )
+
+  dx, dw = jax.grad(fn, argnums=(0, 1))(x, w)
+  _, (ref_dx, ref_dw) = references.high_precision_vjp(
+    lambda a, c: references.linear_softmax_cross_entropy_loss(a, labels, c),
+    (x, w),
+    jnp.ones((), jnp.float32),
+  )
+  assert compare.relative_error(dw[:, 256:], ref_dw[:, 256:]) < 5e-3
+  assert compare.relative_error(dx, ref_dx) < 5e-3
+
+
 def test_the_kernel_alone_gives_the_log_sum_exp_of_its_tiles():
   x, _, w = _inputs(45, 256, 520, "float32", seed=2, scale=10.0)
   got = mosaic_tpu_kernel.logsumexp(

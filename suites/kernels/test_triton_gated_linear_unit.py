@@ -168,6 +168,42 @@ def test_unsupported_reasons_of_32_bit_weights_and_an_empty_width():
   assert reason is not None and "empty" in reason, reason
 
 
+@pytest.mark.parametrize("x_shape", [(0, 64), (2, 0, 64), (8, 0)], ids=["m0", "batch_m0", "k0"])
+def test_unsupported_reasons_of_no_rows_or_an_empty_k(x_shape):
+  """No rows (M = 0, also under batch dims) or K = 0 is an empty input: left to XLA, not
+  launched as an empty grid or an empty contraction."""
+  k = x_shape[-1]
+  shapes = [
+    jax.ShapeDtypeStruct(x_shape, jnp.bfloat16),
+    jax.ShapeDtypeStruct((k, 2, 16), jnp.bfloat16),
+  ]
+  record = jax.eval_shape(lambda x, w: spec.canonicalize(x, w, activation=jax.nn.swish), *shapes)
+  reason = OP._unsupported_reason(record)
+  assert reason is not None and "empty" in reason, reason
+
+
+@dataclasses.dataclass
+class _ScaledSilu:
+  """A callable activation that is not hashable (a non-frozen dataclass)."""
+
+  scale: float = 2.0
+
+  def __call__(self, g):
+    return jax.nn.silu(g) * self.scale
+
+
+def test_unhashable_activation_is_refused_by_name():
+  """An activation the kernel's table cannot look up (unhashable) is an unsupported activation,
+  named in the reason, not a TypeError out of the support check."""
+  shapes = [
+    jax.ShapeDtypeStruct((8, 64), jnp.bfloat16),
+    jax.ShapeDtypeStruct((64, 2, 16), jnp.bfloat16),
+  ]
+  record = jax.eval_shape(lambda x, w: spec.canonicalize(x, w, activation=_ScaledSilu()), *shapes)
+  reason = OP._unsupported_reason(record)
+  assert reason is not None and "activation _ScaledSilu" in reason, reason
+
+
 @pytest.mark.requires("cpu")
 def test_cpu_names_triton_unavailable():
   x, weights, _ = _inputs((8, 16), 8, "float32", True)
