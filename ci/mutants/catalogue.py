@@ -14414,6 +14414,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     " wider than the dtype are clipped in that dtype (wrapping) and their rows lose NaN.",
   ),
   Mutation(
+    "glu.mosaic_unhashable_activation_raises",
+    "src/tokamax/_src/ops/gated_linear_unit/mosaic.py",
+    "  try:\n    hash(activation)\n  except TypeError:",
+    "  try:\n    pass\n  except TypeError:",
+    (_MOSAIC_GLU, "-k", "unhashable"),
+    "Mosaic GLU: the support check sends an unhashable activation to its lru_cache, which"
+    " raises TypeError instead of tracing it.",
+  ),
+  Mutation(
     "glu.triton_unhashable_activation_raises",
     "src/tokamax/_src/ops/gated_linear_unit/triton.py",
     "  try:\n    return known.get(activation)\n  except TypeError:  # Unhashable callables.\n"

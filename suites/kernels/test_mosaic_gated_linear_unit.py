@@ -248,6 +248,35 @@ def test_reasons_name_the_activation():
   assert reason is not None and "activation ranked uses sort" in reason, reason
 
 
+@dataclasses.dataclass
+class _UnhashableActivation:
+  """A callable activation that is not hashable (a non-frozen dataclass)."""
+
+  scale: float = 2.0
+  ranked: bool = False
+
+  def __call__(self, g):
+    return (jnp.sort(g, axis=-1) if self.ranked else jax.nn.silu(g)) * self.scale
+
+
+def test_reasons_of_unhashable_activations():
+  """The support check traces an unhashable activation (no TypeError from its cache): a
+  lowerable one is supported, one that sorts is refused by what it uses."""
+  impl = mosaic.MosaicGatedLinearUnit(interpret=True)
+
+  def reasons(activation):
+    record = spec.canonicalize(
+      jnp.ones((64, 128), jnp.bfloat16),
+      jnp.ones((128, 2, 128), jnp.bfloat16),
+      activation=activation,
+    )
+    return impl._unsupported_reason(record), impl._bwd_unsupported_reason(record)
+
+  assert reasons(_UnhashableActivation()) == (None, None)
+  fwd, bwd = reasons(_UnhashableActivation(ranked=True))
+  assert "uses sort" in fwd and "uses sort" in bwd, (fwd, bwd)
+
+
 def test_kernel_config_reason_clusters_whole_column_tile_pairs():
   """A cluster of two CTAs takes two neighbouring column tiles: N must hold an even number."""
   config = mosaic_kernel.MosaicGluKernelConfig(block_n=128, num_stages=2, epi_n=64, cluster=2)

@@ -80,9 +80,16 @@ def _primitives(jaxpr) -> set:
   return {eqn.primitive for eqn in jaxprs.equations(jaxpr)}
 
 
-@functools.lru_cache(maxsize=64)
 def _activation_reason(activation, derivative: bool = False) -> str | None:
   """Why the kernel cannot apply `activation` (and its derivative) in its epilogue, or None."""
+  try:
+    hash(activation)
+  except TypeError:  # An unhashable callable: traced on every call instead of cached.
+    return _activation_reason_uncached(activation, derivative)
+  return _activation_reason_cached(activation, derivative)
+
+
+def _activation_reason_uncached(activation, derivative: bool) -> str | None:
   if activation is None:
     return None
   from jax._src.pallas.mosaic_gpu import core as gpu_core
@@ -104,6 +111,9 @@ def _activation_reason(activation, derivative: bool = False) -> str | None:
   if missing:
     return f"{what} uses {', '.join(missing)}, which Mosaic GPU cannot lower"
   return None
+
+
+_activation_reason_cached = functools.lru_cache(maxsize=64)(_activation_reason_uncached)
 
 
 def _flat_weights(args: spec.GluArgs):
