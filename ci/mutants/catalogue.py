@@ -14432,6 +14432,31 @@ MUTATIONS: tuple[Mutation, ...] = (
     "ragged_dot's gradients hand the float32 output cotangent (preferred_element_type float32)"
     " to the kernels beside bfloat16 operands: records of mixed dtypes.",
   ),
+  Mutation(
+    "dispatch.public_attention_literal_of_another_op",
+    "src/tokamax/__init__.py",
+    "from tokamax._src.ops.attention.api import (\n  Implementation as DotProductAttentionImplementation,",
+    "from tokamax._src.ops.ragged_dot.api import (\n  Implementation as DotProductAttentionImplementation,",
+    ("suites/core/test_registry.py", "-k", "alias_lists_the_attention"),
+    "`tokamax.DotProductAttentionImplementation` re-exports ragged_dot's literal (which also holds"
+    ' "mosaic"): the public type lists the wrong implementations.',
+  ),
+  Mutation(
+    "dispatch.callable_reason_unnamed",
+    _OP,
+    "      reasons.append(f\"{getattr(candidate, '__name__', candidate)!r}: {e}\")",
+    '      reasons.append(f"{e}")',
+    ("suites/core/test_dispatch.py", "-k", "refusing_callable"),
+    "The no-implementation error lists a refusing callable's reason without its name.",
+  ),
+  Mutation(
+    "dispatch.left_out_gradients_float32",
+    _OP,
+    "    return jax.numpy.zeros(np.shape(x), x.dtype)\n",
+    "    return jax.numpy.zeros(np.shape(x), jax.numpy.float32)\n",
+    ("suites/core/test_dispatch.py", "-k", "zeros_of_their_dtype"),
+    "Fields a custom backward leaves out get float32 zeros whatever their dtype (bfloat16 inputs).",
+  ),
 )
 
 

@@ -118,6 +118,17 @@ def test_callable_that_fails_otherwise_is_not_skipped(inputs):
     tokamax.layer_norm(x, None, None, implementation=(broken, "xla"))
 
 
+def test_no_support_error_names_a_refusing_callable(inputs):
+  """A callable's NotImplementedError is listed under the callable's name."""
+  x = inputs.normal((3, 8))
+
+  def my_refusing_kernel(*args, **kwargs):
+    raise NotImplementedError("too wide")
+
+  with pytest.raises(NotImplementedError, match=r"'my_refusing_kernel': too wide"):
+    tokamax.layer_norm(x, None, None, implementation=(my_refusing_kernel,))
+
+
 def test_op_call_and_bound_arguments(inputs):
   from tokamax._src.ops.attention import xla_chunked
 
@@ -505,6 +516,20 @@ def test_fields_the_backward_leaves_out_get_zero_gradients(inputs):
   assert_matches(dx, ref_dx)
   for g in (dscale, doffset):
     assert g.dtype == jnp.float32 and g.shape == (16,) and not np.asarray(g).any()
+
+
+def test_fields_the_backward_leaves_out_get_zeros_of_their_dtype(inputs):
+  """bfloat16 scale and offset left out by the backward get bfloat16 zeros."""
+  impl = _InputGradientOnlyNorm()
+  bf16 = jnp.bfloat16
+  x, scale, offset = (inputs.normal(s).astype(bf16) for s in ((4, 16), (16,), (16,)))
+  run = lambda x, s, o: tokamax.layer_norm(x, s, o, subtract_mean=False, implementation=impl)
+  grads = jax.grad(lambda *a: run(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2))(
+    x, scale, offset
+  )
+  assert [g.dtype for g in grads] == [bf16] * 3
+  for g in grads[1:]:
+    assert g.shape == (16,) and not np.asarray(g, np.float32).any()
 
 
 def test_none_follows_the_reorder_rule_for_the_call(inputs):

@@ -53,3 +53,12 @@ def test_registered_class_names_its_spec_and_key(name, implementation):
     pytest.skip(f"{spec.implementations[implementation]} does not import here: {e}")
   assert cls.spec is spec, f"{cls.__qualname__}.spec is {cls.spec.name}, not {name}"
   assert cls.name == implementation, f"{cls.__qualname__}.name {cls.name!r} != {implementation!r}"
+
+
+def test_public_attention_implementation_alias_lists_the_attention_implementations():
+  """`tokamax.DotProductAttentionImplementation` is attention's literal, not another op's (the
+  ragged_dot literal also holds "mosaic")."""
+  import tokamax
+
+  literal = typing.get_args(tokamax.DotProductAttentionImplementation)
+  assert literal == tuple(registry.SPECS["dot_product_attention"].implementations)
