@@ -14457,6 +14457,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/core/test_dispatch.py", "-k", "zeros_of_their_dtype"),
     "Fields a custom backward leaves out get float32 zeros whatever their dtype (bfloat16 inputs).",
   ),
+  Mutation(
+    "ragged_dot.vmap_inner_batch_unmapped",
+    _RAGGED + "xla.py",
+    "  return jax.lax.map(_batched_as_loop, args), True",
+    "  return jax.lax.map(_ragged_dot, args), True",
+    ("suites/core/test_ragged_dot.py", "-k", "two_vmaps"),
+    "XLA ragged_dot's batching maps the bare dot: a vmap of vmap reaches"
+    " ragged_dot_general's missing batching rule.",
+  ),
 )
 
 
