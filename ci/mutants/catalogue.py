@@ -14466,6 +14466,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "XLA ragged_dot's batching maps the bare dot: a vmap of vmap reaches"
     " ragged_dot_general's missing batching rule.",
   ),
+  Mutation(
+    "dispatch.bound_arguments_drop_the_first",
+    _OP,
+    "    return {f.name: getattr(self.args, f.name) for f in dataclasses.fields(self.args)}",
+    "    return {f.name: getattr(self.args, f.name) for f in dataclasses.fields(self.args)[1:]}",
+    ("suites/core/test_dispatch.py", "-k", "every_canonical_argument"),
+    "`BoundArguments.arguments` leaves out the record's first field (the input array).",
+  ),
 )
 
 

@@ -145,6 +145,16 @@ def test_op_call_and_bound_arguments(inputs):
   assert "mosaic" in tokamax.DotProductAttentionImplementation.__args__
 
 
+def test_bound_arguments_name_every_canonical_argument(inputs):
+  """`BoundArguments.arguments`: the canonical record by field name, the first array included."""
+  x, scale = inputs.normal((3, 8)), inputs.normal((8,))
+  bound = norm_xla.XlaLayerNorm().bind(x, scale, None, epsilon=1e-3)
+  args = bound.arguments
+  assert set(args) == {"x", "scale", "offset", "axis", "epsilon", "scale_offset", "subtract_mean"}
+  assert args["x"] is x and args["scale"] is scale and args["offset"] is None
+  assert (args["axis"], args["epsilon"], args["subtract_mean"]) == (1, 1e-3, True)
+
+
 def test_public_names_exist():
   for name in (
     "dot_product_attention",
