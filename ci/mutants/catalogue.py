@@ -14454,7 +14454,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     _OP,
     "    return jax.numpy.zeros(np.shape(x), x.dtype)\n",
     "    return jax.numpy.zeros(np.shape(x), jax.numpy.float32)\n",
-    ("suites/core/test_dispatch.py", "-k", "zeros_of_their_dtype"),
+    ("suites/core/test_dispatch.py", "-k", "leaves_out_get_zero_gradients"),
     "Fields a custom backward leaves out get float32 zeros whatever their dtype (bfloat16 inputs).",
   ),
   Mutation(

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tokamax
-from suites.core.conftest import assert_matches, references
+from suites.core.conftest import F32_VS_F64, assert_matches, references, tolerance
 from tokamax._src.autotuning import example_user_op as ex
 from tokamax._src.ops import op as op_lib
 from tokamax._src.ops import registry
@@ -516,30 +516,27 @@ class _InputGradientOnlyNorm(_ForwardOnlyNorm):
     return {"x": super()._bwd(args, config, out, residuals, dout)["x"]}
 
 
-def test_fields_the_backward_leaves_out_get_zero_gradients(inputs):
+@pytest.mark.parametrize(
+  ("dtype", "tol"),
+  [
+    (jnp.float32, F32_VS_F64),
+    (jnp.bfloat16, tolerance.for_dtype(jnp.bfloat16, gradient=True)),
+  ],
+  ids=["float32", "bfloat16"],
+)
+def test_fields_the_backward_leaves_out_get_zero_gradients(inputs, dtype, tol):
+  """Scale and offset left out by the backward get zeros of their own dtype."""
   impl = _InputGradientOnlyNorm()
-  x, scale, offset = inputs.normal((4, 16)), inputs.normal((16,)), inputs.normal((16,))
+  x, scale, offset = (inputs.normal(s).astype(dtype) for s in ((4, 16), (16,), (16,)))
   run = lambda x, s, o: tokamax.layer_norm(x, s, o, subtract_mean=False, implementation=impl)
-  dx, dscale, doffset = jax.grad(lambda *a: run(*a).sum(), argnums=(0, 1, 2))(x, scale, offset)
+  loss = lambda *a: run(*a).astype(jnp.float32).sum()
+  dx, dscale, doffset = jax.grad(loss, argnums=(0, 1, 2))(x, scale, offset)
   ref = lambda x: references.layer_norm(x, scale, offset, subtract_mean=False).sum()
   _, (ref_dx,) = references.high_precision_vjp(ref, (x,), np.float32(1.0))
-  assert_matches(dx, ref_dx)
+  assert dx.dtype == dtype
+  assert_matches(dx, ref_dx, tol=tol)
   for g in (dscale, doffset):
-    assert g.dtype == jnp.float32 and g.shape == (16,) and not np.asarray(g).any()
-
-
-def test_fields_the_backward_leaves_out_get_zeros_of_their_dtype(inputs):
-  """bfloat16 scale and offset left out by the backward get bfloat16 zeros."""
-  impl = _InputGradientOnlyNorm()
-  bf16 = jnp.bfloat16
-  x, scale, offset = (inputs.normal(s).astype(bf16) for s in ((4, 16), (16,), (16,)))
-  run = lambda x, s, o: tokamax.layer_norm(x, s, o, subtract_mean=False, implementation=impl)
-  grads = jax.grad(lambda *a: run(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2))(
-    x, scale, offset
-  )
-  assert [g.dtype for g in grads] == [bf16] * 3
-  for g in grads[1:]:
-    assert g.shape == (16,) and not np.asarray(g, np.float32).any()
+    assert g.dtype == dtype and g.shape == (16,) and not np.asarray(g, np.float32).any()
 
 
 def test_none_follows_the_reorder_rule_for_the_call(inputs):

@@ -5,6 +5,7 @@ import typing
 
 import pytest
 
+import tokamax
 from tokamax._src.ops import registry
 
 # (op name, implementation name) for every registered implementation.
@@ -58,7 +59,5 @@ def test_registered_class_names_its_spec_and_key(name, implementation):
 def test_public_attention_implementation_alias_lists_the_attention_implementations():
   """`tokamax.DotProductAttentionImplementation` is attention's literal, not another op's (the
   ragged_dot literal also holds "mosaic")."""
-  import tokamax
-
   literal = typing.get_args(tokamax.DotProductAttentionImplementation)
   assert literal == tuple(registry.SPECS["dot_product_attention"].implementations)
