@@ -1412,6 +1412,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     " its key range, so it runs on rows past the queries.",
   ),
   Mutation(
+    "wrappers.attention_mosaic_three_consumers_with_planes",
+    _ATTENTION + "mosaic.py",
+    "    if block_kv == 256 and not _staged_itemsizes(args):",
+    "    if block_kv == 256:",
+    (_MOSAIC_ATTENTION, "-k", "keeps_two_consumers_for_staged_planes"),
+    "Mosaic attention heuristic: H64 with a full bias or mask plane takes three consumers,"
+    " which load the plane from global memory instead of streaming it through shared memory.",
+  ),
+  Mutation(
     "wrappers.attention_mosaic_atomic_dq_registers",
     _ATTENTION + "mosaic.py",
     "  return dq // 128, dkv // 128",

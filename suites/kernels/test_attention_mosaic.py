@@ -947,12 +947,13 @@ def _abstract_record(h, s, t=256, bias=None, mask=None, **kw):
 @pytest.mark.parametrize(
   ("h", "s", "block_kv", "overlap", "consumers"),
   [
-    # H64: 64 keys take one 64-key block, up to 511 keys 128, from 512 keys 256.
+    # H64: 64 keys take one 64-key block, up to 511 keys 128; from 512 keys three consumers
+    # on 128-key blocks.
     (64, 64, 64, False, 2),
     (64, 65, 128, False, 2),
     (64, 511, 128, False, 2),
-    (64, 512, 256, False, 2),
-    (64, 4096, 256, False, 2),
+    (64, 512, 128, False, 3),
+    (64, 4096, 128, False, 3),
     # H128: 128-key blocks with the Q.K^T / softmax overlap (and no schedule barrier),
     # except 64 keys or fewer.
     (128, 64, 64, False, 2),
@@ -969,6 +970,16 @@ def test_heuristic_forward_blocks_and_overlap(h, s, block_kv, overlap, consumers
   assert (config.block_kv, config.num_stages, config.fwd_consumers) == (block_kv, 2, consumers)
   turns = not overlap and consumers == 2
   assert config.overlap_qk == overlap and config.schedule_barrier == turns, config
+
+
+def test_heuristic_keeps_two_consumers_for_staged_planes():
+  """At H64 a bias plane that streams through shared memory keeps two consumers (three
+  load planes from global memory)."""
+  sds = jax.ShapeDtypeStruct
+  bias = sds((1, 2, 1024, 1024), jnp.float32)
+  record = _abstract_record(64, 1024, t=1024, bias=bias)
+  config = mosaic.MosaicAttention()._get_heuristics_config(record)
+  assert config.fwd_consumers == 2 and mosaic._stages_extras(config, record), config
 
 
 @pytest.mark.parametrize(
@@ -994,7 +1005,7 @@ def test_heuristic_keeps_key_blocks_for_broadcast_planes(h):
   sds = jax.ShapeDtypeStruct
   s, impl = 1024, mosaic.MosaicAttention()
   plain = impl._get_heuristics_config(_abstract_record(h, s, t=1024)).block_kv
-  assert plain == (256 if h == 64 else 128)
+  assert plain == 128
   for bias, mask in (
     (sds((1, 2, 1, s), jnp.float32), sds((1, 2, 1024, 1), jnp.bool_)),
     (sds((1, 2, 1024, 1), jnp.float32), sds((1, 1, 1, s), jnp.bool_)),

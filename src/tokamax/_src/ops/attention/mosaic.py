@@ -406,13 +406,13 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
     return None
 
   def _get_heuristics_config(self, args: attention_spec.AttentionArgs) -> MosaicAttentionConfig:
-    # H64 with long keys takes 256-key blocks (fewer softmax rescales per row);
-    # unmasked H128 overlaps each consumer's next Q.K^T with its softmax, without
-    # the schedule barrier; causal shapes and H256 stay serial, where the overlap
-    # was slower (docs/perf.md, Attention). Staged bias and mask tiles take
-    # smaller key blocks where two slots of them do not fit. Three forward
-    # consumers (`fwd_consumers=3`) measured faster at H64 in one H200 call but
-    # have not been checked compiled there, so they stay an explicit option.
+    # H64 with long keys runs three consumers on 128-key blocks (kernel 0.96x the
+    # two consumers' 256-key blocks at B32 T2048 N16, 0.87x causal,
+    # h200/attention_fwd_consumers_863e239.json) unless a bias or mask plane would stream through shared memory; unmasked H128
+    # overlaps each consumer's next Q.K^T with its softmax, without the schedule
+    # barrier; causal shapes and H256 stay serial, where the overlap was slower
+    # (docs/perf.md, Attention). Staged bias and mask tiles take smaller key blocks
+    # where two slots of them do not fit.
     h = args.query.shape[-1]
     s = args.key.shape[1]
     if h > 128 or s <= 64:
@@ -423,9 +423,14 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
       block_kv = 128
     unmasked = not args.is_causal and args.local_window is None
     overlap = h == 128 and block_kv == 128 and unmasked and args.bias is None and args.mask is None
-    config = MosaicAttentionConfig(
-      block_kv=block_kv, num_stages=2, schedule_barrier=not overlap, overlap_qk=overlap
-    )
+    if block_kv == 256 and not _staged_itemsizes(args):
+      config = MosaicAttentionConfig(
+        block_kv=128, num_stages=2, schedule_barrier=False, fwd_consumers=3
+      )
+    else:
+      config = MosaicAttentionConfig(
+        block_kv=block_kv, num_stages=2, schedule_barrier=not overlap, overlap_qk=overlap
+      )
     while config.block_kv > 64 and _staged_itemsizes(args) and not _stages_extras(config, args):
       config = dataclasses.replace(config, block_kv=config.block_kv // 2)
     return _BWD_HEURISTICS[h].apply(config)
