@@ -14483,6 +14483,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/core/test_dispatch.py", "-k", "every_canonical_argument"),
     "`BoundArguments.arguments` leaves out the record's first field (the input array).",
   ),
+  # --- Mutation hunt-D ---------------------------------------------------------------
+  Mutation(
+    "loss.xla_residual_logits_in_input_dtype",
+    _LOSS + "xla.py",
+    "return out, (logits, lse)",
+    "return out, (logits.astype(args.x.dtype), lse)",
+    ("suites/core/test_loss.py", "-k", "large_logits and xla"),
+    "XLA loss: the logits saved for the backward pass rounded to bfloat16 (large logits lose"
+    " their differences).",
+  ),
+  Mutation(
+    "loss.chunked_backward_logits_in_input_dtype",
+    _LOSS + "chunked_xla.py",
+    "  return ((jnp.exp(logits - lse[:, None]) - hit)",
+    "  return ((jnp.exp(logits.astype(args.x.dtype) - lse[:, None]) - hit)",
+    ("suites/core/test_loss.py", "-k", "large_logits and chunked_xla"),
+    "Loss backward: the recomputed logits rounded to the input dtype before the softmax.",
+  ),
 )
 
 

@@ -238,3 +238,34 @@ def test_the_public_loss_passes_the_implementation_on():
     tokamax.linear_softmax_cross_entropy_loss(
       x, jnp.zeros((4,), jnp.int32), w, implementation="mosaic_tpu"
     )
+
+
+@pytest.mark.parametrize("impl", ("xla", "chunked_xla", None))
+def test_bfloat16_gradients_of_large_logits(impl, inputs):
+  """bfloat16 inputs whose logits are all near 100 (x's last feature is 1, its weights 100)
+  with O(1) differences: the backward pass must use float32 logits (or recompute them), not
+  logits rounded to bfloat16 (spacing 0.5 at 100), against the float64 reference of the same
+  bfloat16 values."""
+  bf16 = jnp.bfloat16
+  b, h, v = 8, 8, 64
+  x = jnp.concatenate([inputs.normal((b, h - 1)), jnp.ones((b, 1))], axis=1).astype(bf16)
+  w = jnp.concatenate([inputs.normal((h - 1, v)), jnp.full((1, v), 100.0)], axis=0).astype(bf16)
+  labels = inputs.ints((b,), 0, v)
+  dout = inputs.normal((b,))
+
+  def run(x, w):
+    return tokamax.linear_softmax_cross_entropy_loss(
+      x, labels, w, reduction="none", implementation=impl
+    )
+
+  def reference(x, w):
+    return references.linear_softmax_cross_entropy_loss(x, labels, w, reduction="none")
+
+  dx, dw = jax.vjp(run, x, w)[1](dout)
+  _, (ref_dx, ref_dw) = references.high_precision_vjp(reference, (x, w), dout)
+  # dx's last column is 100 x (sum of the softmax - 1) x dout: zero up to rounding.
+  for name, got, want in (("dx", dx[:, : h - 1], ref_dx[:, : h - 1]), ("dweights", dw, ref_dw)):
+    error = np.abs(np.asarray(got, np.float64) - want).max()
+    # bfloat16 cotangents of the logits: about 0.5% of the largest; logits rounded to
+    # bfloat16 before the softmax: more than 5%.
+    assert error <= 2e-2 * np.abs(want).max(), (name, error, np.abs(want).max())
