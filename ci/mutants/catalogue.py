@@ -14501,6 +14501,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/core/test_loss.py", "-k", "large_logits and chunked_xla"),
     "Loss backward: the recomputed logits rounded to the input dtype before the softmax.",
   ),
+  Mutation(
+    "layer_norm.residuals_in_input_dtype",
+    _NORM + "xla.py",
+    "return spec.affine(args, (xf - mean) * rstd), (mean, rstd)",
+    "return spec.affine(args, (xf - mean) * rstd), (mean.astype(args.x.dtype),"
+    " rstd.astype(args.x.dtype))",
+    ("suites/core/test_layer_norm.py", "-k", "bfloat16_gradients_of_a_large_mean"),
+    "XLA LayerNorm: the mean and 1/std saved for the backward pass rounded to bfloat16.",
+  ),
 )
 
 
