@@ -14510,6 +14510,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/core/test_layer_norm.py", "-k", "bfloat16_gradients_of_a_large_mean"),
     "XLA LayerNorm: the mean and 1/std saved for the backward pass rounded to bfloat16.",
   ),
+  Mutation(
+    "attention.q_sharding_low_rank_bias_indexed",
+    _ATTENTION + "api.py",
+    "    if x is None or x.ndim < trailing:",
+    "    if x is None:",
+    ("suites/core/test_attention.py", "-k", "q_sharding_takes_a_bias_and_mask_of_fewer_dims"),
+    "`q_sharding` with a bias [T, S] or a mask [S]: their partition spec indexes batch and head"
+    " dims they lack (IndexError).",
+  ),
 )
 
 

@@ -418,3 +418,25 @@ def test_bias_of_another_dtype_gets_a_cotangent_of_its_own_dtype(impl, inputs):
     lambda q, bias: references.attention(q, k, v, bias), (q, bias), dout
   )
   np.testing.assert_allclose(np.asarray(dbias, np.float32), ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("impl", ("xla", "xla_chunked"))
+def test_q_sharding_takes_a_bias_and_mask_of_fewer_dims(impl, inputs):
+  """`q_sharding` with a bias [T, S] or [S] and a mask [S], which have no batch or head dims
+  to split (they go whole to every shard): the output matches the reference's, instead of
+  failing to index a head dim they lack."""
+  from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+  mesh = jax.make_mesh((1,), ("d",), axis_types=(AxisType.Auto,))
+  sharding = NamedSharding(mesh, PartitionSpec("d", None, None, None))
+  q = jax.device_put(inputs.normal((2, 10, 4, 8)), sharding)
+  k, v = inputs.normal((2, 12, 2, 8)), inputs.normal((2, 12, 2, 8))
+  mask = inputs.bools((12,))
+  for bias in (inputs.normal((10, 12)), inputs.normal((12,))):
+    out = jax.jit(
+      lambda q, k, v, bias: tokamax.dot_product_attention(
+        q, k, v, bias, mask, implementation=impl, q_sharding=sharding
+      )
+    )(q, k, v, bias)
+    ref = references.high_precision(references.attention)(q, k, v, bias, mask)
+    assert_matches(out, ref)

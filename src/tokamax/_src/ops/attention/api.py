@@ -87,8 +87,8 @@ def _per_shard(sharding, query, key, value, bias, mask, kwargs):
 
   def side_spec(x, trailing):
     """Spec of bias/mask ([*#B, #N, #T, #S], trailing=3) or lengths ([*#B], trailing=0)."""
-    if x is None:
-      return PartitionSpec()
+    if x is None or x.ndim < trailing:
+      return PartitionSpec()  # No batch or head dims (e.g. a bias [#T, #S]): whole on each.
     lead = x.shape[: x.ndim - trailing]
     batch_part = [
       a if d > 1 else None for a, d in zip(batch[len(batch) - len(lead) :], lead, strict=True)
