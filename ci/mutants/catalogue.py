@@ -14507,7 +14507,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     "return spec.affine(args, (xf - mean) * rstd), (mean, rstd)",
     "return spec.affine(args, (xf - mean) * rstd), (mean.astype(args.x.dtype),"
     " rstd.astype(args.x.dtype))",
-    ("suites/core/test_layer_norm.py", "-k", "bfloat16_gradients_of_a_large_mean"),
+    ("suites/core/test_layer_norm.py", "-k", "bfloat16_rows_of_a_large_mean"),
     "XLA LayerNorm: the mean and 1/std saved for the backward pass rounded to bfloat16.",
   ),
   Mutation(
@@ -14518,6 +14518,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/core/test_attention.py", "-k", "q_sharding_takes_a_bias_and_mask_of_fewer_dims"),
     "`q_sharding` with a bias [T, S] or a mask [S]: their partition spec indexes batch and head"
     " dims they lack (IndexError).",
+  ),
+  Mutation(
+    "layer_norm.reference_mean_in_input_dtype",
+    _NORM + "spec.py",
+    "    xf = xf - xf.mean(axis=args.axis, keepdims=True)",
+    "    xf = xf - xf.mean(axis=args.axis, keepdims=True).astype(args.x.dtype)",
+    ("suites/core/test_layer_norm.py", "-k", "bfloat16_rows_of_a_large_mean"),
+    "LayerNorm's forward: the mean rounded to the input dtype before it is subtracted"
+    " (bfloat16 rows of a large mean).",
   ),
 )
 

@@ -143,10 +143,11 @@ def test_numpy_integer_axis_is_an_axis(axis, inputs):
 
 
 @pytest.mark.parametrize("impl", ("xla", None))
-def test_bfloat16_gradients_of_a_large_mean(impl, inputs):
-  """bfloat16 rows near 100 with O(1) spread: the backward pass must keep the mean (and
-  1/std) it saved in float32, not rounded to bfloat16 (spacing 0.5 at 100), against the
-  float64 reference of the same bfloat16 values."""
+def test_bfloat16_rows_of_a_large_mean(impl, inputs):
+  """bfloat16 rows near 100 with O(1) spread, against the float64 reference of the same
+  bfloat16 values: the output and the backward pass must use the mean (and 1/std) in float32,
+  not rounded to bfloat16 (spacing 0.5 at 100), whether computed for the output or saved for
+  the gradient."""
   bf16 = jnp.bfloat16
   x = (inputs.normal((6, 64)) + 100.0).astype(bf16)
   scale, offset = inputs.normal((64,)).astype(bf16), inputs.normal((64,)).astype(bf16)
@@ -155,10 +156,14 @@ def test_bfloat16_gradients_of_a_large_mean(impl, inputs):
   def run(x, scale, offset):
     return tokamax.layer_norm(x, scale, offset, implementation=impl)
 
-  grads = jax.vjp(run, x, scale, offset)[1](dout)
-  _, ref_grads = references.high_precision_vjp(references.layer_norm, (x, scale, offset), dout)
-  for name, got, want in zip(("dx", "dscale", "doffset"), grads, ref_grads, strict=True):
-    error = np.abs(np.asarray(got, np.float64) - want).max()
-    # A bfloat16 rounding of each gradient: about 0.3% of the largest; a mean off by up to
-    # 0.25 (of a unit spread): 5% in dscale.
+  out, vjp = jax.vjp(run, x, scale, offset)
+  ref_out, ref_grads = references.high_precision_vjp(
+    references.layer_norm, (x, scale, offset), dout
+  )
+  got = (("output", run(x, scale, offset)), ("output under vjp", out))
+  got += tuple(zip(("dx", "dscale", "doffset"), vjp(dout), strict=True))
+  for (name, value), want in zip(got, (ref_out, ref_out, *ref_grads), strict=True):
+    error = np.abs(np.asarray(value, np.float64) - want).max()
+    # A bfloat16 rounding: about 0.3% of the largest value; a mean off by up to 0.25 (of a
+    # unit spread): 5% of dscale.
     assert error <= 1.5e-2 * np.abs(want).max(), (name, error, np.abs(want).max())
