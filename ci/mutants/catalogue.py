@@ -14528,6 +14528,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "LayerNorm's forward: the mean rounded to the input dtype before it is subtracted"
     " (bfloat16 rows of a large mean).",
   ),
+  Mutation(
+    "attention.xla_unfused_max_of_no_keys",
+    _ATTENTION + "xla.py",
+    "    row_max = jnp.max(logits, axis=-1, keepdims=True, initial=-jnp.inf)",
+    "    row_max = jnp.max(logits, axis=-1, keepdims=True)",
+    ("suites/core/test_attention.py", "-k", "no_keys_from_positions_alone"),
+    "XLA attention with no keys (S = 0), causal or windowed, no bias or mask: the row max over"
+    " no keys has no initial value and raises.",
+  ),
 )
 
 

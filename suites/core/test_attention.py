@@ -331,6 +331,29 @@ def test_no_keys_gives_zero_rows_and_zero_gradients(impl, inputs):
   assert (dk.shape, dv.shape, dbias.shape) == (k.shape, v.shape, bias.shape)
 
 
+@pytest.mark.parametrize("blocks", (False, True), ids=("one_block", "query_blocks"))
+@pytest.mark.parametrize(
+  "visibility", ({"is_causal": True}, {"local_window_size": 2}), ids=("causal", "window")
+)
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_no_keys_from_positions_alone(impl, visibility, blocks, inputs, monkeypatch):
+  """S = 0 with a causal mask or a window and no bias or mask array (XLA's row max then has
+  no floor to start from): zero rows and zero gradients, in one block and in query blocks of
+  5 rows, instead of a max over no keys raising."""
+  from tokamax._src.ops.attention import xla
+
+  if blocks:
+    monkeypatch.setattr(xla, "QUERY_BLOCK_ROWS", 5)
+  q = inputs.normal((2, 12, 4, 8))
+  k, v = jnp.zeros((2, 0, 2, 8)), jnp.zeros((2, 0, 2, 6))
+  run = lambda q: tokamax.dot_product_attention(q, k, v, implementation=impl, **visibility)
+  np.testing.assert_array_equal(np.asarray(run(q)), 0.0)
+  out, vjp = jax.vjp(run, q)
+  assert out.shape == (2, 12, 4, 6)
+  np.testing.assert_array_equal(np.asarray(out), 0.0)
+  np.testing.assert_array_equal(np.asarray(vjp(inputs.normal(out.shape))[0]), 0.0)
+
+
 @pytest.mark.parametrize(("t", "s"), [(8, 0), (0, 8)], ids=["no_keys", "no_queries"])
 @pytest.mark.parametrize("name", ["mosaic", "triton", "cudnn", "mosaic_tpu"])
 def test_kernels_refuse_empty_inputs_that_xla_computes(name, t, s):

@@ -92,7 +92,8 @@ def _row_max_and_sum(logits: jax.Array, fused: bool) -> tuple[jax.Array, jax.Arr
   if fused:
     row_max = jnp.max(logits, axis=-1, keepdims=True, initial=jnp.finfo(logits.dtype).min)
   else:
-    row_max = jnp.max(logits, axis=-1, keepdims=True)
+    # -inf, max's identity, also for no keys (S = 0), where jnp.max would raise.
+    row_max = jnp.max(logits, axis=-1, keepdims=True, initial=-jnp.inf)
     row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
   row_max = jax.lax.stop_gradient(row_max)
   total = jnp.sum(jnp.exp(logits - row_max), axis=-1, keepdims=True)
