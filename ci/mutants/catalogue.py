@@ -4602,8 +4602,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "glu.cpu_backward_dw_default_precision",
     _GLU + "spec.py",
-    "[jnp.matmul(rows.T, dj.reshape(-1, dj.shape[-1]), precision=precision) for dj in halves]",
-    "[jnp.matmul(rows.T, dj.reshape(-1, dj.shape[-1])) for dj in halves]",
+    "[jnp.matmul(rows.T, dj.reshape(len(rows), dj.shape[-1]), precision=precision) for dj in halves]",
+    "[jnp.matmul(rows.T, dj.reshape(len(rows), dj.shape[-1])) for dj in halves]",
     (_PRECISION, "-k", "glu"),
     "The GLU's CPU backward computes dW at the default precision.",
   ),
@@ -14536,6 +14536,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/core/test_attention.py", "-k", "no_keys_from_positions_alone"),
     "XLA attention with no keys (S = 0), causal or windowed, no bias or mask: the row max over"
     " no keys has no initial value and raises.",
+  ),
+  Mutation(
+    "glu.cpu_backward_rows_inferred",
+    _GLU + "spec.py",
+    "  rows = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])",
+    "  rows = x.reshape(-1, x.shape[-1])",
+    ("suites/core/test_gated_linear_unit.py", "-k", "empty_contraction_or_output"),
+    "The CPU backward of fused GLU weights infers x's row count, which fails where K = 0.",
   ),
 )
 

@@ -105,3 +105,25 @@ def test_weights_as_a_list_pair_are_the_gate_and_up_weights(inputs):
     x, (w_gate, w_up), activation=jax.nn.swish
   )
   assert_matches(out, ref)
+
+
+@pytest.mark.parametrize("impl", ("xla", None))
+@pytest.mark.parametrize(("k", "n"), [(0, 5), (6, 0)], ids=("no_k", "no_n"))
+def test_gradient_of_an_empty_contraction_or_output(k, n, impl, inputs):
+  """Fused weights [K, 2, N] with K = 0 (a zero output) or N = 0 (an empty one): the
+  gradients have the inputs' shapes and are zero, as the reference's, instead of a reshape
+  that cannot infer its row count failing."""
+  x, w = inputs.normal((2, 3, k)), inputs.normal((k, 2, n))
+
+  def run(x, w):
+    return tokamax.gated_linear_unit(x, w, activation=jax.nn.silu, implementation=impl)
+
+  out, vjp = jax.vjp(run, x, w)
+  dout = inputs.normal(out.shape)
+  ref_out, ref_grads = references.high_precision_vjp(
+    lambda x, w: references.gated_linear_unit(x, w, activation=jax.nn.silu), (x, w), dout
+  )
+  assert_matches(out, ref_out)
+  for name, g, ref in zip(("dx", "dweights"), vjp(dout), ref_grads, strict=True):
+    assert g.shape == ref.shape, name
+    assert_matches(g, ref, what=name)

@@ -1,6 +1,7 @@
 """The gated_linear_unit op: activation(x @ w_gate) * (x @ w_up)."""
 
 import functools
+import math
 from collections.abc import Callable
 
 import jax
@@ -137,9 +138,10 @@ def _split_bwd(precision, saved, d):
     jnp.einsum("...n,kn->...k", dj, weights[:, j], precision=precision)
     for j, dj in enumerate(halves)
   )
-  rows = x.reshape(-1, x.shape[-1])
+  # Explicit row counts: a -1 cannot be inferred where K or N is 0.
+  rows = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
   dw = jnp.stack(
-    [jnp.matmul(rows.T, dj.reshape(-1, dj.shape[-1]), precision=precision) for dj in halves],
+    [jnp.matmul(rows.T, dj.reshape(len(rows), dj.shape[-1]), precision=precision) for dj in halves],
     axis=1,
   )
   return dx.astype(x.dtype), dw.astype(weights.dtype)
