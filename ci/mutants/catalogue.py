@@ -14545,6 +14545,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/core/test_gated_linear_unit.py", "-k", "empty_contraction_or_output"),
     "The CPU backward of fused GLU weights infers x's row count, which fails where K = 0.",
   ),
+  Mutation(
+    "layer_norm.one_pass_shift_of_an_empty_axis",
+    _NORM + "xla.py",
+    "  if xf.shape[args.axis]:",
+    "  if True:",
+    ("suites/core/test_layer_norm.py", "-k", "empty_inputs"),
+    "LayerNorm's one-pass statistics slice a first element that an empty axis lacks (the"
+    " gradient of rows of no elements raises).",
+  ),
+  Mutation(
+    "attention.zero_head_dim_default_scale",
+    _ATTENTION + "spec.py",
+    "  if scale is None and h == 0:",
+    "  if False:",
+    ("suites/core/test_bad_input.py", "-k", "zero_head_dim"),
+    "Attention with head dim 0 and the default scale raises a bare ZeroDivisionError instead of"
+    " an error naming `query`.",
+  ),
 )
 
 

@@ -105,6 +105,12 @@ CASES = {
   ),
   "attention_soft_cap": (lambda: attn(logits_soft_cap=-1.0), ValueError, "logits_soft_cap"),
   "attention_zero_soft_cap": (lambda: attn(logits_soft_cap=0.0), ValueError, "logits_soft_cap"),
+  # Head dim 0: the default scale 1/sqrt(0) is undefined (an explicit scale is fine).
+  "attention_zero_head_dim_default_scale": (
+    lambda: attn(query=jnp.ones((2, 8, 4, 0)), key=jnp.ones((2, 8, 4, 0))),
+    ValueError,
+    "`query` head dim is 0",
+  ),
   "attention_key_batch_dims": (
     lambda: attn(key=jnp.ones((3, 8, 4, 16)), value=jnp.ones((3, 8, 4, 16))),
     ValueError,

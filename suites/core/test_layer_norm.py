@@ -167,3 +167,25 @@ def test_bfloat16_rows_of_a_large_mean(impl, inputs):
     # A bfloat16 rounding: about 0.3% of the largest value; a mean off by up to 0.25 (of a
     # unit spread): 5% of dscale.
     assert error <= 1.5e-2 * np.abs(want).max(), (name, error, np.abs(want).max())
+
+
+@pytest.mark.parametrize("impl", ("xla", None))
+@pytest.mark.parametrize("subtract_mean", (True, False))
+@pytest.mark.parametrize("shape", ((3, 0), (0, 5)))
+def test_empty_inputs_have_empty_values_and_gradients(shape, subtract_mean, impl):
+  """No rows, or rows of no elements: the value and every cotangent are empty arrays of
+  their inputs' shapes and dtypes (the one-pass statistics have no first element to
+  shift by where the normalised axis is empty)."""
+  x = jnp.ones(shape, jnp.float32)
+  scale = jnp.ones(shape[-1:], jnp.bfloat16)
+  offset = jnp.ones(shape[-1:], jnp.bfloat16)
+
+  def run(x, scale, offset):
+    return tokamax.layer_norm(
+      x, scale, offset, subtract_mean=subtract_mean, implementation=impl
+    ).sum()
+
+  grads = jax.grad(run, argnums=(0, 1, 2))(x, scale, offset)
+  assert tokamax.layer_norm(x, scale, offset, implementation=impl).shape == shape
+  for got, want in zip(grads, (x, scale, offset), strict=True):
+    assert (got.shape, got.dtype) == (want.shape, want.dtype)

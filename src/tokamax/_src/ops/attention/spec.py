@@ -145,6 +145,10 @@ def canonicalize(
       validation.broadcastable(name, x.shape, batch_shape, "[*#B]")
       x = jnp.broadcast_to(x, batch_shape).reshape((b,)).astype(jnp.int32)
     lengths[name] = x
+  if scale is None and h == 0:
+    raise ValueError(
+      "`query` head dim is 0: the default scale 1/sqrt(H) is undefined; pass `scale`."
+    )
   scale = 1.0 / math.sqrt(h) if scale is None else validation.finite("scale", scale)
   if logits_soft_cap is not None:
     logits_soft_cap = validation.finite("logits_soft_cap", logits_soft_cap)

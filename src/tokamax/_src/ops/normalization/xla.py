@@ -18,7 +18,10 @@ def one_pass_statistics(
   Moments are taken of x minus each row's first element, so that E[d^2] - E[d]^2
   does not cancel where the mean dwarfs the spread.
   """
-  shift = jax.lax.slice_in_dim(xf, 0, 1, axis=args.axis)
+  if xf.shape[args.axis]:
+    shift = jax.lax.slice_in_dim(xf, 0, 1, axis=args.axis)
+  else:  # An empty axis has no first element.
+    shift = jnp.zeros_like(xf, shape=(*xf.shape[: args.axis], 1, *xf.shape[args.axis + 1 :]))
   d = xf - shift
   m1 = d.mean(axis=args.axis, keepdims=True)
   m2 = (d * d).mean(axis=args.axis, keepdims=True)
