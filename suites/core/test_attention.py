@@ -6,11 +6,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import tokamax
 from suites.core.conftest import assert_matches, references
 from tokamax._src import jaxprs
-from tokamax._src.ops.attention import spec
+from tokamax._src.ops.attention import spec, xla, xla_chunked
 
 IMPLEMENTATIONS = ("xla", "xla_chunked", None)
 
@@ -153,8 +154,6 @@ def test_rows_that_see_nothing_are_zero(impl, inputs):
 def test_chunked_any_chunk_size(chunk, is_causal, inputs):
   """19 keys in chunks that need not divide them: without causality the zero-padded keys of
   the last partial chunk would be visible to every row."""
-  from tokamax._src.ops.attention import xla_chunked
-
   q, k, v = (inputs.normal((1, 19, 2, 8)) for _ in range(3))
   op = xla_chunked.XlaChunkedAttention(config=xla_chunked.ChunkedConfig(kv_chunk_size=chunk))
   out = tokamax.dot_product_attention(q, k, v, is_causal=is_causal, implementation=op)
@@ -166,8 +165,6 @@ def test_chunked_any_chunk_size(chunk, is_causal, inputs):
 def test_chunked_logits_far_below_zero(chunk, inputs):
   """Every logit near -120 (a bias; exp underflows in float32 there): the running row max
   starts at -inf, not 0, or exp(logit - 0) is zero and every row comes out empty."""
-  from tokamax._src.ops.attention import xla_chunked
-
   q, k, v = (inputs.normal((1, 19, 2, 8)) for _ in range(3))
   bias = inputs.normal((1, 2, 19, 19)) - 120.0
   op = xla_chunked.XlaChunkedAttention(config=xla_chunked.ChunkedConfig(kv_chunk_size=chunk))
@@ -225,8 +222,6 @@ POSITIONAL_CASES = [c for c in CASES if c.is_causal or c.window is not None]
 def test_xla_query_blocks_match_the_reference(case, inputs, monkeypatch):
   """Causal or windowed calls in blocks of 5 query rows, each over only the keys it can see
   (the forward; under differentiation the implementation computes one block)."""
-  from tokamax._src.ops.attention import xla
-
   monkeypatch.setattr(xla, "QUERY_BLOCK_ROWS", 5)
   test_forward_and_gradient(case, "xla", inputs)
 
@@ -246,8 +241,6 @@ def test_xla_query_blocks_match_the_reference(case, inputs, monkeypatch):
 def test_xla_query_blocks_cover_the_visible_keys(t, s, causal, window, expected, monkeypatch):
   """Each block's key range is exactly the keys its rows may see (numerics cannot tell a block
   that computes every key, only the time can); fewer than two blocks' rows stay one block."""
-  from tokamax._src.ops.attention import spec, xla
-
   monkeypatch.setattr(xla, "QUERY_BLOCK_ROWS", 5)
   q = jnp.zeros((1, t, 2, 8))
   kv = jnp.zeros((1, s, 2, 8))
@@ -264,8 +257,6 @@ def test_chunked_bias_gradient_over_several_chunks(bias_shape, inputs):
   """The bias cotangent accumulated over 4 key chunks of 7 (the last one partial), for biases
   broadcast along the keys (one column summed over every chunk) and along other axes (each
   chunk's columns written in place, into a cotangent padded to the chunks)."""
-  from tokamax._src.ops.attention import xla_chunked
-
   q, k, v = (inputs.normal((2, 24, 4, 8)) for _ in range(3))
   bias = inputs.normal(bias_shape)
   op = xla_chunked.XlaChunkedAttention(config=xla_chunked.ChunkedConfig(kv_chunk_size=7))
@@ -284,8 +275,6 @@ def test_chunked_bias_gradient_over_several_chunks(bias_shape, inputs):
 def test_window_and_length_forms_canonicalize_alike():
   """A window as an int (Python or numpy), a pair or a list is one (left, right) window; a
   scalar sequence length applies to every batch entry (flattened from the batch dims)."""
-  from tokamax._src.ops.attention import spec
-
   q = jnp.ones((2, 3, 4, 2, 8))
   for window in (3, np.int32(3), np.int64(3), (3, 3), [3, 3]):
     assert spec.canonicalize(q, q, q, local_window_size=window).local_window == (3, 3), window
@@ -340,8 +329,6 @@ def test_no_keys_from_positions_alone(impl, visibility, blocks, inputs, monkeypa
   """S = 0 with a causal mask or a window and no bias or mask array (XLA's row max then has
   no floor to start from): zero rows and zero gradients, in one block and in query blocks of
   5 rows, instead of a max over no keys raising."""
-  from tokamax._src.ops.attention import xla
-
   if blocks:
     monkeypatch.setattr(xla, "QUERY_BLOCK_ROWS", 5)
   q = inputs.normal((2, 12, 4, 8))
@@ -448,8 +435,6 @@ def test_q_sharding_takes_a_bias_and_mask_of_fewer_dims(impl, inputs):
   """`q_sharding` with a bias [T, S] or [S] and a mask [S], which have no batch or head dims
   to split (they go whole to every shard): the output matches the reference's, instead of
   failing to index a head dim they lack."""
-  from jax.sharding import AxisType, NamedSharding, PartitionSpec
-
   mesh = jax.make_mesh((1,), ("d",), axis_types=(AxisType.Auto,))
   sharding = NamedSharding(mesh, PartitionSpec("d", None, None, None))
   q = jax.device_put(inputs.normal((2, 10, 4, 8)), sharding)

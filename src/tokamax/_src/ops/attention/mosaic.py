@@ -408,11 +408,11 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
   def _get_heuristics_config(self, args: attention_spec.AttentionArgs) -> MosaicAttentionConfig:
     # H64 with long keys runs three consumers on 128-key blocks (kernel 0.96x the
     # two consumers' 256-key blocks at B32 T2048 N16, 0.87x causal,
-    # h200/attention_fwd_consumers_863e239.json) unless a bias or mask plane would stream through shared memory; unmasked H128
-    # overlaps each consumer's next Q.K^T with its softmax, without the schedule
-    # barrier; causal shapes and H256 stay serial, where the overlap was slower
-    # (docs/perf.md, Attention). Staged bias and mask tiles take smaller key blocks
-    # where two slots of them do not fit.
+    # h200/attention_fwd_consumers_863e239.json) unless a bias or mask plane would
+    # stream through shared memory; unmasked H128 overlaps each consumer's next
+    # Q.K^T with its softmax, without the schedule barrier; causal shapes and H256
+    # stay serial, where the overlap was slower (docs/perf.md, Attention). Staged
+    # bias and mask tiles take smaller key blocks where two slots of them do not fit.
     h = args.query.shape[-1]
     s = args.key.shape[1]
     if h > 128 or s <= 64:
