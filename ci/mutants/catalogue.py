@@ -14563,6 +14563,16 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Attention with head dim 0 and the default scale raises a bare ZeroDivisionError instead of"
     " an error naming `query`.",
   ),
+  Mutation(
+    "partitioning.grad_sums_by_whole_compound_label",
+    _PARTITIONING,
+    "    present = {_major(label) for label in labels}",
+    "    present = set(labels)",
+    (_KERNEL_SHARDING + "::test_kv_heads_split_with_their_query_groups",),
+    "An operand's split labels are read whole, not by their major factor: the query, whose"
+    " head axis is (kv head, group), counts as lacking the split kv heads and its cotangent is"
+    " summed over their mesh axes.",
+  ),
 )
 
 

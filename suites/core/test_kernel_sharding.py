@@ -127,6 +127,9 @@ def test_kv_heads_split_with_their_query_groups():
   plan = _plan("test_gqa", args, heads, heads, heads)
   assert plan.in_specs[0] == P(("data",), None, ("model",), None)
   assert plan.out_spec == plan.in_specs[0] and not plan.out_sums
+  # Every operand holds both split labels (the query's as the major factor of its compound
+  # head axis): each shard's cotangents are whole, summed over no mesh axis.
+  assert plan.grad_sums == ((), (), ())
 
 
 def test_query_heads_of_a_single_kv_head_are_replicated():
