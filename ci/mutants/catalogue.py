@@ -14573,6 +14573,33 @@ MUTATIONS: tuple[Mutation, ...] = (
     " head axis is (kv head, group), counts as lacking the split kv heads and its cotangent is"
     " summed over their mesh axes.",
   ),
+  Mutation(
+    "loss.mosaic_heuristic_stages_past_short_h",
+    _LOSS + "mosaic.py",
+    "num_stages=min(3, max(2, h // block_k))",
+    "num_stages=3",
+    (_MOSAIC_LOSS, "-k", "every_shape_a_small"),
+    "The heuristic config always takes 3 pipeline stages: the Mosaic GPU loss refuses H of two"
+    " 64-column blocks (H=128), which 2 stages serve.",
+  ),
+  Mutation(
+    "loss.mosaic_heuristic_tile_wider_than_v",
+    _LOSS + "mosaic.py",
+    "block_n=256 if v >= 256 else 128",
+    "block_n=256",
+    (_MOSAIC_LOSS, "-k", "every_shape_a_small"),
+    "The heuristic config always takes 256-column tiles: the Mosaic GPU loss refuses"
+    " vocabularies of 128 to 255 columns, which 128-column tiles serve.",
+  ),
+  Mutation(
+    "loss.mosaic_tuning_offers_unsupported_configs",
+    _LOSS + "mosaic.py",
+    "return {c for c in configs if self.with_config(c)._unsupported_reason(args) is None} or {",
+    "return {c for c in configs} or {",
+    (_MOSAIC_LOSS, "-k", "every_shape_a_small"),
+    "Autotuning offers every candidate config, also those that cannot serve the call (more"
+    " stages than H has blocks, tiles wider than V).",
+  ),
 )
 
 

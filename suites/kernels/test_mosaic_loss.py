@@ -124,6 +124,23 @@ def test_heuristic_and_tuning_configs_run_and_lower_for_cuda_at_benchmark_shapes
   assert text.count("mosaic_gpu") >= len(configs)
 
 
+@pytest.mark.parametrize(("h", "v"), [(128, 192), (128, 512), (192, 300), (256, 192)])
+def test_heuristic_and_tuning_configs_serve_every_shape_a_small_config_serves(h, v):
+  """H of two to four 64-column blocks, V under two 256-column tiles: shapes that 2 stages
+  of 128-column tiles serve. The heuristic config serves them too, and every autotuning
+  candidate that is offered serves them."""
+  x, labels, w = _inputs(16, h, v)
+  record = spec.canonicalize(x, labels, w)
+  small = mosaic.MosaicLossConfig(block_n=128, num_stages=2)
+  assert mosaic.MosaicLoss(config=small)._unsupported_reason(record) is None
+  op = mosaic.MosaicLoss()
+  assert op._unsupported_reason(record) is None, op._get_heuristics_config(record)
+  configs = op._get_autotuning_configs(record)
+  assert configs
+  for config in configs:
+    assert op.with_config(config)._unsupported_reason(record) is None, config
+
+
 def test_label_tiles_flag_each_warpgroups_rows_and_tile():
   labels = jnp.full((256,), -1, jnp.int32).at[3].set(130).at[70].set(5).at[200].set(999)
   flags = np.asarray(mosaic_kernel.label_tiles(labels, n_tiles=3, block_n=128))
