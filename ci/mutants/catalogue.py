@@ -14600,6 +14600,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Autotuning offers every candidate config, also those that cannot serve the call (more"
     " stages than H has blocks, tiles wider than V).",
   ),
+  Mutation(
+    "ragged_dot.mosaic_tuning_offers_unsupported_configs",
+    _RAGGED + "mosaic.py",
+    "return {c for c in configs if _config_reason(args, c) is None} or {",
+    "return configs or {",
+    (_MOSAIC_RAGGED, "-k", "only_configs_that_serve"),
+    "Autotuning offers every candidate config of the Mosaic GPU ragged_dot, also those that"
+    " cannot serve the call (more stages than K has blocks, tiles that do not divide N).",
+  ),
 )
 
 

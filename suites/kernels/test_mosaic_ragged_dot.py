@@ -552,6 +552,19 @@ def test_autotuning_tries_clusters_of_the_row_ragged_kernel_only(layout):
   assert clusters == ({1} if layout == spec.RAGGED_CONTRACTING else {1, 2})
 
 
+@pytest.mark.parametrize("layout", spec.LAYOUTS)
+@pytest.mark.parametrize(("k", "n"), [(128, 64), (256, 192)])
+def test_autotuning_offers_only_configs_that_serve_the_call(layout, k, n):
+  """K of two or four 64-deep blocks (not five stages' worth), N that 128- and 256-column
+  tiles do not divide: the candidates refused for the call are not offered, the others are."""
+  record = _abstract_record(layout, 512, k, n, 4)
+  op = mosaic.MosaicRaggedDot()
+  configs = op._get_autotuning_configs(record)
+  assert SMALL in {dataclasses.replace(c, balance=SMALL.balance, cluster=1) for c in configs}
+  for config in configs:
+    assert op.with_config(config)._unsupported_reason(record) is None, config
+
+
 @pytest.mark.parametrize("cluster", [1, 2])
 @pytest.mark.parametrize("transpose", [False, True])
 def test_config_cluster_reaches_the_forward_kernel(monkeypatch, cluster, transpose):
