@@ -14609,6 +14609,16 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Autotuning offers every candidate config of the Mosaic GPU ragged_dot, also those that"
     " cannot serve the call (more stages than K has blocks, tiles that do not divide N).",
   ),
+  Mutation(
+    "mosaic_ragged.schedule_zero_blocks_dear",
+    _RAGGED + "mosaic_fwd.py",
+    "  return full & (items[:, 0] >= 0)",
+    "  return full",
+    (_MOSAIC_RAGGED, "-k", "deals_cheap"),
+    "The schedule counts a zero block (rows outside every group, no matmul) with rows in both"
+    " halves as a full one: the zero blocks are not dealt in turn and full blocks pile up on"
+    " some CTAs.",
+  ),
 )
 
 

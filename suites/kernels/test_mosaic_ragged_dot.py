@@ -721,14 +721,21 @@ def _pairs_and_full(items, n_tiles, cluster):
 
 
 @pytest.mark.parametrize("balance", [False, True])
-@pytest.mark.parametrize(("seed", "cluster"), [(0, 1), (1, 1), (2, 2)])
-def test_schedule_keeps_each_round_and_deals_cheap_pairs_in_turn(seed, cluster, balance):
+@pytest.mark.parametrize(
+  ("seed", "cluster", "before", "after"),
+  [(0, 1, 0, 0), (1, 1, 0, 0), (2, 2, 0, 0), (1, 1, 8000, 2000), (2, 2, 3000, 5000)],
+)
+def test_schedule_keeps_each_round_and_deals_cheap_pairs_in_turn(
+  seed, cluster, before, after, balance
+):
   """Every round of `lanes` positions holds the same pairs as in the work list's order (the
   partial last round in that order); balanced, the lanes' counts of full blocks differ by at
-  most one, where the list's order piles up to five more on some lanes than on others."""
+  most one, where the list's order piles up to five more on some lanes than on others. Rows
+  before and after the groups make zero blocks, which compute nothing: cheap ones."""
   lanes, n_tiles, m = 132 // cluster, 8, 32768
-  sizes = spec.generate_ragged_dot_group_sizes(m, 64, seed=seed, alpha=0.5)
-  items, num_items = mosaic_fwd.work_items(jnp.asarray(sizes), None, m, 128, cluster)
+  sizes = spec.generate_ragged_dot_group_sizes(m - before - after, 64, seed=seed, alpha=0.5)
+  offset = jnp.int32(before) if before else None
+  items, num_items = mosaic_fwd.work_items(jnp.asarray(sizes), offset, m, 128, cluster)
   table = np.asarray(mosaic_fwd.schedule(items, num_items, n_tiles, lanes, cluster, balance))
   pairs, full = _pairs_and_full(np.asarray(items), n_tiles, cluster)
   total = len(pairs)
