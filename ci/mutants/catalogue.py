@@ -14619,6 +14619,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     " halves as a full one: the zero blocks are not dealt in turn and full blocks pile up on"
     " some CTAs.",
   ),
+  Mutation(
+    "mosaic_ragged.schedule_rounds_of_ctas_not_clusters",
+    _RAGGED + "mosaic_fwd.py",
+    "schedule(items, num_items, n_tiles, num_sms // cluster, cluster, config.balance)",
+    "schedule(items, num_items, n_tiles, num_sms, cluster, config.balance)",
+    (_MOSAIC_RAGGED, "-k", "as_wide_as"),
+    "With two-CTA clusters the schedule deals rounds of num_sms items, twice the clusters"
+    " that run at once: its rounds (and the balance of full blocks) miss the grid's.",
+  ),
 )
 
 

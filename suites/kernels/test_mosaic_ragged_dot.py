@@ -704,6 +704,29 @@ def test_interpreted_kernels_run_few_ctas(monkeypatch, interpret):
   assert seen == [want] and mosaic_gemm.INTERPRET_NUM_SMS < device.DEFAULT_SM_COUNT
 
 
+@pytest.mark.parametrize("cluster", [1, 2])
+def test_schedule_rounds_are_as_wide_as_the_grids_clusters(monkeypatch, cluster):
+  """The persistent grid of `num_sms` CTAs runs `num_sms / cluster` clusters, each taking
+  one item at a time: a round of the schedule is that many positions."""
+  seen = []
+  schedule = mosaic_fwd.schedule
+
+  def spy(items, num_items, n_tiles, lanes, cluster_, balance):
+    seen.append((lanes, cluster_))
+    return schedule(items, num_items, n_tiles, lanes, cluster_, balance)
+
+  monkeypatch.setattr(mosaic_fwd, "schedule", spy)
+  config = mosaic_fwd.MosaicRaggedDotFwdConfig(block_n=64, num_stages=2, epi_n=64, cluster=cluster)
+  lhs = jax.ShapeDtypeStruct((256, 128), jnp.bfloat16)
+  rhs = jax.ShapeDtypeStruct((2, 128, 128), jnp.bfloat16)
+  sizes = jax.ShapeDtypeStruct((2,), jnp.int32)
+  fwd = lambda a, b, g: mosaic_fwd.ragged_dot_fwd(
+    a, b, g, None, transpose_rhs=False, out_dtype=jnp.bfloat16, config=config, num_sms=8
+  )
+  assert jax.eval_shape(fwd, lhs, rhs, sizes).shape == (256, 128)
+  assert seen == [(8 // cluster, cluster)]
+
+
 def _pairs_and_full(items, n_tiles, cluster):
   """Each (item, N tile) pair as a tuple, and whether a block of it has two 64-row halves of
   rows to compute (counted row by row)."""
