@@ -14628,6 +14628,23 @@ MUTATIONS: tuple[Mutation, ...] = (
     "With two-CTA clusters the schedule deals rounds of num_sms items, twice the clusters"
     " that run at once: its rounds (and the balance of full blocks) miss the grid's.",
   ),
+  Mutation(
+    "autotune.float_config_fields_unencodable",
+    _CONFIGS,
+    "  if isinstance(value, bool | int | float | str) or value is None:",
+    "  if isinstance(value, bool | int | str) or value is None:",
+    (_AUTOTUNING_RULES, "-k", "optional_enums"),
+    "A config field holding a float (a JSON scalar) cannot be written as JSON.",
+  ),
+  Mutation(
+    "autotune.pipe_union_fields_undecoded",
+    _CONFIGS,
+    "  if origin in (typing.Union, types.UnionType):",
+    "  if origin is typing.Union:",
+    (_AUTOTUNING_RULES, "-k", "optional_enums"),
+    "Fields typed `X | None` are not read as unions: an optional enum or nested config decodes"
+    " to its raw JSON value (a string, a dict).",
+  ),
 )
 
 

@@ -269,6 +269,25 @@ def test_configs_decode_to_their_class():
     configs.decode(_Config, '{"zeta":1,"block_q":64}')
 
 
+@dataclasses.dataclass(frozen=True)
+class _OptionalConfig:
+  """Optional enums and nested configs (`X | None`), and a float: JSON scalars too."""
+
+  order: _Order | None = None
+  inner: _Inner | None = None
+  ratio: float = 0.5
+
+
+def test_configs_of_optional_enums_nested_configs_and_floats_round_trip():
+  config = _OptionalConfig(order=_Order.COLUMN_MAJOR, inner=_Inner(3), ratio=0.25)
+  text = configs.encode(config)
+  assert text == '{"inner":{"stages":3},"order":"column","ratio":0.25}'
+  again = configs.decode(_OptionalConfig, text)
+  assert again == config and hash(again) == hash(config)
+  assert isinstance(again.order, _Order) and isinstance(again.inner, _Inner)
+  assert configs.decode(_OptionalConfig, configs.encode(_OptionalConfig())) == _OptionalConfig()
+
+
 def test_configs_of_numpy_scalars_encode_as_plain_numbers():
   """Heuristics computed with NumPy give NumPy scalars: they encode as the plain numbers."""
   config = _Config(zeta=np.int64(3), alpha=(np.int32(64), 32), split=np.int64(2))
