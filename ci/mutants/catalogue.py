@@ -14645,6 +14645,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Fields typed `X | None` are not read as unions: an optional enum or nested config decodes"
     " to its raw JSON value (a string, a dict).",
   ),
+  Mutation(
+    "loss.in_forward_needs_128_column_vocabulary",
+    _LOSS + "mosaic.py",
+    "  if v % gemm.swizzle_elems(args.weights.dtype):\n",
+    "  if v % 128:\n",
+    (_MOSAIC_LOSS, "-k", "whole_64_column"),
+    "gradient_in_forward refuses vocabularies that are a multiple of 64 columns but not of 128"
+    " (V=320): they silently take the recomputing backward.",
+  ),
 )
 
 

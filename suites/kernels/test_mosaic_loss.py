@@ -373,6 +373,9 @@ def test_gradient_in_forward_serves_summed_unsharded_whole_64_column_vocabularie
   assert "reduction none" in mosaic.in_forward_reason(none)
   odd = spec.canonicalize(x, labels % 200, w[:, :200])
   assert "V=200" in mosaic.in_forward_reason(odd)
+  # Five 64-column blocks: a multiple of 64 that 128 does not divide.
+  wider = jnp.concatenate([w, w[:, :64]], axis=1)
+  assert mosaic.in_forward_reason(spec.canonicalize(x, labels, wider)) is None
   shard = dataclasses.replace(record, vocab_shard=partitioning.Shard(("v",), 2))
   assert "vocabulary shard" in mosaic.in_forward_reason(shard)
   with pytest.raises(ValueError, match="row_chunks"):
