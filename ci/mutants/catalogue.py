@@ -14563,6 +14563,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Attention with head dim 0 and the default scale raises a bare ZeroDivisionError instead of"
     " an error naming `query`.",
   ),
+  Mutation(
+    "summary.teardown_error_counted_passed",
+    "harness/summary.py",
+    '    elif report.when == "teardown" and self._passed.pop(report.nodeid, None) and report.failed:',
+    "    elif False:",
+    ("harness/tests/test_summary_counts.py", "-k", "failing_teardown"),
+    "A test whose fixture teardown fails counts as passed in the live summary (pytest and JUnit"
+    " call it an error).",
+  ),
 )
 
 
