@@ -14572,6 +14572,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "A test whose fixture teardown fails counts as passed in the live summary (pytest and JUnit"
     " call it an error).",
   ),
+  Mutation(
+    "plugin.resume_from_the_last_file_only",
+    "harness/plugin.py",
+    "  done = set().union(*(summary.junit_finished_ids(path) for path in paths))",
+    "  done = summary.junit_finished_ids(paths[-1])",
+    ("harness/tests/test_summary.py", "-k", "several_runs"),
+    "With several --resume-from files, only the last one's finished tests are deselected; the"
+    " others' run again.",
+  ),
 )
 
 
