@@ -14581,6 +14581,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "With several --resume-from files, only the last one's finished tests are deselected; the"
     " others' run again.",
   ),
+  Mutation(
+    "hardware.cudnn_on_every_gpu",
+    "harness/hardware.py",
+    "  if cc is not None:\n    runnable.add(CUDNN)",
+    '  if platform == "gpu":\n    runnable.add(CUDNN)',
+    ("harness/tests/test_hardware_and_plugin.py", "-k", "without_a_compute_capability"),
+    "cuDNN counts as runnable on any GPU, also one with no CUDA compute capability (ROCm).",
+  ),
 )
 
 
