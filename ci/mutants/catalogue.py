@@ -14589,6 +14589,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("harness/tests/test_hardware_and_plugin.py", "-k", "without_a_compute_capability"),
     "cuDNN counts as runnable on any GPU, also one with no CUDA compute capability (ROCm).",
   ),
+  Mutation(
+    "golden.write_zip_clock_timestamps",
+    "golden/golden.py",
+    "      z.writestr(info, member.getvalue())",
+    '      z.writestr(f"{key}.npy", member.getvalue())',
+    ("suites/golden/test_golden_rules.py", "-k", "byte_for_byte"),
+    "The golden archive's members carry the clock's timestamp, so an unchanged regeneration "
+    "rewrites goldens.npz with other bytes.",
+  ),
+  Mutation(
+    "golden.write_members_unsorted",
+    "golden/golden.py",
+    "    for key in sorted(arrays):",
+    "    for key in arrays:",
+    ("suites/golden/test_golden_rules.py", "-k", "byte_for_byte"),
+    "The golden archive's members follow the arrays' insertion order, so the same goldens can"
+    " be written as other bytes.",
+  ),
 )
 
 
