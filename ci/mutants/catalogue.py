@@ -14607,6 +14607,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The golden archive's members follow the arrays' insertion order, so the same goldens can"
     " be written as other bytes.",
   ),
+  Mutation(
+    "golden.cli_parallel_regen_part_failure_passes",
+    "golden/__main__.py",
+    "  return 1 if failed else 0",
+    "  return 0",
+    ("suites/golden/test_golden_entries.py", "-k", "part_fails"),
+    "A parallel --regen whose op process exits 1 (an ERROR case) merges and still exits 0.",
+  ),
+  Mutation(
+    "golden.cli_parallel_regen_memory_not_shared",
+    "golden/__main__.py",
+    'f"{0.9 / min(args.jobs, len(ops)):.3f}"',
+    'f"{0.9:.3f}"',
+    ("suites/golden/test_golden_entries.py", "-k", "part_fails"),
+    "Each of the parallel --regen processes may take 90% of the device memory, not its share.",
+  ),
 )
 
 

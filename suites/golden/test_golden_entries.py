@@ -235,3 +235,28 @@ def test_cli_parallel_regen_with_no_part_written_fails_and_writes_nothing(tmp_pa
   assert golden_cli.main(args) == 1
   assert "FAILED: no goldens written for ['no_such_op', 'nor_this_one']" in capsys.readouterr().out
   assert _files(golden.family_dir(FAMILY, data)) == before
+
+
+def test_cli_parallel_regen_fails_when_a_part_fails_and_shares_the_memory(
+  tmp_path, capsys, monkeypatch
+):
+  """One process per op (faked here: each writes the stored goldens as its part); a part that
+  writes its goldens but exits 1 (an ERROR case) fails the run after the merge, and each of the
+  two processes side by side may take 0.9 / 2 of the device memory."""
+  data = _copy_goldens(tmp_path)
+  calls = []
+
+  def fake_run(cmd, env, **kwargs):
+    op, out = cmd[cmd.index("--ops") + 1], cmd[cmd.index("--out") + 1]
+    calls.append((op, env["XLA_PYTHON_CLIENT_MEM_FRACTION"], env["XLA_PYTHON_CLIENT_PREALLOCATE"]))
+    shutil.copytree(golden.family_dir(FAMILY, data), golden.family_dir(FAMILY, out))
+    return golden_cli.subprocess.CompletedProcess(cmd, int(op == "layer_norm"), "", "")
+
+  monkeypatch.setattr(golden_cli.subprocess, "run", fake_run)
+  args = ["--regen", "--jobs", "2", "--data", data, "--ops", "layer_norm,gated_linear_unit"]
+  assert golden_cli.main(args) == 1
+  assert "merged the goldens of 2 ops" in capsys.readouterr().out
+  assert sorted(calls) == [
+    ("gated_linear_unit", "0.450", "false"),
+    ("layer_norm", "0.450", "false"),
+  ]
