@@ -4292,8 +4292,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "bench.records_float_shape_accepted",
     _RECORDS_SRC,
-    "isinstance(k, str) and isinstance(v, int) for",
-    "isinstance(k, str) for",
+    "isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)\n",
+    "isinstance(k, str)\n",
     (_RECORDS_TESTS, "-k", "bad_record_is_named"),
     "A record whose shape maps names to floats is accepted.",
   ),
@@ -13393,8 +13393,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "bench.records_shape_keys_unchecked",
     _RECORDS_SRC,
-    "isinstance(k, str) and isinstance(v, int) for",
-    "isinstance(v, int) for",
+    "isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)\n",
+    "isinstance(v, int) and not isinstance(v, bool)\n",
     (_RECORDS_TESTS, "-k", "bad_record_is_named"),
     "bench.records accepts a shape whose dimension names are not strings.",
   ),
@@ -14622,6 +14622,23 @@ MUTATIONS: tuple[Mutation, ...] = (
     'f"{0.9:.3f}"',
     ("suites/golden/test_golden_entries.py", "-k", "part_fails"),
     "Each of the parallel --regen processes may take 90% of the device memory, not its share.",
+  ),
+  Mutation(
+    "bench.records_bool_dimension_accepted",
+    "bench/records.py",
+    " and not isinstance(v, bool)\n",
+    "\n",
+    ("suites/history/test_records.py", "-k", "bad_record_is_named"),
+    "A record whose shape has a JSON true as a dimension is accepted (bool is an int subclass).",
+  ),
+  Mutation(
+    "bench.records_write_unvalidated",
+    "bench/records.py",
+    '  errors = validate(obj)\n  if errors:\n    raise ValueError("; ".join(errors[:10]))',
+    '  errors = []\n  if errors:\n    raise ValueError("; ".join(errors[:10]))',
+    ("suites/history/test_records.py", "-k", "write_refuses"),
+    "records.write checks only the dicts it is given, so a Record object off the schema (mode"
+    ' "bwd", a zero time) is written.',
   ),
 )
 
