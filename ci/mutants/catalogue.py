@@ -14640,6 +14640,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "records.write checks only the dicts it is given, so a Record object off the schema (mode"
     ' "bwd", a zero time) is written.',
   ),
+  Mutation(
+    "summary.rows_in_arrival_order",
+    "harness/summary.py",
+    "  for key in sorted(outcomes):",
+    "  for key in outcomes:",
+    ("harness/tests/test_summary_counts.py", "-k", "sorted_by_op"),
+    "The summary's rows follow the order reports arrived in (any order under pytest-xdist), "
+    "not op and implementation.",
+  ),
 )
 
 

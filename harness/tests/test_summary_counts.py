@@ -190,3 +190,14 @@ def test_a_failing_teardown_turns_a_pass_into_an_error():
   assert (row["passed"], row["failed"], row["skipped"]) == (1, 2, 0)
   assert row["failures"] == ["t.py::bad_teardown", "t.py::both"]
   assert c.as_dict()["ran"] == 3
+
+
+def test_rows_are_sorted_by_op_and_implementation_not_by_arrival():
+  """Under pytest-xdist reports arrive in any order; the summary's rows do not follow it."""
+  c = summary.Collector(config=None)
+  for op, impl in (("ragged_dot", "triton"), ("layer_norm", "xla"), ("layer_norm", "triton")):
+    report = _report("call", "passed", f"t.py::{op}_{impl}")
+    report.user_properties = [(summary.OWNER_PROPERTY, (op, impl))]
+    c.pytest_runtest_logreport(report)
+  rows = [(r["op"], r["implementation"]) for r in c.as_dict()["rows"]]
+  assert rows == [("layer_norm", "triton"), ("layer_norm", "xla"), ("ragged_dot", "triton")]
