@@ -14649,6 +14649,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The summary's rows follow the order reports arrived in (any order under pytest-xdist), "
     "not op and implementation.",
   ),
+  Mutation(
+    "harness.relative_rule_magnitude_signed",
+    "harness/compare.py",
+    "    magnitude = float(np.max(np.abs(np.where(finite_e, e, 0.0))))",
+    "    magnitude = float(np.max(np.where(finite_e, e, 0.0)))",
+    ("harness/tests/test_comparator_edges.py", "-k", "absolute_magnitude"),
+    "The relative rule's rounding floor scales with the reference's signed max, not max "
+    "|ref|: a correct bfloat16 kernel with negative outputs fails.",
+  ),
 )
 
 
