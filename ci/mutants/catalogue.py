@@ -14667,6 +14667,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "check_grads passes no rtol, so jax's float32 default (2e-3) fails a correct-enough "
     "gradient the 3e-2 tolerance allows.",
   ),
+  Mutation(
+    "golden.fresh_tolerance_of_the_cpu",
+    "golden/golden.py",
+    "      tol = _tolerance(case, profile.platform)",
+    '      tol = _tolerance(case, "cpu")',
+    ("suites/golden/test_golden_entries.py", "-k", "on_a_gpu"),
+    "Fresh goldens are stored with the CPU tolerance wherever they are made: a GPU's float32 "
+    "matmul cases get the tight row instead of the TF32 one.",
+  ),
 )
 
 

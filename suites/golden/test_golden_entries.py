@@ -5,6 +5,7 @@ a layer norm's reduction length, a digest computed with hashlib) or come from
 the harness reference, never from the code under test.
 """
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -117,6 +118,21 @@ def test_a_matmul_case_is_checked_with_the_accelerator_float32_matmul_row():
   assert (tol.atol, tol.rtol) == (2e-6, 1e-5)
   tol = golden._tolerance(matmul, "cpu")
   assert (tol.atol, tol.rtol) == (2e-6, 1e-5)
+
+
+def test_a_fresh_matmul_entry_on_a_gpu_records_the_accelerator_row(monkeypatch):
+  """`compute` asks for the tolerance of the platform it runs on: a float32 ragged_dot made on a
+  GPU (faked: the XLA implementation, run here) is stored with the TF32 row (5e-4, 2e-3)."""
+  (case,) = [
+    c
+    for c in golden.cases(FAMILY, ["ragged_dot"])
+    if c.dtype == "float32" and c.feature == "default"
+  ]
+  gpu = dataclasses.replace(hardware.detect(), platform="gpu")
+  monkeypatch.setattr(golden.hardware, "detect", lambda: gpu)
+  (r,) = golden.compute(FAMILY, keys=[_key(case)])
+  assert r.status == "", r.detail
+  assert (r.entry["tolerance"]["atol"], r.entry["tolerance"]["rtol"]) == (5e-4, 2e-3)
 
 
 def _copy_goldens(tmp_path, name="data") -> str:
