@@ -122,7 +122,10 @@ def validate_record(r: Any) -> list[str]:
     errors.append(f"anchor_ms {r['anchor_ms']!r} is not a positive number")
   if (r.get("anchor") is None) != (r.get("anchor_ms") is None):
     errors.append("anchor and anchor_ms go together")
-  if not all(isinstance(k, str) and isinstance(v, int) for k, v in r["shape"].items()):
+  if not all(
+    isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+    for k, v in r["shape"].items()
+  ):
     errors.append(f"shape {r['shape']!r} is not names to integers")
   return errors
 

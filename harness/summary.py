@@ -41,6 +41,7 @@ class Collector:
     )
     self.failures: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
     self.collected: int | None = None
+    self._passed: dict[str, tuple[str, str]] = {}  # nodeid -> key, of tests counted passed.
 
   def pytest_collection_finish(self, session):
     self.collected = len(session.items)
@@ -68,6 +69,14 @@ class Collector:
         self.reasons[key][_skip_reason(report)] += 1
       elif report.failed:
         self.failures[key].append(report.nodeid)
+      else:
+        self._passed[report.nodeid] = key
+    elif report.when == "teardown" and self._passed.pop(report.nodeid, None) and report.failed:
+      # A fixture whose teardown fails errors a test that passed (pytest: "1 passed, 1 error";
+      # JUnit: an <error> in the test case), so it is no pass.
+      self.outcomes[key]["passed"] -= 1
+      self.outcomes[key]["error"] += 1
+      self.failures[key].append(report.nodeid)
 
   def as_dict(self) -> dict:
     profile = hardware.detect()

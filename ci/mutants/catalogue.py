@@ -4292,8 +4292,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "bench.records_float_shape_accepted",
     _RECORDS_SRC,
-    "isinstance(k, str) and isinstance(v, int) for",
-    "isinstance(k, str) for",
+    "isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)\n",
+    "isinstance(k, str)\n",
     (_RECORDS_TESTS, "-k", "bad_record_is_named"),
     "A record whose shape maps names to floats is accepted.",
   ),
@@ -13393,8 +13393,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "bench.records_shape_keys_unchecked",
     _RECORDS_SRC,
-    "isinstance(k, str) and isinstance(v, int) for",
-    "isinstance(v, int) for",
+    "isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)\n",
+    "isinstance(v, int) and not isinstance(v, bool)\n",
     (_RECORDS_TESTS, "-k", "bad_record_is_named"),
     "bench.records accepts a shape whose dimension names are not strings.",
   ),
@@ -14562,6 +14562,119 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/core/test_bad_input.py", "-k", "zero_head_dim"),
     "Attention with head dim 0 and the default scale raises a bare ZeroDivisionError instead of"
     " an error naming `query`.",
+  ),
+  Mutation(
+    "summary.teardown_error_counted_passed",
+    "harness/summary.py",
+    '    elif report.when == "teardown" and self._passed.pop(report.nodeid, None) and report.failed:',
+    "    elif False:",
+    ("harness/tests/test_summary_counts.py", "-k", "failing_teardown"),
+    "A test whose fixture teardown fails counts as passed in the live summary (pytest and JUnit"
+    " call it an error).",
+  ),
+  Mutation(
+    "plugin.resume_from_the_last_file_only",
+    "harness/plugin.py",
+    "  done = set().union(*(summary.junit_finished_ids(path) for path in paths))",
+    "  done = summary.junit_finished_ids(paths[-1])",
+    ("harness/tests/test_summary.py", "-k", "several_runs"),
+    "With several --resume-from files, only the last one's finished tests are deselected; the"
+    " others' run again.",
+  ),
+  Mutation(
+    "hardware.cudnn_on_every_gpu",
+    "harness/hardware.py",
+    "  if cc is not None:\n    runnable.add(CUDNN)",
+    '  if platform == "gpu":\n    runnable.add(CUDNN)',
+    ("harness/tests/test_hardware_and_plugin.py", "-k", "without_a_compute_capability"),
+    "cuDNN counts as runnable on any GPU, also one with no CUDA compute capability (ROCm).",
+  ),
+  Mutation(
+    "golden.write_zip_clock_timestamps",
+    "golden/golden.py",
+    "      z.writestr(info, member.getvalue())",
+    '      z.writestr(f"{key}.npy", member.getvalue())',
+    ("suites/golden/test_golden_rules.py", "-k", "byte_for_byte"),
+    "The golden archive's members carry the clock's timestamp, so an unchanged regeneration "
+    "rewrites goldens.npz with other bytes.",
+  ),
+  Mutation(
+    "golden.write_members_unsorted",
+    "golden/golden.py",
+    "    for key in sorted(arrays):",
+    "    for key in arrays:",
+    ("suites/golden/test_golden_rules.py", "-k", "byte_for_byte"),
+    "The golden archive's members follow the arrays' insertion order, so the same goldens can"
+    " be written as other bytes.",
+  ),
+  Mutation(
+    "golden.cli_parallel_regen_part_failure_passes",
+    "golden/__main__.py",
+    "  return 1 if failed else 0",
+    "  return 0",
+    ("suites/golden/test_golden_entries.py", "-k", "part_fails"),
+    "A parallel --regen whose op process exits 1 (an ERROR case) merges and still exits 0.",
+  ),
+  Mutation(
+    "golden.cli_parallel_regen_memory_not_shared",
+    "golden/__main__.py",
+    'f"{0.9 / min(args.jobs, len(ops)):.3f}"',
+    'f"{0.9:.3f}"',
+    ("suites/golden/test_golden_entries.py", "-k", "part_fails"),
+    "Each of the parallel --regen processes may take 90% of the device memory, not its share.",
+  ),
+  Mutation(
+    "bench.records_bool_dimension_accepted",
+    "bench/records.py",
+    " and not isinstance(v, bool)\n",
+    "\n",
+    ("suites/history/test_records.py", "-k", "bad_record_is_named"),
+    "A record whose shape has a JSON true as a dimension is accepted (bool is an int subclass).",
+  ),
+  Mutation(
+    "bench.records_write_unvalidated",
+    "bench/records.py",
+    '  errors = validate(obj)\n  if errors:\n    raise ValueError("; ".join(errors[:10]))',
+    '  errors = []\n  if errors:\n    raise ValueError("; ".join(errors[:10]))',
+    ("suites/history/test_records.py", "-k", "write_refuses"),
+    "records.write checks only the dicts it is given, so a Record object off the schema (mode"
+    ' "bwd", a zero time) is written.',
+  ),
+  Mutation(
+    "summary.rows_in_arrival_order",
+    "harness/summary.py",
+    "  for key in sorted(outcomes):",
+    "  for key in outcomes:",
+    ("harness/tests/test_summary_counts.py", "-k", "sorted_by_op"),
+    "The summary's rows follow the order reports arrived in (any order under pytest-xdist), "
+    "not op and implementation.",
+  ),
+  Mutation(
+    "harness.relative_rule_magnitude_signed",
+    "harness/compare.py",
+    "    magnitude = float(np.max(np.abs(np.where(finite_e, e, 0.0))))",
+    "    magnitude = float(np.max(np.where(finite_e, e, 0.0)))",
+    ("harness/tests/test_comparator_edges.py", "-k", "absolute_magnitude"),
+    "The relative rule's rounding floor scales with the reference's signed max, not max "
+    "|ref|: a correct bfloat16 kernel with negative outputs fails.",
+  ),
+  Mutation(
+    "grads.check_grads_rtol_dropped",
+    "harness/grads.py",
+    'modes=("rev",), atol=atol, rtol=rtol, eps=eps',
+    'modes=("rev",), atol=atol, eps=eps',
+    ("harness/tests/test_comparator_rules.py", "-k", "relative_too"),
+    "check_grads passes no rtol, so jax's float32 default (2e-3) fails a correct-enough "
+    "gradient the 3e-2 tolerance allows.",
+  ),
+  Mutation(
+    "golden.fresh_tolerance_of_the_cpu",
+    "golden/golden.py",
+    "      tol = _tolerance(case, profile.platform)",
+    '      tol = _tolerance(case, "cpu")',
+    ("suites/golden/test_golden_entries.py", "-k", "on_a_gpu"),
+    "Fresh goldens are stored with the CPU tolerance wherever they are made: a GPU's float32 "
+    "matmul cases get the tight row instead of the TF32 one.",
   ),
   Mutation(
     "partitioning.grad_sums_by_whole_compound_label",

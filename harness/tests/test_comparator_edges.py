@@ -83,6 +83,22 @@ def test_the_relative_rule_floor_is_in_ulps_of_the_reference_not_the_result():
     compare.assert_close(bad, e, dtype="bfloat16", reduction_length=length, plain=e)
 
 
+def test_the_relative_rule_floor_is_in_ulps_of_the_references_absolute_magnitude():
+  """As above with a negative reference: max |ref| is 0.01 (its signed max is 0), so the same
+  floor 0.015625 allows an error of 0.9 of it on that element, and 0.02 still fails."""
+  e = np.zeros(64)
+  e[0] = -0.01
+  length = 10_000
+  floor = 2.0 * 2.0**-7 * 0.01 * np.sqrt(length)
+  ok = e.copy()
+  ok[0] -= 0.9 * floor
+  compare.assert_close(ok, e, dtype="bfloat16", reduction_length=length, plain=e)
+  bad = e.copy()
+  bad[0] -= 0.02
+  with pytest.raises(AssertionError, match="relative rule"):
+    compare.assert_close(bad, e, dtype="bfloat16", reduction_length=length, plain=e)
+
+
 def test_assert_finite_checks_every_leaf():
   with pytest.raises(AssertionError, match=r"out\['b'\]: NaN 1, Inf 0"):
     compare.assert_finite({"a": np.ones(3), "b": np.array([1.0, np.nan])}, name="out")

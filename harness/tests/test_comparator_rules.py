@@ -137,6 +137,20 @@ def test_check_grads_float32_catches_a_gradient_off_by_10_percent():
     grads.check_grads(_scaled_gradient(_sum_sin, 1.1), (x,))
 
 
+@pytest.mark.parametrize("scale", [1.0, 10.0])
+def test_check_grads_float32_tolerance_is_relative_too(scale):
+  """3e-2 absolute and relative: a gradient 1% off passes at any scale of the function (jax's
+  own float32 default, 2e-3, would fail it), and 10% off fails."""
+  x = jnp.linspace(0.1, 1.5, 16, dtype=jnp.float32)
+
+  def fn(v):
+    return scale * _sum_sin(v)
+
+  grads.check_grads(_scaled_gradient(fn, 1.01), (x,))
+  with pytest.raises(AssertionError):
+    grads.check_grads(_scaled_gradient(fn, 1.1), (x,))
+
+
 def test_random_like_draws_each_leaf_independently():
   tree = {"a": jnp.zeros((64,)), "b": jnp.zeros((64,)), "i": jnp.zeros((3,), jnp.int32)}
   out = grads.random_like(jax.random.key(0), tree)

@@ -279,6 +279,16 @@ def test_no_compute_capability_off_nvidia_gpus(fake_device):
   assert hardware.CUDNN not in profile.runnable and hardware.MOSAIC_GPU not in profile.runnable
 
 
+def test_a_gpu_without_a_compute_capability_runs_no_nvidia_kernels(fake_device):
+  """A GPU that reports no CUDA compute capability (ROCm) can run neither cuDNN nor Triton nor
+  Mosaic GPU: only XLA, and the nearest matrix (a100)."""
+  profile = fake_device(_FakeDevice("gpu", "AMD Instinct MI300X"))
+  assert profile.compute_capability is None
+  assert profile.runnable == frozenset({hardware.XLA})
+  assert profile.family == "a100"
+  assert "cuDNN needs an NVIDIA GPU" in profile.reason_cannot_run(hardware.CUDNN)
+
+
 def test_compilation_cache_keeps_a_triton_cache_dir_already_set(monkeypatch, tmp_path):
   """TOKAMAX_COMPILATION_CACHE=DIR: jax's cache in DIR/jax; Triton's in DIR/triton unless
   TRITON_CACHE_DIR is set already. (jax's config is recorded here, not changed.)"""

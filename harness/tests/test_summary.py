@@ -66,3 +66,20 @@ def test_resume_runs_only_what_the_cut_run_missed(pytester):
   assert merged["ran"] == 4 and merged["runs"] == 2
   text = summary.markdown(merged)
   assert "# Suite summary: test host" in text and "4 of 4 collected tests ran over 2 runs." in text
+
+
+def _junit_of(name: str, inner: str = "") -> str:
+  return (
+    '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">'
+    f'<testcase classname="test_inner" name="{name}">{inner}</testcase></testsuite></testsuites>'
+  )
+
+
+def test_resume_from_several_runs_skips_what_any_of_them_finished(pytester):
+  """`--resume-from` repeats: a test that passed in the first cut run and one that skipped in the
+  second are both deselected, not only the last file's."""
+  pytester.makepyfile(test_inner=_TESTS)
+  (pytester.path / "first.xml").write_text(_junit_of("test_passes"))
+  (pytester.path / "second.xml").write_text(_junit_of("test_skips", '<skipped message="x"/>'))
+  third = _run(pytester, "--resume-from=first.xml", "--resume-from=second.xml")
+  third.assert_outcomes(passed=1, failed=1, deselected=2)

@@ -174,3 +174,30 @@ def test_xdist_controller_counts_the_collected_tests():
   c = summary.Collector(config=None)
   c.pytest_xdist_node_collection_finished(node=None, ids=["t.py::a", "t.py::b", "t.py::c"])
   assert c.collected == 3
+
+
+def test_a_failing_teardown_turns_a_pass_into_an_error():
+  """pytest reports "1 passed, 1 error" and JUnit an <error>: the summary must not say passed."""
+  c = summary.Collector(config=None)
+  for nodeid, teardown in (("t.py::ok", "passed"), ("t.py::bad_teardown", "failed")):
+    c.pytest_runtest_logreport(_report("setup", "passed", nodeid))
+    c.pytest_runtest_logreport(_report("call", "passed", nodeid))
+    c.pytest_runtest_logreport(_report("teardown", teardown, nodeid))
+  # A test that failed already counts once, whatever its teardown does.
+  c.pytest_runtest_logreport(_report("call", "failed", "t.py::both"))
+  c.pytest_runtest_logreport(_report("teardown", "failed", "t.py::both"))
+  (row,) = c.as_dict()["rows"]
+  assert (row["passed"], row["failed"], row["skipped"]) == (1, 2, 0)
+  assert row["failures"] == ["t.py::bad_teardown", "t.py::both"]
+  assert c.as_dict()["ran"] == 3
+
+
+def test_rows_are_sorted_by_op_and_implementation_not_by_arrival():
+  """Under pytest-xdist reports arrive in any order; the summary's rows do not follow it."""
+  c = summary.Collector(config=None)
+  for op, impl in (("ragged_dot", "triton"), ("layer_norm", "xla"), ("layer_norm", "triton")):
+    report = _report("call", "passed", f"t.py::{op}_{impl}")
+    report.user_properties = [(summary.OWNER_PROPERTY, (op, impl))]
+    c.pytest_runtest_logreport(report)
+  rows = [(r["op"], r["implementation"]) for r in c.as_dict()["rows"]]
+  assert rows == [("layer_norm", "triton"), ("layer_norm", "xla"), ("ragged_dot", "triton")]

@@ -5,6 +5,7 @@ a layer norm's reduction length, a digest computed with hashlib) or come from
 the harness reference, never from the code under test.
 """
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -117,6 +118,21 @@ def test_a_matmul_case_is_checked_with_the_accelerator_float32_matmul_row():
   assert (tol.atol, tol.rtol) == (2e-6, 1e-5)
   tol = golden._tolerance(matmul, "cpu")
   assert (tol.atol, tol.rtol) == (2e-6, 1e-5)
+
+
+def test_a_fresh_matmul_entry_on_a_gpu_records_the_accelerator_row(monkeypatch):
+  """`compute` asks for the tolerance of the platform it runs on: a float32 ragged_dot made on a
+  GPU (faked: the XLA implementation, run here) is stored with the TF32 row (5e-4, 2e-3)."""
+  (case,) = [
+    c
+    for c in golden.cases(FAMILY, ["ragged_dot"])
+    if c.dtype == "float32" and c.feature == "default"
+  ]
+  gpu = dataclasses.replace(hardware.detect(), platform="gpu")
+  monkeypatch.setattr(golden.hardware, "detect", lambda: gpu)
+  (r,) = golden.compute(FAMILY, keys=[_key(case)])
+  assert r.status == "", r.detail
+  assert (r.entry["tolerance"]["atol"], r.entry["tolerance"]["rtol"]) == (5e-4, 2e-3)
 
 
 def _copy_goldens(tmp_path, name="data") -> str:
@@ -235,3 +251,28 @@ def test_cli_parallel_regen_with_no_part_written_fails_and_writes_nothing(tmp_pa
   assert golden_cli.main(args) == 1
   assert "FAILED: no goldens written for ['no_such_op', 'nor_this_one']" in capsys.readouterr().out
   assert _files(golden.family_dir(FAMILY, data)) == before
+
+
+def test_cli_parallel_regen_fails_when_a_part_fails_and_shares_the_memory(
+  tmp_path, capsys, monkeypatch
+):
+  """One process per op (faked here: each writes the stored goldens as its part); a part that
+  writes its goldens but exits 1 (an ERROR case) fails the run after the merge, and each of the
+  two processes side by side may take 0.9 / 2 of the device memory."""
+  data = _copy_goldens(tmp_path)
+  calls = []
+
+  def fake_run(cmd, env, **kwargs):
+    op, out = cmd[cmd.index("--ops") + 1], cmd[cmd.index("--out") + 1]
+    calls.append((op, env["XLA_PYTHON_CLIENT_MEM_FRACTION"], env["XLA_PYTHON_CLIENT_PREALLOCATE"]))
+    shutil.copytree(golden.family_dir(FAMILY, data), golden.family_dir(FAMILY, out))
+    return golden_cli.subprocess.CompletedProcess(cmd, int(op == "layer_norm"), "", "")
+
+  monkeypatch.setattr(golden_cli.subprocess, "run", fake_run)
+  args = ["--regen", "--jobs", "2", "--data", data, "--ops", "layer_norm,gated_linear_unit"]
+  assert golden_cli.main(args) == 1
+  assert "merged the goldens of 2 ops" in capsys.readouterr().out
+  assert sorted(calls) == [
+    ("gated_linear_unit", "0.450", "false"),
+    ("layer_norm", "0.450", "false"),
+  ]

@@ -4,6 +4,8 @@ tolerance, and which goldens a partial regeneration or a merge keeps."""
 import dataclasses
 import os
 import shutil
+import time
+import zipfile
 
 import jax.numpy as jnp
 import numpy as np
@@ -209,3 +211,19 @@ def test_a_broken_implementation_is_an_error_not_a_skip(monkeypatch):
   break_xla(monkeypatch)
   (r,) = golden.compute(FAMILY, keys=[key])
   assert r.status == golden.ERROR and "planted" in r.detail, (r.status, r.detail)
+
+
+def test_goldens_are_written_byte_for_byte_the_same(tmp_path, monkeypatch):
+  """The same goldens give the same file bytes whatever the clock and the arrays' order, so a
+  regeneration that changes nothing leaves no diff (fixed zip timestamps, sorted members)."""
+  manifest = {"family": FAMILY, "entries": {}}
+  a = np.arange(6, dtype=np.float32).reshape(2, 3)
+  b = np.asarray([1.5, -2.25], dtype=jnp.bfloat16)
+  golden.write(FAMILY, manifest, {"op.a": a, "op.b": b}, str(tmp_path / "one"))
+  monkeypatch.setattr(time, "time", lambda: 1.9e9)  # Some years later, for zipfile's clock.
+  golden.write(FAMILY, manifest, {"op.b": b, "op.a": a}, str(tmp_path / "two"))
+  one, two = (tmp_path / d / FAMILY / golden.NPZ for d in ("one", "two"))
+  assert one.read_bytes() == two.read_bytes()
+  with zipfile.ZipFile(one) as z:
+    assert [i.filename for i in z.infolist()] == ["op.a.npy", "op.b.npy"]
+    assert {i.date_time for i in z.infolist()} == {(1980, 1, 1, 0, 0, 0)}

@@ -1,6 +1,7 @@
 """The cited benchmark records: every file under bench/results/ follows the one schema, and every
 record path cited in src/, docs/, README.md, ci/ and bench/ exists."""
 
+import dataclasses
 import json
 import os
 import re
@@ -118,6 +119,7 @@ def test_a_good_record_has_no_errors():
     ({"mode": "bwd"}, "mode 'bwd' is not one of"),
     ({"shape": {"M": 8.0}}, "is not names to integers"),
     ({"shape": {0: 8}}, "is not names to integers"),
+    ({"shape": {"M": True}}, "is not names to integers"),  # JSON true is no dimension.
     ({"median_ms": "0.5"}, "median_ms: str is not"),
     ({"date": 20260102}, "date: int is not"),
     ({"extra": None}, "extra: NoneType is not"),
@@ -177,3 +179,12 @@ def test_files_are_the_json_files_under_the_root_sorted(tmp_path):
     (tmp_path / name).write_text("{}")
   expected = [str(tmp_path / n) for n in ("cpu/a.json", "cpu/z.json", "h200/b.json")]
   assert list(records.files(str(tmp_path))) == expected
+
+
+def test_write_refuses_a_bad_record_object_and_writes_nothing(tmp_path):
+  """A `Record` built directly skips `from_dict`'s check; `write` still validates the file."""
+  bad = dataclasses.replace(records.from_dict(_good()), mode="bwd", median_ms=0.0)
+  path = tmp_path / "r.json"
+  with pytest.raises(ValueError, match="mode 'bwd'"):
+    records.write(str(path), [bad])
+  assert not path.exists()
