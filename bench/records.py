@@ -123,10 +123,10 @@ def validate_record(r: Any) -> list[str]:
   if (r.get("anchor") is None) != (r.get("anchor_ms") is None):
     errors.append("anchor and anchor_ms go together")
   if not all(
-    isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+    isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
     for k, v in r["shape"].items()
   ):
-    errors.append(f"shape {r['shape']!r} is not names to integers")
+    errors.append(f"shape {r['shape']!r} is not names to non-negative integers")
   return errors
 
 

@@ -208,7 +208,7 @@ def load(family: str, data_dir: str = DATA_DIR) -> tuple[dict, dict[str, np.ndar
   return manifest, arrays
 
 
-def _compare_to_golden(result: Result, golden: np.ndarray, platform: str) -> Result:
+def _compare_to_golden(result: Result, golden: np.ndarray) -> Result:
   entry = result.entry
   out = result.output
   if list(golden.shape) != list(out.shape) or str(golden.dtype) != str(out.dtype):
@@ -260,7 +260,7 @@ def check(
       )
     else:
       r.entry["tolerance"] = manifest["entries"][r.key]["tolerance"]
-      out.append(_compare_to_golden(r, arrays[r.key], profile.platform))
+      out.append(_compare_to_golden(r, arrays[r.key]))
   return out, manifest
 
 
@@ -293,7 +293,7 @@ def regenerate(
     elif r.key not in old_arrays:
       changes.append(dataclasses.replace(r, status=NEW, detail="new golden"))
     else:
-      changes.append(_compare_to_golden(r, old_arrays[r.key], profile.platform))
+      changes.append(_compare_to_golden(r, old_arrays[r.key]))
   kept = {}
   if ops is not None:  # Regenerating some ops keeps the others' goldens.
     kept = {k: v for k, v in old_arrays.items() if old_manifest["entries"][k]["op"] not in ops}

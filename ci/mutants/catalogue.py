@@ -4292,7 +4292,7 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "bench.records_float_shape_accepted",
     _RECORDS_SRC,
-    "isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)\n",
+    "isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0\n",
     "isinstance(k, str)\n",
     (_RECORDS_TESTS, "-k", "bad_record_is_named"),
     "A record whose shape maps names to floats is accepted.",
@@ -13393,8 +13393,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "bench.records_shape_keys_unchecked",
     _RECORDS_SRC,
-    "isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)\n",
-    "isinstance(v, int) and not isinstance(v, bool)\n",
+    "isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0\n",
+    "isinstance(v, int) and not isinstance(v, bool) and v >= 0\n",
     (_RECORDS_TESTS, "-k", "bad_record_is_named"),
     "bench.records accepts a shape whose dimension names are not strings.",
   ),
@@ -14626,10 +14626,18 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "bench.records_bool_dimension_accepted",
     "bench/records.py",
-    " and not isinstance(v, bool)\n",
-    "\n",
+    " and not isinstance(v, bool) and v >= 0\n",
+    " and v >= 0\n",
     ("suites/history/test_records.py", "-k", "bad_record_is_named"),
     "A record whose shape has a JSON true as a dimension is accepted (bool is an int subclass).",
+  ),
+  Mutation(
+    "bench.records_negative_dimension_accepted",
+    "bench/records.py",
+    " and not isinstance(v, bool) and v >= 0\n",
+    " and not isinstance(v, bool)\n",
+    ("suites/history/test_records.py", "-k", "bad_record_is_named"),
+    "A record whose shape has a negative dimension is accepted.",
   ),
   Mutation(
     "bench.records_write_unvalidated",

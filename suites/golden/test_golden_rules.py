@@ -24,7 +24,7 @@ def _result(out, tol=F32):
 
 
 def _verdict(golden_value, out, tol=F32):
-  return golden._compare_to_golden(_result(out, tol), golden_value, "cpu")
+  return golden._compare_to_golden(_result(out, tol), golden_value)
 
 
 def test_compare_to_golden_verdicts():
@@ -146,7 +146,7 @@ def test_the_stored_reduction_length_scales_the_bound():
   def verdict(length):
     result = _result(out)
     result.entry["reduction_length"] = length
-    return golden._compare_to_golden(result, off, "cpu")
+    return golden._compare_to_golden(result, off)
 
   assert verdict(100).status == golden.CHANGED
   assert verdict(1).status == golden.FAIL

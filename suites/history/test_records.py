@@ -117,9 +117,10 @@ def test_a_good_record_has_no_errors():
     ({"anchor_ms": None}, "anchor and anchor_ms go together"),
     ({"schema": 2}, "schema 2 is not 1"),
     ({"mode": "bwd"}, "mode 'bwd' is not one of"),
-    ({"shape": {"M": 8.0}}, "is not names to integers"),
-    ({"shape": {0: 8}}, "is not names to integers"),
-    ({"shape": {"M": True}}, "is not names to integers"),  # JSON true is no dimension.
+    ({"shape": {"M": 8.0}}, "is not names to non-negative integers"),
+    ({"shape": {0: 8}}, "is not names to non-negative integers"),
+    ({"shape": {"M": True}}, "is not names to non-negative integers"),  # JSON true is no dimension.
+    ({"shape": {"M": -8}}, "is not names to non-negative integers"),
     ({"median_ms": "0.5"}, "median_ms: str is not"),
     ({"date": 20260102}, "date: int is not"),
     ({"extra": None}, "extra: NoneType is not"),
