@@ -14654,6 +14654,67 @@ MUTATIONS: tuple[Mutation, ...] = (
     "gradient_in_forward refuses vocabularies that are a multiple of 64 columns but not of 128"
     " (V=320): they silently take the recomputing backward.",
   ),
+  Mutation(
+    "trial.results_mean_of_runs",
+    "bench/trial.py",
+    '        "median_ms": statistics.median(meds),',
+    '        "median_ms": statistics.mean(meds),',
+    ("suites/history/test_trial.py", "-k", "median_of_the_judged"),
+    "The trial's cited records take the mean of the judged runs' medians, not their median:"
+    " one slow run moves the cited time.",
+  ),
+  Mutation(
+    "trial.judged_runs_not_appended",
+    "bench/trial.py",
+    "    past += recs\n  return {",
+    "  return {",
+    ("suites/history/test_trial.py", "-k", "lasting"),
+    "Judged runs are not appended to the history as the nightly appends them: every run is"
+    " judged against the baseline runs alone, and a lasting change is flagged forever.",
+  ),
+  Mutation(
+    "trial.planted_flags_of_every_op",
+    "bench/trial.py",
+    '  return sum("SLOWER" in r.status for r in rows if r.record["op"] == op)',
+    '  return sum("SLOWER" in r.status for r in rows)',
+    ("suites/history/test_trial.py", "-k", "lasting"),
+    "The planted slowdown's flags count every op's SLOWER rows, not the planted op's: other"
+    " ops' alarms pass for catches.",
+  ),
+  Mutation(
+    "trial.series_flags_overwritten",
+    "bench/trial.py",
+    '      s["flagged"] += row.failed',
+    '      s["flagged"] = row.failed',
+    ("suites/history/test_trial.py", "-k", "lasting"),
+    "A measured thing's flag count keeps the last judged run's flag only.",
+  ),
+  Mutation(
+    "trial.summary_counts_partial_catches",
+    "bench/trial.py",
+    '  caught = sum(r[f"{op}_slowed_flagged"] == r[f"{op}_measurements"] for r in runs)',
+    '  caught = sum(r[f"{op}_slowed_flagged"] > 0 for r in runs)',
+    ("suites/history/test_trial.py", "-k", "summary_counts"),
+    "The summary counts a run as catching the planted slowdown when any one measurement of"
+    " the op was flagged, not every one.",
+  ),
+  Mutation(
+    "trial.false_alarms_pass",
+    "bench/trial.py",
+    '    r["false_alarms"] == 0\n    and ',
+    "    ",
+    ("suites/history/test_trial.py", "-k", "replay_fails"),
+    "The trial exits 0 despite false alarms on unchanged code.",
+  ),
+  Mutation(
+    "trial.case_without_shape",
+    "bench/trial.py",
+    """        "case": f"{r['shape_key']} {r['case']}",""",
+    '        "case": r["case"],',
+    ("suites/history/test_trial.py", "-k", "median_of_the_judged"),
+    "The trial's cited records name the feature only: the same feature at two shapes gets one"
+    " case name.",
+  ),
 )
 
 
