@@ -14715,6 +14715,40 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The trial's cited records name the feature only: the same feature at two shapes gets one"
     " case name.",
   ),
+  Mutation(
+    "step.anchor_is_itself",
+    "bench/step.py",
+    '      anchor_ms=times["jnp"].median_ms,',
+    "      anchor_ms=tm.median_ms,",
+    ("suites/history/test_step.py", "-k", "jnp_anchor"),
+    "Each training-step record's anchor time is its own median: every speedup over plain jnp"
+    " reads 1.0x.",
+  ),
+  Mutation(
+    "step.shape_heads_swapped",
+    "bench/step.py",
+    "      shape=dict(b=b, t=t, n=n, h=h),",
+    "      shape=dict(b=b, t=t, n=h, h=n),",
+    ("suites/history/test_step.py", "-k", "jnp_anchor"),
+    "The training-step records swap the head count and head dimension.",
+  ),
+  Mutation(
+    "step.second_norm_reuses_first_scale",
+    "bench/step.py",
+    "    h = attention(layer_norm(h, scales[1]))",
+    "    h = attention(layer_norm(h, scales[0]))",
+    ("suites/history/test_step.py", "-k", "readme_model"),
+    "The step's second LayerNorm takes the first one's scale in every formulation alike: they"
+    " agree, the second scale gets no gradient and the step is not the README model.",
+  ),
+  Mutation(
+    "step.loss_sums",
+    "bench/step.py",
+    "    return jnp.mean(jnp.square(h.astype(jnp.float32)))",
+    "    return jnp.sum(jnp.square(h.astype(jnp.float32)))",
+    ("suites/history/test_step.py", "-k", "readme_model"),
+    "The step's loss sums the squares instead of their mean, in every formulation alike.",
+  ),
 )
 
 
