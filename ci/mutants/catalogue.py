@@ -14749,6 +14749,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/history/test_step.py", "-k", "readme_model"),
     "The step's loss sums the squares instead of their mean, in every formulation alike.",
   ),
+  Mutation(
+    "cases.small_is_the_benchmark_shape",
+    "bench/cases.py",
+    "  return case.at_golden_shape()",
+    "  return case",
+    ("suites/history/test_history.py", "-k", "golden_shape"),
+    "bench.cases.small returns the case at its benchmark shape: the numerics drift is measured"
+    " (slowly) on the large inputs, not at the op's small golden shape.",
+  ),
 )
 
 
