@@ -14758,6 +14758,32 @@ MUTATIONS: tuple[Mutation, ...] = (
     "bench.cases.small returns the case at its benchmark shape: the numerics drift is measured"
     " (slowly) on the large inputs, not at the op's small golden shape.",
   ),
+  Mutation(
+    "dashboard.shape_key_not_filled",
+    "bench/dashboard.py",
+    '    row["shape_key"] = row["shape_key"] or history.shape_key(r.get("shapes", {}))',
+    "",
+    ("suites/history/test_dashboard.py", "-k", "page_data_keeps"),
+    "Older records without shape_key reach the page without one: their plots cannot tell"
+    " shapes apart.",
+  ),
+  Mutation(
+    "dashboard.drift_ratio_not_carried",
+    "bench/dashboard.py",
+    '  "drift_ratio",\n  "drift_ok",',
+    '  "drift_ok",',
+    ("suites/history/test_dashboard.py", "-k", "page_data_keeps"),
+    "The page's records lack drift_ratio: the numerics drift plot is empty.",
+  ),
+  Mutation(
+    "dashboard.records_not_date_ordered",
+    "bench/dashboard.py",
+    '  for r in sorted(records, key=lambda r: r.get("date", "")):\n    row = {k: r.get(k) for k in FIELDS}',
+    "  for r in records:\n    row = {k: r.get(k) for k in FIELDS}",
+    ("suites/history/test_dashboard.py", "-k", "page_data_keeps"),
+    "The page's records keep the file's order, not the date's: ingested older runs plot out"
+    " of order.",
+  ),
 )
 
 
