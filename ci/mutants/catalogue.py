@@ -14775,6 +14775,136 @@ MUTATIONS: tuple[Mutation, ...] = (
     "gradient_in_forward refuses vocabularies that are a multiple of 64 columns but not of 128"
     " (V=320): they silently take the recomputing backward.",
   ),
+  Mutation(
+    "trial.results_mean_of_runs",
+    "bench/trial.py",
+    '        "median_ms": statistics.median(meds),',
+    '        "median_ms": statistics.mean(meds),',
+    ("suites/history/test_trial.py", "-k", "median_of_the_judged"),
+    "The trial's cited records take the mean of the judged runs' medians, not their median:"
+    " one slow run moves the cited time.",
+  ),
+  Mutation(
+    "trial.judged_runs_not_appended",
+    "bench/trial.py",
+    "    past += recs\n  return {",
+    "  return {",
+    ("suites/history/test_trial.py", "-k", "lasting"),
+    "Judged runs are not appended to the history as the nightly appends them: every run is"
+    " judged against the baseline runs alone, and a lasting change is flagged forever.",
+  ),
+  Mutation(
+    "trial.planted_flags_of_every_op",
+    "bench/trial.py",
+    '  return sum("SLOWER" in r.status for r in rows if r.record["op"] == op)',
+    '  return sum("SLOWER" in r.status for r in rows)',
+    ("suites/history/test_trial.py", "-k", "lasting"),
+    "The planted slowdown's flags count every op's SLOWER rows, not the planted op's: other"
+    " ops' alarms pass for catches.",
+  ),
+  Mutation(
+    "trial.series_flags_overwritten",
+    "bench/trial.py",
+    '      s["flagged"] += row.failed',
+    '      s["flagged"] = row.failed',
+    ("suites/history/test_trial.py", "-k", "lasting"),
+    "A measured thing's flag count keeps the last judged run's flag only.",
+  ),
+  Mutation(
+    "trial.summary_counts_partial_catches",
+    "bench/trial.py",
+    '  caught = sum(r[f"{op}_slowed_flagged"] == r[f"{op}_measurements"] for r in runs)',
+    '  caught = sum(r[f"{op}_slowed_flagged"] > 0 for r in runs)',
+    ("suites/history/test_trial.py", "-k", "summary_counts"),
+    "The summary counts a run as catching the planted slowdown when any one measurement of"
+    " the op was flagged, not every one.",
+  ),
+  Mutation(
+    "trial.false_alarms_pass",
+    "bench/trial.py",
+    '    r["false_alarms"] == 0\n    and ',
+    "    ",
+    ("suites/history/test_trial.py", "-k", "replay_fails"),
+    "The trial exits 0 despite false alarms on unchanged code.",
+  ),
+  Mutation(
+    "trial.case_without_shape",
+    "bench/trial.py",
+    """        "case": f"{r['shape_key']} {r['case']}",""",
+    '        "case": r["case"],',
+    ("suites/history/test_trial.py", "-k", "median_of_the_judged"),
+    "The trial's cited records name the feature only: the same feature at two shapes gets one"
+    " case name.",
+  ),
+  Mutation(
+    "step.anchor_is_itself",
+    "bench/step.py",
+    '      anchor_ms=times["jnp"].median_ms,',
+    "      anchor_ms=tm.median_ms,",
+    ("suites/history/test_step.py", "-k", "jnp_anchor"),
+    "Each training-step record's anchor time is its own median: every speedup over plain jnp"
+    " reads 1.0x.",
+  ),
+  Mutation(
+    "step.shape_heads_swapped",
+    "bench/step.py",
+    "      shape=dict(b=b, t=t, n=n, h=h),",
+    "      shape=dict(b=b, t=t, n=h, h=n),",
+    ("suites/history/test_step.py", "-k", "jnp_anchor"),
+    "The training-step records swap the head count and head dimension.",
+  ),
+  Mutation(
+    "step.second_norm_reuses_first_scale",
+    "bench/step.py",
+    "    h = attention(layer_norm(h, scales[1]))",
+    "    h = attention(layer_norm(h, scales[0]))",
+    ("suites/history/test_step.py", "-k", "readme_model"),
+    "The step's second LayerNorm takes the first one's scale in every formulation alike: they"
+    " agree, the second scale gets no gradient and the step is not the README model.",
+  ),
+  Mutation(
+    "step.loss_sums",
+    "bench/step.py",
+    "    return jnp.mean(jnp.square(h.astype(jnp.float32)))",
+    "    return jnp.sum(jnp.square(h.astype(jnp.float32)))",
+    ("suites/history/test_step.py", "-k", "readme_model"),
+    "The step's loss sums the squares instead of their mean, in every formulation alike.",
+  ),
+  Mutation(
+    "cases.small_is_the_benchmark_shape",
+    "bench/cases.py",
+    "  return case.at_golden_shape()",
+    "  return case",
+    ("suites/history/test_history.py", "-k", "golden_shape"),
+    "bench.cases.small returns the case at its benchmark shape: the numerics drift is measured"
+    " (slowly) on the large inputs, not at the op's small golden shape.",
+  ),
+  Mutation(
+    "dashboard.shape_key_not_filled",
+    "bench/dashboard.py",
+    '    row["shape_key"] = row["shape_key"] or history.shape_key(r.get("shapes", {}))',
+    "",
+    ("suites/history/test_dashboard.py", "-k", "page_data_keeps"),
+    "Older records without shape_key reach the page without one: their plots cannot tell"
+    " shapes apart.",
+  ),
+  Mutation(
+    "dashboard.drift_ratio_not_carried",
+    "bench/dashboard.py",
+    '  "drift_ratio",\n  "drift_ok",',
+    '  "drift_ok",',
+    ("suites/history/test_dashboard.py", "-k", "page_data_keeps"),
+    "The page's records lack drift_ratio: the numerics drift plot is empty.",
+  ),
+  Mutation(
+    "dashboard.records_not_date_ordered",
+    "bench/dashboard.py",
+    '  for r in sorted(records, key=lambda r: r.get("date", "")):\n    row = {k: r.get(k) for k in FIELDS}',
+    "  for r in records:\n    row = {k: r.get(k) for k in FIELDS}",
+    ("suites/history/test_dashboard.py", "-k", "page_data_keeps"),
+    "The page's records keep the file's order, not the date's: ingested older runs plot out"
+    " of order.",
+  ),
 )
 
 

@@ -291,3 +291,36 @@ def test_table_flags_a_planted_regression(tmp_path):
     "plain n=4096 bfloat16 fwd",
     "xla [cupti]",
   ], page["rows"]
+
+
+def test_page_data_keeps_what_the_script_plots():
+  """Each record reaches the page with every field its script reads (listed here by hand), in
+  date order; an older record without shape_key gets one from its shapes."""
+  newer = dict(_timed("bbbbbbb2", 2, 1.5, "cupti"), tflops_per_s=3.0, gb_per_s=40.0)
+  older = dict(_timed("aaaaaaa1", 1, 2.0, "cupti"), shapes={"rows": 8, "d": 256}, gb_per_s=30.0)
+  del older["shape_key"]
+  data = dashboard.page_data([newer, older])
+  rows = data["records"]
+  assert [r["commit"] for r in rows] == ["aaaaaaa1", "bbbbbbb2"]
+  read_by_the_script = (
+    "run_id",
+    "commit",
+    "device_kind",
+    "jax_version",
+    "op",
+    "implementation",
+    "case",
+    "dtype",
+    "mode",
+    "device_time_median_ms",
+    "device_time_method",
+    "tflops_per_s",
+    "gb_per_s",
+    "drift_ratio",
+  )
+  for got, record in zip(rows, (older, newer), strict=True):
+    assert {k: got[k] for k in read_by_the_script} == {k: record.get(k) for k in read_by_the_script}
+  assert rows[1]["gb_per_s"] == 40.0 and rows[0]["drift_ratio"] == 0.1
+  assert rows[1]["shape_key"] == "n=4096"
+  assert rows[0]["shape_key"] == "d=256,rows=8"
+  assert len(data["table"]) == 2  # Two shapes: two series.

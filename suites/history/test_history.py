@@ -316,3 +316,18 @@ def test_gpu_timer_hands_the_compiled_program_to_cupti(monkeypatch):
   # Per case, two modes, each timed (with the anchor, in one round) over two rotations.
   assert len(recs) == 2 * cases and seen == [2] * (8 * cases)
   assert all(r["device_time_method"] == "cupti" and r["device_time_median_ms"] == 2.0 for r in recs)
+
+
+def test_drift_is_measured_at_the_op_databases_golden_shape():
+  from tokamax_harness import hardware
+
+  # layer_norm's golden shape in suites/opdb/layer_norm.py: 64 rows of 256.
+  golden = {"rows": (64,), "d": 256}
+  bcase = bench_cases.bench_cases("cpu", op="layer_norm")[0]
+  assert dict(bcase.case.shape) != golden  # A benchmark shape, not the golden one.
+  (xla,) = [
+    i for i in bench_cases.implementations("layer_norm", hardware.detect()) if i.name == "xla"
+  ]
+  out = history.drift(bcase.case, xla)
+  assert out["drift_shape"] == golden
+  assert out["drift_ok"] and out["drift_ratio"] < 1.0

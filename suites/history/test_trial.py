@@ -95,3 +95,64 @@ def test_replay_judges_recorded_runs(tmp_path, capsys):
   assert recs["layer_norm"].extra["run_medians_ms"] == [1.0, 1.005, 0.995]
   assert len(recs["layer_norm"].extra["baseline_medians_ms"]) == 3
   assert recs["layer_norm"].shape == {"n": 1, "rows": 6}  # Dimension tuples: their product.
+
+
+def test_a_lasting_slowdown_joins_the_history_and_stops_being_flagged():
+  # Three baseline runs at 1.0, then four at 1.5 (both ops). Each judged run is appended to the
+  # history before the next is judged, as the nightly appends it: the fourth's baseline is
+  # [1, 1, 1, 1.5, 1.5, 1.5], median 1.25 and spread 1.4826 x 0.25 / 1.25 = 0.30, so its limit
+  # is 3 x 0.30 = 90% and 1.5 passes; the first three see a baseline median of 1.0 with no spread.
+  lasting = (1.0, 1.0, 1.0, 1.5, 1.5, 1.5, 1.5)
+  result = trial.trial(_measure(lasting), baseline=3, runs=4, op="layer_norm", slow=0.2, small=0.03)
+  assert [r["false_alarms"] for r in result["runs"]] == [2, 2, 2, 0]
+  # Each measured thing counts its flags over all the judged runs.
+  assert sorted(s["flagged"] for s in result["series"].values()) == [3, 3]
+  # The slowed and small-change counts are of the trial's op only (one measurement a run).
+  assert [r["layer_norm_slowed_flagged"] for r in result["runs"]][:3] == [1, 1, 1]
+  assert [r["layer_norm_small_change_flagged"] for r in result["runs"]][:3] == [1, 1, 1]
+
+
+def test_results_take_the_median_of_the_judged_runs():
+  # Judged runs at 1.0, 1.01, 1.05 (all within the 9% limit): median 1.01, mean 1.02.
+  result = trial.trial(
+    _measure((1.0, 1.0, 1.0, 1.0, 1.01, 1.05)),
+    baseline=3,
+    runs=3,
+    op="layer_norm",
+    slow=0.2,
+    small=0.03,
+  )
+  recs = {r["op"]: r for r in trial.results(result)}
+  assert recs["layer_norm"]["median_ms"] == 1.01
+  assert recs["ragged_dot"]["median_ms"] == 2.02
+  assert recs["layer_norm"]["extra"]["run_medians_ms"] == [1.0, 1.01, 1.05]
+  # The case names the shape too: features of the same op at other shapes stay apart.
+  assert recs["layer_norm"]["case"] == "n=1 c"
+
+
+def test_summary_counts_runs_where_every_measurement_of_the_op_was_caught():
+  runs = [
+    {
+      "false_alarms": 0,
+      "measurements": 4,
+      "layer_norm_slowed_flagged": caught,
+      "layer_norm_measurements": 2,
+      "layer_norm_small_change_flagged": 0,
+    }
+    for caught in (2, 1, 0)
+  ]
+  result = {"op": "layer_norm", "runs": runs, "baseline_runs": 5, "slow": 0.2, "small": 0.03}
+  line = trial.summary(result)
+  assert "0 of 12 measurements flagged" in line
+  assert "every measurement of it flagged in 1 of 3 runs" in line
+
+
+def test_replay_fails_on_a_false_alarm(tmp_path, capsys):
+  # layer_norm slows by half in the last recorded run: a false alarm of a trial of ragged_dot.
+  path = tmp_path / "records.jsonl"
+  with open(path, "w") as f:
+    for i, jitter in enumerate((1.0, 1.01, 0.99, 1.0, 1.5)):
+      for r in _records({"layer_norm": jitter, "ragged_dot": 2.0}, i):
+        f.write(json.dumps(r) + "\n")
+  assert trial.main(["--replay", str(path), "--baseline", "3", "--op", "ragged_dot"]) == 1
+  assert "1 of 4 measurements flagged" in capsys.readouterr().out
