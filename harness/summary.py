@@ -71,12 +71,14 @@ class Collector:
         self.failures[key].append(report.nodeid)
       else:
         self._passed[report.nodeid] = key
-    elif report.when == "teardown" and self._passed.pop(report.nodeid, None) and report.failed:
-      # A fixture whose teardown fails errors a test that passed (pytest: "1 passed, 1 error";
-      # JUnit: an <error> in the test case), so it is no pass.
-      self.outcomes[key]["passed"] -= 1
-      self.outcomes[key]["error"] += 1
-      self.failures[key].append(report.nodeid)
+    elif report.when == "teardown":
+      passed_key = self._passed.pop(report.nodeid, None)
+      if passed_key is not None and report.failed:
+        # A fixture whose teardown fails errors a test that passed (pytest: "1 passed, 1
+        # error"; JUnit: an <error> in the test case), so it is no pass.
+        self.outcomes[passed_key]["passed"] -= 1
+        self.outcomes[passed_key]["error"] += 1
+        self.failures[passed_key].append(report.nodeid)
 
   def as_dict(self) -> dict:
     profile = hardware.detect()

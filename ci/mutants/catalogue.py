@@ -14566,8 +14566,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "summary.teardown_error_counted_passed",
     "harness/summary.py",
-    '    elif report.when == "teardown" and self._passed.pop(report.nodeid, None) and report.failed:',
-    "    elif False:",
+    "      if passed_key is not None and report.failed:",
+    "      if False:",
     ("harness/tests/test_summary_counts.py", "-k", "failing_teardown"),
     "A test whose fixture teardown fails counts as passed in the live summary (pytest and JUnit"
     " call it an error).",

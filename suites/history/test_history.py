@@ -7,7 +7,7 @@ import pytest
 
 from bench import cases as bench_cases
 from bench import history
-from tokamax_harness import timing
+from tokamax_harness import hardware, timing
 
 FIELDS = (
   "commit",
@@ -319,8 +319,6 @@ def test_gpu_timer_hands_the_compiled_program_to_cupti(monkeypatch):
 
 
 def test_drift_is_measured_at_the_op_databases_golden_shape():
-  from tokamax_harness import hardware
-
   # layer_norm's golden shape in suites/opdb/layer_norm.py: 64 rows of 256.
   golden = {"rows": (64,), "d": 256}
   bcase = bench_cases.bench_cases("cpu", op="layer_norm")[0]
