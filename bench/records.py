@@ -76,7 +76,11 @@ class Record:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Record)}
-_REQUIRED = [f.name for f in dataclasses.fields(Record) if f.default is dataclasses.MISSING]
+_REQUIRED = [
+  f.name
+  for f in dataclasses.fields(Record)
+  if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+]
 _TYPES = {
   "device": str,
   "commit": str,

@@ -14905,6 +14905,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The page's records keep the file's order, not the date's: ingested older runs plot out"
     " of order.",
   ),
+  Mutation(
+    "records.defaulted_extra_required",
+    "bench/records.py",
+    "  if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING\n",
+    "  if f.default is dataclasses.MISSING\n",
+    ("suites/history/test_records.py", "-k", "only_the_fields_without_defaults"),
+    "A record without `extra` (whose default is an empty dict) is refused as missing a field.",
+  ),
 )
 
 

@@ -139,6 +139,26 @@ def test_a_missing_field_is_named():
   assert "missing field 'median_ms'" in records.validate_record(r)
 
 
+def test_only_the_fields_without_defaults_are_required():
+  minimal = {
+    "device": "cpu",
+    "commit": "abc",
+    "date": None,
+    "op": "layer_norm",
+    "implementation": "xla",
+    "case": "plain",
+    "shape": {"M": 8},
+    "dtype": "float32",
+    "mode": "fwd",
+    "median_ms": 0.5,
+  }
+  assert records.validate_record(minimal) == []
+  assert records.from_dict(minimal).extra == {}
+  for name in minimal:
+    partial = {k: v for k, v in minimal.items() if k != name}
+    assert f"missing field {name!r}" in records.validate_record(partial)
+
+
 @pytest.mark.parametrize(
   "obj, expected",
   [
