@@ -14905,6 +14905,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The page's records keep the file's order, not the date's: ingested older runs plot out"
     " of order.",
   ),
+  Mutation(
+    "mosaic_ragged.schedule_partial_round_in_list_order",
+    _RAGGED + "mosaic_fwd.py",
+    ", p - lane + last_rank)",
+    ", p)",
+    (_MOSAIC_RAGGED, "-k", "schedule_keeps_each_round"),
+    "With `balance`, the last partial round keeps the work list's order: a CTA that the whole"
+    " rounds left one full block ahead can take another, two ahead of the others.",
+  ),
 )
 
 

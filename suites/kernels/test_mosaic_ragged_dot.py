@@ -746,13 +746,26 @@ def _pairs_and_full(items, n_tiles, cluster):
 @pytest.mark.parametrize("balance", [False, True])
 @pytest.mark.parametrize(
   ("seed", "cluster", "before", "after"),
-  [(0, 1, 0, 0), (1, 1, 0, 0), (2, 2, 0, 0), (1, 1, 8000, 2000), (2, 2, 3000, 5000)],
+  [
+    (0, 1, 0, 0),
+    (1, 1, 0, 0),
+    (2, 2, 0, 0),
+    (1, 1, 8000, 2000),
+    (2, 2, 3000, 5000),
+    # Each of these left a lane two full blocks ahead when the partial last round kept the
+    # list's order (a full pair of it on a lane the whole rounds had left one ahead).
+    (2, 1, 0, 0),
+    (3, 2, 0, 0),
+    (3, 1, 20000, 0),
+    (5, 2, 20000, 0),
+    (6, 1, 20000, 0),
+  ],
 )
 def test_schedule_keeps_each_round_and_deals_cheap_pairs_in_turn(
   seed, cluster, before, after, balance
 ):
-  """Every round of `lanes` positions holds the same pairs as in the work list's order (the
-  partial last round in that order); balanced, the lanes' counts of full blocks differ by at
+  """Every round of `lanes` positions holds the same pairs as in the work list's order (in
+  that order without `balance`); balanced, the lanes' counts of full blocks differ by at
   most one, where the list's order piles up to five more on some lanes than on others. Rows
   before and after the groups make zero blocks, which compute nothing: cheap ones."""
   lanes, n_tiles, m = 132 // cluster, 8, 32768
@@ -764,10 +777,10 @@ def test_schedule_keeps_each_round_and_deals_cheap_pairs_in_turn(
   total = len(pairs)
   assert table[0, 0] == total
   got = [tuple(row) for row in table[1 : 1 + total].tolist()]
-  whole = total // lanes * lanes
-  for start in range(0, whole, lanes):
+  for start in range(0, total, lanes):
     assert sorted(got[start : start + lanes]) == sorted(pairs[start : start + lanes])
-  assert got[whole:] == pairs[whole:]
+  # Positions past the last pair (items past the list's end) stay where they are.
+  assert np.all(table[1 + total :, 0] == -1)
   full_of = dict(zip(pairs, full, strict=True))
   lane_full = np.bincount(
     np.arange(total) % lanes, weights=[full_of[p] for p in got], minlength=lanes
@@ -776,6 +789,7 @@ def test_schedule_keeps_each_round_and_deals_cheap_pairs_in_turn(
   if balance:
     assert lane_full.max() - lane_full.min() <= 1, lane_full
   else:
+    assert got == pairs
     np.testing.assert_array_equal(lane_full, natural)
   # The skewed sizes pile full blocks up on some lanes in the list's order.
   assert natural.max() - natural.min() > 2
