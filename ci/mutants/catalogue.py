@@ -14914,6 +14914,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     "With `balance`, the last partial round keeps the work list's order: a CTA that the whole"
     " rounds left one full block ahead can take another, two ahead of the others.",
   ),
+  Mutation(
+    "kernels.mosaic_ragged_n_tile_columns_in_epilogue_chunks",
+    _RAGGED + "mosaic_fwd.py",
+    "cols = pl.ds(ni * bn + c * epi_n, epi_n)",
+    "cols = pl.ds(ni * epi_n + c * epi_n, epi_n)",
+    (_MOSAIC_RAGGED, "-k", "epilogue_chunks_of_every_n_tile"),
+    "An N tile's columns counted in epi_n, not block_n: with block_n > epi_n the second N"
+    " tile overwrites the first tile's last columns and its own columns stay unwritten.",
+  ),
+  Mutation(
+    "mosaic_ragged.bwd_runs_the_forward_config",
+    _RAGGED + "mosaic.py",
+    "self._compute(record, self._gradient_op.resolve_config(record))",
+    "self._compute(record, self.resolve_config(record))",
+    (_MOSAIC_RAGGED, "-k", "take_their_own_configs"),
+    "The gradient kernels run with the config given for the forward: where its block_n does"
+    " not tile the gradient's columns (dlhs has K of them), dlhs comes back wrong.",
+  ),
 )
 
 

@@ -121,6 +121,48 @@ def test_interpret_epilogue_stores_every_column_chunk(capfd):
 
 
 @pytest.mark.host_only
+def test_interpret_epilogue_chunks_of_every_n_tile(capfd):
+  """Two N tiles of block_n=128, each stored in two epi_n=64 chunks: the chunks of the second
+  tile go to its own columns 128..255 (a tile's place counted in block_n, not epi_n)."""
+  m, k, n = 72, 128, 256
+  rng = np.random.default_rng(9)
+  sizes = jnp.array([20, 33], jnp.int32)  # 19 rows after the last group.
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+  rhs = jnp.asarray(rng.standard_normal((2, k, n)), jnp.bfloat16)
+  config = mosaic.MosaicRaggedDotConfig(block_n=128, num_stages=2, epi_n=64)
+  impl = mosaic.MosaicRaggedDot(interpret=True, config=config)
+  out = api.ragged_dot(lhs, rhs, sizes, preferred_element_type=jnp.float32, implementation=impl)
+  ref = references.high_precision(references.ragged_dot_general)(lhs, rhs, sizes, spec.DEFAULT)
+  assert "RACE DETECTED" not in capfd.readouterr().out
+  for cols in (slice(0, 128), slice(128, 256)):
+    assert compare.relative_error(out[:, cols], ref[:, cols]) < 1e-5, cols
+  assert np.all(np.asarray(out)[53:] == 0)
+
+
+@pytest.mark.host_only
+def test_interpret_gradients_take_their_own_configs_not_the_forwards(capfd):
+  """A config given for the forward (block_n=256 over N=256) does not serve the dlhs kernel,
+  whose output has K=128 columns: the gradients run with their own (heuristic) configs."""
+  m, k, n = 128, 128, 256
+  rng = np.random.default_rng(4)
+  sizes = jnp.array([50, 61], jnp.int32)  # 17 rows after the last group.
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+  rhs = jnp.asarray(rng.standard_normal((2, k, n)), jnp.bfloat16)
+  config = mosaic.MosaicRaggedDotConfig(block_n=256, num_stages=2, epi_n=128)
+  impl = mosaic.MosaicRaggedDot(interpret=True, config=config)
+  out, vjp = jax.vjp(lambda a, b: api.ragged_dot(a, b, sizes, implementation=impl), lhs, rhs)
+  ct = jnp.asarray(rng.standard_normal(out.shape), jnp.bfloat16)
+  dlhs, drhs = vjp(ct)
+  ref, (ref_dlhs, ref_drhs) = references.high_precision_vjp(
+    lambda a, b: references.ragged_dot_general(a, b, sizes, spec.DEFAULT), (lhs, rhs), ct
+  )
+  assert "RACE DETECTED" not in capfd.readouterr().out
+  for name, x, r in (("out", out, ref), ("dlhs", dlhs, ref_dlhs), ("drhs", drhs, ref_drhs)):
+    assert x.shape == r.shape, name
+    assert compare.relative_error(x, r) < 5e-3, name
+
+
+@pytest.mark.host_only
 def test_interpret_preferred_element_type():
   m, k, n, g = 64, 128, 64, 2
   rng = np.random.default_rng(1)
