@@ -14932,6 +14932,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The gradient kernels run with the config given for the forward: where its block_n does"
     " not tile the gradient's columns (dlhs has K of them), dlhs comes back wrong.",
   ),
+  Mutation(
+    "ragged_dot.layout_ignores_rhs_group_dimensions",
+    _RAGGED + "spec.py",
+    "      tuple(d.rhs_group_dimensions),\n",
+    "",
+    ("suites/core/test_bad_input.py", "-k", "ragged"),
+    "Dimension numbers with rhs's group dimension second ([N, G, K]) pass as the"
+    " rhs_transposed layout: the groups are read from the wrong axis, silently.",
+  ),
+  Mutation(
+    "ragged_dot.layout_ignores_batch_dimensions",
+    _RAGGED + "spec.py",
+    "      tuple(lb),\n      tuple(rb),\n",
+    "",
+    ("suites/core/test_bad_input.py", "-k", "ragged"),
+    "Dimension numbers with batch dimensions pass as one of the three layouts, which have"
+    " none: the batch dimensions are silently contracted or grouped instead.",
+  ),
 )
 
 
