@@ -14950,6 +14950,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Dimension numbers with batch dimensions pass as one of the three layouts, which have"
     " none: the batch dimensions are silently contracted or grouped instead.",
   ),
+  Mutation(
+    "ragged_spec.generate_forced_empty_weights_not_renormalised",
+    _RAGGED + "spec.py",
+    "    weights /= weights.sum()\n",
+    "",
+    ("suites/core/test_ragged_dot.py", "-k", "forced_fraction"),
+    "generate_ragged_dot_group_sizes leaves the zeroed weights' mass to the last group: a"
+    " last group forced empty gets rows, and it is oversized otherwise.",
+  ),
+  Mutation(
+    "ragged_spec.generate_alpha_ignored",
+    _RAGGED + "spec.py",
+    "rng.dirichlet(np.full(num_groups, alpha))",
+    "rng.dirichlet(np.ones(num_groups))",
+    ("suites/core/test_ragged_dot.py", "-k", "concentration"),
+    "generate_ragged_dot_group_sizes ignores alpha: benchmarks asking for skewed (or even)"
+    " group sizes get the same moderately uneven ones.",
+  ),
 )
 
 
