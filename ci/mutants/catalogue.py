@@ -14968,6 +14968,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     "generate_ragged_dot_group_sizes ignores alpha: benchmarks asking for skewed (or even)"
     " group sizes get the same moderately uneven ones.",
   ),
+  Mutation(
+    "ragged_dot.contracting_rhs_rank_unchecked",
+    _RAGGED + "spec.py",
+    '    validation.rank("rhs", rhs, 2, "rhs [M, N] for a ragged contracting dimension")\n',
+    "",
+    ("suites/core/test_bad_input.py", "-k", "contracting_rhs_rank"),
+    "A ragged contracting call with a rhs of rank 3 is not refused by name: the user gets an"
+    " error from deep inside the implementation instead of the expected rhs [M, N].",
+  ),
+  Mutation(
+    "mosaic_ragged.schedule_partial_round_cheap_first",
+    _RAGGED + "mosaic_fwd.py",
+    "    lead = full & (p // lanes",
+    "    lead = ~full & (p // lanes",
+    (_MOSAIC_RAGGED, "-k", "schedule_keeps_each_round"),
+    "With `balance`, the partial last round puts its cheap pairs first: its full ones land on"
+    " the CTAs the whole rounds left one full block ahead, two ahead of others.",
+  ),
 )
 
 

@@ -417,6 +417,17 @@ CASES = {
     NotImplementedError,
     "ragged_dot_dimension_numbers",
   ),
+  # The ragged contracting layout's rhs is [M, N], rows of lhs by output columns.
+  "ragged_contracting_rhs_rank": (
+    lambda: tokamax.ragged_dot_general(
+      jnp.ones((6, 4)),
+      jnp.ones((6, 5, 2)),
+      jnp.array([2, 4]),
+      jax.lax.RaggedDotDimensionNumbers((([0], [0]), ([], [])), [0], []),
+    ),
+    ValueError,
+    "rhs .M, N. for a ragged contracting dimension",
+  ),
   "ragged_mixed_dtypes": (
     lambda: tokamax.ragged_dot(
       jnp.ones((6, 4)), jnp.ones((2, 4, 5), jnp.bfloat16), jnp.array([2, 4])
