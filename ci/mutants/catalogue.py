@@ -14986,6 +14986,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "With `balance`, the partial last round puts its cheap pairs first: its full ones land on"
     " the CTAs the whole rounds left one full block ahead, two ahead of others.",
   ),
+  Mutation(
+    "mosaic_ragged.schedule_partial_round_ranks_overlap",
+    _RAGGED + "mosaic_fwd.py",
+    "lead_rank[:, -1:] + lead[:, -1:] + lane - lead_rank",
+    "lane - lead_rank",
+    (_MOSAIC_RAGGED, "-k", "small_grids"),
+    "With `balance`, the partial round's cheap pairs are ranked from 0 instead of after its"
+    " full ones: two pairs take one position, so a pair runs twice and another never.",
+  ),
 )
 
 

@@ -837,6 +837,42 @@ def test_schedule_keeps_each_round_and_deals_cheap_pairs_in_turn(
   assert natural.max() - natural.min() > 2
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_schedule_runs_every_pair_once_on_small_grids(seed):
+  """Few lanes (1-11), 1-3 N tiles, empty groups, rows before and after the groups: the
+  balanced schedule runs each (item, N tile) pair exactly once, keeps each round's pairs,
+  leaves the positions past the last pair alone, and its lanes' counts of full blocks differ
+  by at most one."""
+  rng = np.random.default_rng(seed)
+  for _ in range(5):
+    cluster, lanes, n_tiles = (
+      int(rng.integers(1, 3)),
+      int(rng.integers(1, 12)),
+      int(rng.integers(1, 4)),
+    )
+    m, g = 1024, int(rng.integers(1, 12))
+    before, after = int(rng.integers(0, m // 2)), int(rng.integers(0, m // 3))
+    sizes = spec.generate_ragged_dot_group_sizes(
+      m - before - after, g, seed=int(rng.integers(1000)), alpha=0.5, empty_fraction=0.2
+    )
+    items, num_items = mosaic_fwd.work_items(jnp.asarray(sizes), jnp.int32(before), m, 128, cluster)
+    table = np.asarray(mosaic_fwd.schedule(items, num_items, n_tiles, lanes, cluster, True))
+    plain = np.asarray(mosaic_fwd.schedule(items, num_items, n_tiles, lanes, cluster, False))
+    pairs, full = _pairs_and_full(np.asarray(items), n_tiles, cluster)
+    total = len(pairs)
+    assert table[0, 0] == total
+    got = [tuple(row) for row in table[1 : 1 + total].tolist()]
+    assert len(set(got)) == total
+    for start in range(0, total, lanes):
+      assert sorted(got[start : start + lanes]) == sorted(pairs[start : start + lanes])
+    np.testing.assert_array_equal(table[1 + total :], plain[1 + total :])
+    full_of = dict(zip(pairs, full, strict=True))
+    lane_full = np.bincount(
+      np.arange(total) % lanes, weights=[full_of[p] for p in got], minlength=lanes
+    )
+    assert lane_full.max() - lane_full.min() <= 1, (lanes, lane_full)
+
+
 @pytest.mark.parametrize(
   ("m", "k", "n", "g", "layout", "want"),
   [
