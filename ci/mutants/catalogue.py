@@ -14913,6 +14913,96 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/history/test_records.py", "-k", "only_the_fields_without_defaults"),
     "A record without `extra` (whose default is an empty dict) is refused as missing a field.",
   ),
+  Mutation(
+    "mosaic_ragged.schedule_partial_round_in_list_order",
+    _RAGGED + "mosaic_fwd.py",
+    ", p - lane + last_rank)",
+    ", p)",
+    (_MOSAIC_RAGGED, "-k", "schedule_keeps_each_round"),
+    "With `balance`, the last partial round keeps the work list's order: a CTA that the whole"
+    " rounds left one full block ahead can take another, two ahead of the others.",
+  ),
+  Mutation(
+    "kernels.mosaic_ragged_n_tile_columns_in_epilogue_chunks",
+    _RAGGED + "mosaic_fwd.py",
+    "cols = pl.ds(ni * bn + c * epi_n, epi_n)",
+    "cols = pl.ds(ni * epi_n + c * epi_n, epi_n)",
+    (_MOSAIC_RAGGED, "-k", "epilogue_chunks_of_every_n_tile"),
+    "An N tile's columns counted in epi_n, not block_n: with block_n > epi_n the second N"
+    " tile overwrites the first tile's last columns and its own columns stay unwritten.",
+  ),
+  Mutation(
+    "mosaic_ragged.bwd_runs_the_forward_config",
+    _RAGGED + "mosaic.py",
+    "self._compute(record, self._gradient_op.resolve_config(record))",
+    "self._compute(record, self.resolve_config(record))",
+    (_MOSAIC_RAGGED, "-k", "take_their_own_configs"),
+    "The gradient kernels run with the config given for the forward: where its block_n does"
+    " not tile the gradient's columns (dlhs has K of them), dlhs comes back wrong.",
+  ),
+  Mutation(
+    "ragged_dot.layout_ignores_rhs_group_dimensions",
+    _RAGGED + "spec.py",
+    "      tuple(d.rhs_group_dimensions),\n",
+    "",
+    ("suites/core/test_bad_input.py", "-k", "ragged"),
+    "Dimension numbers with rhs's group dimension second ([N, G, K]) pass as the"
+    " rhs_transposed layout: the groups are read from the wrong axis, silently.",
+  ),
+  Mutation(
+    "ragged_dot.layout_ignores_batch_dimensions",
+    _RAGGED + "spec.py",
+    "      tuple(lb),\n      tuple(rb),\n",
+    "",
+    ("suites/core/test_bad_input.py", "-k", "ragged"),
+    "Dimension numbers with batch dimensions pass as one of the three layouts, which have"
+    " none: the batch dimensions are silently contracted or grouped instead.",
+  ),
+  Mutation(
+    "ragged_spec.generate_forced_empty_weights_not_renormalised",
+    _RAGGED + "spec.py",
+    "    weights /= weights.sum()\n",
+    "",
+    ("suites/core/test_ragged_dot.py", "-k", "forced_fraction"),
+    "generate_ragged_dot_group_sizes leaves the zeroed weights' mass to the last group: a"
+    " last group forced empty gets rows, and it is oversized otherwise.",
+  ),
+  Mutation(
+    "ragged_spec.generate_alpha_ignored",
+    _RAGGED + "spec.py",
+    "rng.dirichlet(np.full(num_groups, alpha))",
+    "rng.dirichlet(np.ones(num_groups))",
+    ("suites/core/test_ragged_dot.py", "-k", "concentration"),
+    "generate_ragged_dot_group_sizes ignores alpha: benchmarks asking for skewed (or even)"
+    " group sizes get the same moderately uneven ones.",
+  ),
+  Mutation(
+    "ragged_dot.contracting_rhs_rank_unchecked",
+    _RAGGED + "spec.py",
+    '    validation.rank("rhs", rhs, 2, "rhs [M, N] for a ragged contracting dimension")\n',
+    "",
+    ("suites/core/test_bad_input.py", "-k", "contracting_rhs_rank"),
+    "A ragged contracting call with a rhs of rank 3 is not refused by name: the user gets an"
+    " error from deep inside the implementation instead of the expected rhs [M, N].",
+  ),
+  Mutation(
+    "mosaic_ragged.schedule_partial_round_cheap_first",
+    _RAGGED + "mosaic_fwd.py",
+    "    lead = full & (p // lanes",
+    "    lead = ~full & (p // lanes",
+    (_MOSAIC_RAGGED, "-k", "schedule_keeps_each_round"),
+    "With `balance`, the partial last round puts its cheap pairs first: its full ones land on"
+    " the CTAs the whole rounds left one full block ahead, two ahead of others.",
+  ),
+  Mutation(
+    "mosaic_ragged.schedule_partial_round_ranks_overlap",
+    _RAGGED + "mosaic_fwd.py",
+    "lead_rank[:, -1:] + lead[:, -1:] + lane - lead_rank",
+    "lane - lead_rank",
+    (_MOSAIC_RAGGED, "-k", "small_grids"),
+    "With `balance`, the partial round's cheap pairs are ranked from 0 instead of after its"
+    " full ones: two pairs take one position, so a pair runs twice and another never.",
+  ),
 )
 
 

@@ -395,6 +395,39 @@ CASES = {
     NotImplementedError,
     "ragged_dot_dimension_numbers",
   ),
+  # rhs [N, G, K]: the group dimension second. Not the "rhs_transposed" layout [G, N, K].
+  "ragged_rhs_group_dim_second": (
+    lambda: tokamax.ragged_dot_general(
+      jnp.ones((6, 4)),
+      jnp.ones((5, 2, 4)),
+      jnp.array([2, 4]),
+      jax.lax.RaggedDotDimensionNumbers((([1], [2]), ([], [])), [0], [1]),
+    ),
+    NotImplementedError,
+    "ragged_dot_dimension_numbers",
+  ),
+  # A batch dimension on top of the "default" layout's contraction and groups.
+  "ragged_batch_dims": (
+    lambda: tokamax.ragged_dot_general(
+      jnp.ones((6, 4)),
+      jnp.ones((2, 4, 5)),
+      jnp.array([2, 4]),
+      jax.lax.RaggedDotDimensionNumbers((([1], [1]), ([0], [0])), [0], [0]),
+    ),
+    NotImplementedError,
+    "ragged_dot_dimension_numbers",
+  ),
+  # The ragged contracting layout's rhs is [M, N], rows of lhs by output columns.
+  "ragged_contracting_rhs_rank": (
+    lambda: tokamax.ragged_dot_general(
+      jnp.ones((6, 4)),
+      jnp.ones((6, 5, 2)),
+      jnp.array([2, 4]),
+      jax.lax.RaggedDotDimensionNumbers((([0], [0]), ([], [])), [0], []),
+    ),
+    ValueError,
+    "rhs .M, N. for a ragged contracting dimension",
+  ),
   "ragged_mixed_dtypes": (
     lambda: tokamax.ragged_dot(
       jnp.ones((6, 4)), jnp.ones((2, 4, 5), jnp.bfloat16), jnp.array([2, 4])

@@ -252,6 +252,26 @@ def test_positional_arguments_are_those_of_jax_lax(inputs):
     assert_matches(out, expected, what=name)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_generated_sizes_leave_the_forced_fraction_of_groups_empty(seed):
+  """Half of 8 groups forced empty: at least 4 get no rows, whichever they are (the last one
+  too), and the rows all go to the others."""
+  sizes = tokamax.generate_ragged_dot_group_sizes(4096, 8, seed=seed, empty_fraction=0.5)
+  assert sizes.sum() == 4096 and (sizes >= 0).all()
+  assert (sizes == 0).sum() >= 4, sizes
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_generated_sizes_follow_the_concentration(seed):
+  """A large Dirichlet concentration gives near-equal groups (8 groups of 1024 rows on
+  average: a weight's standard deviation is about 9% of it at alpha=100), a small one
+  piles most rows on one group."""
+  even = tokamax.generate_ragged_dot_group_sizes(8192, 8, seed=seed, alpha=100.0)
+  assert even.sum() == 8192 and np.all(np.abs(even - 1024) < 400), even
+  skewed = tokamax.generate_ragged_dot_group_sizes(8192, 8, seed=seed, alpha=0.05)
+  assert skewed.sum() == 8192 and skewed.max() > 4096, skewed
+
+
 def test_generated_sizes_with_every_group_forced_empty_still_sum_to_m():
   """An empty fraction of one leaves no group to take the rows: none is forced empty then."""
   sizes = tokamax.generate_ragged_dot_group_sizes(100, 4, seed=2, empty_fraction=1.0)

@@ -121,6 +121,48 @@ def test_interpret_epilogue_stores_every_column_chunk(capfd):
 
 
 @pytest.mark.host_only
+def test_interpret_epilogue_chunks_of_every_n_tile(capfd):
+  """Two N tiles of block_n=128, each stored in two epi_n=64 chunks: the chunks of the second
+  tile go to its own columns 128..255 (a tile's place counted in block_n, not epi_n)."""
+  m, k, n = 72, 128, 256
+  rng = np.random.default_rng(9)
+  sizes = jnp.array([20, 33], jnp.int32)  # 19 rows after the last group.
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+  rhs = jnp.asarray(rng.standard_normal((2, k, n)), jnp.bfloat16)
+  config = mosaic.MosaicRaggedDotConfig(block_n=128, num_stages=2, epi_n=64)
+  impl = mosaic.MosaicRaggedDot(interpret=True, config=config)
+  out = api.ragged_dot(lhs, rhs, sizes, preferred_element_type=jnp.float32, implementation=impl)
+  ref = references.high_precision(references.ragged_dot_general)(lhs, rhs, sizes, spec.DEFAULT)
+  assert "RACE DETECTED" not in capfd.readouterr().out
+  for cols in (slice(0, 128), slice(128, 256)):
+    assert compare.relative_error(out[:, cols], ref[:, cols]) < 1e-5, cols
+  assert np.all(np.asarray(out)[53:] == 0)
+
+
+@pytest.mark.host_only
+def test_interpret_gradients_take_their_own_configs_not_the_forwards(capfd):
+  """A config given for the forward (block_n=256 over N=256) does not serve the dlhs kernel,
+  whose output has K=128 columns: the gradients run with their own (heuristic) configs."""
+  m, k, n = 128, 128, 256
+  rng = np.random.default_rng(4)
+  sizes = jnp.array([50, 61], jnp.int32)  # 17 rows after the last group.
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+  rhs = jnp.asarray(rng.standard_normal((2, k, n)), jnp.bfloat16)
+  config = mosaic.MosaicRaggedDotConfig(block_n=256, num_stages=2, epi_n=128)
+  impl = mosaic.MosaicRaggedDot(interpret=True, config=config)
+  out, vjp = jax.vjp(lambda a, b: api.ragged_dot(a, b, sizes, implementation=impl), lhs, rhs)
+  ct = jnp.asarray(rng.standard_normal(out.shape), jnp.bfloat16)
+  dlhs, drhs = vjp(ct)
+  ref, (ref_dlhs, ref_drhs) = references.high_precision_vjp(
+    lambda a, b: references.ragged_dot_general(a, b, sizes, spec.DEFAULT), (lhs, rhs), ct
+  )
+  assert "RACE DETECTED" not in capfd.readouterr().out
+  for name, x, r in (("out", out, ref), ("dlhs", dlhs, ref_dlhs), ("drhs", drhs, ref_drhs)):
+    assert x.shape == r.shape, name
+    assert compare.relative_error(x, r) < 5e-3, name
+
+
+@pytest.mark.host_only
 def test_interpret_preferred_element_type():
   m, k, n, g = 64, 128, 64, 2
   rng = np.random.default_rng(1)
@@ -746,13 +788,26 @@ def _pairs_and_full(items, n_tiles, cluster):
 @pytest.mark.parametrize("balance", [False, True])
 @pytest.mark.parametrize(
   ("seed", "cluster", "before", "after"),
-  [(0, 1, 0, 0), (1, 1, 0, 0), (2, 2, 0, 0), (1, 1, 8000, 2000), (2, 2, 3000, 5000)],
+  [
+    (0, 1, 0, 0),
+    (1, 1, 0, 0),
+    (2, 2, 0, 0),
+    (1, 1, 8000, 2000),
+    (2, 2, 3000, 5000),
+    # Each of these left a lane two full blocks ahead when the partial last round kept the
+    # list's order (a full pair of it on a lane the whole rounds had left one ahead).
+    (2, 1, 0, 0),
+    (3, 2, 0, 0),
+    (3, 1, 20000, 0),
+    (5, 2, 20000, 0),
+    (6, 1, 20000, 0),
+  ],
 )
 def test_schedule_keeps_each_round_and_deals_cheap_pairs_in_turn(
   seed, cluster, before, after, balance
 ):
-  """Every round of `lanes` positions holds the same pairs as in the work list's order (the
-  partial last round in that order); balanced, the lanes' counts of full blocks differ by at
+  """Every round of `lanes` positions holds the same pairs as in the work list's order (in
+  that order without `balance`); balanced, the lanes' counts of full blocks differ by at
   most one, where the list's order piles up to five more on some lanes than on others. Rows
   before and after the groups make zero blocks, which compute nothing: cheap ones."""
   lanes, n_tiles, m = 132 // cluster, 8, 32768
@@ -764,10 +819,10 @@ def test_schedule_keeps_each_round_and_deals_cheap_pairs_in_turn(
   total = len(pairs)
   assert table[0, 0] == total
   got = [tuple(row) for row in table[1 : 1 + total].tolist()]
-  whole = total // lanes * lanes
-  for start in range(0, whole, lanes):
+  for start in range(0, total, lanes):
     assert sorted(got[start : start + lanes]) == sorted(pairs[start : start + lanes])
-  assert got[whole:] == pairs[whole:]
+  # Positions past the last pair (items past the list's end) stay where they are.
+  assert np.all(table[1 + total :, 0] == -1)
   full_of = dict(zip(pairs, full, strict=True))
   lane_full = np.bincount(
     np.arange(total) % lanes, weights=[full_of[p] for p in got], minlength=lanes
@@ -776,9 +831,46 @@ def test_schedule_keeps_each_round_and_deals_cheap_pairs_in_turn(
   if balance:
     assert lane_full.max() - lane_full.min() <= 1, lane_full
   else:
+    assert got == pairs
     np.testing.assert_array_equal(lane_full, natural)
   # The skewed sizes pile full blocks up on some lanes in the list's order.
   assert natural.max() - natural.min() > 2
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_schedule_runs_every_pair_once_on_small_grids(seed):
+  """Few lanes (1-11), 1-3 N tiles, empty groups, rows before and after the groups: the
+  balanced schedule runs each (item, N tile) pair exactly once, keeps each round's pairs,
+  leaves the positions past the last pair alone, and its lanes' counts of full blocks differ
+  by at most one."""
+  rng = np.random.default_rng(seed)
+  for _ in range(5):
+    cluster, lanes, n_tiles = (
+      int(rng.integers(1, 3)),
+      int(rng.integers(1, 12)),
+      int(rng.integers(1, 4)),
+    )
+    m, g = 1024, int(rng.integers(1, 12))
+    before, after = int(rng.integers(0, m // 2)), int(rng.integers(0, m // 3))
+    sizes = spec.generate_ragged_dot_group_sizes(
+      m - before - after, g, seed=int(rng.integers(1000)), alpha=0.5, empty_fraction=0.2
+    )
+    items, num_items = mosaic_fwd.work_items(jnp.asarray(sizes), jnp.int32(before), m, 128, cluster)
+    table = np.asarray(mosaic_fwd.schedule(items, num_items, n_tiles, lanes, cluster, True))
+    plain = np.asarray(mosaic_fwd.schedule(items, num_items, n_tiles, lanes, cluster, False))
+    pairs, full = _pairs_and_full(np.asarray(items), n_tiles, cluster)
+    total = len(pairs)
+    assert table[0, 0] == total
+    got = [tuple(row) for row in table[1 : 1 + total].tolist()]
+    assert len(set(got)) == total
+    for start in range(0, total, lanes):
+      assert sorted(got[start : start + lanes]) == sorted(pairs[start : start + lanes])
+    np.testing.assert_array_equal(table[1 + total :], plain[1 + total :])
+    full_of = dict(zip(pairs, full, strict=True))
+    lane_full = np.bincount(
+      np.arange(total) % lanes, weights=[full_of[p] for p in got], minlength=lanes
+    )
+    assert lane_full.max() - lane_full.min() <= 1, (lanes, lane_full)
 
 
 @pytest.mark.parametrize(

@@ -172,8 +172,10 @@ def schedule(
   only full blocks while another gets the blocks of one 64-row half (at group boundaries)
   and the zero blocks. With `balance`, every whole round keeps its pairs (and so what the
   L2 holds) but deals its cheap ones to the CTAs in turn, from where the previous round's
-  turn stopped; the last, partial round keeps the list's order (its CTAs, the first ones,
-  are the first in that turn).
+  turn stopped. The whole rounds so leave one cheap pair more on the first CTAs (those the
+  turn reached once more) than on the others; the last, partial round, which runs on the
+  first CTAs, puts its full pairs first (then its cheap ones, each in the list's order), so
+  that every CTA ends up with the same number of full pairs, give or take one.
 
   Args:
     items: `work_items`' table.
@@ -196,13 +198,18 @@ def schedule(
   source = p
   if balance:
     whole = (p // lanes < total // lanes) & (p < pairs)
-    cheap = ~_full_items(rows, cluster)[jnp.minimum(p, pairs - 1) // n_tiles] & whole
+    full = _full_items(rows, cluster)[jnp.minimum(p, pairs - 1) // n_tiles]
+    cheap = ~full & whole
     cheap_rank = jnp.cumsum(cheap, axis=1) - cheap
     per_round = cheap_rank[:, -1] + cheap[:, -1]
     turn = (jnp.cumsum(per_round) - per_round) % lanes  # Where each round's turn starts.
     lane = jnp.arange(lanes, dtype=jnp.int32)
     rank = jnp.where(cheap, cheap_rank, per_round[:, None] + lane - cheap_rank)
-    dest = jnp.where(whole, p - lane + (turn[:, None] + rank) % lanes, p)
+    # The partial round's full pairs first (every other row: no lead, each position stays).
+    lead = full & (p // lanes == total // lanes) & (p < total)
+    lead_rank = jnp.cumsum(lead, axis=1) - lead
+    last_rank = jnp.where(lead, lead_rank, lead_rank[:, -1:] + lead[:, -1:] + lane - lead_rank)
+    dest = jnp.where(whole, p - lane + (turn[:, None] + rank) % lanes, p - lane + last_rank)
     # One int32 scatter of the permutation; the table's rows are then gathered.
     source = (
       jnp.zeros(rounds * lanes, jnp.int32).at[dest.ravel()].set(p.ravel(), unique_indices=True)
