@@ -154,6 +154,46 @@ def _attention(impl, dtype, b, t, n, k, h, **kw):
   )
 
 
+def _attention_features(impl):
+  """Attention with a bias per batch and head, a mask broadcast over both, and per-batch
+  sequence lengths: each shard needs its own batch rows and heads of the bias and lengths."""
+  (_, (q, k, v)) = _attention(impl, jnp.float32, 4, 16, 4, 2, 16)
+  bias = _normal(15, (4, 4, 16, 16))
+  # Key 0 always visible (a row masked whole has no softmax).
+  mask = jax.random.bernoulli(jax.random.key(16), 0.7, (1, 1, 16, 16)).at[..., 0].set(True)
+  q_lengths, kv_lengths = jnp.array([16, 3, 9, 12]), jnp.array([7, 16, 12, 1])
+  return (
+    lambda q, k, v, bias, mask, q_lengths, kv_lengths: tokamax.dot_product_attention(
+      q,
+      k,
+      v,
+      bias,
+      mask,
+      query_seq_lengths=q_lengths,
+      key_value_seq_lengths=kv_lengths,
+      implementation=impl,
+    ),
+    (q, k, v, bias, mask, q_lengths, kv_lengths),
+  )
+
+
+# Query, key, value, bias [B, N, T, S], mask [1, 1, T, S] and the two lengths [B].
+FEATURE_SPECS = (
+  *[P("data", None, "model", None)] * 3,
+  P("data", "model"),
+  P(),
+  P("data"),
+  P("data"),
+)
+
+
+def _inside_shard_map(call, specs) -> Case:
+  """The call inside the caller's `shard_map` over the mesh, on the shards of `specs`."""
+  fn, args = call
+  body = jax.shard_map(fn, in_specs=tuple(specs), out_specs=P("data", None, "model", None))
+  return Case(body, args, tuple(specs), reference=fn)
+
+
 def _glu(impl, dtype, m, k, n, **kw):
   x, w = _normal(4, (m, k), dtype), _normal(5, (k, 2, n), dtype, k**-0.5)
   return (
@@ -285,6 +325,14 @@ def cases() -> dict[str, Case]:
       _attention(_partitioned(attention_xla.XlaAttention), jnp.float32, 4, 16, 4, 2, 16),
       [HEADS] * 3,
       explicit=False,
+    ),
+    # The XLA implementations inside the caller's shard_map: their scans' carries vary over
+    # the manual mesh axes like their inputs.
+    "attention/xla/inside_shard_map_bias_mask_lengths": _inside_shard_map(
+      _attention_features("xla"), FEATURE_SPECS
+    ),
+    "attention/xla_chunked/inside_shard_map_bias_mask_lengths": _inside_shard_map(
+      _attention_features("xla_chunked"), FEATURE_SPECS
     ),
     "attention/xla/auto_mqa_heads_replicated": _case(
       _attention(_partitioned(attention_xla.XlaAttention), jnp.float32, 4, 16, 4, 1, 16),
