@@ -130,6 +130,8 @@ class Case:
     warns: A substring of the expected warning (an axis the op cannot split), or None.
     interpret_triton: Run inside `triton_call.interpret()`.
     reference: The call on whole arrays where `fn` needs the mesh (default `fn`).
+    eager: Run outside `jit`: the forward pass on the concrete arrays, the VJP on JAX's
+      tracers (whose mesh is abstract), each meeting the constants `fn` closes over.
   """
 
   fn: Callable[..., jax.Array]
@@ -139,6 +141,7 @@ class Case:
   warns: str | None = None
   interpret_triton: bool = False
   reference: Callable[..., jax.Array] | None = None
+  eager: bool = False
 
 
 def _normal(seed, shape, dtype=jnp.float32, scale=1.0):
@@ -277,6 +280,8 @@ def cases() -> dict[str, Case]:
   norm = _norm("triton", 16, 32)
   auto_norm = _norm(_partitioned(norm_xla.XlaLayerNorm), 16, 32)
   sizes = (5, 0, 7, 4)
+  scale = 1 + _normal(7, (32,))  # Closed over by the eager cases: a constant, not traced.
+  constant_scale = lambda impl: lambda x: tokamax.layer_norm(x, scale, None, implementation=impl)
   return {
     "layer_norm/triton/rows": _case(_norm("triton", 16, 32), [ROWS_ALL, P()], **triton),
     "layer_norm/triton/rows_split_features_replicated": _case(
@@ -316,6 +321,16 @@ def cases() -> dict[str, Case]:
       explicit=False,
     ),
     "layer_norm/xla/auto_rows": _case(auto_norm, [ROWS_ALL, P()], explicit=False),
+    # Outside jit, the scale a constant (on one device) next to rows on the mesh.
+    "layer_norm/xla/eager_rows_constant_scale": Case(
+      constant_scale(_partitioned(norm_xla.XlaLayerNorm)),
+      (_normal(6, (16, 32)),),
+      (ROWS_ALL,),
+      eager=True,
+    ),
+    "layer_norm/triton/eager_rows_constant_scale": Case(
+      constant_scale("triton"), (_normal(6, (16, 32)),), (ROWS_ALL,), eager=True, **triton
+    ),
     "gated_linear_unit/xla/auto_rows_and_columns": _case(
       _glu(_partitioned(glu_xla.XlaGatedLinearUnit), jnp.float32, 16, 32, 24),
       [ROWS, P(None, None, "model")],
@@ -478,7 +493,10 @@ def _run(case: Case, args, fn_of_args):
     return out, vjp(ct)
 
   fn = jax.jit(fwd_vjp)
-  return fn(*args), fn.lower(*args).compile().as_text()
+  hlo = fn.lower(*args).compile().as_text()
+  if case.eager:
+    return (fn_of_args(*args), fwd_vjp(*args)[1]), hlo
+  return fn(*args), hlo
 
 
 def check(case: Case) -> None:
