@@ -10,7 +10,9 @@ kernel, since interpreters' host callbacks cannot run inside it. The Mosaic TPU 
 ragged_dot and attention run in Pallas's TPU interpreter (explicit mesh axes). The Mosaic GPU
 kernels run in Pallas's GPU interpreter (explicit mesh axes), one device's cluster at a time
 (`serialize_mosaic_gpu_clusters` says why), and are also lowered for CUDA on sharded operands
-(`Lowering`): their calls take shards and nothing is gathered.
+(`Lowering`): their calls take shards and nothing is gathered. Some cases run outside jit
+(`Case.eager`), inside the caller's `shard_map`, or interpreted on automatic mesh axes, which
+runs the call on whole arrays by design (`Case.gathers`).
 
 Usage (test_kernel_sharding runs it in a subprocess):
   XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m suites.core.kernel_sharding_checks [CASE...]
@@ -130,6 +132,8 @@ class Case:
     warns: A substring of the expected warning (an axis the op cannot split), or None.
     interpret_triton: Run inside `triton_call.interpret()`.
     reference: The call on whole arrays where `fn` needs the mesh (default `fn`).
+    gathers: The call runs on whole arrays by design (an interpreter's host callbacks
+      cannot run inside XLA's partitioner): the program may gather, and nothing warns.
     eager: Run outside `jit`: the forward pass on the concrete arrays, the VJP on JAX's
       tracers (whose mesh is abstract), each meeting the constants `fn` closes over.
   """
@@ -141,6 +145,7 @@ class Case:
   warns: str | None = None
   interpret_triton: bool = False
   reference: Callable[..., jax.Array] | None = None
+  gathers: bool = False
   eager: bool = False
 
 
@@ -321,6 +326,16 @@ def cases() -> dict[str, Case]:
       explicit=False,
     ),
     "layer_norm/xla/auto_rows": _case(auto_norm, [ROWS_ALL, P()], explicit=False),
+    # Interpreters (host callbacks) on automatic mesh axes: run on whole arrays, not split.
+    "layer_norm/triton/auto_rows_interpreted": _case(
+      _norm("triton", 16, 32), [ROWS, P()], explicit=False, gathers=True, **triton
+    ),
+    "ragged_dot/mosaic_tpu/auto_rows_interpreted": _case(
+      _ragged(TPU_RAGGED, jnp.float32, 32, 32, 8, (9, 0, 14, 6)),
+      [ROWS, P(), P()],
+      explicit=False,
+      gathers=True,
+    ),
     # Outside jit, the scale a constant (on one device) next to rows on the mesh.
     "layer_norm/xla/eager_rows_constant_scale": Case(
       constant_scale(_partitioned(norm_xla.XlaLayerNorm)),
@@ -340,6 +355,9 @@ def cases() -> dict[str, Case]:
       _attention(_partitioned(attention_xla.XlaAttention), jnp.float32, 4, 16, 4, 2, 16),
       [HEADS] * 3,
       explicit=False,
+    ),
+    "attention/triton/batch_and_kv_heads_bias_mask_lengths": _case(
+      _attention_features("triton"), FEATURE_SPECS, **triton
     ),
     # The XLA implementations inside the caller's shard_map: their scans' carries vary over
     # the manual mesh axes like their inputs.
@@ -515,7 +533,9 @@ def check(case: Case) -> None:
       warnings.simplefilter("always")
       actual, hlo = _run(case, sharded, case.fn)
   messages = [str(w.message) for w in caught]
-  if case.warns is None:
+  if case.gathers:
+    assert not any("replicated" in m for m in messages), messages
+  elif case.warns is None:
     assert "all-gather" not in hlo, "the compiled program gathers an operand"
     assert not any("replicated" in m for m in messages), messages
   else:
