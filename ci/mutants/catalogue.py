@@ -15003,6 +15003,108 @@ MUTATIONS: tuple[Mutation, ...] = (
     "With `balance`, the partial round's cheap pairs are ranked from 0 instead of after its"
     " full ones: two pairs take one position, so a pair runs twice and another never.",
   ),
+  # --- Hunt H: partitioning routes (interpreters on automatic axes, eager calls), the
+  # attention rule's bias and lengths ---------------------------------------------------
+  Mutation(
+    "partitioning.interpreter_callbacks_in_partitioner",
+    _PARTITIONING,
+    "  if _uses_host_callbacks(op):",
+    "  if False:",
+    (_KERNEL_SHARDING, "-k", "auto_rows_interpreted"),
+    "An interpreted kernel on automatically sharded arrays goes to XLA's partitioner, whose"
+    " host callbacks cannot run there: the Mosaic TPU interpreter fails and Triton's crashes.",
+  ),
+  Mutation(
+    "partitioning.mosaic_interpreter_in_partitioner",
+    _PARTITIONING,
+    '  return bool(getattr(op, "interpret", False)) or triton_call.interpreting()',
+    "  return triton_call.interpreting()",
+    (_KERNEL_SHARDING, "-k", "mosaic_tpu and auto_rows_interpreted"),
+    "A Mosaic kernel with `interpret=True` on automatically sharded arrays goes to XLA's"
+    " partitioner: the call fails inside it.",
+  ),
+  Mutation(
+    "partitioning.triton_interpreter_in_partitioner",
+    _PARTITIONING,
+    '  return bool(getattr(op, "interpret", False)) or triton_call.interpreting()',
+    '  return bool(getattr(op, "interpret", False))',
+    (_KERNEL_SHARDING, "-k", "triton and auto_rows_interpreted"),
+    "A Triton kernel under `triton_call.interpret()` on automatically sharded arrays goes to"
+    " XLA's partitioner: the process crashes.",
+  ),
+  Mutation(
+    "partitioning.constant_put_on_abstract_mesh",
+    _PARTITIONING,
+    "  if isinstance(mesh, jax.sharding.AbstractMesh):\n",
+    "  if False:\n",
+    (_KERNEL_SHARDING, "-k", "eager_rows_constant_scale"),
+    "jax.grad or jax.vmap outside jit of a kernel call on explicitly sharded arrays with a"
+    " constant operand: device_put onto the tracers' abstract mesh raises (the bug fixed).",
+  ),
+  Mutation(
+    "partitioning.unsharded_concrete_operand_has_no_spec",
+    _PARTITIONING,
+    "      if not isinstance(sharding, NamedSharding):\n        specs.append(PartitionSpec())\n",
+    "      if not isinstance(sharding, NamedSharding):\n",
+    (_KERNEL_SHARDING, "-k", "eager_rows_constant_scale"),
+    "An eager call on sharded arrays with an operand on one device: the specs no longer line"
+    " up with the operands and the call raises.",
+  ),
+  Mutation(
+    "attention.partitioning_bias_unlabeled",
+    "src/tokamax/_src/ops/attention/spec.py",
+    '      "bias": broadcast(args.bias),',
+    '      "bias": None,',
+    (_KERNEL_SHARDING, "-k", "bias_mask_lengths"),
+    "Attention split over batch and heads gives every shard the whole bias, not its own rows"
+    " and heads: the call fails or each shard adds another's bias.",
+  ),
+  Mutation(
+    "attention.partitioning_query_lengths_unsplit",
+    "src/tokamax/_src/ops/attention/spec.py",
+    '      "q_seq_lengths": ("b",),',
+    '      "q_seq_lengths": (None,),',
+    (_KERNEL_SHARDING, "-k", "bias_mask_lengths"),
+    "Attention split over batch gives every shard all the query lengths: each shard masks its"
+    " rows by the first batches' lengths.",
+  ),
+  Mutation(
+    "attention.partitioning_kv_lengths_unsplit",
+    "src/tokamax/_src/ops/attention/spec.py",
+    '      "kv_seq_lengths": ("b",),',
+    '      "kv_seq_lengths": (None,),',
+    (_KERNEL_SHARDING, "-k", "bias_mask_lengths"),
+    "Attention split over batch gives every shard all the key/value lengths: each shard masks"
+    " its keys by the first batches' lengths.",
+  ),
+  Mutation(
+    "attention.partitioning_broadcast_dims_labeled",
+    "src/tokamax/_src/ops/attention/spec.py",
+    "      label if x.shape[i] == full[i] else None for i, label",
+    "      label for i, label",
+    (_KERNEL_SHARDING, "-k", "bias_mask_lengths"),
+    "A mask broadcast over batch and heads gets their split labels: its size-1 axes are"
+    " split over devices and the call fails.",
+  ),
+  Mutation(
+    "attention.chunked_forward_carry_not_varying",
+    _ATTENTION + "xla_chunked.py",
+    "  init = partitioning.vary(init, partitioning.record_vma(args))  # Inside shard_map.\n",
+    "",
+    (_KERNEL_SHARDING, "-k", "xla_chunked and inside_shard_map"),
+    "xla_chunked attention inside a caller's shard_map: the scan's initial carry varies over"
+    " no mesh axis, its step's output over the inputs' axes, and JAX refuses the scan.",
+  ),
+  Mutation(
+    "attention.chunked_backward_carry_not_varying",
+    _ATTENTION + "xla_chunked.py",
+    "  init = (jnp.zeros((b, t, kh, g, h), acc_dtype), dbias0)\n"
+    "  init = partitioning.vary(init, partitioning.record_vma(args))\n",
+    "  init = (jnp.zeros((b, t, kh, g, h), acc_dtype), dbias0)\n",
+    (_KERNEL_SHARDING, "-k", "inside_shard_map_bias_mask_lengths"),
+    "The gradient of xla or xla_chunked attention inside a caller's shard_map: the backward"
+    " scan's initial carry varies over no mesh axis and JAX refuses the scan.",
+  ),
 )
 
 

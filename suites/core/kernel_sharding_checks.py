@@ -10,7 +10,9 @@ kernel, since interpreters' host callbacks cannot run inside it. The Mosaic TPU 
 ragged_dot and attention run in Pallas's TPU interpreter (explicit mesh axes). The Mosaic GPU
 kernels run in Pallas's GPU interpreter (explicit mesh axes), one device's cluster at a time
 (`serialize_mosaic_gpu_clusters` says why), and are also lowered for CUDA on sharded operands
-(`Lowering`): their calls take shards and nothing is gathered.
+(`Lowering`): their calls take shards and nothing is gathered. Some cases run outside jit
+(`Case.eager`), inside the caller's `shard_map`, or interpreted on automatic mesh axes, which
+runs the call on whole arrays by design (`Case.gathers`).
 
 Usage (test_kernel_sharding runs it in a subprocess):
   XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m suites.core.kernel_sharding_checks [CASE...]
@@ -130,6 +132,10 @@ class Case:
     warns: A substring of the expected warning (an axis the op cannot split), or None.
     interpret_triton: Run inside `triton_call.interpret()`.
     reference: The call on whole arrays where `fn` needs the mesh (default `fn`).
+    gathers: The call runs on whole arrays by design (an interpreter's host callbacks
+      cannot run inside XLA's partitioner): the program may gather, and nothing warns.
+    eager: Run outside `jit`: the forward pass on the concrete arrays, the VJP on JAX's
+      tracers (whose mesh is abstract), each meeting the constants `fn` closes over.
   """
 
   fn: Callable[..., jax.Array]
@@ -139,6 +145,8 @@ class Case:
   warns: str | None = None
   interpret_triton: bool = False
   reference: Callable[..., jax.Array] | None = None
+  gathers: bool = False
+  eager: bool = False
 
 
 def _normal(seed, shape, dtype=jnp.float32, scale=1.0):
@@ -152,6 +160,46 @@ def _attention(impl, dtype, b, t, n, k, h, **kw):
     lambda q, k, v: tokamax.dot_product_attention(q, k, v, implementation=impl, **kw),
     (q, kk, v),
   )
+
+
+def _attention_features(impl):
+  """Attention with a bias per batch and head, a mask broadcast over both, and per-batch
+  sequence lengths: each shard needs its own batch rows and heads of the bias and lengths."""
+  (_, (q, k, v)) = _attention(impl, jnp.float32, 4, 16, 4, 2, 16)
+  bias = _normal(15, (4, 4, 16, 16))
+  # Key 0 always visible (a row masked whole has no softmax).
+  mask = jax.random.bernoulli(jax.random.key(16), 0.7, (1, 1, 16, 16)).at[..., 0].set(True)
+  q_lengths, kv_lengths = jnp.array([16, 3, 9, 12]), jnp.array([7, 16, 12, 1])
+  return (
+    lambda q, k, v, bias, mask, q_lengths, kv_lengths: tokamax.dot_product_attention(
+      q,
+      k,
+      v,
+      bias,
+      mask,
+      query_seq_lengths=q_lengths,
+      key_value_seq_lengths=kv_lengths,
+      implementation=impl,
+    ),
+    (q, k, v, bias, mask, q_lengths, kv_lengths),
+  )
+
+
+# Query, key, value, bias [B, N, T, S], mask [1, 1, T, S] and the two lengths [B].
+FEATURE_SPECS = (
+  *[P("data", None, "model", None)] * 3,
+  P("data", "model"),
+  P(),
+  P("data"),
+  P("data"),
+)
+
+
+def _inside_shard_map(call, specs) -> Case:
+  """The call inside the caller's `shard_map` over the mesh, on the shards of `specs`."""
+  fn, args = call
+  body = jax.shard_map(fn, in_specs=tuple(specs), out_specs=P("data", None, "model", None))
+  return Case(body, args, tuple(specs), reference=fn)
 
 
 def _glu(impl, dtype, m, k, n, **kw):
@@ -237,6 +285,8 @@ def cases() -> dict[str, Case]:
   norm = _norm("triton", 16, 32)
   auto_norm = _norm(_partitioned(norm_xla.XlaLayerNorm), 16, 32)
   sizes = (5, 0, 7, 4)
+  scale = 1 + _normal(7, (32,))  # Closed over by the eager cases: a constant, not traced.
+  constant_scale = lambda impl: lambda x: tokamax.layer_norm(x, scale, None, implementation=impl)
   return {
     "layer_norm/triton/rows": _case(_norm("triton", 16, 32), [ROWS_ALL, P()], **triton),
     "layer_norm/triton/rows_split_features_replicated": _case(
@@ -276,6 +326,26 @@ def cases() -> dict[str, Case]:
       explicit=False,
     ),
     "layer_norm/xla/auto_rows": _case(auto_norm, [ROWS_ALL, P()], explicit=False),
+    # Interpreters (host callbacks) on automatic mesh axes: run on whole arrays, not split.
+    "layer_norm/triton/auto_rows_interpreted": _case(
+      _norm("triton", 16, 32), [ROWS, P()], explicit=False, gathers=True, **triton
+    ),
+    "ragged_dot/mosaic_tpu/auto_rows_interpreted": _case(
+      _ragged(TPU_RAGGED, jnp.float32, 32, 32, 8, (9, 0, 14, 6)),
+      [ROWS, P(), P()],
+      explicit=False,
+      gathers=True,
+    ),
+    # Outside jit, the scale a constant (on one device) next to rows on the mesh.
+    "layer_norm/xla/eager_rows_constant_scale": Case(
+      constant_scale(_partitioned(norm_xla.XlaLayerNorm)),
+      (_normal(6, (16, 32)),),
+      (ROWS_ALL,),
+      eager=True,
+    ),
+    "layer_norm/triton/eager_rows_constant_scale": Case(
+      constant_scale("triton"), (_normal(6, (16, 32)),), (ROWS_ALL,), eager=True, **triton
+    ),
     "gated_linear_unit/xla/auto_rows_and_columns": _case(
       _glu(_partitioned(glu_xla.XlaGatedLinearUnit), jnp.float32, 16, 32, 24),
       [ROWS, P(None, None, "model")],
@@ -285,6 +355,17 @@ def cases() -> dict[str, Case]:
       _attention(_partitioned(attention_xla.XlaAttention), jnp.float32, 4, 16, 4, 2, 16),
       [HEADS] * 3,
       explicit=False,
+    ),
+    "attention/triton/batch_and_kv_heads_bias_mask_lengths": _case(
+      _attention_features("triton"), FEATURE_SPECS, **triton
+    ),
+    # The XLA implementations inside the caller's shard_map: their scans' carries vary over
+    # the manual mesh axes like their inputs.
+    "attention/xla/inside_shard_map_bias_mask_lengths": _inside_shard_map(
+      _attention_features("xla"), FEATURE_SPECS
+    ),
+    "attention/xla_chunked/inside_shard_map_bias_mask_lengths": _inside_shard_map(
+      _attention_features("xla_chunked"), FEATURE_SPECS
     ),
     "attention/xla/auto_mqa_heads_replicated": _case(
       _attention(_partitioned(attention_xla.XlaAttention), jnp.float32, 4, 16, 4, 1, 16),
@@ -430,7 +511,10 @@ def _run(case: Case, args, fn_of_args):
     return out, vjp(ct)
 
   fn = jax.jit(fwd_vjp)
-  return fn(*args), fn.lower(*args).compile().as_text()
+  hlo = fn.lower(*args).compile().as_text()
+  if case.eager:
+    return (fn_of_args(*args), fwd_vjp(*args)[1]), hlo
+  return fn(*args), hlo
 
 
 def check(case: Case) -> None:
@@ -449,7 +533,9 @@ def check(case: Case) -> None:
       warnings.simplefilter("always")
       actual, hlo = _run(case, sharded, case.fn)
   messages = [str(w.message) for w in caught]
-  if case.warns is None:
+  if case.gathers:
+    assert not any("replicated" in m for m in messages), messages
+  elif case.warns is None:
     assert "all-gather" not in hlo, "the compiled program gathers an operand"
     assert not any("replicated" in m for m in messages), messages
   else:

@@ -401,6 +401,10 @@ def _resharded(mesh, x: jax.Array, spec: PartitionSpec) -> jax.Array:
     return (
       x if _spec_axes(current, ndim) == _spec_axes(spec, ndim) else jax.sharding.reshard(x, spec)
     )
+  if isinstance(mesh, jax.sharding.AbstractMesh):
+    # Traced outside jit (jax.grad, jax.vmap): a constant the call closes over cannot be
+    # put on the tracers' abstract mesh, only resharded onto it.
+    return jax.sharding.reshard(x, NamedSharding(mesh, spec))
   sharding = getattr(x, "sharding", None)
   if (
     isinstance(sharding, NamedSharding)

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from tokamax._src import numerics
-from tokamax._src.ops import op
+from tokamax._src.ops import op, partitioning
 from tokamax._src.ops.attention import spec
 
 
@@ -100,6 +100,7 @@ def _forward(args: spec.AttentionArgs, config: ChunkedConfig):
     jnp.zeros(shape, acc_dtype),
     jnp.zeros((*shape, hv), acc_dtype),
   )
+  init = partitioning.vary(init, partitioning.record_vma(args))  # Inside shard_map.
   (m, total, acc), _ = jax.lax.scan(step, init, jnp.arange(chunks.count))
   out = acc / jnp.where(total == 0, 1.0, total)[..., None]
   lse = jnp.where(total == 0, -jnp.inf, jnp.log(jnp.where(total == 0, 1.0, total)) + m)
@@ -156,6 +157,7 @@ def backward(args: spec.AttentionArgs, config: ChunkedConfig, out, lse, dout) ->
 
   dbias0 = None if bias is None else jnp.zeros(bias.shape, acc_dtype)
   init = (jnp.zeros((b, t, kh, g, h), acc_dtype), dbias0)
+  init = partitioning.vary(init, partitioning.record_vma(args))
   (dq, dbias), (dk, dv) = jax.lax.scan(step, init, jnp.arange(chunks.count))
 
   def unchunk(x):  # [count, B, C, K, H] -> [B, S, K, H]
