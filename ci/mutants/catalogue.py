@@ -15105,6 +15105,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The gradient of xla or xla_chunked attention inside a caller's shard_map: the backward"
     " scan's initial carry varies over no mesh axis and JAX refuses the scan.",
   ),
+  Mutation(
+    "partitioning.xla_implementations_unsplit_on_explicit_axes",
+    "src/tokamax/_src/ops/partitioning.py",
+    '  if explicit_only and not (kind == "known" and _has_explicit_axes(mesh)):\n',
+    "  if explicit_only:\n",
+    (_KERNEL_SHARDING, "-k", "explicit_rows_and_vocabulary_mean or explicit_groups"),
+    "The XLA implementations are left to JAX on explicit mesh axes: the loss (label gather,"
+    " dweights over sharded rows) and ragged_dot fail to trace under jax.set_mesh.",
+  ),
+  Mutation(
+    "glu.split_backward_weights_cotangent_not_summed",
+    "src/tokamax/_src/ops/gated_linear_unit/spec.py",
+    "    partitioning_lib.cotangent(dw, vma(weights), axes).astype(weights.dtype),\n",
+    "    dw.astype(weights.dtype),\n",
+    (_KERNEL_SHARDING, "-k", "gated_linear_unit and inside_shard_map"),
+    "The XLA GLU's gradient inside a caller's shard_map with rows split and the weights whole:"
+    " the weights' cotangent is each shard's share, and JAX refuses the custom VJP.",
+  ),
 )
 
 

@@ -195,10 +195,11 @@ FEATURE_SPECS = (
 )
 
 
-def _inside_shard_map(call, specs) -> Case:
-  """The call inside the caller's `shard_map` over the mesh, on the shards of `specs`."""
+def _inside_shard_map(call, specs, out_spec: P | None = None) -> Case:
+  """The call inside the caller's `shard_map` over the mesh, on the shards of `specs` (the
+  output's: `out_spec`, by default attention's `HEADS`)."""
   fn, args = call
-  body = jax.shard_map(fn, in_specs=tuple(specs), out_specs=P("data", None, "model", None))
+  body = jax.shard_map(fn, in_specs=tuple(specs), out_specs=out_spec or HEADS)
   return Case(body, args, tuple(specs), reference=fn)
 
 
@@ -359,10 +360,48 @@ def cases() -> dict[str, Case]:
     "attention/triton/batch_and_kv_heads_bias_mask_lengths": _case(
       _attention_features("triton"), FEATURE_SPECS, **triton
     ),
+    # The XLA implementations as named in a call (the default on the CPU too) on explicit
+    # mesh axes: split by their op's rule, since JAX's sharding in types cannot type their
+    # scans, their contractions over sharded rows, the loss's gather or ragged_dot.
+    "attention/xla/explicit_batch_and_kv_heads_bias_mask_lengths": _case(
+      _attention_features("xla"), FEATURE_SPECS
+    ),
+    "attention/xla_chunked/explicit_batch_and_kv_heads": _case(
+      _attention("xla_chunked", jnp.float32, 4, 16, 4, 2, 16, is_causal=True), [HEADS] * 3
+    ),
+    "attention/default/explicit_batch_and_kv_heads": _case(
+      _attention(None, jnp.float32, 4, 16, 4, 2, 16), [HEADS] * 3
+    ),
+    "layer_norm/xla/explicit_rows": _case(_norm("xla", 16, 32), [ROWS_ALL, P()]),
+    "gated_linear_unit/xla/explicit_rows_and_columns": _case(
+      _glu("xla", jnp.float32, 16, 32, 24), [ROWS, P(None, None, "model")]
+    ),
+    "gated_linear_unit/default/explicit_rows_and_columns": _case(
+      _glu(None, jnp.float32, 16, 32, 24), [ROWS, P(None, None, "model")]
+    ),
+    "ragged_dot/xla/explicit_rows_and_columns": _case(
+      _ragged("xla", jnp.float32, 16, 32, 8, sizes), [ROWS, P(None, None, "model"), P()]
+    ),
+    "ragged_dot/default/explicit_groups": _case(
+      _ragged(None, jnp.float32, 16, 32, 8, sizes), [ROWS, P("model"), P()]
+    ),
+    "loss/xla/explicit_rows_and_vocabulary_mean": _case(
+      _loss("xla", 16, 32, 24, "mean"), [ROWS, VOCAB, ROWS]
+    ),
+    "loss/chunked_xla/explicit_rows_sum": _case(
+      _loss("chunked_xla", 16, 32, 24, "sum"), [ROWS, P(), ROWS]
+    ),
+    "loss/default/explicit_rows_and_vocabulary_none": _case(
+      _loss(None, 16, 32, 24, "none", outside=(2,)), [ROWS, VOCAB, ROWS]
+    ),
     # The XLA implementations inside the caller's shard_map: their scans' carries vary over
     # the manual mesh axes like their inputs.
     "attention/xla/inside_shard_map_bias_mask_lengths": _inside_shard_map(
       _attention_features("xla"), FEATURE_SPECS
+    ),
+    # Rows split, the weights whole: the weights' cotangent sums the shards' shares.
+    "gated_linear_unit/xla/inside_shard_map_rows": _inside_shard_map(
+      _glu("xla", jnp.float32, 16, 32, 24), [ROWS, P()], out_spec=ROWS
     ),
     "attention/xla_chunked/inside_shard_map_bias_mask_lengths": _inside_shard_map(
       _attention_features("xla_chunked"), FEATURE_SPECS

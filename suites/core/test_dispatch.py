@@ -485,11 +485,12 @@ class _PartitionedXlaNorm(norm_xla.XlaLayerNorm):
 
 def test_apply_partitions_what_jax_cannot_trace_into(monkeypatch, inputs):
   """By default a kernel (`differentiable=False`) runs through its op's partitioning rule and
-  what JAX traces into is left to XLA's partitioner; `partitioned` overrides either way."""
+  what JAX traces into is left to XLA's partitioner but on explicit mesh axes;
+  `partitioned` overrides either way."""
   partitioned = []
 
-  def apply(op, args, fn):
-    partitioned.append(op.name)
+  def apply(op, args, fn, *, explicit_only):
+    partitioned.append((op.name, explicit_only))
     return fn(args)
 
   monkeypatch.setattr(op_lib.partitioning, "apply", apply)
@@ -503,7 +504,12 @@ def test_apply_partitions_what_jax_cannot_trace_into(monkeypatch, inputs):
     _PartitionedXlaNorm(),
   ):
     assert_matches(impl.apply(record), expected)
-  assert partitioned == ["forward_only", "partitioned_xla"]
+  assert partitioned == [
+    ("xla", True),
+    ("forward_only", False),
+    ("unpartitioned", True),
+    ("partitioned_xla", False),
+  ]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

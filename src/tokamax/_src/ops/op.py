@@ -74,7 +74,9 @@ class Op(abc.ABC):
   nondeterministic_gradients: ClassVar[str | None] = None
   # Whether calls on sharded arrays run on each device's shards by the op's
   # `OpSpec.partitioning` rule; None: the kernels that JAX cannot trace into
-  # (`differentiable=False`), which XLA's partitioner cannot split either.
+  # (`differentiable=False`), which XLA's partitioner cannot split either. The
+  # others are split so only on explicit mesh axes, which JAX's sharding in
+  # types cannot always type through them.
   partitioned: ClassVar[bool | None] = None
   # Whether autotuning times candidates on the forward alone even where the call
   # is differentiated: true where the VJP runs the forward under a config derived
@@ -172,9 +174,9 @@ class Op(abc.ABC):
   def apply(self, args: Any) -> jax.Array:
     """Computes the op for a canonical record, on each device's shards where sharded."""
     partitioned = self.partitioned if self.partitioned is not None else not self.differentiable
-    if partitioned and self.spec.partitioning is not None:
-      return partitioning.apply(self, args, self._apply_unpartitioned)
-    return self._apply_unpartitioned(args)
+    if self.spec.partitioning is None:
+      return self._apply_unpartitioned(args)
+    return partitioning.apply(self, args, self._apply_unpartitioned, explicit_only=not partitioned)
 
   def _apply_unpartitioned(self, args: Any) -> jax.Array:
     """Computes the op on whole arrays, choosing the backward pass."""

@@ -16,6 +16,10 @@ of expert parallelism, a loss's vocabulary), the rule declares per label how the
 shards' outputs combine, summed or averaged; an implementation may first combine values
 across the shards itself (the loss's log-sum-exp over vocabulary shards).
 
+The XLA implementations, which XLA's partitioner splits itself, take the same route on
+explicit mesh axes only: JAX's sharding in types cannot type all of them (scans,
+contractions over sharded rows, the loss's label gather, ragged_dot).
+
 An axis sharded over devices that its label does not allow to split is replicated
 (gathered), with a one-time warning naming it. The gradient is partitioned the same
 way: through `shard_map`, JAX differentiates the split call (the implementation's own
@@ -524,14 +528,23 @@ def _inspect(leaves) -> tuple[str, Any, list[PartitionSpec] | None]:
   return ("none", None, None) if mesh is None else ("known", mesh, specs)
 
 
-def apply(op: Any, args: Any, run: Callable[[Any], jax.Array]) -> jax.Array:
-  """`run(args)` on each device's shards of `args`, by `op.spec.partitioning`."""
+def apply(
+  op: Any, args: Any, run: Callable[[Any], jax.Array], *, explicit_only: bool = False
+) -> jax.Array:
+  """`run(args)` on each device's shards of `args`, by `op.spec.partitioning`.
+
+  With `explicit_only`, only where the operands' mesh has explicit axes (an
+  implementation that XLA partitions itself, but that JAX's sharding in types cannot
+  type: contractions over sharded rows, gathers, scans, ragged_dot); else `run(args)`.
+  """
   rule_fn = op.spec.partitioning
   if rule_fn is None or _LOCAL.get() or jax.device_count() == 1:
     return run(args)
   leaves = jax.tree.leaves(args)
   kind, mesh, specs = _inspect(leaves)
   if kind in ("local", "none"):
+    return run(args)
+  if explicit_only and not (kind == "known" and _has_explicit_axes(mesh)):
     return run(args)
   rule = rule_fn(args)
   call = _Call(f"{op.spec.name}[{op.name}]", rule, args, run)
@@ -544,6 +557,10 @@ def apply(op: Any, args: Any, run: Callable[[Any], jax.Array]) -> jax.Array:
     # is gathered (with explicit mesh axes it is split, above).
     return run(args)
   return _custom_partitioning(call)
+
+
+def _has_explicit_axes(mesh: Any) -> bool:
+  return jax.sharding.AxisType.Explicit in set(getattr(mesh, "axis_types", ()))
 
 
 def _uses_host_callbacks(op: Any) -> bool:

@@ -144,7 +144,13 @@ def _split_bwd(precision, saved, d):
     [jnp.matmul(rows.T, dj.reshape(len(rows), dj.shape[-1]), precision=precision) for dj in halves],
     axis=1,
   )
-  return dx.astype(x.dtype), dw.astype(weights.dtype)
+  # Inside shard_map: each cotangent varies as its input does, summed over the other axes.
+  vma = partitioning_lib.vma
+  axes = vma(x) | vma(weights) | vma(d)
+  return (
+    partitioning_lib.cotangent(dx, vma(x), axes).astype(x.dtype),
+    partitioning_lib.cotangent(dw, vma(weights), axes).astype(weights.dtype),
+  )
 
 
 _both_halves_split_backward.defvjp(_split_fwd, _split_bwd)
