@@ -270,8 +270,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "dispatch.glu_few_rows_boundary",
     "src/tokamax/_src/ops/gated_linear_unit/spec.py",
-    "args.x.size // args.x.shape[-1] <= TRITON_FORWARD_ROWS",
-    "args.x.size // args.x.shape[-1] < TRITON_FORWARD_ROWS",
+    "num_rows(args) <= TRITON_FORWARD_ROWS",
+    "num_rows(args) < TRITON_FORWARD_ROWS",
     ("suites/core/test_dispatch.py", "-k", "few_rows"),
     "gated_linear_unit's Triton-first rule misses calls of exactly TRITON_FORWARD_ROWS rows.",
   ),
@@ -14904,6 +14904,16 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/history/test_dashboard.py", "-k", "page_data_keeps"),
     "The page's records keep the file's order, not the date's: ingested older runs plot out"
     " of order.",
+  ),
+  # --- layer_norm and gated_linear_unit (hunt I) ---
+  Mutation(
+    "glu.rows_divide_by_k",
+    _GLU + "spec.py",
+    "  return math.prod(args.x.shape[:-1])",
+    "  return args.x.size // args.x.shape[-1]",
+    ("suites/core/test_dispatch.py", "suites/core/test_cost.py", "-k", "empty_contraction"),
+    "gated_linear_unit with K = 0 raises ZeroDivisionError on a GPU (the few-rows dispatch"
+    " rule) and in its cost, instead of returning zeros.",
   ),
 )
 
