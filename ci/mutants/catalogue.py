@@ -14915,6 +14915,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "gated_linear_unit with K = 0 raises ZeroDivisionError on a GPU (the few-rows dispatch"
     " rule) and in its cost, instead of returning zeros.",
   ),
+  Mutation(
+    "layer_norm.triton_statistics_in_input_dtype",
+    _NORM + "triton.py",
+    "      jax.ShapeDtypeStruct((m,), jnp.float32),\n      jax.ShapeDtypeStruct((m,), jnp.float32),\n    ],",
+    "      jax.ShapeDtypeStruct((m,), x.dtype),\n      jax.ShapeDtypeStruct((m,), x.dtype),\n    ],",
+    (_TRITON_NORM, "-k", "float32_statistics"),
+    "Triton layer_norm saves its mean and 1/std for the backward in x's dtype: bfloat16 rows"
+    " of a large mean get gradients off by a large fraction of their size.",
+  ),
 )
 
 
