@@ -14924,6 +14924,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton layer_norm saves its mean and 1/std for the backward in x's dtype: bfloat16 rows"
     " of a large mean get gradients off by a large fraction of their size.",
   ),
+  Mutation(
+    "kernels.triton_glu_group_of_row_tiles",
+    _GLU + "triton_glu.py",
+    "  per_group = GROUP_M * tiles_n",
+    "  per_group = GROUP_M * tiles_m",
+    (_TRITON_GLU, "-k", "unequal"),
+    "Triton gated_linear_unit's grouped program order counts row tiles for column tiles:"
+    " where the two counts differ, some output tiles are never computed.",
+  ),
+  Mutation(
+    "wrappers.glu_triton_column_tiles_of_rows",
+    _GLU + "triton.py",
+    "math.ceil(m / config.block_m) * math.ceil(n / config.block_n)",
+    "math.ceil(m / config.block_m) * math.ceil(m / config.block_n)",
+    (_TRITON_GLU, "-k", "unequal"),
+    "Triton gated_linear_unit launches column tiles for M rather than N: wider outputs than"
+    " M lose their last columns.",
+  ),
 )
 
 

@@ -340,3 +340,19 @@ def test_float32_autotuning_candidate_with_the_most_shared_memory_compiles_for_s
   with triton_call.capture() as launches:
     glu_triton.forward(args, largest, False)
   assert triton_call.compile_launch(launches[0], 90).metadata.shared <= SMEM_LIMIT[90], largest
+
+
+@pytest.mark.host_only
+@pytest.mark.parametrize(("m", "n"), [(100, 40), (40, 100)], ids=["tall", "wide"])
+def test_interpreted_grids_of_unequal_row_and_column_tile_counts(m, n):
+  """4 row tiles of 32 by 2 column tiles, and 2 by 4 (the kernel cases' grids are square at
+  the interpreted tiles): the launch counts each axis's own tiles and the grouped program
+  order visits every (row tile, column tile) pair."""
+  x, w, _ = _inputs((m, 24), n, "float32", True, seed=5)
+  args = spec.canonicalize(x, w, activation=jax.nn.silu, precision=jax.lax.Precision.HIGHEST)
+  config = glu_triton.TritonGluConfig(32, 32, 16, 2, 4, 2)
+  with triton_call.interpret():
+    out = OP._fwd_primal(args, config)
+  x64, w64 = np.asarray(x, np.float64), np.asarray(w, np.float64)
+  gate, up = x64 @ w64[:, 0], x64 @ w64[:, 1]
+  np.testing.assert_allclose(out, gate / (1 + np.exp(-gate)) * up, rtol=1e-5, atol=1e-5)
