@@ -14942,6 +14942,31 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton gated_linear_unit launches column tiles for M rather than N: wider outputs than"
     " M lose their last columns.",
   ),
+  Mutation(
+    "layer_norm.list_scale_kept",
+    _NORM + "spec.py",
+    'scale=None if scale is None else validation.floating("scale", scale),',
+    "scale=scale,",
+    ("suites/core/test_layer_norm.py", "-k", "python_lists"),
+    "layer_norm keeps a Python list scale unconverted: the call fails with an AttributeError.",
+  ),
+  Mutation(
+    "layer_norm.list_offset_kept",
+    _NORM + "spec.py",
+    'offset=None if offset is None else validation.floating("offset", offset),',
+    "offset=offset,",
+    ("suites/core/test_layer_norm.py", "-k", "python_lists"),
+    "layer_norm keeps a Python list offset unconverted: the call fails with an AttributeError.",
+  ),
+  Mutation(
+    "kernels.triton_layer_norm_negative_scale_offset_ignored",
+    _NORM + "triton_layer_norm.py",
+    "  elif SCALE_OFFSET != 0.0:",
+    "  elif SCALE_OFFSET > 0.0:",
+    (_TRITON_NORM, "-k", "negative_scale_offset"),
+    "Triton layer_norm without a scale ignores a negative scale_offset in its forward: the"
+    " output is not multiplied by 1 + scale_offset.",
+  ),
 )
 
 

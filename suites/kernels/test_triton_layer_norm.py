@@ -583,3 +583,25 @@ def test_interpreted_backward_reads_float32_statistics_of_bfloat16_rows_of_a_lar
     error = np.abs(np.asarray(value, np.float64) - want).max()
     # A bfloat16 rounding: about 0.4% of the largest value.
     assert error <= 1.5e-2 * np.abs(want).max(), (name, error, np.abs(want).max())
+
+
+@pytest.mark.host_only
+@pytest.mark.parametrize("scale_offset", [-0.5, -2.0])
+def test_interpreted_negative_scale_offset_without_a_scale(scale_offset):
+  """No scale: the normalized rows are multiplied by 1 + scale_offset, a negative offset too
+  (0.5 or -1: halved or sign-flipped), in the plain and persistent forwards and the backward
+  (the kernel cases' offsets are all positive)."""
+  x, _, offset, dy = _inputs((6, 40), -1, "float32", False, True, seed=10)
+  kw = dict(scale_offset=scale_offset)
+  args = spec.canonicalize(x, None, offset, **kw)
+  config = norm_triton.TritonNormConfig(block_m=2, num_warps=4, bwd_block_m=2, bwd_num_warps=4)
+  ref_out, ref_grads = references.high_precision_vjp(
+    lambda a, c: references.layer_norm(a, None, c, epsilon=1e-6, **kw), (x, offset), dy
+  )
+  for fwd in ({}, dict(fwd_programs=2)):
+    with triton_call.interpret():
+      out, residuals = OP._fwd(args, dataclasses.replace(config, **fwd))
+      grads = OP._bwd(args, config, out, residuals, dy)
+    assert compare.relative_error(out, ref_out) <= 1e-5, fwd
+    for name, rg in zip(("x", "offset"), ref_grads, strict=True):
+      assert compare.relative_error(grads[name], rg) <= 1e-5, (fwd, name)
