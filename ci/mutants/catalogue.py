@@ -14967,6 +14967,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton layer_norm without a scale ignores a negative scale_offset in its forward: the"
     " output is not multiplied by 1 + scale_offset.",
   ),
+  Mutation(
+    "layer_norm.float64_scale_offset_rounded_to_float32",
+    _NORM + "spec.py",
+    "  return v.astype(stat_dtype(args)).reshape(shape)",
+    "  return v.astype(np.float32).reshape(shape)",
+    ("suites/core/test_float64.py", "-k", "stay_float64"),
+    "layer_norm rounds float64 scale and offset to float32: float64 outputs and gradients are"
+    " off by ~1e-8 relative.",
+  ),
 )
 
 
