@@ -14985,6 +14985,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "layer_norm's own backward rounds a float64 cotangent to float32: float64 gradients are"
     " off by ~1e-8 relative.",
   ),
+  Mutation(
+    "glu.mosaic_mixed_backward_swapped",
+    _GLU + "mosaic.py",
+    "      dx_how, dw_how = self._backward()",
+    "      dw_how, dx_how = self._backward()",
+    (_MOSAIC_GLU, "-k", "mixed_backward"),
+    "Mosaic gated_linear_unit with backward=(dx's, dW's) runs dx where dW was asked and dW"
+    " where dx was: the caller's tuned split of the backward matmuls is reversed.",
+  ),
 )
 
 
