@@ -14994,6 +14994,31 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Mosaic gated_linear_unit with backward=(dx's, dW's) runs dx where dW was asked and dW"
     " where dx was: the caller's tuned split of the backward matmuls is reversed.",
   ),
+  Mutation(
+    "wrappers.glu_triton_fused_dweights_float32",
+    _GLU + "triton.py",
+    "    dweights = dw.astype(args.weights.dtype)",
+    "    dweights = dw",
+    (_TRITON_GLU, "-k", "inputs_dtypes"),
+    "Triton gated_linear_unit returns the gradient of 16-bit fused weights in float32 (twice"
+    " the memory, and not the parameters' dtype).",
+  ),
+  Mutation(
+    "wrappers.glu_triton_pair_dweights_float32",
+    _GLU + "triton.py",
+    "    dweights = (dw[:, 0].astype(wg.dtype), dw[:, 1].astype(wu.dtype))",
+    "    dweights = (dw[:, 0], dw[:, 1])",
+    (_TRITON_GLU, "-k", "inputs_dtypes"),
+    "Triton gated_linear_unit returns the gradients of a 16-bit (w_gate, w_up) pair in float32.",
+  ),
+  Mutation(
+    "wrappers.glu_triton_dx_float32",
+    _GLU + "triton.py",
+    '"x": dx.astype(args.x.dtype).reshape(args.x.shape)',
+    '"x": dx.reshape(args.x.shape)',
+    (_TRITON_GLU, "-k", "inputs_dtypes"),
+    "Triton gated_linear_unit returns dx of a 16-bit x in float32.",
+  ),
 )
 
 

@@ -108,6 +108,27 @@ def test_wrapper_shapes_and_gradient_structure(case):
   assert jax.tree.structure(grads["weights"]) == jax.tree.structure(args.weights)
 
 
+@pytest.mark.host_only
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "pair"])
+def test_interpreted_cotangents_come_back_in_the_inputs_dtypes(fused):
+  """float16 x and weights through jax.vjp of the public call: dx and dW are float16 (the
+  backward's XLA matmuls accumulate in float32, and nothing after the op casts a custom
+  VJP's cotangents back to its inputs' dtypes)."""
+  x, weights, dout = _inputs((2, 12, 16), 8, "float16", fused)
+  op = OP.with_config(glu_triton.TritonGluConfig(32, 32, 16, 2, 4, 2))
+
+  def fn(a, b):
+    return api.gated_linear_unit(a, b, activation=jax.nn.silu, implementation=op)
+
+  with triton_call.interpret():
+    out, vjp = jax.vjp(fn, x, weights)
+    dx, dw = vjp(dout)
+  assert out.dtype == dx.dtype == jnp.float16 and dx.shape == x.shape
+  assert jax.tree.structure(dw) == jax.tree.structure(weights)
+  for got, want in zip(jax.tree.leaves(dw), jax.tree.leaves(weights), strict=True):
+    assert (got.shape, got.dtype) == (want.shape, want.dtype)
+
+
 def test_unsupported_reasons():
   args = _case_record(CASES[0])
   assert OP._unsupported_reason(args) is None
