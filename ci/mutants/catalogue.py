@@ -270,8 +270,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "dispatch.glu_few_rows_boundary",
     "src/tokamax/_src/ops/gated_linear_unit/spec.py",
-    "args.x.size // args.x.shape[-1] <= TRITON_FORWARD_ROWS",
-    "args.x.size // args.x.shape[-1] < TRITON_FORWARD_ROWS",
+    "num_rows(args) <= TRITON_FORWARD_ROWS",
+    "num_rows(args) < TRITON_FORWARD_ROWS",
     ("suites/core/test_dispatch.py", "-k", "few_rows"),
     "gated_linear_unit's Triton-first rule misses calls of exactly TRITON_FORWARD_ROWS rows.",
   ),
@@ -15122,6 +15122,120 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_KERNEL_SHARDING, "-k", "gated_linear_unit and inside_shard_map"),
     "The XLA GLU's gradient inside a caller's shard_map with rows split and the weights whole:"
     " the weights' cotangent is each shard's share, and JAX refuses the custom VJP.",
+  ),
+  # --- layer_norm and gated_linear_unit (hunt I) ---
+  Mutation(
+    "glu.rows_divide_by_k",
+    _GLU + "spec.py",
+    "  return math.prod(args.x.shape[:-1])",
+    "  return args.x.size // args.x.shape[-1]",
+    ("suites/core/test_dispatch.py", "suites/core/test_cost.py", "-k", "empty_contraction"),
+    "gated_linear_unit with K = 0 raises ZeroDivisionError on a GPU (the few-rows dispatch"
+    " rule) and in its cost, instead of returning zeros.",
+  ),
+  Mutation(
+    "layer_norm.triton_statistics_in_input_dtype",
+    _NORM + "triton.py",
+    "      jax.ShapeDtypeStruct((m,), jnp.float32),\n      jax.ShapeDtypeStruct((m,), jnp.float32),\n    ],",
+    "      jax.ShapeDtypeStruct((m,), x.dtype),\n      jax.ShapeDtypeStruct((m,), x.dtype),\n    ],",
+    (_TRITON_NORM, "-k", "float32_statistics"),
+    "Triton layer_norm saves its mean and 1/std for the backward in x's dtype: bfloat16 rows"
+    " of a large mean get gradients off by a large fraction of their size.",
+  ),
+  Mutation(
+    "kernels.triton_glu_group_of_row_tiles",
+    _GLU + "triton_glu.py",
+    "  per_group = GROUP_M * tiles_n",
+    "  per_group = GROUP_M * tiles_m",
+    (_TRITON_GLU, "-k", "unequal"),
+    "Triton gated_linear_unit's grouped program order counts row tiles for column tiles:"
+    " where the two counts differ, some output tiles are never computed.",
+  ),
+  Mutation(
+    "wrappers.glu_triton_column_tiles_of_rows",
+    _GLU + "triton.py",
+    "math.ceil(m / config.block_m) * math.ceil(n / config.block_n)",
+    "math.ceil(m / config.block_m) * math.ceil(m / config.block_n)",
+    (_TRITON_GLU, "-k", "unequal"),
+    "Triton gated_linear_unit launches column tiles for M rather than N: wider outputs than"
+    " M lose their last columns.",
+  ),
+  Mutation(
+    "layer_norm.list_scale_kept",
+    _NORM + "spec.py",
+    'scale=None if scale is None else validation.floating("scale", scale),',
+    "scale=scale,",
+    ("suites/core/test_layer_norm.py", "-k", "python_lists"),
+    "layer_norm keeps a Python list scale unconverted: the call fails with an AttributeError.",
+  ),
+  Mutation(
+    "layer_norm.list_offset_kept",
+    _NORM + "spec.py",
+    'offset=None if offset is None else validation.floating("offset", offset),',
+    "offset=offset,",
+    ("suites/core/test_layer_norm.py", "-k", "python_lists"),
+    "layer_norm keeps a Python list offset unconverted: the call fails with an AttributeError.",
+  ),
+  Mutation(
+    "kernels.triton_layer_norm_negative_scale_offset_ignored",
+    _NORM + "triton_layer_norm.py",
+    "  elif SCALE_OFFSET != 0.0:",
+    "  elif SCALE_OFFSET > 0.0:",
+    (_TRITON_NORM, "-k", "negative_scale_offset"),
+    "Triton layer_norm without a scale ignores a negative scale_offset in its forward: the"
+    " output is not multiplied by 1 + scale_offset.",
+  ),
+  Mutation(
+    "layer_norm.float64_scale_offset_rounded_to_float32",
+    _NORM + "spec.py",
+    "  return v.astype(stat_dtype(args)).reshape(shape)",
+    "  return v.astype(np.float32).reshape(shape)",
+    ("suites/core/test_float64.py", "-k", "stay_float64"),
+    "layer_norm rounds float64 scale and offset to float32: float64 outputs and gradients are"
+    " off by ~1e-8 relative.",
+  ),
+  Mutation(
+    "layer_norm.backward_cotangent_in_float32",
+    _NORM + "xla.py",
+    "  dy = dout.astype(xf.dtype)",
+    "  dy = dout.astype(jnp.float32)",
+    ("suites/core/test_float64.py", "-k", "stay_float64"),
+    "layer_norm's own backward rounds a float64 cotangent to float32: float64 gradients are"
+    " off by ~1e-8 relative.",
+  ),
+  Mutation(
+    "glu.mosaic_mixed_backward_swapped",
+    _GLU + "mosaic.py",
+    "      dx_how, dw_how = self._backward()",
+    "      dw_how, dx_how = self._backward()",
+    (_MOSAIC_GLU, "-k", "mixed_backward"),
+    "Mosaic gated_linear_unit with backward=(dx's, dW's) runs dx where dW was asked and dW"
+    " where dx was: the caller's tuned split of the backward matmuls is reversed.",
+  ),
+  Mutation(
+    "wrappers.glu_triton_fused_dweights_float32",
+    _GLU + "triton.py",
+    "    dweights = dw.astype(args.weights.dtype)",
+    "    dweights = dw",
+    (_TRITON_GLU, "-k", "inputs_dtypes"),
+    "Triton gated_linear_unit returns the gradient of 16-bit fused weights in float32 (twice"
+    " the memory, and not the parameters' dtype).",
+  ),
+  Mutation(
+    "wrappers.glu_triton_pair_dweights_float32",
+    _GLU + "triton.py",
+    "    dweights = (dw[:, 0].astype(wg.dtype), dw[:, 1].astype(wu.dtype))",
+    "    dweights = (dw[:, 0], dw[:, 1])",
+    (_TRITON_GLU, "-k", "inputs_dtypes"),
+    "Triton gated_linear_unit returns the gradients of a 16-bit (w_gate, w_up) pair in float32.",
+  ),
+  Mutation(
+    "wrappers.glu_triton_dx_float32",
+    _GLU + "triton.py",
+    '"x": dx.astype(args.x.dtype).reshape(args.x.shape)',
+    '"x": dx.reshape(args.x.shape)',
+    (_TRITON_GLU, "-k", "inputs_dtypes"),
+    "Triton gated_linear_unit returns dx of a 16-bit x in float32.",
   ),
 )
 

@@ -75,6 +75,15 @@ def test_gated_linear_unit_cost(fused, dtype):
   assert cost.bytes == jnp.dtype(dtype).itemsize * (rows * k + 2 * k * n + rows * n)
 
 
+def test_gated_linear_unit_cost_of_an_empty_contraction():
+  """K = 0: no multiply-adds; the bytes are the [3, 5, N] output's (x and the weights are
+  empty), counted without dividing x.size by K."""
+  x = jnp.ones((3, 5, 0), jnp.bfloat16)
+  cost = _cost("gated_linear_unit", x, jnp.ones((0, 2, 6), jnp.bfloat16))
+  assert cost.flops == 0
+  assert cost.bytes == 2 * 3 * 5 * 6
+
+
 @pytest.mark.parametrize("layout", ragged_spec.LAYOUTS)
 @pytest.mark.parametrize("out_dtype", (None, jnp.float32))
 def test_ragged_dot_cost(layout, out_dtype):

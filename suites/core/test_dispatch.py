@@ -264,6 +264,28 @@ def test_gated_linear_unit_with_few_rows_tries_triton_first_on_a_gpu(inputs):
   assert glu_spec.gradient_preference(few, "tpu") == ()
 
 
+def test_gated_linear_unit_of_an_empty_contraction_dispatches_on_a_gpu():
+  """K = 0 (six rows of no elements): the few-rows rule counts M from the shape, not as
+  x.size // K (a ZeroDivisionError), and a call lowered for a GPU gives its shapes, value and
+  gradients."""
+  from tokamax._src import export
+
+  x = jax.ShapeDtypeStruct((2, 3, 0), jnp.bfloat16)
+  w = jax.ShapeDtypeStruct((0, 2, 128), jnp.bfloat16)
+  record = jax.eval_shape(lambda x, w: glu_spec.canonicalize(x, w), x, w)
+  assert glu_spec.SPEC.default_order("gpu", record) == ("triton", "mosaic", "xla")
+  assert glu_spec.gradient_preference(record, "gpu")[0] == "mosaic"
+
+  def f(x, w):
+    return tokamax.gated_linear_unit(x, w, activation=jax.nn.silu).astype(jnp.float32).sum()
+
+  with export.abstract_gpu():
+    out = jax.eval_shape(lambda x, w: tokamax.gated_linear_unit(x, w), x, w)
+    dx, dw = jax.eval_shape(jax.grad(f, argnums=(0, 1)), x, w)
+  assert (out.shape, out.dtype) == ((2, 3, 128), jnp.bfloat16)
+  assert (dx.shape, dw.shape) == (x.shape, w.shape)
+
+
 def _loss_picking_chunked_forward_and_xla_gradient(inputs):
   """The loss spec with forward pick chunked_xla and gradient pick xla, and its inputs."""
   spec = dataclasses.replace(

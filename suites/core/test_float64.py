@@ -73,3 +73,31 @@ def test_accumulation_dtype_by_hand():
     (jnp.float64, jnp.float64),
   ):
     assert numerics.accumulation_dtype(dtype) == jnp.dtype(want), dtype
+
+
+def test_layer_norm_scale_and_offset_stay_float64():
+  """float64 scale and offset enter the output and the gradients in float64: both match
+  float64 LayerNorm written out in NumPy to 1e-12 (a float32 rounding of the scale or the
+  offset is ~1e-8 off)."""
+  import numpy as np
+
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((6, 8)) * 2 + 0.5
+  scale = 1 + 0.3 * rng.standard_normal(8)
+  offset = rng.standard_normal(8)
+  dout = rng.standard_normal((6, 8))
+  with jax.enable_x64(True):
+    fn = lambda x, s, o: tokamax.layer_norm(x, s, o, implementation="xla")
+    out, vjp = jax.vjp(fn, *(jnp.asarray(a, jnp.float64) for a in (x, scale, offset)))
+    grads = vjp(jnp.asarray(dout, jnp.float64))
+  centred = x - x.mean(1, keepdims=True)
+  rstd = 1 / np.sqrt((centred**2).mean(1, keepdims=True) + 1e-6)
+  normalized = centred * rstd
+  g = dout * scale
+  dx = (g - g.mean(1, keepdims=True) - normalized * (g * normalized).mean(1, keepdims=True)) * rstd
+  want = (normalized * scale + offset, dx, (dout * normalized).sum(0), dout.sum(0))
+  for name, got, expected in zip(
+    ("out", "dx", "dscale", "doffset"), (out, *grads), want, strict=True
+  ):
+    assert got.dtype == jnp.float64, name
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-12, atol=1e-12, err_msg=name)

@@ -190,3 +190,17 @@ def test_empty_inputs_have_empty_values_and_gradients(shape, subtract_mean, impl
   assert out.shape == shape
   for got, want in zip(grads, (x, scale, offset), strict=True):
     assert (got.shape, got.dtype) == (want.shape, want.dtype)
+
+
+@pytest.mark.parametrize("impl", ("xla", None))
+def test_scale_and_offset_as_python_lists(impl, inputs):
+  """scale and offset given as Python lists (as x may be) are converted like arrays: the
+  output is the arrays', not an AttributeError of a list where an array was kept."""
+  x = inputs.normal((4, 6), 2.0) + 0.5
+  scale = [0.5, 1.0, -1.5, 2.0, 0.25, 1.0]
+  offset = [0.1, -0.2, 0.0, 0.3, 1.0, -1.0]
+  out = tokamax.layer_norm(x, scale, offset, implementation=impl)
+  ref = references.high_precision(references.layer_norm)(
+    x, jnp.asarray(scale, jnp.float32), jnp.asarray(offset, jnp.float32)
+  )
+  assert_matches(out, ref)

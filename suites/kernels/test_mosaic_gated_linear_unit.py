@@ -202,6 +202,28 @@ def test_backward_choice():
       mosaic.MosaicGatedLinearUnit(backward=bad)
 
 
+@pytest.mark.parametrize(
+  ("backward", "xla_shape"),
+  [(("mosaic", "xla"), (128, 384)), (("xla", "mosaic"), (64, 128))],
+  ids=["dx_mosaic", "dw_mosaic"],
+)
+def test_mixed_backward_runs_each_matmul_where_asked(backward, xla_shape):
+  """backward=(dx's, dW's) of fused weights (M=64, K=128, 2N=384): the backward's one XLA
+  matmul is dW [K, 2N] where dx runs in the ragged_dot kernels, and dx [M, K] where dW does
+  (the values are the same either way; the choice is the caller's, for speed)."""
+  x = jnp.ones((64, 128), jnp.bfloat16)
+  w = jnp.ones((128, 2, 192), jnp.bfloat16)
+  impl = mosaic.MosaicGatedLinearUnit(interpret=True, config=SMALL, backward=backward)
+
+  def f(a, b):
+    out = api.gated_linear_unit(a, b, activation=jax.nn.swish, implementation=impl)
+    return out.astype(jnp.float32).sum()
+
+  jaxpr = jax.make_jaxpr(jax.grad(f, argnums=(0, 1)))(x, w).jaxpr
+  dots = [e for e in jaxprs.equations(jaxpr) if e.primitive.name == "dot_general"]
+  assert [e.outvars[0].aval.shape for e in dots] == [xla_shape], dots
+
+
 def test_unsupported_reasons_name_the_feature():
   impl = mosaic.MosaicGatedLinearUnit(interpret=True)
   x = jnp.ones((64, 128), jnp.bfloat16)

@@ -108,6 +108,27 @@ def test_wrapper_shapes_and_gradient_structure(case):
   assert jax.tree.structure(grads["weights"]) == jax.tree.structure(args.weights)
 
 
+@pytest.mark.host_only
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "pair"])
+def test_interpreted_cotangents_come_back_in_the_inputs_dtypes(fused):
+  """float16 x and weights through jax.vjp of the public call: dx and dW are float16 (the
+  backward's XLA matmuls accumulate in float32, and nothing after the op casts a custom
+  VJP's cotangents back to its inputs' dtypes)."""
+  x, weights, dout = _inputs((2, 12, 16), 8, "float16", fused)
+  op = OP.with_config(glu_triton.TritonGluConfig(32, 32, 16, 2, 4, 2))
+
+  def fn(a, b):
+    return api.gated_linear_unit(a, b, activation=jax.nn.silu, implementation=op)
+
+  with triton_call.interpret():
+    out, vjp = jax.vjp(fn, x, weights)
+    dx, dw = vjp(dout)
+  assert out.dtype == dx.dtype == jnp.float16 and dx.shape == x.shape
+  assert jax.tree.structure(dw) == jax.tree.structure(weights)
+  for got, want in zip(jax.tree.leaves(dw), jax.tree.leaves(weights), strict=True):
+    assert (got.shape, got.dtype) == (want.shape, want.dtype)
+
+
 def test_unsupported_reasons():
   args = _case_record(CASES[0])
   assert OP._unsupported_reason(args) is None
@@ -340,3 +361,19 @@ def test_float32_autotuning_candidate_with_the_most_shared_memory_compiles_for_s
   with triton_call.capture() as launches:
     glu_triton.forward(args, largest, False)
   assert triton_call.compile_launch(launches[0], 90).metadata.shared <= SMEM_LIMIT[90], largest
+
+
+@pytest.mark.host_only
+@pytest.mark.parametrize(("m", "n"), [(100, 40), (40, 100)], ids=["tall", "wide"])
+def test_interpreted_grids_of_unequal_row_and_column_tile_counts(m, n):
+  """4 row tiles of 32 by 2 column tiles, and 2 by 4 (the kernel cases' grids are square at
+  the interpreted tiles): the launch counts each axis's own tiles and the grouped program
+  order visits every (row tile, column tile) pair."""
+  x, w, _ = _inputs((m, 24), n, "float32", True, seed=5)
+  args = spec.canonicalize(x, w, activation=jax.nn.silu, precision=jax.lax.Precision.HIGHEST)
+  config = glu_triton.TritonGluConfig(32, 32, 16, 2, 4, 2)
+  with triton_call.interpret():
+    out = OP._fwd_primal(args, config)
+  x64, w64 = np.asarray(x, np.float64), np.asarray(w, np.float64)
+  gate, up = x64 @ w64[:, 0], x64 @ w64[:, 1]
+  np.testing.assert_allclose(out, gate / (1 + np.exp(-gate)) * up, rtol=1e-5, atol=1e-5)

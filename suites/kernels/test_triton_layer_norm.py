@@ -554,3 +554,54 @@ def test_interpreted_rows_one_past_a_power_of_two(d):
     assert compare.relative_error(out, ref_out) <= 1e-5, variant
     for name, rg in zip(("x", "scale", "offset"), ref_grads, strict=True):
       assert compare.relative_error(grads[name], rg) <= 1e-5, (variant, name)
+
+
+@pytest.mark.host_only
+def test_interpreted_backward_reads_float32_statistics_of_bfloat16_rows_of_a_large_mean():
+  """bfloat16 rows near 100 with unit spread, against the float64 reference of the same
+  values: the backward reads the forward's saved mean and 1/std, which must stay float32
+  (bfloat16 spaces 0.5 apart at 100: a saved mean off by up to 0.25 shifts every normalized
+  value by a quarter of the spread)."""
+  rng = np.random.default_rng(12)
+  bf16 = jnp.bfloat16
+  x = jnp.asarray(100.0 + rng.standard_normal((6, 64)), bf16)
+  scale, offset = (jnp.asarray(rng.standard_normal(64), bf16) for _ in range(2))
+  dy = jnp.asarray(rng.standard_normal((6, 64)), bf16)
+  args = spec.canonicalize(x, scale, offset)
+  config = norm_triton.TritonNormConfig(
+    block_m=2, num_warps=4, bwd_block_m=2, bwd_num_warps=4, bwd_programs=2
+  )
+  with triton_call.interpret():
+    out, residuals = OP._fwd(args, config)
+    grads = OP._bwd(args, config, out, residuals, dy)
+  assert [r.dtype for r in residuals] == [jnp.float32, jnp.float32]
+  ref_out, ref_grads = references.high_precision_vjp(
+    lambda a, b, c: references.layer_norm(a, b, c, epsilon=1e-6), (x, scale, offset), dy
+  )
+  got = (("output", out), *((n, grads[n]) for n in ("x", "scale", "offset")))
+  for (name, value), want in zip(got, (ref_out, *ref_grads), strict=True):
+    error = np.abs(np.asarray(value, np.float64) - want).max()
+    # A bfloat16 rounding: about 0.4% of the largest value.
+    assert error <= 1.5e-2 * np.abs(want).max(), (name, error, np.abs(want).max())
+
+
+@pytest.mark.host_only
+@pytest.mark.parametrize("scale_offset", [-0.5, -2.0])
+def test_interpreted_negative_scale_offset_without_a_scale(scale_offset):
+  """No scale: the normalized rows are multiplied by 1 + scale_offset, a negative offset too
+  (0.5 or -1: halved or sign-flipped), in the plain and persistent forwards and the backward
+  (the kernel cases' offsets are all positive)."""
+  x, _, offset, dy = _inputs((6, 40), -1, "float32", False, True, seed=10)
+  kw = dict(scale_offset=scale_offset)
+  args = spec.canonicalize(x, None, offset, **kw)
+  config = norm_triton.TritonNormConfig(block_m=2, num_warps=4, bwd_block_m=2, bwd_num_warps=4)
+  ref_out, ref_grads = references.high_precision_vjp(
+    lambda a, c: references.layer_norm(a, None, c, epsilon=1e-6, **kw), (x, offset), dy
+  )
+  for fwd in ({}, dict(fwd_programs=2)):
+    with triton_call.interpret():
+      out, residuals = OP._fwd(args, dataclasses.replace(config, **fwd))
+      grads = OP._bwd(args, config, out, residuals, dy)
+    assert compare.relative_error(out, ref_out) <= 1e-5, fwd
+    for name, rg in zip(("x", "offset"), ref_grads, strict=True):
+      assert compare.relative_error(grads[name], rg) <= 1e-5, (fwd, name)

@@ -60,8 +60,13 @@ def canonicalize(x, weights, *, activation=None, precision=None) -> GluArgs:
   )
 
 
+def num_rows(args: GluArgs) -> int:
+  """M: the rows of x (batch dims included), also where K is 0 (x.size // K would divide by 0)."""
+  return math.prod(args.x.shape[:-1])
+
+
 def cost(args: GluArgs) -> op.Cost:
-  m = args.x.size // args.x.shape[-1]
+  m = num_rows(args)
   k, n = args.x.shape[-1], args.n
   itemsize = np.dtype(args.x.dtype).itemsize
   return op.Cost(flops=2.0 * m * k * 2 * n, bytes=float(itemsize * (m * k + 2 * k * n + m * n)))
@@ -96,7 +101,7 @@ def gradient_preference(args: GluArgs, platform: str) -> tuple[str, ...]:
 
 
 def _few_rows_on_gpu(args: GluArgs, platform: str) -> bool:
-  return platform == "gpu" and args.x.size // args.x.shape[-1] <= TRITON_FORWARD_ROWS
+  return platform == "gpu" and num_rows(args) <= TRITON_FORWARD_ROWS
 
 
 SPEC = op.OpSpec(
