@@ -15237,6 +15237,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_TRITON_GLU, "-k", "inputs_dtypes"),
     "Triton gated_linear_unit returns dx of a 16-bit x in float32.",
   ),
+  Mutation(
+    "op.cotangent_dtype_unchecked",
+    "src/tokamax/_src/ops/op.py",
+    "  if np.shape(grad) != np.shape(x) or grad.dtype != x.dtype:\n",
+    "  if np.shape(grad) != np.shape(x):\n",
+    ("suites/core/test_dispatch.py", "-k", "cotangent_unlike"),
+    "A backward pass's float32 cotangent of a bfloat16 input reaches the user: gradients in"
+    " another dtype than the inputs, silently.",
+  ),
 )
 
 

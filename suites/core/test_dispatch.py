@@ -81,6 +81,30 @@ class _ForwardOnlyNorm(norm_xla.XlaLayerNorm):
     return None if not args.subtract_mean else "only RMSNorm"
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _WideCotangentNorm(_ForwardOnlyNorm):
+  """A backward pass that returns x's cotangent in float32 (or with a row dropped)."""
+
+  name = "wide_cotangent"
+  drop_row: bool = False
+
+  def _bwd(self, args, config, out, residuals, dout):
+    grads = super()._bwd(args, config, out, residuals, dout)
+    dx = grads["x"].astype(jnp.float32)
+    return grads | {"x": dx[1:] if self.drop_row else dx}
+
+
+@pytest.mark.parametrize("drop_row", (False, True), ids=("dtype", "shape"))
+def test_a_cotangent_unlike_its_input_is_an_error(drop_row, inputs):
+  """JAX's custom_vjp lets a float32 cotangent of a bfloat16 input through: the op refuses
+  it, naming the implementation, rather than hand users gradients in another dtype."""
+  impl = _WideCotangentNorm(drop_row=drop_row)
+  x = inputs.normal((4, 16)).astype(jnp.bfloat16)
+  loss = lambda x: tokamax.layer_norm(x, None, None, subtract_mean=False, implementation=impl)
+  with pytest.raises(TypeError, match=r"layer_norm\[wide_cotangent\].*float32.*bfloat16"):
+    jax.grad(lambda x: loss(x).astype(jnp.float32).sum())(x)
+
+
 @pytest.mark.parametrize("subtract_mean", (False, True), ids=("own_backward", "xla_fallback"))
 def test_gradient_falls_back_when_backward_unsupported(subtract_mean, inputs):
   impl = _ForwardOnlyNorm()

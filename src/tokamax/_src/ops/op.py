@@ -11,6 +11,7 @@ follows.
 import abc
 import contextvars
 import dataclasses
+import functools
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Self
@@ -198,6 +199,18 @@ def _zero_cotangent(x: Any) -> Any:
   return np.zeros(np.shape(x), jax.dtypes.float0)
 
 
+def _check_cotangent(op: Op, grad: Any, x: Any) -> None:
+  """Raises unless an implementation's cotangent of `x` has its shape and dtype (JAX's
+  custom_vjp lets a float32 cotangent of a bfloat16 input through)."""
+  if grad.dtype == jax.dtypes.float0:
+    return
+  if np.shape(grad) != np.shape(x) or grad.dtype != x.dtype:
+    raise TypeError(
+      f"{op.spec.name}[{op.name}]: the backward pass gave a cotangent"
+      f" {grad.dtype}{list(np.shape(grad))} for an input {x.dtype}{list(np.shape(x))}."
+    )
+
+
 def _with_custom_vjp(op: Op, args: Any, config: Any) -> jax.Array:
   """Runs `op._fwd` with its own backward pass, or XLA's where it has none."""
   arrays = arguments_lib.array_fields(args)
@@ -236,6 +249,7 @@ def _with_custom_vjp(op: Op, args: Any, config: Any) -> jax.Array:
       )
       for name, value in arrays.items()
     }
+    jax.tree.map(functools.partial(_check_cotangent, op), grads, arrays)
     return (jax.tree.map(lambda g, v: partitioning.cotangent(g, v, axes), grads, vmas),)
 
   run.defvjp(run_fwd, run_bwd)
