@@ -56,6 +56,7 @@ def _preset_precision(preset: str) -> jax.lax.Precision:
   return jax.lax.Precision.DEFAULT
 
 
+@jax.custom_jvp
 def row_max_and_sum(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Each row's max and sum of exp(logits - max), over the last axis.
 
@@ -71,6 +72,16 @@ def row_max_and_sum(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
     log-sum-exp (-inf for a row of -inf).
   """
   return jax.lax.platform_dependent(logits, cuda=_one_pass, default=_two_passes)
+
+
+@row_max_and_sum.defjvp
+def _row_max_and_sum_jvp(primals, tangents):
+  """The two passes' derivative for both forms: JAX cannot differentiate the one-pass variadic
+  reduction, and under a transformation that traces both branches of `platform_dependent`
+  (`lax.scan`, as the chunked loss's forward; the outer derivative of a gradient) the CPU's
+  derivative went through it too and failed."""
+  _, tangents_out = jax.jvp(_two_passes, primals, tangents)
+  return row_max_and_sum(*primals), tangents_out
 
 
 def _two_passes(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
