@@ -15133,6 +15133,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     " through the chunked XLA implementation fail: JAX cannot differentiate the one-pass"
     " variadic reduction.",
   ),
+  Mutation(
+    "ragged.xla_forward_not_differentiable",
+    _RAGGED + "xla.py",
+    "  run.defvjp(run_fwd, run_bwd)\n  return run(arrays)\n",
+    "  run.defvjp(run_fwd, run_bwd)\n  return _batched_as_loop(args)\n",
+    ("suites/core/test_ragged_dot.py", "-k", "gradient_of_the_gradient"),
+    "A gradient of ragged_dot's gradient (XLA) fails: JAX cannot linearize the forward's"
+    " custom_vmap, which the op's backward calls again.",
+  ),
 )
 
 
