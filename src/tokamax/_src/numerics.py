@@ -94,9 +94,15 @@ def _one_pass(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
   def combine(a, b):
     (m_a, s_a), (m_b, s_b) = a, b
     # exp(-|m_a - m_b|) rescales the smaller max's sum; where the maxes are equal (also
-    # both -inf, whose difference is nan) the weight is 1.
-    weight = jnp.where(m_a == m_b, 1.0, jnp.exp(-jnp.abs(m_a - m_b))).astype(s_a.dtype)
+    # both -inf, whose difference is nan) the weight is 1. The difference is selected before
+    # the exp so that no nan reaches a derivative (a select after it passes 0 * nan back).
+    diff = jnp.where(m_a == m_b, jnp.zeros((), m_a.dtype), m_a - m_b)
+    weight = jnp.exp(-jnp.abs(diff)).astype(s_a.dtype)
     return jnp.maximum(m_a, m_b), jnp.where(m_a >= m_b, s_a + s_b * weight, s_a * weight + s_b)
 
   init = (jnp.array(-jnp.inf, logits.dtype), jnp.array(0, logits.dtype))
-  return jax.lax.reduce((logits, jnp.ones_like(logits)), init, combine, (logits.ndim - 1,))
+  # Ones that carry a (zero) tangent from the logits: JAX's derivative of a variadic reduce
+  # fails on an operand without one (ones_like), which scans over layers differentiated
+  # twice reach past `row_max_and_sum`'s own derivative.
+  ones = jnp.where(jnp.isnan(logits), logits, jnp.ones((), logits.dtype))
+  return jax.lax.reduce((logits, ones), init, combine, (logits.ndim - 1,))
