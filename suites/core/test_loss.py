@@ -269,3 +269,108 @@ def test_bfloat16_gradients_of_large_logits(impl, inputs):
     # bfloat16 cotangents of the logits: about 0.5% of the largest; logits rounded to
     # bfloat16 before the softmax: more than 5%.
     assert error <= 2e-2 * np.abs(want).max(), (name, error, np.abs(want).max())
+
+
+@pytest.mark.parametrize("reduction", ("sum", "none"))
+@pytest.mark.parametrize("impl", ("xla", "chunked_xla", "chunked_xla_16"))
+def test_second_derivatives_match_the_reference(impl, reduction, inputs):
+  """A Hessian-vector product (forward over reverse) and a gradient of a gradient, in x and
+  the weights, against JAX's derivatives of the float64 reference. The chunked forward's
+  scan traced both forms of `numerics.row_max_and_sum`, and JAX cannot differentiate the
+  GPU's one-pass reduction: both failed on the CPU (a `Zero` passed to reshape)."""
+  from tokamax._src.ops.linear_softmax_cross_entropy_loss import chunked_xla
+
+  b, h, v = 5, 6, 40
+  if impl == "chunked_xla_16":  # Three chunks, the last overlapping the second.
+    impl = chunked_xla.ChunkedXlaLoss(config=chunked_xla.ChunkedLossConfig(vocab_chunk_size=16))
+  x, w = inputs.normal((b, h)), inputs.normal((h, v), 0.5)
+  labels = inputs.ints((b,), 0, v)
+  tx, tw = inputs.normal((b, h)), inputs.normal((h, v))
+  weights = inputs.normal((b,)) if reduction == "none" else jnp.ones(())
+
+  def scalar(loss_fn):
+    return lambda x, w: (loss_fn(x, labels, w, reduction=reduction) * weights).sum()
+
+  def second_derivatives(loss_fn, x, w, tx, tw):
+    f = scalar(loss_fn)
+    grad = jax.grad(f, (0, 1))
+    _, hvp = jax.jvp(grad, (x, w), (tx, tw))
+    # The gradient of |dL/dx|^2 in (x, w): reverse over reverse.
+    gg = jax.grad(lambda x, w: (grad(x, w)[0] ** 2).sum(), (0, 1))(x, w)
+    return (*hvp, *gg)
+
+  def run(x, labels, w, reduction):
+    return tokamax.linear_softmax_cross_entropy_loss(
+      x, labels, w, reduction=reduction, implementation=impl
+    )
+
+  got = second_derivatives(run, x, w, tx, tw)
+  want = references.high_precision(
+    lambda *a: second_derivatives(references.linear_softmax_cross_entropy_loss, *a)
+  )(x, w, tx, tw)
+  for name, g, r in zip(("hvp_x", "hvp_w", "gg_x", "gg_w"), got, want, strict=True):
+    assert_matches(g, r, what=name)
+
+
+@pytest.mark.parametrize("impl", ("xla", "chunked_xla"))
+def test_gradient_of_the_gradient_inside_a_scan(impl, inputs):
+  """The loss in a `lax.scan` (as over layers) differentiated twice, against the float64
+  reference. The scan's partial evaluation inlines `row_max_and_sum` without its custom
+  derivative, so JAX differentiated the GPU's one-pass reduction too, and failed on its ones
+  operand (a symbolic zero tangent)."""
+  b, h, v = 5, 6, 40
+  x, w = inputs.normal((b, h)), inputs.normal((h, v), 0.5)
+  labels = inputs.ints((b,), 0, v)
+  scales = jnp.array([1.0, -0.5, 2.0])
+
+  def gradient_of_gradient(loss_fn, x, w):
+    def layers(x, w):
+      step = lambda total, s: (total + loss_fn(s * x, labels, w, reduction="sum"), None)
+      return jax.lax.scan(step, jnp.zeros((), x.dtype), scales.astype(x.dtype))[0]
+
+    grad = jax.grad(layers, (0, 1))
+    return jax.grad(lambda x, w: (grad(x, w)[0] ** 2).sum(), (0, 1))(x, w)
+
+  def run(x, labels, w, reduction):
+    return tokamax.linear_softmax_cross_entropy_loss(
+      x, labels, w, reduction=reduction, implementation=impl
+    )
+
+  got = gradient_of_gradient(run, x, w)
+  want = references.high_precision(
+    lambda x, w: gradient_of_gradient(references.linear_softmax_cross_entropy_loss, x, w)
+  )(x, w)
+  assert_matches(got[0], want[0], what="gg_x")
+  assert_matches(got[1], want[1], what="gg_w")
+
+
+def test_one_pass_row_max_and_sum_has_the_two_passes_derivative(inputs):
+  """The GPU's one-pass form under jax.jvp directly: the tangent of its log-sum-exp is the
+  softmax-weighted tangent (float64 numpy)."""
+  logits, tangent = inputs.normal((4, 33), 3.0), inputs.normal((4, 33))
+  (_, total), (dmax, dtotal) = jax.jvp(numerics._one_pass, (logits,), (tangent,))
+  dlse = np.asarray(dmax + dtotal / total, np.float64)
+  wide = np.asarray(logits, np.float64)
+  softmax = np.exp(wide - wide.max(-1, keepdims=True))
+  softmax /= softmax.sum(-1, keepdims=True)
+  np.testing.assert_allclose(dlse, (softmax * np.asarray(tangent)).sum(-1), rtol=1e-5, atol=1e-5)
+
+
+def test_one_pass_row_max_and_sum_gradient_with_minus_inf_columns():
+  """Reverse mode through the one-pass form where -inf logits (masked, or the chunked loss's
+  repeated columns) meet in its reduction tree: the log-sum-exp's gradient is the softmax,
+  finite, and 0 on the -inf columns (float64 numpy)."""
+  rng = np.random.default_rng(3)
+  rows = rng.normal(size=(3, 17))
+  rows[0, :8] = -np.inf
+  rows[1, ::2] = -np.inf
+  rows[2, 5:] = -np.inf
+
+  def lse(logits):
+    row_max, total = numerics._one_pass(logits)
+    return (row_max + jnp.log(total)).sum()
+
+  grad = np.asarray(jax.grad(lse)(jnp.asarray(rows, jnp.float32)), np.float64)
+  softmax = np.exp(rows - rows.max(-1, keepdims=True))
+  softmax /= softmax.sum(-1, keepdims=True)
+  np.testing.assert_allclose(grad, softmax, rtol=1e-5, atol=1e-6)

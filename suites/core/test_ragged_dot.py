@@ -435,3 +435,36 @@ def test_xla_under_two_vmaps_matches_the_reference(inputs):
   )
   ref = jax.vmap(jax.vmap(lambda a, b: references.ragged_dot_general(a, b, sizes, "default")))
   assert_matches(out, references.high_precision(ref)(lhs, rhs))
+
+
+@pytest.mark.parametrize("layout", spec.LAYOUTS)
+def test_gradient_of_the_gradient(layout, inputs):
+  """Reverse over reverse (the gradient of a squared gradient norm, in lhs and rhs) against
+  JAX's derivatives of the float64 reference. The XLA forward's `custom_vmap` cannot be
+  linearized, so differentiating the op's backward (ragged dots of the other layouts) failed
+  ("Linearization failed to produce known values")."""
+  group_sizes = jnp.array(SIZES["short_sum"], jnp.int32)
+  lhs = inputs.normal((M, K))
+  rhs = _rhs(layout, inputs, len(SIZES["short_sum"]))
+  dout = inputs.normal(
+    (len(SIZES["short_sum"]), K, N) if layout == spec.RAGGED_CONTRACTING else (M, N)
+  )
+
+  def gradient_of_gradient(fn, lhs, rhs):
+    grad = jax.grad(lambda a, b: (fn(a, b) * dout).sum(), (0, 1))
+    return jax.grad(lambda a, b: sum((g**2).sum() for g in grad(a, b)), (0, 1))(lhs, rhs)
+
+  got = gradient_of_gradient(
+    lambda a, b: tokamax.ragged_dot_general(
+      a, b, group_sizes, spec.dimension_numbers(layout), implementation="xla"
+    ),
+    lhs,
+    rhs,
+  )
+  want = references.high_precision(
+    lambda a, b: gradient_of_gradient(
+      lambda a, b: references.ragged_dot_general(a, b, group_sizes, layout), a, b
+    )
+  )(lhs, rhs)
+  assert_matches(got[0], want[0], what="d|grad|^2/dlhs")
+  assert_matches(got[1], want[1], what="d|grad|^2/drhs")

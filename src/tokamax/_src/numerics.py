@@ -56,6 +56,7 @@ def _preset_precision(preset: str) -> jax.lax.Precision:
   return jax.lax.Precision.DEFAULT
 
 
+@jax.custom_jvp
 def row_max_and_sum(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Each row's max and sum of exp(logits - max), over the last axis.
 
@@ -73,6 +74,16 @@ def row_max_and_sum(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
   return jax.lax.platform_dependent(logits, cuda=_one_pass, default=_two_passes)
 
 
+@row_max_and_sum.defjvp
+def _row_max_and_sum_jvp(primals, tangents):
+  """The two passes' derivative for both forms: JAX cannot differentiate the one-pass variadic
+  reduction, and under a transformation that traces both branches of `platform_dependent`
+  (`lax.scan`, as the chunked loss's forward; the outer derivative of a gradient) the CPU's
+  derivative went through it too and failed."""
+  _, tangents_out = jax.jvp(_two_passes, primals, tangents)
+  return row_max_and_sum(*primals), tangents_out
+
+
 def _two_passes(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
   row_max = jnp.max(logits, axis=-1)
   row_max = jnp.where(jnp.isfinite(row_max), row_max, jnp.zeros((), logits.dtype))
@@ -83,9 +94,15 @@ def _one_pass(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
   def combine(a, b):
     (m_a, s_a), (m_b, s_b) = a, b
     # exp(-|m_a - m_b|) rescales the smaller max's sum; where the maxes are equal (also
-    # both -inf, whose difference is nan) the weight is 1.
-    weight = jnp.where(m_a == m_b, 1.0, jnp.exp(-jnp.abs(m_a - m_b))).astype(s_a.dtype)
+    # both -inf, whose difference is nan) the weight is 1. The difference is selected before
+    # the exp so that no nan reaches a derivative (a select after it passes 0 * nan back).
+    diff = jnp.where(m_a == m_b, jnp.zeros((), m_a.dtype), m_a - m_b)
+    weight = jnp.exp(-jnp.abs(diff)).astype(s_a.dtype)
     return jnp.maximum(m_a, m_b), jnp.where(m_a >= m_b, s_a + s_b * weight, s_a * weight + s_b)
 
   init = (jnp.array(-jnp.inf, logits.dtype), jnp.array(0, logits.dtype))
-  return jax.lax.reduce((logits, jnp.ones_like(logits)), init, combine, (logits.ndim - 1,))
+  # Ones that carry a (zero) tangent from the logits: JAX's derivative of a variadic reduce
+  # fails on an operand without one (ones_like), which scans over layers differentiated
+  # twice reach past `row_max_and_sum`'s own derivative.
+  ones = jnp.where(jnp.isnan(logits), logits, jnp.ones((), logits.dtype))
+  return jax.lax.reduce((logits, ones), init, combine, (logits.ndim - 1,))

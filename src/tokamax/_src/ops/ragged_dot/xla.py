@@ -5,13 +5,40 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from tokamax._src.ops import op
+from tokamax._src import arguments as arguments_lib
+from tokamax._src.ops import op, partitioning
 from tokamax._src.ops.ragged_dot import spec
 
 
 def ragged_dot_xla(args: spec.RaggedDotArgs) -> jax.Array:
-  """The XLA ragged dot; a group offset becomes two zero groups around the local ones."""
-  return _batched_as_loop(args)
+  """The XLA ragged dot; a group offset becomes two zero groups around the local ones.
+
+  Its derivative is the other two layouts' ragged dots (`spec.gradients`): JAX cannot
+  linearize the `custom_vmap` below, so without this the op's own backward (these same
+  ragged dots) could not be differentiated again (a gradient of a gradient).
+  """
+  arrays = arguments_lib.array_fields(args)
+  rebuild = lambda arrays: dataclasses.replace(args, **arrays)
+  vmas = jax.tree.map(partitioning.vma, arrays)
+  axes = frozenset().union(*jax.tree.leaves(vmas))
+
+  @jax.custom_vjp
+  def run(arrays):
+    return _batched_as_loop(rebuild(arrays))
+
+  def run_fwd(arrays):
+    return run(arrays), arrays
+
+  def run_bwd(arrays, dout):
+    grads = spec.gradients(rebuild(arrays), dout, ragged_dot_xla)
+    grads = {
+      name: grads[name] if name in grads else jax.tree.map(op._zero_cotangent, value)
+      for name, value in arrays.items()
+    }
+    return (jax.tree.map(lambda g, v: partitioning.cotangent(g, v, axes), grads, vmas),)
+
+  run.defvjp(run_fwd, run_bwd)
+  return run(arrays)
 
 
 @jax.custom_batching.custom_vmap
