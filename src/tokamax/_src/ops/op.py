@@ -199,16 +199,40 @@ def _zero_cotangent(x: Any) -> Any:
   return np.zeros(np.shape(x), jax.dtypes.float0)
 
 
-def _check_cotangent(op: Op, grad: Any, x: Any) -> None:
+def _check_cotangent(label: str, grad: Any, x: Any) -> None:
   """Raises unless an implementation's cotangent of `x` has its shape and dtype (JAX's
   custom_vjp lets a float32 cotangent of a bfloat16 input through)."""
   if grad.dtype == jax.dtypes.float0:
     return
   if np.shape(grad) != np.shape(x) or grad.dtype != x.dtype:
     raise TypeError(
-      f"{op.spec.name}[{op.name}]: the backward pass gave a cotangent"
+      f"{label}: the backward pass gave a cotangent"
       f" {grad.dtype}{list(np.shape(grad))} for an input {x.dtype}{list(np.shape(x))}."
     )
+
+
+def field_vmas(arrays: dict) -> tuple[Any, frozenset[str]]:
+  """The varying mesh axes of each array field (inside `shard_map`), and their union."""
+  vmas = jax.tree.map(partitioning.vma, arrays)
+  return vmas, frozenset().union(*jax.tree.leaves(vmas))
+
+
+def field_cotangents(label: str, grads: dict, arrays: dict) -> tuple[dict]:
+  """A custom VJP's cotangents of a record's array fields, from a backward pass's `grads` by
+  field name: zeros where it gives none or the field is not inexact, each checked against
+  its input, varying (and summed) over the mesh axes as its input (`partitioning.cotangent`)."""
+  grads = {
+    name: (
+      grads[name]
+      if grads.get(name) is not None
+      and all(jax.dtypes.issubdtype(v.dtype, np.inexact) for v in jax.tree.leaves(value))
+      else jax.tree.map(_zero_cotangent, value)
+    )
+    for name, value in arrays.items()
+  }
+  jax.tree.map(functools.partial(_check_cotangent, label), grads, arrays)
+  vmas, axes = field_vmas(arrays)
+  return (jax.tree.map(lambda g, v: partitioning.cotangent(g, v, axes), grads, vmas),)
 
 
 def _with_custom_vjp(op: Op, args: Any, config: Any) -> jax.Array:
@@ -217,8 +241,7 @@ def _with_custom_vjp(op: Op, args: Any, config: Any) -> jax.Array:
   rebuild = lambda arrays: dataclasses.replace(args, **arrays)
 
   # Inside `shard_map`, outputs and cotangents get the varying mesh axes their inputs have.
-  vmas = jax.tree.map(partitioning.vma, arrays)
-  axes = frozenset().union(*jax.tree.leaves(vmas))
+  _, axes = field_vmas(arrays)
 
   @jax.custom_vjp
   def run(arrays):
@@ -240,17 +263,7 @@ def _with_custom_vjp(op: Op, args: Any, config: Any) -> jax.Array:
       return vjp(dout)
     _record(op, record, "vjp")
     grads = op._bwd(record, config, out, residuals, dout)
-    grads = {
-      name: (
-        grads[name]
-        if grads.get(name) is not None
-        and all(jax.dtypes.issubdtype(v.dtype, np.inexact) for v in jax.tree.leaves(value))
-        else jax.tree.map(_zero_cotangent, value)
-      )
-      for name, value in arrays.items()
-    }
-    jax.tree.map(functools.partial(_check_cotangent, op), grads, arrays)
-    return (jax.tree.map(lambda g, v: partitioning.cotangent(g, v, axes), grads, vmas),)
+    return field_cotangents(f"{op.spec.name}[{op.name}]", grads, arrays)
 
   run.defvjp(run_fwd, run_bwd)
   return run(arrays)

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from tokamax._src import arguments as arguments_lib
-from tokamax._src.ops import op, partitioning
+from tokamax._src.ops import op
 from tokamax._src.ops.ragged_dot import spec
 
 
@@ -19,8 +19,6 @@ def ragged_dot_xla(args: spec.RaggedDotArgs) -> jax.Array:
   """
   arrays = arguments_lib.array_fields(args)
   rebuild = lambda arrays: dataclasses.replace(args, **arrays)
-  vmas = jax.tree.map(partitioning.vma, arrays)
-  axes = frozenset().union(*jax.tree.leaves(vmas))
 
   @jax.custom_vjp
   def run(arrays):
@@ -31,11 +29,7 @@ def ragged_dot_xla(args: spec.RaggedDotArgs) -> jax.Array:
 
   def run_bwd(arrays, dout):
     grads = spec.gradients(rebuild(arrays), dout, ragged_dot_xla)
-    grads = {
-      name: grads[name] if name in grads else jax.tree.map(op._zero_cotangent, value)
-      for name, value in arrays.items()
-    }
-    return (jax.tree.map(lambda g, v: partitioning.cotangent(g, v, axes), grads, vmas),)
+    return op.field_cotangents("ragged_dot[xla]", grads, arrays)
 
   run.defvjp(run_fwd, run_bwd)
   return run(arrays)
