@@ -15280,6 +15280,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     " or repeated vocabulary columns): the select after the exp passes 0 * nan back where two"
     " -inf maxes meet.",
   ),
+  Mutation(
+    "ragged_dot.negative_group_size_accepted",
+    _RAGGED + "spec.py",
+    "    if smallest < 0:\n",
+    "    if smallest < -1:\n",
+    ("suites/core/test_bad_input.py", "-k", "ragged_negative_group_size"),
+    "A concrete group size of -1 passes: the call computes with a negative group instead of"
+    " naming `group_sizes`.",
+  ),
 )
 
 
