@@ -64,8 +64,7 @@ def _kernel_config(x_dtype, config: MosaicGluConfig) -> mosaic_kernel.MosaicGluK
 
 
 def _dims(args: spec.GluArgs) -> tuple[int, int, int]:
-  k = args.x.shape[-1]
-  return args.x.size // max(k, 1), k, args.n
+  return spec.num_rows(args), args.x.shape[-1], args.n
 
 
 def _config_reason(args: spec.GluArgs, config: MosaicGluConfig, save_residuals: bool) -> str | None:

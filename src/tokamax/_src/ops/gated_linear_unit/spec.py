@@ -61,7 +61,7 @@ def canonicalize(x, weights, *, activation=None, precision=None) -> GluArgs:
 
 
 def num_rows(args: GluArgs) -> int:
-  """M: the rows of x (batch dims included), also where K is 0 (x.size // K would divide by 0)."""
+  """M: the rows of x (batch dims included), also where K is 0."""
   return math.prod(args.x.shape[:-1])
 
 

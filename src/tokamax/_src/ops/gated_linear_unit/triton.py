@@ -152,7 +152,7 @@ class TritonGatedLinearUnit(kernel_ops.TritonOp):
     return None
 
   def _get_heuristics_config(self, args: spec.GluArgs) -> TritonGluConfig:
-    m = args.x.size // args.x.shape[-1]
+    m = spec.num_rows(args)
     wide = np.dtype(args.x.dtype).itemsize == 4
     block_m = 128 if m >= 128 else 64
     # One 128 x (2 x 128) dot per K step: wgmma m64n256 on Hopper, no spills;
