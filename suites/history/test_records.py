@@ -12,7 +12,7 @@ from bench import records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CITING = ("src", "docs", "bench", "ci", "README.md")
-# A full path, or (in docs/perf.md) one relative to bench/results/: "<device>/<file>.json".
+# A full path, or (in docs/*.md) one relative to bench/results/: "<device>/<file>.json".
 FULL = re.compile(r"bench/results/[\w./-]+?\.json(?!\w)")
 RELATIVE = re.compile(r"(?<![\w/.-])([a-z][a-z0-9]*/[\w.-]+?\.json)(?!\w)")
 
@@ -37,7 +37,7 @@ def _citations() -> list[tuple[str, str]]:
       text = f.read()
     rel = os.path.relpath(path, ROOT)
     out += [(rel, m) for m in FULL.findall(text)]
-    if rel == os.path.join("docs", "perf.md"):
+    if os.path.dirname(rel) == "docs" and rel.endswith(".md"):
       out += [(rel, "bench/results/" + m) for m in RELATIVE.findall(text)]
   return out
 

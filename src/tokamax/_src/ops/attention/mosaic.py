@@ -60,7 +60,8 @@ class MosaicAttentionConfig:
       dq kernel does not run (five matmuls per block pair instead of seven). At
       head dim 256 and under a causal mask the deterministic kernels run
       (`forms_dq_in_dkv`: there the one kernel measured slower). On the H200 it
-      gained 7% at head dim 64 (docs/perf.md).
+      gained 7% at head dim 64 (docs/perf.md and docs/perf_decisions.md,
+      Attention).
   """
 
   block_kv: int = 128
@@ -278,7 +279,7 @@ class BwdBlocks:
 # keys per dq step (and H64 128-query blocks in dk/dv): fewer, larger steps.
 # H256 streams 32-row blocks in both kernels, the largest whose score tiles fit
 # the registers without spills; at H64 and H128 32-row blocks are slower.
-# Timings: docs/perf.md (Attention).
+# Timings: docs/perf_decisions.md (Attention, Backward blocks).
 _H128_BWD = BwdBlocks(
   dq_block_q=64, dq_block_kv=128, dq_num_stages=2, bwd_block_q=64, bwd_block_kv=64, bwd_num_stages=2
 )
@@ -411,7 +412,7 @@ class MosaicAttention(kernel_ops.MosaicGpuOp):
     # h200/attention_fwd_consumers_863e239.json) unless a bias or mask plane would
     # stream through shared memory; unmasked H128 overlaps each consumer's next
     # Q.K^T with its softmax, without the schedule barrier; causal shapes and H256
-    # stay serial, where the overlap was slower (docs/perf.md, Attention). Staged
+    # stay serial, where the overlap was slower (docs/perf_decisions.md, Attention). Staged
     # bias and mask tiles take smaller key blocks where two slots of them do not fit.
     h = args.query.shape[-1]
     s = args.key.shape[1]

@@ -175,7 +175,7 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
   def _get_heuristics_config(self, args: spec.GluArgs) -> MosaicGluConfig:
     m, _, n = _dims(args)
     block_n = next((b for b in (128, 64) if n % b == 0), 64)
-    tile_m = 8  # Faster than 16 at large shapes (docs/perf.md, Gated linear unit).
+    tile_m = 8  # Faster than 16 at large shapes (docs/perf_decisions.md, Gated linear unit).
     if m <= 4 * gemm.WG_ROWS * gemm.NUM_COMPUTE_WGS:
       # Few row tiles: more, narrower items and a deeper pipeline keep the SMs busy.
       config = MosaicGluConfig(block_n=64, num_stages=6, epi_n=64, grid_tile_m=tile_m)
@@ -218,7 +218,7 @@ class MosaicGatedLinearUnit(kernel_ops.MosaicGpuOp):
     if self.backward is not None:
       return self.backward if isinstance(self.backward, tuple) else (self.backward,) * 2
     # XLA's matmuls beat the one-group ragged_dot kernels for dx and dW on the
-    # H200 (docs/perf.md, Gated linear unit).
+    # H200 (docs/perf_decisions.md, Gated linear unit).
     return ("xla", "xla")
 
   def _run(self, args: spec.GluArgs, config: MosaicGluConfig, save_residuals: bool):

@@ -253,7 +253,7 @@ class TritonLayerNorm(kernel_ops.TritonOp):
     # (<= 128 registers, no spills); two persistent programs per SM. From D=8192
     # the 16-warp program takes 113-128 registers, so one fits an SM: 132
     # programs, their rows pipelined through shared memory (3 rows of x and dy
-    # in flight), which beat register prefetch there (docs/perf.md, Layer norm).
+    # in flight), which beat register prefetch there (docs/perf_decisions.md, Layer norm).
     bwd_block_m = int(np.clip(2048 // block_d, 1, 8))
     bwd_num_warps = int(np.clip(block_d * bwd_block_m // 512, 1, 16))
     wide = block_d >= 8192
