@@ -7615,8 +7615,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "triton_call.interpreted_outputs_zeroed",
     _TRITON_CALL,
-    "np.full(s.shape, np.nan if np.issubdtype(s.dtype, np.inexact) else -1, s.dtype) for s in shapes",
-    "np.zeros(s.shape, s.dtype) for s in shapes",
+    "  output[...] = np.nan if np.issubdtype(dtype, np.inexact) else -1",
+    "  output[...] = 0",
     (_TRITON_CALL_TESTS, "-k", "not_written"),
     "triton_call: interpreted outputs start as zeros, so unwritten elements pass for zeros.",
   ),
@@ -15288,6 +15288,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/core/test_bad_input.py", "-k", "ragged_negative_group_size"),
     "A concrete group size of -1 passes: the call computes with a negative group instead of"
     " naming `group_sizes`.",
+  ),
+  Mutation(
+    "triton_call.interpreted_store_guard_unchecked",
+    _TRITON_CALL,
+    "    if not (_margins_intact(raw[:margin]) and _margins_intact(raw[-margin:])):",
+    "    if not (_margins_intact(raw[:margin]) or _margins_intact(raw[-margin:])):",
+    (_TRITON_CALL_TESTS, "-k", "stores_outside_an_output"),
+    "An interpreted kernel that stores past one end of an output (memory of other buffers on"
+    " a GPU) runs without a word, so the CPU tests miss out-of-bounds writes.",
   ),
 )
 

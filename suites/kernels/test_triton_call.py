@@ -123,6 +123,29 @@ def test_interpreted_outputs_not_written_read_nan_or_minus_one():
     np.testing.assert_array_equal(np.asarray(i), [0, 1, 2, 3, -1, -1, -1, -1])
 
 
+@triton.jit
+def _ones_at(y_ptr, START: tl.constexpr, N: tl.constexpr):
+  """Stores 1.0 to elements START .. START + N - 1 of y, unmasked (past its ends if asked)."""
+  offs = START + tl.arange(0, N)
+  tl.store(y_ptr + offs, tl.full([N], 1.0, tl.float32))
+
+
+@pytest.mark.host_only
+@pytest.mark.parametrize("start", [-4, 0, 4], ids=["before", "inside", "after"])
+def test_interpreted_stores_outside_an_output_raise(start):
+  """Each interpreted output lies between guard bytes: a kernel that stores before or past
+  an output's ends (which on a GPU corrupts whatever memory lies there) raises, naming
+  the kernel and the output; one that stays inside runs."""
+  y_shape = jax.ShapeDtypeStruct((8,), jnp.float32)
+  with triton_call.interpret():
+    if start == 0:
+      (y,) = triton_call.call(_ones_at, out_shape=[y_shape], grid=(1,), START=start, N=8)
+      np.testing.assert_array_equal(np.asarray(y), np.ones(8))
+    else:
+      with pytest.raises(RuntimeError, match=r"_ones_at wrote outside its output 0 \(8,\)"):
+        triton_call.call(_ones_at, out_shape=[y_shape], grid=(1,), START=start, N=8)
+
+
 def _signature(compiled) -> dict[str, str]:
   """Runtime argument name -> its TTIR type and attributes, from the compiled kernel."""
   ttir = compiled.asm["ttir"]

@@ -13,12 +13,14 @@ only where jax has GPU support, so it is imported lazily here.
 - Under `jax.vmap`, a launch runs once per batch element (`sequential_under_vmap`).
 - `interpret()` runs launches in Triton's interpreter on the host instead
   (as host callbacks under tracing, small shapes, float32/float16: its bfloat16 is unreliable),
-  so that CPU tests can check a kernel's numbers.
+  so that CPU tests can check a kernel's numbers; each output lies between guard
+  bytes there, and a kernel that stores outside one raises.
 """
 
 import contextlib
 import dataclasses
 import functools
+import math
 import os
 import tempfile
 import threading
@@ -202,9 +204,8 @@ def _run_interpreted(kernel, args, shapes, grid, meta) -> list[jax.Array]:
   inputs = [
     np.array(a) if _is_array(a) else a.item() if isinstance(a, np.generic) else a for a in args
   ]
-  outputs = [
-    np.full(s.shape, np.nan if np.issubdtype(s.dtype, np.inexact) else -1, s.dtype) for s in shapes
-  ]
+  guarded = [_guarded_output(s.shape, s.dtype) for s in shapes]
+  outputs = [output for output, _, _ in guarded]
   wrapped = [
     _HostTensor(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a for a in inputs
   ]
@@ -238,7 +239,32 @@ def _run_interpreted(kernel, args, shapes, grid, meta) -> list[jax.Array]:
     interpreter._patch_lang_tensor = patch_tensor
     for ns, functions in zip(namespaces, jitted, strict=True):
       ns.update(functions)
+  for i, (_, raw, margin) in enumerate(guarded):
+    if not (_margins_intact(raw[:margin]) and _margins_intact(raw[-margin:])):
+      raise RuntimeError(
+        f"{kernel.fn.__name__} wrote outside its output {i} {shapes[i].shape} (out of bounds)."
+      )
   return [jnp.asarray(o) for o in outputs]
+
+
+# Bytes written around each interpreted output; a store outside the output changes them.
+_GUARD_BYTE = 0xA5
+
+
+def _guarded_output(shape, dtype) -> tuple[np.ndarray, np.ndarray, int]:
+  """An output array (NaN, or -1 for integers) between two guard margins of at least 4 KiB
+  each (as large as the output): (the output, the whole raw buffer, the margin in bytes)."""
+  dtype = np.dtype(dtype)
+  nbytes = math.prod(shape) * dtype.itemsize
+  margin = max(4096, -(-nbytes // 64) * 64)
+  raw = np.full(nbytes + 2 * margin, _GUARD_BYTE, np.uint8)
+  output = raw[margin : margin + nbytes].view(dtype).reshape(shape)
+  output[...] = np.nan if np.issubdtype(dtype, np.inexact) else -1
+  return output, raw, margin
+
+
+def _margins_intact(margin: np.ndarray) -> bool:
+  return bool(np.all(margin == _GUARD_BYTE))
 
 
 # Triton's interpreter patches module globals: one launch at a time (devices run callbacks
