@@ -1006,7 +1006,7 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.triton_attention_dbias_head_unwritten",
     _ATTENTION + "triton_flash.py",
-    "      _zero_dbias(dbias_base, offs_n, 0, lo, S, BLOCK_M, BLOCK_N)",
+    "      _zero_dbias(dbias_base, offs_n, 0, tl.minimum(lo, T), S, BLOCK_M, BLOCK_N)",
     "      pass",
     ("suites/kernels/test_attention_triton.py", "-k", "bias_gradient_where_rows_see_no_key"),
     "Triton attention backward: dbias rows before a key block's first visible query (causal)"
@@ -15297,6 +15297,16 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_TRITON_CALL_TESTS, "-k", "stores_outside_an_output"),
     "An interpreted kernel that stores past one end of an output (memory of other buffers on"
     " a GPU) runs without a word, so the CPU tests miss out-of-bounds writes.",
+  ),
+  Mutation(
+    "triton_attention.dbias_zeros_past_the_last_query_row",
+    _ATTENTION + "triton_flash.py",
+    "      _zero_dbias(dbias_base, offs_n, 0, tl.minimum(lo, T), S, BLOCK_M, BLOCK_N)",
+    "      _zero_dbias(dbias_base, offs_n, 0, lo, S, BLOCK_M, BLOCK_N)",
+    (_TRITON_ATTENTION, "-k", "past_the_last_query"),
+    "Causal (or right-windowed) attention with a bias and more keys than queries: the dK/dV"
+    " kernel zeroes dbias rows up to the first visible row of key blocks past the last query,"
+    " writing zeros past the last head's plane, beyond the end of the dbias buffer on the GPU.",
   ),
 )
 

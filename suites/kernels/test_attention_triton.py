@@ -534,6 +534,23 @@ def test_interpreted_bias_gradient_where_rows_see_no_key():
 
 
 @pytest.mark.host_only
+@pytest.mark.parametrize(
+  "visibility",
+  [dict(is_causal=True), dict(local_window_size=(3, 2))],
+  ids=["causal", "right_window"],
+)
+def test_interpreted_bias_gradient_of_keys_past_the_last_query(visibility):
+  """20 queries and 70 keys with a bias: the key blocks from key 32 on start past the last
+  query row (19), so no query row of theirs is visited, and dbias gets zeros for rows up
+  to T only. Zeros up to the first visible row (32 or more) went past the head's plane,
+  for the last head past the end of the buffer: on a GPU, a write into other memory (the
+  interpreter's guard bytes around each output raise)."""
+  kw = dict(seed=15, dtype=jnp.float32, b=1, t=20, s=70, n=2, k=1, h=16, bias=(1, 2, 20, 70))
+  config = attention_triton.TritonAttentionConfig(16, 16, 4, 2, 32, 16, 4, 2)
+  _check_interpreted(kw | visibility, config)
+
+
+@pytest.mark.host_only
 @pytest.mark.parametrize("window", [(17, 1), (1, 17)], ids=["left17_right1", "left1_right17"])
 def test_interpreted_window_edges_on_block_boundaries(window):
   """Windows whose first or last visible key is the first or last key of a 16-key block for
