@@ -7615,7 +7615,7 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "triton_call.interpreted_outputs_zeroed",
     _TRITON_CALL,
-    "  output[...] = np.nan if np.issubdtype(dtype, np.inexact) else -1",
+    "  output[...] = np.nan if np.issubdtype(output.dtype, np.inexact) else -1",
     "  output[...] = 0",
     (_TRITON_CALL_TESTS, "-k", "not_written"),
     "triton_call: interpreted outputs start as zeros, so unwritten elements pass for zeros.",
@@ -15307,6 +15307,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Causal (or right-windowed) attention with a bias and more keys than queries: the dK/dV"
     " kernel zeroes dbias rows up to the first visible row of key blocks past the last query,"
     " writing zeros past the last head's plane, beyond the end of the dbias buffer on the GPU.",
+  ),
+  Mutation(
+    "triton_call.interpreted_input_margins_zero",
+    _TRITON_CALL,
+    "      side.view(a.dtype)[...] = np.nan",
+    "      side.view(a.dtype)[...] = 0",
+    (_TRITON_CALL_TESTS, "-k", "past_a_float_input"),
+    "Interpreted float inputs lie between zeros: an unmasked load past an input's end reads"
+    " zeros that a product drops, so the CPU tests miss out-of-bounds loads.",
   ),
 )
 
