@@ -15317,6 +15317,26 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Interpreted float inputs lie between zeros: an unmasked load past an input's end reads"
     " zeros that a product drops, so the CPU tests miss out-of-bounds loads.",
   ),
+  Mutation(
+    "triton_attention.padded_head_columns_loaded_unmasked",
+    _ATTENTION + "triton_flash.py",
+    "    x = tl.load(ptrs, mask=cols[None, :] < NCOLS, other=0.0)",
+    "    x = tl.load(ptrs)",
+    (_TRITON_ATTENTION, "-k", "whole_key_blocks"),
+    "Head dims that are not a power of two: tiles of key blocks that run without row"
+    " masks load their padded head-dim columns unmasked, past the end of the key buffer"
+    " for the last key, and 0 * NaN there turns output rows and dq NaN.",
+  ),
+  Mutation(
+    "triton_attention.dq_padded_key_columns_unmasked",
+    _ATTENTION + "triton_flash.py",
+    "      S,\n      H,\n      MASKED,\n      BLOCK_H != H,\n    )\n    v = _load_tile(",
+    "      S,\n      H,\n      MASKED,\n      MASKED,\n    )\n    v = _load_tile(",
+    (_TRITON_ATTENTION, "-k", "whole_key_blocks"),
+    "Head dims that are not a power of two: the dQ kernel loads the padded head-dim"
+    " columns of keys in whole key blocks unmasked, past the end of the key buffer for"
+    " the last key, and dq comes out NaN.",
+  ),
 )
 
 

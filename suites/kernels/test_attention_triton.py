@@ -551,6 +551,17 @@ def test_interpreted_bias_gradient_of_keys_past_the_last_query(visibility):
 
 
 @pytest.mark.host_only
+def test_interpreted_padded_head_dims_in_whole_key_blocks():
+  """Head dims 24 and 40 (padded to 32 and 64 columns) with 32 keys, two whole blocks of
+  16: every key block runs without row masks, and its loads must still mask the padded
+  columns. The last key row's padding lies past the end of the key and value buffers
+  (the interpreter reads NaN there; on a GPU, anything)."""
+  kw = dict(seed=16, dtype=jnp.float32, b=1, t=24, s=32, n=2, k=1, h=24, hv=40)
+  config = attention_triton.TritonAttentionConfig(16, 16, 4, 2, 16, 16, 4, 2)
+  _check_interpreted(kw, config)
+
+
+@pytest.mark.host_only
 @pytest.mark.parametrize("window", [(17, 1), (1, 17)], ids=["left17_right1", "left1_right17"])
 def test_interpreted_window_edges_on_block_boundaries(window):
   """Windows whose first or last visible key is the first or last key of a 16-key block for
