@@ -15318,6 +15318,26 @@ MUTATIONS: tuple[Mutation, ...] = (
     " zeros that a product drops, so the CPU tests miss out-of-bounds loads.",
   ),
   Mutation(
+    "triton_attention.bias_read_past_the_last_key",
+    _ATTENTION + "triton_flash.py",
+    "      in_bounds = (rows < T) & (cols < S)\n      offs = rows.to(tl.int64) * BIAS_ST",
+    "      in_bounds = rows < T\n      offs = rows.to(tl.int64) * BIAS_ST",
+    (_TRITON_ATTENTION + "::test_interpreted[bias-bcast-softcap]",),
+    "The bias is loaded for the padding keys of the last key block (keys >= S): past the"
+    " end of the last head's bias that reads other memory, and with a soft cap the"
+    " backward's 0 * tanh' of a NaN there makes dq NaN.",
+  ),
+  Mutation(
+    "triton_attention.bias_read_past_the_last_query",
+    _ATTENTION + "triton_flash.py",
+    "      in_bounds = (rows < T) & (cols < S)\n      offs = rows.to(tl.int64) * BIAS_ST",
+    "      in_bounds = cols < S\n      offs = rows.to(tl.int64) * BIAS_ST",
+    (_TRITON_ATTENTION + "::test_interpreted[bias]",),
+    "The bias is loaded for the padding query rows of the last query block (rows >= T):"
+    " past the end of the last head's plane that reads other memory, whose NaN reaches dV"
+    " through p = exp2(logit - lse) = NaN.",
+  ),
+  Mutation(
     "triton_attention.padded_head_columns_loaded_unmasked",
     _ATTENTION + "triton_flash.py",
     "    x = tl.load(ptrs, mask=cols[None, :] < NCOLS, other=0.0)",
@@ -15336,6 +15356,45 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Head dims that are not a power of two: the dQ kernel loads the padded head-dim"
     " columns of keys in whole key blocks unmasked, past the end of the key buffer for"
     " the last key, and dq comes out NaN.",
+  ),
+  Mutation(
+    "triton_attention.lse_stored_past_the_last_query",
+    _ATTENTION + "triton_flash.py",
+    "tl.store(lse_ptr + (b64 * N + n) * T + offs_m, lse, mask=offs_m < T)",
+    "tl.store(lse_ptr + (b64 * N + n) * T + offs_m, lse)",
+    (_TRITON_ATTENTION + "::test_interpreted[plain]",),
+    "The forward stores the log-sum-exp of the padding rows of the last query block (rows"
+    " >= T) too: for the last head past the end of the buffer, a write into other memory"
+    " on the GPU.",
+  ),
+  Mutation(
+    "triton_attention.dbias_stored_past_the_last_query",
+    _ATTENTION + "triton_flash.py",
+    "tl.store(db_ptrs, ds_t, mask=(offs_m[None, :] < T) & (offs_n[:, None] < S))",
+    "tl.store(db_ptrs, ds_t, mask=offs_n[:, None] < S)",
+    (_TRITON_ATTENTION + "::test_interpreted[bias]",),
+    "The dK/dV kernel stores dbias for the padding query rows (rows >= T) too: into the"
+    " next head's plane, and past the end of the dbias buffer for the last head.",
+  ),
+  Mutation(
+    "triton_attention.dbias_stored_past_the_last_key",
+    _ATTENTION + "triton_flash.py",
+    "tl.store(db_ptrs, ds_t, mask=(offs_m[None, :] < T) & (offs_n[:, None] < S))",
+    "tl.store(db_ptrs, ds_t, mask=offs_m[None, :] < T)",
+    (_TRITON_ATTENTION + "::test_interpreted[bias]",),
+    "The dK/dV kernel stores dbias for the padding keys of the last key block (keys >= S)"
+    " too: zeros over the next row's first keys (wrong dbias wherever that row was"
+    " written first, as on a GPU) and past the buffer's end.",
+  ),
+  Mutation(
+    "triton_attention.output_padded_head_columns_stored",
+    _ATTENTION + "triton_flash.py",
+    "o_ptrs, out.to(o_ptr.dtype.element_ty), mask=(offs_m[:, None] < T) & (offs_dv[None, :] < HV)",
+    "o_ptrs, out.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < T",
+    (_TRITON_ATTENTION + "::test_interpreted[f16-odd-heads-causal]",),
+    "A value head dim that is not a power of two: the forward stores the padded columns"
+    " too, over the next head's first output columns and, for the last head's last row,"
+    " past the output buffer.",
   ),
 )
 
