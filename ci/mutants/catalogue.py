@@ -10673,8 +10673,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "triton_call.interpreter_reads_strided_inputs",
     _TRITON_CALL,
-    "    _HostTensor(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a for a in inputs",
-    "    _HostTensor(a) if isinstance(a, np.ndarray) else a for a in inputs",
+    "  copy[...] = a\n",
+    '  copy.reshape(-1)[...] = a.ravel(order="K")\n',
     (_TRITON_CALL_TESTS, "-k", "logical_order"),
     "triton_call: the interpreter reads a Fortran-ordered numpy input in memory order.",
   ),
