@@ -15396,6 +15396,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     " too, over the next head's first output columns and, for the last head's last row,"
     " past the output buffer.",
   ),
+  Mutation(
+    "triton_attention.warps_not_power_of_two_accepted",
+    _ATTENTION + "triton.py",
+    '      if f.name.endswith("num_warps") and value & (value - 1):',
+    '      if f.name == "num_warps" and value & (value - 1):',
+    (_TRITON_ATTENTION, "-k", "warps_power_of_two"),
+    "A config of 6 backward warps is accepted, and fails only when Triton compiles the"
+    " backward kernels on the GPU, with an assertion that names no config field.",
+  ),
 )
 
 
