@@ -15405,6 +15405,16 @@ MUTATIONS: tuple[Mutation, ...] = (
     "A config of 6 backward warps is accepted, and fails only when Triton compiles the"
     " backward kernels on the GPU, with an assertion that names no config field.",
   ),
+  Mutation(
+    "triton_attention.delta_read_past_the_last_query",
+    _ATTENTION + "triton_flash.py",
+    "      delta = tl.load(delta_base + offs_m, mask=offs_m < T, other=0.0)",
+    "      delta = tl.load(delta_base + offs_m)",
+    (_TRITON_ATTENTION + "::test_interpreted[plain]",),
+    "The dK/dV kernel loads the backward's row sums (delta) for the padding query rows"
+    " (rows >= T) too: past the last head's rows that reads other memory, and"
+    " p * (dp - delta) = 0 * NaN there makes dK NaN.",
+  ),
 )
 
 
