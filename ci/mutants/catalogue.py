@@ -1006,7 +1006,7 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.triton_attention_dbias_head_unwritten",
     _ATTENTION + "triton_flash.py",
-    "      _zero_dbias(dbias_base, offs_n, 0, lo, S, BLOCK_M, BLOCK_N)",
+    "      _zero_dbias(dbias_base, offs_n, 0, tl.minimum(lo, T), S, BLOCK_M, BLOCK_N)",
     "      pass",
     ("suites/kernels/test_attention_triton.py", "-k", "bias_gradient_where_rows_see_no_key"),
     "Triton attention backward: dbias rows before a key block's first visible query (causal)"
@@ -7615,8 +7615,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "triton_call.interpreted_outputs_zeroed",
     _TRITON_CALL,
-    "np.full(s.shape, np.nan if np.issubdtype(s.dtype, np.inexact) else -1, s.dtype) for s in shapes",
-    "np.zeros(s.shape, s.dtype) for s in shapes",
+    "  output[...] = np.nan if np.issubdtype(output.dtype, np.inexact) else -1",
+    "  output[...] = 0",
     (_TRITON_CALL_TESTS, "-k", "not_written"),
     "triton_call: interpreted outputs start as zeros, so unwritten elements pass for zeros.",
   ),
@@ -10673,8 +10673,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "triton_call.interpreter_reads_strided_inputs",
     _TRITON_CALL,
-    "    _HostTensor(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a for a in inputs",
-    "    _HostTensor(a) if isinstance(a, np.ndarray) else a for a in inputs",
+    "  copy[...] = a\n",
+    '  copy.reshape(-1)[...] = a.ravel(order="K")\n',
     (_TRITON_CALL_TESTS, "-k", "logical_order"),
     "triton_call: the interpreter reads a Fortran-ordered numpy input in memory order.",
   ),
@@ -15352,6 +15352,132 @@ MUTATIONS: tuple[Mutation, ...] = (
     "    query_seq_lengths=clipped(args.kv_seq_lengths, t),\n    key_value_seq_lengths=clipped(args.q_seq_lengths, s),",
     ("suites/core/test_cudnn_arguments.py",),
     "cuDNN attention passes the key lengths as the query lengths and back.",
+  ),
+  Mutation(
+    "triton_call.interpreted_store_guard_unchecked",
+    _TRITON_CALL,
+    "    if not (_margins_intact(raw[:margin]) and _margins_intact(raw[-margin:])):",
+    "    if not (_margins_intact(raw[:margin]) or _margins_intact(raw[-margin:])):",
+    (_TRITON_CALL_TESTS, "-k", "stores_outside_an_output"),
+    "An interpreted kernel that stores past one end of an output (memory of other buffers on"
+    " a GPU) runs without a word, so the CPU tests miss out-of-bounds writes.",
+  ),
+  Mutation(
+    "triton_attention.dbias_zeros_past_the_last_query_row",
+    _ATTENTION + "triton_flash.py",
+    "      _zero_dbias(dbias_base, offs_n, 0, tl.minimum(lo, T), S, BLOCK_M, BLOCK_N)",
+    "      _zero_dbias(dbias_base, offs_n, 0, lo, S, BLOCK_M, BLOCK_N)",
+    (_TRITON_ATTENTION, "-k", "past_the_last_query"),
+    "Causal (or right-windowed) attention with a bias and more keys than queries: the dK/dV"
+    " kernel zeroes dbias rows up to the first visible row of key blocks past the last query,"
+    " writing zeros past the last head's plane, beyond the end of the dbias buffer on the GPU.",
+  ),
+  Mutation(
+    "triton_call.interpreted_input_margins_zero",
+    _TRITON_CALL,
+    "      side.view(a.dtype)[...] = np.nan",
+    "      side.view(a.dtype)[...] = 0",
+    (_TRITON_CALL_TESTS, "-k", "past_a_float_input"),
+    "Interpreted float inputs lie between zeros: an unmasked load past an input's end reads"
+    " zeros that a product drops, so the CPU tests miss out-of-bounds loads.",
+  ),
+  Mutation(
+    "triton_attention.bias_read_past_the_last_key",
+    _ATTENTION + "triton_flash.py",
+    "      in_bounds = (rows < T) & (cols < S)\n      offs = rows.to(tl.int64) * BIAS_ST",
+    "      in_bounds = rows < T\n      offs = rows.to(tl.int64) * BIAS_ST",
+    (_TRITON_ATTENTION + "::test_interpreted[bias-bcast-softcap]",),
+    "The bias is loaded for the padding keys of the last key block (keys >= S): past the"
+    " end of the last head's bias that reads other memory, and with a soft cap the"
+    " backward's 0 * tanh' of a NaN there makes dq NaN.",
+  ),
+  Mutation(
+    "triton_attention.bias_read_past_the_last_query",
+    _ATTENTION + "triton_flash.py",
+    "      in_bounds = (rows < T) & (cols < S)\n      offs = rows.to(tl.int64) * BIAS_ST",
+    "      in_bounds = cols < S\n      offs = rows.to(tl.int64) * BIAS_ST",
+    (_TRITON_ATTENTION + "::test_interpreted[bias]",),
+    "The bias is loaded for the padding query rows of the last query block (rows >= T):"
+    " past the end of the last head's plane that reads other memory, whose NaN reaches dV"
+    " through p = exp2(logit - lse) = NaN.",
+  ),
+  Mutation(
+    "triton_attention.padded_head_columns_loaded_unmasked",
+    _ATTENTION + "triton_flash.py",
+    "    x = tl.load(ptrs, mask=cols[None, :] < NCOLS, other=0.0)",
+    "    x = tl.load(ptrs)",
+    (_TRITON_ATTENTION, "-k", "whole_key_blocks"),
+    "Head dims that are not a power of two: tiles of key blocks that run without row"
+    " masks load their padded head-dim columns unmasked, past the end of the key buffer"
+    " for the last key, and 0 * NaN there turns output rows and dq NaN.",
+  ),
+  Mutation(
+    "triton_attention.dq_padded_key_columns_unmasked",
+    _ATTENTION + "triton_flash.py",
+    "      S,\n      H,\n      MASKED,\n      BLOCK_H != H,\n    )\n    v = _load_tile(",
+    "      S,\n      H,\n      MASKED,\n      MASKED,\n    )\n    v = _load_tile(",
+    (_TRITON_ATTENTION, "-k", "whole_key_blocks"),
+    "Head dims that are not a power of two: the dQ kernel loads the padded head-dim"
+    " columns of keys in whole key blocks unmasked, past the end of the key buffer for"
+    " the last key, and dq comes out NaN.",
+  ),
+  Mutation(
+    "triton_attention.lse_stored_past_the_last_query",
+    _ATTENTION + "triton_flash.py",
+    "tl.store(lse_ptr + (b64 * N + n) * T + offs_m, lse, mask=offs_m < T)",
+    "tl.store(lse_ptr + (b64 * N + n) * T + offs_m, lse)",
+    (_TRITON_ATTENTION + "::test_interpreted[plain]",),
+    "The forward stores the log-sum-exp of the padding rows of the last query block (rows"
+    " >= T) too: for the last head past the end of the buffer, a write into other memory"
+    " on the GPU.",
+  ),
+  Mutation(
+    "triton_attention.dbias_stored_past_the_last_query",
+    _ATTENTION + "triton_flash.py",
+    "tl.store(db_ptrs, ds_t, mask=(offs_m[None, :] < T) & (offs_n[:, None] < S))",
+    "tl.store(db_ptrs, ds_t, mask=offs_n[:, None] < S)",
+    (_TRITON_ATTENTION + "::test_interpreted[bias]",),
+    "The dK/dV kernel stores dbias for the padding query rows (rows >= T) too: into the"
+    " next head's plane, and past the end of the dbias buffer for the last head.",
+  ),
+  Mutation(
+    "triton_attention.dbias_stored_past_the_last_key",
+    _ATTENTION + "triton_flash.py",
+    "tl.store(db_ptrs, ds_t, mask=(offs_m[None, :] < T) & (offs_n[:, None] < S))",
+    "tl.store(db_ptrs, ds_t, mask=offs_m[None, :] < T)",
+    (_TRITON_ATTENTION + "::test_interpreted[bias]",),
+    "The dK/dV kernel stores dbias for the padding keys of the last key block (keys >= S)"
+    " too: zeros over the next row's first keys (wrong dbias wherever that row was"
+    " written first, as on a GPU) and past the buffer's end.",
+  ),
+  Mutation(
+    "triton_attention.output_padded_head_columns_stored",
+    _ATTENTION + "triton_flash.py",
+    "o_ptrs, out.to(o_ptr.dtype.element_ty), mask=(offs_m[:, None] < T) & (offs_dv[None, :] < HV)",
+    "o_ptrs, out.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < T",
+    (_TRITON_ATTENTION + "::test_interpreted[f16-odd-heads-causal]",),
+    "A value head dim that is not a power of two: the forward stores the padded columns"
+    " too, over the next head's first output columns and, for the last head's last row,"
+    " past the output buffer.",
+  ),
+  Mutation(
+    "triton_attention.warps_not_power_of_two_accepted",
+    _ATTENTION + "triton.py",
+    '      if f.name.endswith("num_warps") and value & (value - 1):',
+    '      if f.name == "num_warps" and value & (value - 1):',
+    (_TRITON_ATTENTION, "-k", "warps_power_of_two"),
+    "A config of 6 backward warps is accepted, and fails only when Triton compiles the"
+    " backward kernels on the GPU, with an assertion that names no config field.",
+  ),
+  Mutation(
+    "triton_attention.delta_read_past_the_last_query",
+    _ATTENTION + "triton_flash.py",
+    "      delta = tl.load(delta_base + offs_m, mask=offs_m < T, other=0.0)",
+    "      delta = tl.load(delta_base + offs_m)",
+    (_TRITON_ATTENTION + "::test_interpreted[plain]",),
+    "The dK/dV kernel loads the backward's row sums (delta) for the padding query rows"
+    " (rows >= T) too: past the last head's rows that reads other memory, and"
+    " p * (dp - delta) = 0 * NaN there makes dK NaN.",
   ),
 )
 

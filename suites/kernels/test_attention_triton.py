@@ -204,6 +204,16 @@ def test_config_validation():
     attention_triton.TritonAttentionConfig(num_warps=0)
 
 
+@pytest.mark.parametrize("field", ["num_warps", "bwd_num_warps"])
+def test_config_warps_power_of_two(field):
+  """Warps per program must be a power of two (Triton's NVIDIA backend asserts it at
+  compile time, on the GPU): 6 is refused with the field's name, 2, 4 and 16 are taken."""
+  with pytest.raises(ValueError, match=f"`{field}` must be a power of two, got 6"):
+    attention_triton.TritonAttentionConfig(**{field: 6})
+  for warps in (2, 4, 16):
+    assert getattr(attention_triton.TritonAttentionConfig(**{field: warps}), field) == warps
+
+
 def test_heuristic_config():
   big = _args(t=4096, s=4096, h=128, b=1, n=1, k=1)
   assert attention_triton.heuristic_config(big, HOPPER) == attention_triton.TritonAttentionConfig(
@@ -529,6 +539,34 @@ def test_interpreted_bias_gradient_where_rows_see_no_key():
   as must the rows past the query length. Unwritten outputs read NaN in the interpreter."""
   kw = dict(seed=11, dtype=jnp.float32, b=2, t=37, s=45, n=2, k=1, h=16, bias=(2, 2, 37, 45))
   kw |= dict(is_causal=True, local_window_size=(6, 0), q_lengths=True, kv_lengths=True)
+  config = attention_triton.TritonAttentionConfig(16, 16, 4, 2, 16, 16, 4, 2)
+  _check_interpreted(kw, config)
+
+
+@pytest.mark.host_only
+@pytest.mark.parametrize(
+  "visibility",
+  [dict(is_causal=True), dict(local_window_size=(3, 2))],
+  ids=["causal", "right_window"],
+)
+def test_interpreted_bias_gradient_of_keys_past_the_last_query(visibility):
+  """20 queries and 70 keys with a bias: the key blocks from key 32 on start past the last
+  query row (19), so no query row of theirs is visited, and dbias gets zeros for rows up
+  to T only. Zeros up to the first visible row (32 or more) went past the head's plane,
+  for the last head past the end of the buffer: on a GPU, a write into other memory (the
+  interpreter's guard bytes around each output raise)."""
+  kw = dict(seed=15, dtype=jnp.float32, b=1, t=20, s=70, n=2, k=1, h=16, bias=(1, 2, 20, 70))
+  config = attention_triton.TritonAttentionConfig(16, 16, 4, 2, 32, 16, 4, 2)
+  _check_interpreted(kw | visibility, config)
+
+
+@pytest.mark.host_only
+def test_interpreted_padded_head_dims_in_whole_key_blocks():
+  """Head dims 24 and 40 (padded to 32 and 64 columns) with 32 keys, two whole blocks of
+  16: every key block runs without row masks, and its loads must still mask the padded
+  columns. The last key row's padding lies past the end of the key and value buffers
+  (the interpreter reads NaN there; on a GPU, anything)."""
+  kw = dict(seed=16, dtype=jnp.float32, b=1, t=24, s=32, n=2, k=1, h=24, hv=40)
   config = attention_triton.TritonAttentionConfig(16, 16, 4, 2, 16, 16, 4, 2)
   _check_interpreted(kw, config)
 

@@ -123,6 +123,54 @@ def test_interpreted_outputs_not_written_read_nan_or_minus_one():
     np.testing.assert_array_equal(np.asarray(i), [0, 1, 2, 3, -1, -1, -1, -1])
 
 
+@triton.jit
+def _ones_at(y_ptr, START: tl.constexpr, N: tl.constexpr):
+  """Stores 1.0 to elements START .. START + N - 1 of y, unmasked (past its ends if asked)."""
+  offs = START + tl.arange(0, N)
+  tl.store(y_ptr + offs, tl.full([N], 1.0, tl.float32))
+
+
+@pytest.mark.host_only
+@pytest.mark.parametrize("start", [-4, 0, 4], ids=["before", "inside", "after"])
+def test_interpreted_stores_outside_an_output_raise(start):
+  """Each interpreted output lies between guard bytes: a kernel that stores before or past
+  an output's ends (which on a GPU corrupts whatever memory lies there) raises, naming
+  the kernel and the output; one that stays inside runs."""
+  y_shape = jax.ShapeDtypeStruct((8,), jnp.float32)
+  with triton_call.interpret():
+    if start == 0:
+      (y,) = triton_call.call(_ones_at, out_shape=[y_shape], grid=(1,), START=start, N=8)
+      np.testing.assert_array_equal(np.asarray(y), np.ones(8))
+    else:
+      with pytest.raises(RuntimeError, match=r"_ones_at wrote outside its output 0 \(8,\)"):
+        triton_call.call(_ones_at, out_shape=[y_shape], grid=(1,), START=start, N=8)
+
+
+@triton.jit
+def _copy_from(x_ptr, y_ptr, START: tl.constexpr, N: tl.constexpr):
+  """y = x[START : START + N], loaded unmasked (past x's ends if asked)."""
+  offs = tl.arange(0, N)
+  tl.store(y_ptr + offs, tl.load(x_ptr + START + offs))
+
+
+@pytest.mark.host_only
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16])
+def test_interpreted_loads_past_a_float_input_read_nan(dtype):
+  """Each interpreted float input lies between NaNs: an unmasked load past either end
+  reads NaN (a neighbouring buffer's finite numbers would pass unseen where a select or a
+  product with zero drops them; on a GPU such a load may read anything, or fault)."""
+  x = jnp.arange(1, 9, dtype=dtype)
+  y_shape = jax.ShapeDtypeStruct((8,), dtype)
+  with triton_call.interpret():
+    (after,) = triton_call.call(_copy_from, x, out_shape=[y_shape], grid=(1,), START=4, N=8)
+    (before,) = triton_call.call(_copy_from, x, out_shape=[y_shape], grid=(1,), START=-4, N=8)
+  after, before = np.asarray(after, np.float32), np.asarray(before, np.float32)
+  np.testing.assert_array_equal(after[:4], [5, 6, 7, 8])
+  assert np.isnan(after[4:]).all(), after
+  assert np.isnan(before[:4]).all(), before
+  np.testing.assert_array_equal(before[4:], [1, 2, 3, 4])
+
+
 def _signature(compiled) -> dict[str, str]:
   """Runtime argument name -> its TTIR type and attributes, from the compiled kernel."""
   ttir = compiled.asm["ttir"]

@@ -13,12 +13,15 @@ only where jax has GPU support, so it is imported lazily here.
 - Under `jax.vmap`, a launch runs once per batch element (`sequential_under_vmap`).
 - `interpret()` runs launches in Triton's interpreter on the host instead
   (as host callbacks under tracing, small shapes, float32/float16: its bfloat16 is unreliable),
-  so that CPU tests can check a kernel's numbers.
+  so that CPU tests can check a kernel's numbers; each output lies between guard
+  bytes there, and a kernel that stores outside one raises; each float input lies
+  between NaNs, which a load past its ends reads.
 """
 
 import contextlib
 import dataclasses
 import functools
+import math
 import os
 import tempfile
 import threading
@@ -202,12 +205,9 @@ def _run_interpreted(kernel, args, shapes, grid, meta) -> list[jax.Array]:
   inputs = [
     np.array(a) if _is_array(a) else a.item() if isinstance(a, np.generic) else a for a in args
   ]
-  outputs = [
-    np.full(s.shape, np.nan if np.issubdtype(s.dtype, np.inexact) else -1, s.dtype) for s in shapes
-  ]
-  wrapped = [
-    _HostTensor(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a for a in inputs
-  ]
+  guarded = [_guarded_output(s.shape, s.dtype) for s in shapes]
+  outputs = [output for output, _, _ in guarded]
+  wrapped = [_HostTensor(_guarded_input(a)) if isinstance(a, np.ndarray) else a for a in inputs]
   wrapped += [_HostTensor(o) for o in outputs]
   fn = interpreter.InterpretedFunction(kernel.fn)
   constexprs = {k: v for k, v in meta.items() if k in fn.arg_names}
@@ -238,7 +238,49 @@ def _run_interpreted(kernel, args, shapes, grid, meta) -> list[jax.Array]:
     interpreter._patch_lang_tensor = patch_tensor
     for ns, functions in zip(namespaces, jitted, strict=True):
       ns.update(functions)
+  for i, (_, raw, margin) in enumerate(guarded):
+    if not (_margins_intact(raw[:margin]) and _margins_intact(raw[-margin:])):
+      raise RuntimeError(
+        f"{kernel.fn.__name__} wrote outside its output {i} {shapes[i].shape} (out of bounds)."
+      )
   return [jnp.asarray(o) for o in outputs]
+
+
+# Bytes written around each interpreted output; a store outside the output changes them.
+_GUARD_BYTE = 0xA5
+
+
+def _guarded(shape, dtype) -> tuple[np.ndarray, np.ndarray, int]:
+  """An array between two margins of guard bytes of at least 4 KiB each (as large as the
+  array): (the array, the whole raw buffer, the margin in bytes)."""
+  dtype = np.dtype(dtype)
+  nbytes = math.prod(shape) * dtype.itemsize
+  margin = max(4096, -(-nbytes // 64) * 64)
+  raw = np.full(nbytes + 2 * margin, _GUARD_BYTE, np.uint8)
+  return raw[margin : margin + nbytes].view(dtype).reshape(shape), raw, margin
+
+
+def _guarded_output(shape, dtype) -> tuple[np.ndarray, np.ndarray, int]:
+  """A guarded output array of NaN (integers: -1), so that unwritten elements show."""
+  output, raw, margin = _guarded(shape, dtype)
+  output[...] = np.nan if np.issubdtype(output.dtype, np.inexact) else -1
+  return output, raw, margin
+
+
+def _guarded_input(a: np.ndarray) -> np.ndarray:
+  """A contiguous copy of `a` between margins of NaN (other dtypes: guard bytes), so that
+  an unmasked load past its ends reads NaN, not a neighbouring buffer's numbers that a
+  select or a product with zero would hide (on a GPU, such a load may read anything)."""
+  copy, raw, margin = _guarded(a.shape, a.dtype)
+  copy[...] = a
+  if jnp.issubdtype(a.dtype, jnp.inexact):
+    for side in (raw[:margin], raw[-margin:]):
+      side.view(a.dtype)[...] = np.nan
+  return copy
+
+
+def _margins_intact(margin: np.ndarray) -> bool:
+  return bool(np.all(margin == _GUARD_BYTE))
 
 
 # Triton's interpreter patches module globals: one launch at a time (devices run callbacks

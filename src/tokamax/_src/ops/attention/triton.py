@@ -58,6 +58,9 @@ class TritonAttentionConfig:
       value = getattr(self, f.name)
       if f.name.startswith(("block", "bwd_block")) and (value < 16 or value & (value - 1)):
         raise ValueError(f"`{f.name}` must be a power of two >= 16, got {value}.")
+      if f.name.endswith("num_warps") and value & (value - 1):
+        # Triton's NVIDIA backend asserts it when compiling.
+        raise ValueError(f"`{f.name}` must be a power of two, got {value}.")
       if value < 1:
         raise ValueError(f"`{f.name}` must be positive, got {value}.")
 

@@ -637,7 +637,9 @@ def dkdv_kernel(
     mask_base = mask_ptr + b64 * MASK_SB + n.to(tl.int64) * MASK_SN
     dbias_base = dbias_ptr + (b64 * N + n) * (T * S)
     if HAS_DBIAS:
-      _zero_dbias(dbias_base, offs_n, 0, lo, S, BLOCK_M, BLOCK_N)
+      # Rows before the first visited one, which can lie past T (key blocks past the
+      # last query row under a causal mask or right window).
+      _zero_dbias(dbias_base, offs_n, 0, tl.minimum(lo, T), S, BLOCK_M, BLOCK_N)
       _zero_dbias(dbias_base, offs_n, hi, T, S, BLOCK_M, BLOCK_N)
     for i in tl.static_range(3):
       dk, dv = _dkdv_loop(
