@@ -15289,6 +15289,34 @@ MUTATIONS: tuple[Mutation, ...] = (
     "A concrete group size of -1 passes: the call computes with a negative group instead of"
     " naming `group_sizes`.",
   ),
+  Mutation(
+    "kernels.mosaic_tpu_attention_window_dropped_when_causal",
+    _TPU_ATTENTION_KERNEL,
+    "  if p.window is not None:\n    left, right = p.window\n    ok &=",
+    "  if p.window is not None and not p.causal:\n    left, right = p.window\n    ok &=",
+    (_TPU_ATTENTION, "-k", "causal_sliding_window"),
+    "Causal attention with a local window (a sliding window) masks only the causal diagonal in"
+    " the partly hidden blocks: keys left of the window are attended there, wrong outputs and"
+    " gradients.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_attention_causal_dropped_when_windowed",
+    _TPU_ATTENTION_KERNEL,
+    "  if p.causal:\n    ok &= keys <= rows\n",
+    "  if p.causal and p.window is None:\n    ok &= keys <= rows\n",
+    (_TPU_ATTENTION, "-k", "causal_sliding_window"),
+    "Causal attention with a local window whose right side is not 0 lets each query see the"
+    " `right` keys after it in the partly hidden blocks: future tokens leak into the outputs.",
+  ),
+  Mutation(
+    "attention.mosaic_tpu_scale_argument_ignored",
+    _ATTENTION + "mosaic_tpu.py",
+    "      scale=args.scale,\n",
+    "      scale=1.0 / np.sqrt(args.query.shape[-1]),\n",
+    (_TPU_ATTENTION, "-k", "causal_sliding_window"),
+    "The kernels take the default logit scale 1/sqrt(H) whatever `scale` the caller passes:"
+    " outputs and gradients of a scaled call are wrong.",
+  ),
 )
 
 
