@@ -15317,6 +15317,25 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The kernels take the default logit scale 1/sqrt(H) whatever `scale` the caller passes:"
     " outputs and gradients of a scaled call are wrong.",
   ),
+  Mutation(
+    "kernels.mosaic_tpu_attention_kv_map_lengths_of_the_first_batch",
+    _TPU_ATTENTION_KERNEL,
+    "    first, last = kv_blocks(i, q_len_ref[bb], kv_len_ref[bb], p)",
+    "    first, last = kv_blocks(i, q_len_ref[0], kv_len_ref[0], p)",
+    (_TPU_ATTENTION, "-k", "later_batch"),
+    "The key/value index maps of the forward and dq kernels clamp to the first batch's visible"
+    " blocks: a later batch with more keys reads a repeated key block in place of its own,"
+    " wrong outputs and gradients.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_attention_dkv_q_map_lengths_of_the_first_batch",
+    _TPU_ATTENTION_KERNEL,
+    "    first, last = q_blocks(j, q_len_ref[bb], kv_len_ref[bb], p)",
+    "    first, last = q_blocks(j, q_len_ref[0], kv_len_ref[0], p)",
+    (_TPU_ATTENTION, "-k", "later_batch"),
+    "The dk/dv kernel's query index maps clamp to the first batch's visible blocks: a later"
+    " batch with more rows or keys accumulates a repeated query block, wrong dk and dv.",
+  ),
 )
 
 

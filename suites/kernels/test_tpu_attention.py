@@ -520,3 +520,29 @@ def test_causal_sliding_window_with_a_scale_matches_reference():
     ("out", "dq", "dk", "dv"), (out, *vjp(ct)), (ref, *ref_grads), strict=True
   ):
     assert compare.relative_error(x, r) < _BOUND["float32"], label
+
+
+def test_lengths_longer_in_a_later_batch_match_reference():
+  """Per-batch lengths where the second batch sees more than the first (20 and 48 query rows,
+  40 and 190 keys): the key and query blocks a batch visits, and those its index maps fetch,
+  follow that batch's own lengths, forward and gradients."""
+  q, k, v, rng = _inputs(dict(b=2, t=48, s=200, n=2, k=1, h=64), "float32", seed=13)
+  kwargs = dict(
+    query_seq_lengths=jnp.array([20, 48], jnp.int32),
+    key_value_seq_lengths=jnp.array([40, 190], jnp.int32),
+  )
+  config = mosaic_tpu.MosaicTpuAttentionConfig(
+    block_q=8, block_kv=128, bwd_block_q=8, bwd_block_kv=128
+  )
+  impl = mosaic_tpu.MosaicTpuAttention(interpret=True, config=config)
+  out, vjp = jax.vjp(
+    lambda *a: tokamax.dot_product_attention(*a, implementation=impl, **kwargs), q, k, v
+  )
+  ct = jnp.asarray(rng.standard_normal(out.shape), jnp.float32)
+  ref, ref_grads = references.high_precision_vjp(
+    lambda *a: references.attention(*a, **kwargs), (q, k, v), ct
+  )
+  for label, x, r in zip(
+    ("out", "dq", "dk", "dv"), (out, *vjp(ct)), (ref, *ref_grads), strict=True
+  ):
+    assert compare.relative_error(x, r) < _BOUND["float32"], label
