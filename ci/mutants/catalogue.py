@@ -15336,6 +15336,35 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The dk/dv kernel's query index maps clamp to the first batch's visible blocks: a later"
     " batch with more rows or keys accumulates a repeated query block, wrong dk and dv.",
   ),
+  Mutation(
+    "attention.mosaic_tpu_backward_runs_the_forward_blocks",
+    _ATTENTION + "mosaic_tpu.py",
+    "    p = self._params(args, config.bwd_block_q, config.bwd_block_kv)",
+    "    p = self._params(args, config.block_q, config.block_kv)",
+    (_TPU_ATTENTION, "-k", "backward_kernels_take"),
+    "The dq and dk/dv kernels run with the forward's blocks, not the backward's that were"
+    " checked against the backward's VMEM (and tuned): larger forward blocks overflow VMEM on"
+    " the TPU.",
+  ),
+  Mutation(
+    "attention.mosaic_tpu_bwd_vmem_accumulators_uncounted",
+    _ATTENTION + "mosaic_tpu.py",
+    "  return 2 * (inputs + outputs) + block_kv * (h + hv) * 4 + 4 * tile",
+    "  return 2 * (inputs + outputs) + 4 * tile",
+    (_TPU_ATTENTION, "-k", "backward_vmem_counts_by_hand"),
+    "The backward's VMEM estimate leaves out the float32 dk and dv accumulators: blocks that"
+    " overflow the scoped VMEM pass the check and fail to compile on the TPU.",
+  ),
+  Mutation(
+    "attention.mosaic_tpu_bwd_vmem_row_blocks_uncounted",
+    _ATTENTION + "mosaic_tpu.py",
+    "  inputs = (block_q * (h + hv) + block_kv * (h + hv)) * size + 2 * rows + planes",
+    "  inputs = (block_q * (h + hv) + block_kv * (h + hv)) * size + planes",
+    (_TPU_ATTENTION, "-k", "backward_vmem_counts_by_hand"),
+    "The backward's VMEM estimate leaves out the lane-replicated log-sum-exp and delta blocks"
+    " (float32 [block_q, 128], double-buffered): large query blocks pass the check and fail to"
+    " compile on the TPU.",
+  ),
 )
 
 
