@@ -15365,6 +15365,35 @@ MUTATIONS: tuple[Mutation, ...] = (
     " (float32 [block_q, 128], double-buffered): large query blocks pass the check and fail to"
     " compile on the TPU.",
   ),
+  Mutation(
+    "kernels.mosaic_tpu_ragged_drhs_partial_k_tile_dropped",
+    _TPU_RAGGED_KERNEL,
+    "grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n), tile.shape[0])",
+    "grid=(k // block_k, pl.cdiv(n, block_n), tile.shape[0])",
+    (_TPU_RAGGED, "-k", "contracting_output_tiles_past_k_and_n"),
+    "ragged_contracting (and the rhs gradient of the other layouts) with K not a multiple of"
+    " block_k leaves the last partial row tile of every group's [K, N] output unwritten.",
+  ),
+  Mutation(
+    "ragged_dot.mosaic_tpu_fixed_config_not_on_gradients",
+    _RAGGED + "mosaic_tpu.py",
+    "    if self.config is not None and config_reason(args, self.config) is None:\n"
+    "      return self.config\n",
+    "    if False:\n      return self.config\n",
+    (_TPU_RAGGED, "-k", "fits_every_gradient"),
+    "A fixed (or autotuned) config is dropped by the gradients' calls even where it fits them:"
+    " the backward runs with the cost model's blocks instead of the ones chosen.",
+  ),
+  Mutation(
+    "ragged_dot.mosaic_tpu_vmem_lhs_block_as_output_block",
+    _RAGGED + "mosaic_tpu.py",
+    "inputs, out, temps = bm * bk + bk * bn, bm * bn, 4 * bm * bn",
+    "inputs, out, temps = bm * bn + bk * bn, bm * bn, 4 * bm * bn",
+    (_TPU_RAGGED, "-k", "vmem_counts_blocks_of_three_sizes"),
+    "The row-ragged layouts' VMEM estimate counts the lhs block as [block_m, block_n] instead"
+    " of [block_m, block_k]: with block_k above block_n, blocks that overflow the scoped VMEM"
+    " pass the check and fail to compile on the TPU.",
+  ),
 )
 
 
