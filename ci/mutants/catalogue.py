@@ -15394,6 +15394,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     " of [block_m, block_k]: with block_k above block_n, blocks that overflow the scoped VMEM"
     " pass the check and fail to compile on the TPU.",
   ),
+  Mutation(
+    "loss.mosaic_tpu_block_v_multiple_of_sublanes_accepted",
+    _LOSS + "mosaic_tpu.py",
+    "  if bv % _LANES:\n",
+    "  if bv % 8:\n",
+    (_TPU_LOSS, "-k", "unsupported_reasons_at_the_edges"),
+    "Vocabulary tiles of 192 columns (a multiple of 8, not of the 128 lanes) are accepted,"
+    " forward and backward: the kernel fails to lower on the TPU instead of being refused.",
+  ),
 )
 
 
