@@ -15479,6 +15479,120 @@ MUTATIONS: tuple[Mutation, ...] = (
     " (rows >= T) too: past the last head's rows that reads other memory, and"
     " p * (dp - delta) = 0 * NaN there makes dK NaN.",
   ),
+  Mutation(
+    "kernels.mosaic_tpu_attention_window_dropped_when_causal",
+    _TPU_ATTENTION_KERNEL,
+    "  if p.window is not None:\n    left, right = p.window\n    ok &=",
+    "  if p.window is not None and not p.causal:\n    left, right = p.window\n    ok &=",
+    (_TPU_ATTENTION, "-k", "causal_sliding_window"),
+    "Causal attention with a local window (a sliding window) masks only the causal diagonal in"
+    " the partly hidden blocks: keys left of the window are attended there, wrong outputs and"
+    " gradients.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_attention_causal_dropped_when_windowed",
+    _TPU_ATTENTION_KERNEL,
+    "  if p.causal:\n    ok &= keys <= rows\n",
+    "  if p.causal and p.window is None:\n    ok &= keys <= rows\n",
+    (_TPU_ATTENTION, "-k", "causal_sliding_window"),
+    "Causal attention with a local window whose right side is not 0 lets each query see the"
+    " `right` keys after it in the partly hidden blocks: future tokens leak into the outputs.",
+  ),
+  Mutation(
+    "attention.mosaic_tpu_scale_argument_ignored",
+    _ATTENTION + "mosaic_tpu.py",
+    "      scale=args.scale,\n",
+    "      scale=1.0 / np.sqrt(args.query.shape[-1]),\n",
+    (_TPU_ATTENTION, "-k", "causal_sliding_window"),
+    "The kernels take the default logit scale 1/sqrt(H) whatever `scale` the caller passes:"
+    " outputs and gradients of a scaled call are wrong.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_attention_kv_map_lengths_of_the_first_batch",
+    _TPU_ATTENTION_KERNEL,
+    "    first, last = kv_blocks(i, q_len_ref[bb], kv_len_ref[bb], p)",
+    "    first, last = kv_blocks(i, q_len_ref[0], kv_len_ref[0], p)",
+    (_TPU_ATTENTION, "-k", "later_batch"),
+    "The key/value index maps of the forward and dq kernels clamp to the first batch's visible"
+    " blocks: a later batch with more keys reads a repeated key block in place of its own,"
+    " wrong outputs and gradients.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_attention_dkv_q_map_lengths_of_the_first_batch",
+    _TPU_ATTENTION_KERNEL,
+    "    first, last = q_blocks(j, q_len_ref[bb], kv_len_ref[bb], p)",
+    "    first, last = q_blocks(j, q_len_ref[0], kv_len_ref[0], p)",
+    (_TPU_ATTENTION, "-k", "later_batch"),
+    "The dk/dv kernel's query index maps clamp to the first batch's visible blocks: a later"
+    " batch with more rows or keys accumulates a repeated query block, wrong dk and dv.",
+  ),
+  Mutation(
+    "attention.mosaic_tpu_backward_runs_the_forward_blocks",
+    _ATTENTION + "mosaic_tpu.py",
+    "    p = self._params(args, config.bwd_block_q, config.bwd_block_kv)",
+    "    p = self._params(args, config.block_q, config.block_kv)",
+    (_TPU_ATTENTION, "-k", "backward_kernels_take"),
+    "The dq and dk/dv kernels run with the forward's blocks, not the backward's that were"
+    " checked against the backward's VMEM (and tuned): larger forward blocks overflow VMEM on"
+    " the TPU.",
+  ),
+  Mutation(
+    "attention.mosaic_tpu_bwd_vmem_accumulators_uncounted",
+    _ATTENTION + "mosaic_tpu.py",
+    "  return 2 * (inputs + outputs) + block_kv * (h + hv) * 4 + 4 * tile",
+    "  return 2 * (inputs + outputs) + 4 * tile",
+    (_TPU_ATTENTION, "-k", "backward_vmem_counts_by_hand"),
+    "The backward's VMEM estimate leaves out the float32 dk and dv accumulators: blocks that"
+    " overflow the scoped VMEM pass the check and fail to compile on the TPU.",
+  ),
+  Mutation(
+    "attention.mosaic_tpu_bwd_vmem_row_blocks_uncounted",
+    _ATTENTION + "mosaic_tpu.py",
+    "  inputs = (block_q * (h + hv) + block_kv * (h + hv)) * size + 2 * rows + planes",
+    "  inputs = (block_q * (h + hv) + block_kv * (h + hv)) * size + planes",
+    (_TPU_ATTENTION, "-k", "backward_vmem_counts_by_hand"),
+    "The backward's VMEM estimate leaves out the lane-replicated log-sum-exp and delta blocks"
+    " (float32 [block_q, 128], double-buffered): large query blocks pass the check and fail to"
+    " compile on the TPU.",
+  ),
+  Mutation(
+    "kernels.mosaic_tpu_ragged_drhs_partial_k_tile_dropped",
+    _TPU_RAGGED_KERNEL,
+    "grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n), tile.shape[0])",
+    "grid=(k // block_k, pl.cdiv(n, block_n), tile.shape[0])",
+    (_TPU_RAGGED, "-k", "contracting_output_tiles_past_k_and_n"),
+    "ragged_contracting (and the rhs gradient of the other layouts) with K not a multiple of"
+    " block_k leaves the last partial row tile of every group's [K, N] output unwritten.",
+  ),
+  Mutation(
+    "ragged_dot.mosaic_tpu_fixed_config_not_on_gradients",
+    _RAGGED + "mosaic_tpu.py",
+    "    if self.config is not None and config_reason(args, self.config) is None:\n"
+    "      return self.config\n",
+    "    if False:\n      return self.config\n",
+    (_TPU_RAGGED, "-k", "fits_every_gradient"),
+    "A fixed (or autotuned) config is dropped by the gradients' calls even where it fits them:"
+    " the backward runs with the cost model's blocks instead of the ones chosen.",
+  ),
+  Mutation(
+    "ragged_dot.mosaic_tpu_vmem_lhs_block_as_output_block",
+    _RAGGED + "mosaic_tpu.py",
+    "inputs, out, temps = bm * bk + bk * bn, bm * bn, 4 * bm * bn",
+    "inputs, out, temps = bm * bn + bk * bn, bm * bn, 4 * bm * bn",
+    (_TPU_RAGGED, "-k", "vmem_counts_blocks_of_three_sizes"),
+    "The row-ragged layouts' VMEM estimate counts the lhs block as [block_m, block_n] instead"
+    " of [block_m, block_k]: with block_k above block_n, blocks that overflow the scoped VMEM"
+    " pass the check and fail to compile on the TPU.",
+  ),
+  Mutation(
+    "loss.mosaic_tpu_block_v_multiple_of_sublanes_accepted",
+    _LOSS + "mosaic_tpu.py",
+    "  if bv % _LANES:\n",
+    "  if bv % 8:\n",
+    (_TPU_LOSS, "-k", "unsupported_reasons_at_the_edges"),
+    "Vocabulary tiles of 192 columns (a multiple of 8, not of the 128 lanes) are accepted,"
+    " forward and backward: the kernel fails to lower on the TPU instead of being refused.",
+  ),
 )
 
 

@@ -496,3 +496,103 @@ def test_vmem_counts_the_plane_blocks():
     for backward in (False, True):
       got = mosaic_tpu.vmem_bytes(with_planes, bq, bk, backward)
       assert got - mosaic_tpu.vmem_bytes(plain, bq, bk, backward) == planes, (bq, bk, backward)
+
+
+def test_backward_vmem_counts_by_hand():
+  """The backward's VMEM, bfloat16 with H=64 and hv=128 (so that the key and value sides
+  differ): double-buffered q and dout [block_q, H|hv], k and v [block_kv, H|hv], the float32
+  lane-replicated log-sum-exp and delta [block_q, 128] blocks in; double-buffered dk and dv
+  out, their float32 accumulators; four float32 [block_q, block_kv] temporaries (logits,
+  probabilities and their two cotangents)."""
+  b, t, s, n, h, hv = 1, 2048, 2048, 2, 64, 128
+  shapes = ((b, t, n, h), (b, s, n, h), (b, s, n, hv))
+  structs = [jax.ShapeDtypeStruct(x, jnp.bfloat16) for x in shapes]
+  record = jax.eval_shape(spec.canonicalize, *structs)
+  for bq, bk in ((128, 256), (512, 128)):
+    q_side = bq * (h + hv) * 2 + 2 * bq * 128 * 4  # q, dout; lse, delta.
+    kv_side = bk * (h + hv) * 2  # k, v.
+    outputs = bk * (h + hv) * 2  # dk, dv.
+    accumulators = bk * (h + hv) * 4
+    temporaries = 4 * bq * bk * 4
+    want = 2 * (q_side + kv_side + outputs) + accumulators + temporaries
+    assert mosaic_tpu.vmem_bytes(record, bq, bk, backward=True) == want, (bq, bk)
+
+
+def test_causal_sliding_window_with_a_scale_matches_reference():
+  """Causal attention with a local window (a sliding window: key j visible to query i for
+  i - 37 <= j <= i) and a logit scale of 0.3, forward and gradients. Both masks meet inside
+  the partly hidden blocks: a key must be on the visible side of the diagonal and inside the
+  window, so neither may stand in for the other."""
+  q, k, v, rng = _inputs(dict(b=1, t=64, s=160, n=2, k=1, h=64), "float32", seed=12)
+  kwargs = dict(is_causal=True, local_window_size=(37, 5), scale=0.3)
+  config = mosaic_tpu.MosaicTpuAttentionConfig(
+    block_q=8, block_kv=128, bwd_block_q=16, bwd_block_kv=128
+  )
+  impl = mosaic_tpu.MosaicTpuAttention(interpret=True, config=config)
+  out, vjp = jax.vjp(
+    lambda *a: tokamax.dot_product_attention(*a, implementation=impl, **kwargs), q, k, v
+  )
+  ct = jnp.asarray(rng.standard_normal(out.shape), jnp.float32)
+  ref, ref_grads = references.high_precision_vjp(
+    lambda *a: references.attention(*a, **kwargs), (q, k, v), ct
+  )
+  for label, x, r in zip(
+    ("out", "dq", "dk", "dv"), (out, *vjp(ct)), (ref, *ref_grads), strict=True
+  ):
+    assert compare.relative_error(x, r) < _BOUND["float32"], label
+
+
+def test_lengths_longer_in_a_later_batch_match_reference():
+  """Per-batch lengths where the second batch sees more than the first (20 and 48 query rows,
+  40 and 190 keys): the key and query blocks a batch visits, and those its index maps fetch,
+  follow that batch's own lengths, forward and gradients."""
+  q, k, v, rng = _inputs(dict(b=2, t=48, s=200, n=2, k=1, h=64), "float32", seed=13)
+  kwargs = dict(
+    query_seq_lengths=jnp.array([20, 48], jnp.int32),
+    key_value_seq_lengths=jnp.array([40, 190], jnp.int32),
+  )
+  config = mosaic_tpu.MosaicTpuAttentionConfig(
+    block_q=8, block_kv=128, bwd_block_q=8, bwd_block_kv=128
+  )
+  impl = mosaic_tpu.MosaicTpuAttention(interpret=True, config=config)
+  out, vjp = jax.vjp(
+    lambda *a: tokamax.dot_product_attention(*a, implementation=impl, **kwargs), q, k, v
+  )
+  ct = jnp.asarray(rng.standard_normal(out.shape), jnp.float32)
+  ref, ref_grads = references.high_precision_vjp(
+    lambda *a: references.attention(*a, **kwargs), (q, k, v), ct
+  )
+  for label, x, r in zip(
+    ("out", "dq", "dk", "dv"), (out, *vjp(ct)), (ref, *ref_grads), strict=True
+  ):
+    assert compare.relative_error(x, r) < _BOUND["float32"], label
+
+
+def test_backward_kernels_take_the_backward_blocks(monkeypatch):
+  """The forward kernel runs with block_q x block_kv, the dq and dk/dv kernels with
+  bwd_block_q x bwd_block_kv (the blocks their own VMEM check passed), and the gradients
+  match the reference."""
+  seen = {}
+
+  def spy(name, fn, position):
+    def wrapped(*args, **kwargs):
+      p = args[position]
+      seen[name] = (p.block_q, p.block_kv)
+      return fn(*args, **kwargs)
+
+    return wrapped
+
+  monkeypatch.setattr(mosaic_tpu_kernel, "forward", spy("fwd", mosaic_tpu_kernel.forward, 6))
+  monkeypatch.setattr(mosaic_tpu_kernel, "backward", spy("bwd", mosaic_tpu_kernel.backward, 9))
+  q, k, v, rng = _inputs(dict(b=1, t=40, s=300, n=2, k=1, h=64), "float32", seed=14)
+  config = mosaic_tpu.MosaicTpuAttentionConfig(
+    block_q=8, block_kv=256, bwd_block_q=16, bwd_block_kv=128
+  )
+  impl = mosaic_tpu.MosaicTpuAttention(interpret=True, config=config)
+  out, vjp = jax.vjp(lambda *a: tokamax.dot_product_attention(*a, implementation=impl), q, k, v)
+  ct = jnp.asarray(rng.standard_normal(out.shape), jnp.float32)
+  grads = vjp(ct)
+  assert seen == {"fwd": (8, 256), "bwd": (16, 128)}
+  ref, ref_grads = references.high_precision_vjp(references.attention, (q, k, v), ct)
+  for label, x, r in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads), strict=True):
+    assert compare.relative_error(x, r) < _BOUND["float32"], label

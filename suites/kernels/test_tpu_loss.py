@@ -495,6 +495,13 @@ def test_unsupported_reasons_at_the_edges():
   assert reason(block_b=16, block_k=256) is None
   assert reason(h=96, block_b=16, block_k=96) is None
   assert "block_k=32 must divide H=96" in reason(h=96, block_b=16, block_k=32)
+  # Vocabulary tiles are lanes: 192 (a multiple of 8 and 64, under V=512) is refused, forward
+  # and backward; 384 is fine.
+  assert "block_v=192 must be a multiple of 128" in reason(block_b=16, block_v=192)
+  assert reason(block_b=16, block_v=384) is None
+  with export.abstract_tpu():
+    backward = mosaic_tpu.bwd_config_reason(_record(64, 256, 512), Config(bwd_block_v=192))
+  assert "bwd_block_v=192 must be a multiple of 128" in backward
 
 
 def test_interpret_logits_far_below_zero():

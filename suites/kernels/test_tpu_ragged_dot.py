@@ -623,3 +623,83 @@ def test_contracting_vmem_counts_the_masked_and_transposed_operands():
   blocks = 2 * 512 * (256 + 1024) * 2 + 2 * 256 * 1024 * 2
   temps = 4 * 256 * 1024 + 4 * 512 * (256 + 1024) + 4 * 512 * 256
   assert mosaic_tpu.vmem_bytes(record, config) == blocks + temps == 7.5 * (1 << 20)
+
+
+def test_contracting_output_tiles_past_k_and_n():
+  """ "ragged_contracting" with K=200 and N=136 in 128-wide output tiles: the last row tile
+  and column tile of every group's [K, N] output are partial (72 and 8 wide) and must still be
+  computed and stored. The reference is numpy in float64, group by group."""
+  m, k, n = 300, 200, 136
+  rng = np.random.default_rng(31)
+  sizes = np.array([70, 0, 150, 60], np.int32)  # The last 20 rows are in no group.
+  lhs = rng.standard_normal((m, k)).astype(np.float32)
+  rhs = rng.standard_normal((m, n)).astype(np.float32)
+  config = mosaic_tpu.MosaicTpuRaggedDotConfig(block_m=128, block_k=128, block_n=128)
+  impl = mosaic_tpu.MosaicTpuRaggedDot(interpret=True, config=config)
+  dims = spec.dimension_numbers(spec.RAGGED_CONTRACTING)
+  out = api.ragged_dot_general(
+    jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes), dims, implementation=impl
+  )
+  ends = np.cumsum(sizes)
+  starts = ends - sizes
+  want = np.stack(
+    [lhs[a:b].astype(np.float64).T @ rhs[a:b] for a, b in zip(starts, ends, strict=True)]
+  )
+  assert out.shape == (4, k, n)
+  assert np.all(np.asarray(out)[1] == 0)  # The empty group.
+  np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("layout", [spec.DEFAULT, spec.RHS_TRANSPOSED])
+def test_vmem_counts_blocks_of_three_sizes(layout):
+  """Row-ragged layouts with block_m, block_k and block_n all different (64, 256, 512), bfloat16
+  in and float32 out: double-buffered lhs [block_m, block_k] and rhs [block_k, block_n] blocks,
+  double-buffered output [block_m, block_n], its float32 accumulator and the float32 masked
+  output values."""
+  m, k, n, g = 1024, 512, 1024, 4
+  record = jax.eval_shape(
+    lambda a, b: spec.canonicalize(
+      a,
+      b,
+      jnp.zeros(g, jnp.int32),
+      spec.dimension_numbers(layout),
+      preferred_element_type=jnp.float32,
+    ),
+    jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+    jax.ShapeDtypeStruct(_rhs_shape(layout, m, k, n, g), jnp.bfloat16),
+  )
+  assert record.out_dtype == jnp.float32
+  bm, bk, bn = 64, 256, 512
+  config = mosaic_tpu.MosaicTpuRaggedDotConfig(block_m=bm, block_k=bk, block_n=bn)
+  blocks = 2 * (bm * bk + bk * bn) * 2 + 2 * bm * bn * 4
+  accumulator, values = 4 * bm * bn, 4 * bm * bn
+  assert mosaic_tpu.vmem_bytes(record, config) == blocks + accumulator + values
+
+
+def test_a_fixed_config_that_fits_every_gradient_is_theirs():
+  """A fixed config (as autotuning picks one) that fits the forward and both gradients' calls
+  is the config of all three, not only of the forward: the gradients do not fall back to the
+  cost model's blocks, which differ here."""
+  lhs = jax.ShapeDtypeStruct((512, 256), jnp.float32)
+  rhs = jax.ShapeDtypeStruct((2, 256, 256), jnp.float32)
+  args = jax.eval_shape(
+    lambda a, b: spec.canonicalize(a, b, jnp.array([200, 312], jnp.int32)), lhs, rhs
+  )
+  config = mosaic_tpu.MosaicTpuRaggedDotConfig(block_m=256, block_k=128, block_n=128)
+  impl = mosaic_tpu.MosaicTpuRaggedDot(interpret=True, config=config)
+  records = []
+
+  def capture(record):
+    records.append(record)
+    return jnp.zeros(record.out_shape, record.out_dtype)
+
+  jax.eval_shape(
+    lambda dout: spec.gradients(args, dout, capture),
+    jax.ShapeDtypeStruct(args.out_shape, jnp.float32),
+  )
+  assert sorted(r.layout for r in records) == [spec.RAGGED_CONTRACTING, spec.RHS_TRANSPOSED]
+  heuristic = mosaic_tpu.MosaicTpuRaggedDot(interpret=True)
+  for record in records:
+    assert mosaic_tpu.config_reason(record, config) is None, record.layout
+    assert heuristic._get_heuristics_config(record) != config, record.layout
+    assert impl._gradient_config(record) == config, record.layout
