@@ -15289,6 +15289,16 @@ MUTATIONS: tuple[Mutation, ...] = (
     "A concrete group size of -1 passes: the call computes with a negative group instead of"
     " naming `group_sizes`.",
   ),
+  Mutation(
+    "loss.mosaic_in_forward_partial_store_tiles_accepted",
+    _LOSS + "mosaic_kernel.py",
+    "  if probabilities and config.block_n % PROBS_STORE_COLUMNS:\n",
+    "  if False:\n",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "whole_128_column_stores"),
+    "A gradient_in_forward config with block_n=64 or 192 is accepted and then fails to trace"
+    " (a [64, 64] value stored into the exponentials' [64, 128] slot) instead of being refused"
+    " by name.",
+  ),
 )
 
 

@@ -382,6 +382,26 @@ def test_gradient_in_forward_serves_summed_unsharded_whole_64_column_vocabularie
     mosaic.MosaicLossConfig(row_chunks=0)
 
 
+@pytest.mark.parametrize("block_n", [64, 192])
+def test_gradient_in_forward_refuses_tiles_not_whole_128_column_stores(block_n):
+  """wgmma takes tiles of 64 and 192 columns, which the forward alone accepts; the
+  exponentials leave a tile in 128-column stores, which such a tile does not fill (the trace
+  failed on a [64, 64] value for a [64, 128] slot): gradient_in_forward refuses them, naming
+  block_n, and so does the config check of the kernel writing the exponentials."""
+  x, labels, w = _inputs(128, 128, 384)
+  record = spec.canonicalize(x, labels, w)
+  config = mosaic.MosaicLossConfig(block_n=block_n, num_stages=2)
+  assert mosaic.MosaicLoss(config=config)._unsupported_reason(record) is None
+  in_forward = dataclasses.replace(config, gradient_in_forward=True)
+  reason = mosaic.MosaicLoss(config=in_forward)._unsupported_reason(record)
+  assert reason is not None and f"block_n={block_n}" in reason, reason
+  kernel = mosaic_kernel.MosaicLossKernelConfig(block_n=block_n, block_k=64, num_stages=2)
+  assert mosaic_kernel.config_reason(kernel, 128, 2) is None
+  assert f"block_n={block_n}" in mosaic_kernel.config_reason(kernel, 128, 2, probabilities=True)
+  wide = dataclasses.replace(kernel, block_n=256)
+  assert mosaic_kernel.config_reason(wide, 128, 2, probabilities=True) is None
+
+
 @pytest.mark.host_only
 def test_gradient_in_forward_falls_back_for_reduction_none(capfd):
   """gradient_in_forward cannot serve reduction none (each row's cotangent comes in the
