@@ -15299,6 +15299,43 @@ MUTATIONS: tuple[Mutation, ...] = (
     " (a [64, 64] value stored into the exponentials' [64, 128] slot) instead of being refused"
     " by name.",
   ),
+  Mutation(
+    "triton_norm.autotune_one_pass_rms_twins",
+    _NORM + "triton.py",
+    "            for one_pass in (False, True) if args.subtract_mean else (False,):",
+    "            for one_pass in (False, True):",
+    (_TRITON_NORM, "-k", "one_pass_statistics_off"),
+    "RMSNorm autotuning offers every forward candidate twice (fwd_one_pass on and off, which"
+    " RMSNorm ignores), doubling its forward tuning time for no new config.",
+  ),
+  Mutation(
+    "triton_norm.backward_programs_past_the_row_blocks",
+    _NORM + "triton.py",
+    "  programs = max(1, min(config.bwd_programs, _cdiv(m, config.bwd_block_m)))",
+    "  programs = max(1, config.bwd_programs)",
+    (_TRITON_NORM, "-k", "no_more_programs"),
+    "A backward of a few rows launches the heuristic's 264 programs, most of them idle, and"
+    " writes and re-reads a [264, D] float32 array of zero partial sums.",
+  ),
+  Mutation(
+    "loss.mosaic_label_flags_of_row_pairs",
+    _LOSS + "mosaic_kernel.py",
+    "    @pl.when(flags_ref[lax.div(row0, WG_ROWS), ni] != 0)",
+    "    @pl.when(flags_ref[lax.div(row0, 2 * WG_ROWS), ni] != 0)",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "own_rows"),
+    "The second warpgroup of each row tile searches for labels where the first one's rows have"
+    " them: where its own rows' labels lie in other tiles their label logit reads 0 and the"
+    " loss comes out as the bare log-sum-exp.",
+  ),
+  Mutation(
+    "loss.mosaic_label_flags_of_the_first_tile",
+    _LOSS + "mosaic_kernel.py",
+    "    @pl.when(flags_ref[lax.div(row0, WG_ROWS), ni] != 0)",
+    "    @pl.when(flags_ref[lax.div(row0, WG_ROWS), 0] != 0)",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "own_rows"),
+    "Every vocabulary tile searches for labels only where the rows have a label in the first"
+    " tile: rows whose labels all lie past it get a label logit of 0.",
+  ),
 )
 
 

@@ -101,6 +101,36 @@ def test_the_kernel_alone_gives_each_tiles_logsumexp_and_label_logit():
   assert np.all(np.asarray(picked)[:, 130:] == 0)
 
 
+@pytest.mark.host_only
+def test_the_kernel_searches_labels_where_each_warpgroups_own_rows_have_them():
+  """Each 64-row warpgroup's labels in one tile of its own (tiles 0, 1, 2, 1 for the four
+  groups), so the flags that skip the label search differ from group to group (random labels
+  flag every tile of every group): each warpgroup reads its own rows' flags, and every row's
+  label logit comes out, against float64."""
+  x, _, w = _inputs(256, 128, 384, seed=11)
+  rng = np.random.default_rng(11)
+  tile_of_group = np.array([0, 1, 2, 1])
+  labels = np.repeat(tile_of_group, 64) * 128 + rng.integers(0, 128, 256)
+  config = mosaic.mosaic_kernel.MosaicLossKernelConfig(block_n=128, num_stages=2, grid_tile_m=2)
+  lse, picked = mosaic.mosaic_kernel.tile_stats(
+    x,
+    w,
+    jnp.asarray(labels, jnp.int32),
+    n_tiles=3,
+    config=config,
+    num_sms=2,
+    interpret=plgpu.InterpretGPUParams(),
+  )
+  logits = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  tiles = logits.reshape(256, 3, 128)
+  top = tiles.max(-1, keepdims=True)
+  want_lse = (top[..., 0] + np.log(np.exp(tiles - top).sum(-1))).T
+  np.testing.assert_allclose(np.asarray(lse), want_lse, rtol=1e-5, atol=1e-5)
+  want_picked = np.zeros((3, 256))
+  want_picked[labels // 128, np.arange(256)] = logits[np.arange(256), labels]
+  np.testing.assert_allclose(np.asarray(picked), want_picked, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(
   ("b", "h", "v"), [(8192, 4096, 131072), (4096, 4096, 256000), (512, 256, 50257)]
 )
