@@ -15336,6 +15336,16 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Every vocabulary tile searches for labels only where the rows have a label in the first"
     " tile: rows whose labels all lie past it get a label logit of 0.",
   ),
+  Mutation(
+    "loss.mosaic_exponentials_counted_where_they_fall_back",
+    _LOSS + "mosaic.py",
+    "    if config.gradient_in_forward and in_forward_reason(args) is not None:\n",
+    "    if False:\n",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "only_where_it_serves"),
+    "A gradient_in_forward config is refused for reduction none (shared memory, or a"
+    " 192-column tile) over the exponentials that the call, which falls back to the"
+    " recomputing backward, never writes.",
+  ),
 )
 
 

@@ -500,3 +500,27 @@ def test_gradient_in_forward_lowers_for_cuda_at_the_benchmark_shape():
   assert "mosaic_gpu" in text and "while" in text
   # The cotangent kernel writes over the exponentials' buffer: no second [rows, V] array.
   assert "output_operand_alias" in text
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum"])
+def test_gradient_in_forward_counts_the_exponentials_only_where_it_serves(reduction):
+  """Four stages and the exponentials' slot exceed shared memory at the benchmark shape, and
+  a 192-column tile leaves its exponentials in a partial store: both refused where
+  gradient_in_forward serves the call (sum), and both accepted for reduction none, which it
+  cannot serve (the forward then writes no exponentials, as without gradient_in_forward)."""
+  shapes = (
+    jax.ShapeDtypeStruct((8192, 4096), jnp.bfloat16),
+    jax.ShapeDtypeStruct((8192,), jnp.int32),
+    jax.ShapeDtypeStruct((4096, 131072), jnp.bfloat16),
+  )
+  record = jax.eval_shape(lambda *a: spec.canonicalize(*a, reduction=reduction), *shapes)
+  serves = mosaic.in_forward_reason(record) is None
+  assert serves == (reduction == "sum")
+  for config in (
+    mosaic.MosaicLossConfig(num_stages=4),
+    mosaic.MosaicLossConfig(block_n=192, num_stages=3),
+  ):
+    assert mosaic.MosaicLoss(config=config)._unsupported_reason(record) is None, config
+    in_forward = dataclasses.replace(config, gradient_in_forward=True)
+    reason = mosaic.MosaicLoss(config=in_forward)._unsupported_reason(record)
+    assert (reason is not None) == serves, (in_forward, reason)
