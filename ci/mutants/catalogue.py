@@ -15346,6 +15346,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     " 192-column tile) over the exponentials that the call, which falls back to the"
     " recomputing backward, never writes.",
   ),
+  Mutation(
+    "loss.in_forward_mean_over_padded_rows",
+    _LOSS + "mosaic.py",
+    '  weight = 1.0 if args.reduction == "sum" else 1.0 / b',
+    '  weight = 1.0 if args.reduction == "sum" else 1.0 / (count * rows)',
+    ("suites/kernels/test_mosaic_loss.py", "-k", "padded_rows"),
+    "With gradient_in_forward and reduction mean, rows that do not fill the last row chunk"
+    " shrink both gradients by rows / padded rows (200 rows in chunks of 128: a fifth).",
+  ),
 )
 
 

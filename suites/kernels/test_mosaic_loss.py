@@ -395,6 +395,33 @@ def test_gradient_in_forward_matches_the_reference_in_every_column(capfd):
     assert compare.relative_error(dw[:, cols], ref_dw[:, cols]) < 1e-2, cols
 
 
+@pytest.mark.host_only
+def test_gradient_in_forward_of_the_mean_divides_by_the_rows_not_the_padded_rows():
+  """Reduction mean over 200 rows in two 128-row chunks (56 padding rows): the gradients
+  formed in the forward pass are the float64 reference's, each row weighing 1/200 (1/256,
+  counting the padding, would shrink both by a fifth)."""
+  x, labels, w = _inputs(200, 128, 256, seed=13, scale=3.0)
+  config = mosaic.MosaicLossConfig(
+    block_n=128, num_stages=2, grid_tile_m=2, gradient_in_forward=True, row_chunks=2
+  )
+  impl = mosaic.MosaicLoss(interpret=True, config=config)
+
+  def fn(x, w):
+    return api.linear_softmax_cross_entropy_loss(
+      x, labels, w, reduction="mean", implementation=impl
+    )
+
+  out, (dx, dw) = jax.value_and_grad(fn, argnums=(0, 1))(x, w)
+  ref, (ref_dx, ref_dw) = references.high_precision_vjp(
+    lambda a, c: references.linear_softmax_cross_entropy_loss(a, labels, c, reduction="mean"),
+    (x, w),
+    jnp.float32(1.0),
+  )
+  assert compare.relative_error(out, ref) < 1e-5
+  assert compare.relative_error(dx, ref_dx) < 1e-2
+  assert compare.relative_error(dw, ref_dw) < 1e-2
+
+
 def test_gradient_in_forward_serves_summed_unsharded_whole_64_column_vocabularies():
   x, labels, w = _inputs(16, 128, 256)
   record = spec.canonicalize(x, labels, w, reduction="mean")
