@@ -620,12 +620,13 @@ def test_rms_norm_candidates_leave_one_pass_statistics_off(d):
 
 @pytest.mark.parametrize(("rows", "bwd_block_m", "programs"), [(6, 2, 3), (7, 2, 4), (1, 1, 1)])
 def test_backward_launches_no_more_programs_than_row_blocks(rows, bwd_block_m, programs):
-  """A few rows under the heuristic's 2 x 132 backward programs: one program per block of
-  bwd_block_m rows and a partial-sums array of that many rows, not hundreds of idle programs
-  whose zero partial sums `sum_partials` would read back (264 x D float32)."""
+  """A few rows under 264 backward programs (the H200 heuristic's 2 per SM): one program per
+  block of bwd_block_m rows and a partial-sums array of that many rows, not hundreds of idle
+  programs whose zero partial sums `sum_partials` would read back (264 x D float32)."""
   args = _record((rows, 1000), -1, "bfloat16", True, True, True, 0.0)
-  config = dataclasses.replace(OP._get_heuristics_config(args), bwd_block_m=bwd_block_m)
-  assert config.bwd_programs == 264
+  config = norm_triton.TritonNormConfig(
+    block_m=2, num_warps=4, bwd_block_m=bwd_block_m, bwd_num_warps=4, bwd_programs=264
+  )
   launches, _, _ = _launches(args, config)
   bwd, sums = launches[1:]
   assert bwd.kernel.__name__ == "layer_norm_bwd" and bwd.grid == (programs,)
