@@ -15355,6 +15355,25 @@ MUTATIONS: tuple[Mutation, ...] = (
     "With gradient_in_forward and reduction mean, rows that do not fill the last row chunk"
     " shrink both gradients by rows / padded rows (200 rows in chunks of 128: a fifth).",
   ),
+  Mutation(
+    "loss.in_forward_row_chunks_as_rows",
+    _LOSS + "mosaic.py",
+    "  rows = -(-b // config.row_chunks)\n",
+    "  rows = config.row_chunks\n",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "b_over_row_chunks"),
+    "gradient_in_forward takes row_chunks as the rows of a chunk: every chunk is one 128-row"
+    " tile, so 8192 rows take 64 chunks (64 small GEMMs and 64 roundings of dweights) instead"
+    " of 8.",
+  ),
+  Mutation(
+    "loss.in_forward_row_chunks_ignored",
+    _LOSS + "mosaic.py",
+    "  rows = -(-b // config.row_chunks)\n",
+    "  rows = b\n",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "b_over_row_chunks"),
+    "gradient_in_forward ignores row_chunks and writes the exponentials of all the rows at"
+    " once: [B, V] in memory (2 GiB at 8192 x 131072 in bfloat16) instead of a chunk's.",
+  ),
 )
 
 

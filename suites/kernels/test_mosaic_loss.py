@@ -422,6 +422,34 @@ def test_gradient_in_forward_of_the_mean_divides_by_the_rows_not_the_padded_rows
   assert compare.relative_error(dw, ref_dw) < 1e-2
 
 
+@pytest.mark.parametrize(
+  ("b", "row_chunks", "rows"), [(1000, 4, 256), (8192, 8, 1024), (100, 8, 128), (300, 3, 128)]
+)
+def test_gradient_in_forward_chunks_hold_b_over_row_chunks_rows(b, row_chunks, rows, monkeypatch):
+  """Each row chunk's exponentials are [rows, V] in memory: B / row_chunks rows, rounded up
+  to whole 128-row tiles (8192 rows in 8 chunks: 1024 rows, 256 MiB at V=131072 in bfloat16,
+  where one chunk of all the rows would take 2 GiB and chunks of 128 rows 64 roundings of
+  dweights). Traced only: the kernel's calls see chunks of exactly that many rows."""
+  seen = []
+  tile_stats = mosaic.mosaic_kernel.tile_stats
+
+  def spy(x, *args, **kwargs):
+    seen.append(x.shape[0])
+    return tile_stats(x, *args, **kwargs)
+
+  monkeypatch.setattr(mosaic.mosaic_kernel, "tile_stats", spy)
+  shapes = (
+    jax.ShapeDtypeStruct((b, 128), jnp.bfloat16),
+    jax.ShapeDtypeStruct((b,), jnp.int32),
+    jax.ShapeDtypeStruct((128, 512), jnp.bfloat16),
+  )
+  config = mosaic.MosaicLossConfig(
+    block_n=128, num_stages=2, gradient_in_forward=True, row_chunks=row_chunks
+  )
+  jax.make_jaxpr(lambda *a: mosaic.gradient_in_forward(spec.canonicalize(*a), config))(*shapes)
+  assert seen and set(seen) == {rows}, seen
+
+
 def test_gradient_in_forward_serves_summed_unsharded_whole_64_column_vocabularies():
   x, labels, w = _inputs(16, 128, 256)
   record = spec.canonicalize(x, labels, w, reduction="mean")
