@@ -15374,6 +15374,26 @@ MUTATIONS: tuple[Mutation, ...] = (
     "gradient_in_forward ignores row_chunks and writes the exponentials of all the rows at"
     " once: [B, V] in memory (2 GiB at 8192 x 131072 in bfloat16) instead of a chunk's.",
   ),
+  Mutation(
+    "loss.mosaic_backward_whole_vocabulary_chunk",
+    _LOSS + "mosaic.py",
+    "ChunkedLossConfig(min(config.vocab_chunk_size, args.weights.shape[1]))",
+    "ChunkedLossConfig(args.weights.shape[1])",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "configs_vocabulary_chunks"),
+    "The Mosaic loss's recomputing backward ignores vocab_chunk_size and recomputes the whole"
+    " [B, V] float32 logits at once (4 GiB at 8192 x 131072), the array the fused kernel"
+    " exists to avoid.",
+  ),
+  Mutation(
+    "loss.mosaic_kernel_bands_of_the_default",
+    _LOSS + "mosaic.py",
+    "    grid_tile_m=config.grid_tile_m,\n",
+    "",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "heuristic_config_says"),
+    "The Mosaic loss kernel ignores the config's grid_tile_m and visits bands of 32 row tiles:"
+    " the heuristic's tuned bands of 8 (0.96x the time) are lost, and tuning times the 8 and"
+    " 32 candidates as the same kernel.",
+  ),
 )
 
 
