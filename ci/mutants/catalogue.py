@@ -15593,6 +15593,111 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Vocabulary tiles of 192 columns (a multiple of 8, not of the 128 lanes) are accepted,"
     " forward and backward: the kernel fails to lower on the TPU instead of being refused.",
   ),
+  Mutation(
+    "loss.mosaic_in_forward_partial_store_tiles_accepted",
+    _LOSS + "mosaic_kernel.py",
+    "  if probabilities and config.block_n % PROBS_STORE_COLUMNS:\n",
+    "  if False:\n",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "whole_128_column_stores"),
+    "A gradient_in_forward config with block_n=64 or 192 is accepted and then fails to trace"
+    " (a [64, 64] value stored into the exponentials' [64, 128] slot) instead of being refused"
+    " by name.",
+  ),
+  Mutation(
+    "triton_norm.autotune_one_pass_rms_twins",
+    _NORM + "triton.py",
+    "            for one_pass in (False, True) if args.subtract_mean else (False,):",
+    "            for one_pass in (False, True):",
+    (_TRITON_NORM, "-k", "one_pass_statistics_off"),
+    "RMSNorm autotuning offers every forward candidate twice (fwd_one_pass on and off, which"
+    " RMSNorm ignores), doubling its forward tuning time for no new config.",
+  ),
+  Mutation(
+    "triton_norm.backward_programs_past_the_row_blocks",
+    _NORM + "triton.py",
+    "  programs = max(1, min(config.bwd_programs, _cdiv(m, config.bwd_block_m)))",
+    "  programs = max(1, config.bwd_programs)",
+    (_TRITON_NORM, "-k", "no_more_programs"),
+    "A backward of a few rows launches the heuristic's 264 programs, most of them idle, and"
+    " writes and re-reads a [264, D] float32 array of zero partial sums.",
+  ),
+  Mutation(
+    "loss.mosaic_label_flags_of_row_pairs",
+    _LOSS + "mosaic_kernel.py",
+    "    @pl.when(flags_ref[lax.div(row0, WG_ROWS), ni] != 0)",
+    "    @pl.when(flags_ref[lax.div(row0, 2 * WG_ROWS), ni] != 0)",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "own_rows"),
+    "The second warpgroup of each row tile searches for labels where the first one's rows have"
+    " them: where its own rows' labels lie in other tiles their label logit reads 0 and the"
+    " loss comes out as the bare log-sum-exp.",
+  ),
+  Mutation(
+    "loss.mosaic_label_flags_of_the_first_tile",
+    _LOSS + "mosaic_kernel.py",
+    "    @pl.when(flags_ref[lax.div(row0, WG_ROWS), ni] != 0)",
+    "    @pl.when(flags_ref[lax.div(row0, WG_ROWS), 0] != 0)",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "own_rows"),
+    "Every vocabulary tile searches for labels only where the rows have a label in the first"
+    " tile: rows whose labels all lie past it get a label logit of 0.",
+  ),
+  Mutation(
+    "loss.mosaic_exponentials_counted_where_they_fall_back",
+    _LOSS + "mosaic.py",
+    "    if config.gradient_in_forward and in_forward_reason(args) is not None:\n",
+    "    if False:\n",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "only_where_it_serves"),
+    "A gradient_in_forward config is refused for reduction none (shared memory, or a"
+    " 192-column tile) over the exponentials that the call, which falls back to the"
+    " recomputing backward, never writes.",
+  ),
+  Mutation(
+    "loss.in_forward_mean_over_padded_rows",
+    _LOSS + "mosaic.py",
+    '  weight = 1.0 if args.reduction == "sum" else 1.0 / b',
+    '  weight = 1.0 if args.reduction == "sum" else 1.0 / (count * rows)',
+    ("suites/kernels/test_mosaic_loss.py", "-k", "padded_rows"),
+    "With gradient_in_forward and reduction mean, rows that do not fill the last row chunk"
+    " shrink both gradients by rows / padded rows (200 rows in chunks of 128: a fifth).",
+  ),
+  Mutation(
+    "loss.in_forward_row_chunks_as_rows",
+    _LOSS + "mosaic.py",
+    "  rows = -(-b // config.row_chunks)\n",
+    "  rows = config.row_chunks\n",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "b_over_row_chunks"),
+    "gradient_in_forward takes row_chunks as the rows of a chunk: every chunk is one 128-row"
+    " tile, so 8192 rows take 64 chunks (64 small GEMMs and 64 roundings of dweights) instead"
+    " of 8.",
+  ),
+  Mutation(
+    "loss.in_forward_row_chunks_ignored",
+    _LOSS + "mosaic.py",
+    "  rows = -(-b // config.row_chunks)\n",
+    "  rows = b\n",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "b_over_row_chunks"),
+    "gradient_in_forward ignores row_chunks and writes the exponentials of all the rows at"
+    " once: [B, V] in memory (2 GiB at 8192 x 131072 in bfloat16) instead of a chunk's.",
+  ),
+  Mutation(
+    "loss.mosaic_backward_whole_vocabulary_chunk",
+    _LOSS + "mosaic.py",
+    "ChunkedLossConfig(min(config.vocab_chunk_size, args.weights.shape[1]))",
+    "ChunkedLossConfig(args.weights.shape[1])",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "configs_vocabulary_chunks"),
+    "The Mosaic loss's recomputing backward ignores vocab_chunk_size and recomputes the whole"
+    " [B, V] float32 logits at once (4 GiB at 8192 x 131072), the array the fused kernel"
+    " exists to avoid.",
+  ),
+  Mutation(
+    "loss.mosaic_kernel_bands_of_the_default",
+    _LOSS + "mosaic.py",
+    "    grid_tile_m=config.grid_tile_m,\n",
+    "",
+    ("suites/kernels/test_mosaic_loss.py", "-k", "heuristic_config_says"),
+    "The Mosaic loss kernel ignores the config's grid_tile_m and visits bands of 32 row tiles:"
+    " the heuristic's tuned bands of 8 (0.96x the time) are lost, and tuning times the 8 and"
+    " 32 candidates as the same kernel.",
+  ),
 )
 
 

@@ -101,6 +101,36 @@ def test_the_kernel_alone_gives_each_tiles_logsumexp_and_label_logit():
   assert np.all(np.asarray(picked)[:, 130:] == 0)
 
 
+@pytest.mark.host_only
+def test_the_kernel_searches_labels_where_each_warpgroups_own_rows_have_them():
+  """Each 64-row warpgroup's labels in one tile of its own (tiles 0, 1, 2, 1 for the four
+  groups), so the flags that skip the label search differ from group to group (random labels
+  flag every tile of every group): each warpgroup reads its own rows' flags, and every row's
+  label logit comes out, against float64."""
+  x, _, w = _inputs(256, 128, 384, seed=11)
+  rng = np.random.default_rng(11)
+  tile_of_group = np.array([0, 1, 2, 1])
+  labels = np.repeat(tile_of_group, 64) * 128 + rng.integers(0, 128, 256)
+  config = mosaic.mosaic_kernel.MosaicLossKernelConfig(block_n=128, num_stages=2, grid_tile_m=2)
+  lse, picked = mosaic.mosaic_kernel.tile_stats(
+    x,
+    w,
+    jnp.asarray(labels, jnp.int32),
+    n_tiles=3,
+    config=config,
+    num_sms=2,
+    interpret=plgpu.InterpretGPUParams(),
+  )
+  logits = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  tiles = logits.reshape(256, 3, 128)
+  top = tiles.max(-1, keepdims=True)
+  want_lse = (top[..., 0] + np.log(np.exp(tiles - top).sum(-1))).T
+  np.testing.assert_allclose(np.asarray(lse), want_lse, rtol=1e-5, atol=1e-5)
+  want_picked = np.zeros((3, 256))
+  want_picked[labels // 128, np.arange(256)] = logits[np.arange(256), labels]
+  np.testing.assert_allclose(np.asarray(picked), want_picked, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(
   ("b", "h", "v"), [(8192, 4096, 131072), (4096, 4096, 256000), (512, 256, 50257)]
 )
@@ -365,6 +395,61 @@ def test_gradient_in_forward_matches_the_reference_in_every_column(capfd):
     assert compare.relative_error(dw[:, cols], ref_dw[:, cols]) < 1e-2, cols
 
 
+@pytest.mark.host_only
+def test_gradient_in_forward_of_the_mean_divides_by_the_rows_not_the_padded_rows():
+  """Reduction mean over 200 rows in two 128-row chunks (56 padding rows): the gradients
+  formed in the forward pass are the float64 reference's, each row weighing 1/200 (1/256,
+  counting the padding, would shrink both by a fifth)."""
+  x, labels, w = _inputs(200, 128, 256, seed=13, scale=3.0)
+  config = mosaic.MosaicLossConfig(
+    block_n=128, num_stages=2, grid_tile_m=2, gradient_in_forward=True, row_chunks=2
+  )
+  impl = mosaic.MosaicLoss(interpret=True, config=config)
+
+  def fn(x, w):
+    return api.linear_softmax_cross_entropy_loss(
+      x, labels, w, reduction="mean", implementation=impl
+    )
+
+  out, (dx, dw) = jax.value_and_grad(fn, argnums=(0, 1))(x, w)
+  ref, (ref_dx, ref_dw) = references.high_precision_vjp(
+    lambda a, c: references.linear_softmax_cross_entropy_loss(a, labels, c, reduction="mean"),
+    (x, w),
+    jnp.float32(1.0),
+  )
+  assert compare.relative_error(out, ref) < 1e-5
+  assert compare.relative_error(dx, ref_dx) < 1e-2
+  assert compare.relative_error(dw, ref_dw) < 1e-2
+
+
+@pytest.mark.parametrize(
+  ("b", "row_chunks", "rows"), [(1000, 4, 256), (8192, 8, 1024), (100, 8, 128), (300, 3, 128)]
+)
+def test_gradient_in_forward_chunks_hold_b_over_row_chunks_rows(b, row_chunks, rows, monkeypatch):
+  """Each row chunk's exponentials are [rows, V] in memory: B / row_chunks rows, rounded up
+  to whole 128-row tiles (8192 rows in 8 chunks: 1024 rows, 256 MiB at V=131072 in bfloat16,
+  where one chunk of all the rows would take 2 GiB and chunks of 128 rows 64 roundings of
+  dweights). Traced only: the kernel's calls see chunks of exactly that many rows."""
+  seen = []
+  tile_stats = mosaic.mosaic_kernel.tile_stats
+
+  def spy(x, *args, **kwargs):
+    seen.append(x.shape[0])
+    return tile_stats(x, *args, **kwargs)
+
+  monkeypatch.setattr(mosaic.mosaic_kernel, "tile_stats", spy)
+  shapes = (
+    jax.ShapeDtypeStruct((b, 128), jnp.bfloat16),
+    jax.ShapeDtypeStruct((b,), jnp.int32),
+    jax.ShapeDtypeStruct((128, 512), jnp.bfloat16),
+  )
+  config = mosaic.MosaicLossConfig(
+    block_n=128, num_stages=2, gradient_in_forward=True, row_chunks=row_chunks
+  )
+  jax.make_jaxpr(lambda *a: mosaic.gradient_in_forward(spec.canonicalize(*a), config))(*shapes)
+  assert seen and set(seen) == {rows}, seen
+
+
 def test_gradient_in_forward_serves_summed_unsharded_whole_64_column_vocabularies():
   x, labels, w = _inputs(16, 128, 256)
   record = spec.canonicalize(x, labels, w, reduction="mean")
@@ -380,6 +465,26 @@ def test_gradient_in_forward_serves_summed_unsharded_whole_64_column_vocabularie
   assert "vocabulary shard" in mosaic.in_forward_reason(shard)
   with pytest.raises(ValueError, match="row_chunks"):
     mosaic.MosaicLossConfig(row_chunks=0)
+
+
+@pytest.mark.parametrize("block_n", [64, 192])
+def test_gradient_in_forward_refuses_tiles_not_whole_128_column_stores(block_n):
+  """wgmma takes tiles of 64 and 192 columns, which the forward alone accepts; the
+  exponentials leave a tile in 128-column stores, which such a tile does not fill (the trace
+  failed on a [64, 64] value for a [64, 128] slot): gradient_in_forward refuses them, naming
+  block_n, and so does the config check of the kernel writing the exponentials."""
+  x, labels, w = _inputs(128, 128, 384)
+  record = spec.canonicalize(x, labels, w)
+  config = mosaic.MosaicLossConfig(block_n=block_n, num_stages=2)
+  assert mosaic.MosaicLoss(config=config)._unsupported_reason(record) is None
+  in_forward = dataclasses.replace(config, gradient_in_forward=True)
+  reason = mosaic.MosaicLoss(config=in_forward)._unsupported_reason(record)
+  assert reason is not None and f"block_n={block_n}" in reason, reason
+  kernel = mosaic_kernel.MosaicLossKernelConfig(block_n=block_n, block_k=64, num_stages=2)
+  assert mosaic_kernel.config_reason(kernel, 128, 2) is None
+  assert f"block_n={block_n}" in mosaic_kernel.config_reason(kernel, 128, 2, probabilities=True)
+  wide = dataclasses.replace(kernel, block_n=256)
+  assert mosaic_kernel.config_reason(wide, 128, 2, probabilities=True) is None
 
 
 @pytest.mark.host_only
@@ -450,3 +555,69 @@ def test_gradient_in_forward_lowers_for_cuda_at_the_benchmark_shape():
   assert "mosaic_gpu" in text and "while" in text
   # The cotangent kernel writes over the exponentials' buffer: no second [rows, V] array.
   assert "output_operand_alias" in text
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum"])
+def test_gradient_in_forward_counts_the_exponentials_only_where_it_serves(reduction):
+  """Four stages and the exponentials' slot exceed shared memory at the benchmark shape, and
+  a 192-column tile leaves its exponentials in a partial store: both refused where
+  gradient_in_forward serves the call (sum), and both accepted for reduction none, which it
+  cannot serve (the forward then writes no exponentials, as without gradient_in_forward)."""
+  shapes = (
+    jax.ShapeDtypeStruct((8192, 4096), jnp.bfloat16),
+    jax.ShapeDtypeStruct((8192,), jnp.int32),
+    jax.ShapeDtypeStruct((4096, 131072), jnp.bfloat16),
+  )
+  record = jax.eval_shape(lambda *a: spec.canonicalize(*a, reduction=reduction), *shapes)
+  serves = mosaic.in_forward_reason(record) is None
+  assert serves == (reduction == "sum")
+  for config in (
+    mosaic.MosaicLossConfig(num_stages=4),
+    mosaic.MosaicLossConfig(block_n=192, num_stages=3),
+  ):
+    assert mosaic.MosaicLoss(config=config)._unsupported_reason(record) is None, config
+    in_forward = dataclasses.replace(config, gradient_in_forward=True)
+    reason = mosaic.MosaicLoss(config=in_forward)._unsupported_reason(record)
+    assert (reason is not None) == serves, (in_forward, reason)
+
+
+@pytest.mark.parametrize(("v", "chunk"), [(512, 128), (384, 256)])
+def test_recomputing_backward_takes_the_configs_vocabulary_chunks(v, chunk, monkeypatch):
+  """The backward recomputes [B, vocab_chunk_size] logits at a time, so that no [B, V] array
+  exists (the module's promise): a chunk under V is the config's, not the whole vocabulary.
+  Traced only."""
+  seen = []
+  backward = mosaic.chunked_xla.backward
+
+  def spy(args, chunks, *rest):
+    seen.append(chunks.vocab_chunk_size)
+    return backward(args, chunks, *rest)
+
+  monkeypatch.setattr(mosaic.chunked_xla, "backward", spy)
+  x, labels, w = _inputs(16, 128, v)
+  config = mosaic.MosaicLossConfig(block_n=128, num_stages=2, vocab_chunk_size=chunk)
+  op = mosaic.MosaicLoss(interpret=True, config=config)
+
+  def fn(x, w):
+    return api.linear_softmax_cross_entropy_loss(x, labels, w, implementation=op)
+
+  jax.make_jaxpr(jax.grad(fn, argnums=(0, 1)))(x, w)
+  assert seen == [chunk]
+
+
+def test_the_kernel_tiles_as_the_heuristic_config_says():
+  """The kernel's tiling is the op config's: the heuristic's 256-column tiles, its 3 stages
+  and its bands of 8 row tiles (0.96x the time of 32 at the benchmark shapes), and a
+  contraction depth of 128 bytes (64 bfloat16 or float16 elements)."""
+  x, labels, w = _inputs(16, 256, 384)
+  record = spec.canonicalize(x, labels, w)
+  config = mosaic.MosaicLoss()._get_heuristics_config(record)
+  assert (config.block_n, config.num_stages, config.grid_tile_m) == (256, 3, 8)
+  for dtype in (jnp.bfloat16, jnp.float16):
+    kernel = mosaic._kernel_config(dtype, config)
+    assert (kernel.block_n, kernel.block_k, kernel.num_stages, kernel.grid_tile_m) == (
+      256,
+      64,
+      3,
+      8,
+    )

@@ -605,3 +605,30 @@ def test_interpreted_negative_scale_offset_without_a_scale(scale_offset):
     assert compare.relative_error(out, ref_out) <= 1e-5, fwd
     for name, rg in zip(("x", "offset"), ref_grads, strict=True):
       assert compare.relative_error(grads[name], rg) <= 1e-5, (fwd, name)
+
+
+@pytest.mark.parametrize("d", [256, 4096])
+def test_rms_norm_candidates_leave_one_pass_statistics_off(d):
+  """fwd_one_pass changes only how LayerNorm reduces a row's mean and variance; RMSNorm has
+  no mean, so each one-pass RMSNorm candidate would time its twin's forward again. LayerNorm's
+  candidates offer both."""
+  rms = _record((64, d), -1, "bfloat16", False, True, False, 0.0)
+  assert not any(c.fwd_one_pass for c in OP._get_autotuning_configs(rms))
+  layer = _record((64, d), -1, "bfloat16", True, True, True, 0.0)
+  assert {c.fwd_one_pass for c in OP._get_autotuning_configs(layer)} == {False, True}
+
+
+@pytest.mark.parametrize(("rows", "bwd_block_m", "programs"), [(6, 2, 3), (7, 2, 4), (1, 1, 1)])
+def test_backward_launches_no_more_programs_than_row_blocks(rows, bwd_block_m, programs):
+  """A few rows under 264 backward programs (the H200 heuristic's 2 per SM): one program per
+  block of bwd_block_m rows and a partial-sums array of that many rows, not hundreds of idle
+  programs whose zero partial sums `sum_partials` would read back (264 x D float32)."""
+  args = _record((rows, 1000), -1, "bfloat16", True, True, True, 0.0)
+  config = norm_triton.TritonNormConfig(
+    block_m=2, num_warps=4, bwd_block_m=bwd_block_m, bwd_num_warps=4, bwd_programs=264
+  )
+  launches, _, _ = _launches(args, config)
+  bwd, sums = launches[1:]
+  assert bwd.kernel.__name__ == "layer_norm_bwd" and bwd.grid == (programs,)
+  assert [s.shape for s in bwd.out_shape[1:]] == [(programs, 1000)] * 2
+  assert sums.kernel.__name__ == "sum_partials"

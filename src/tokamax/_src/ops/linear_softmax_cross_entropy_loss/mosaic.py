@@ -232,6 +232,9 @@ class MosaicLoss(kernel_ops.MosaicGpuOp):
     h, v = args.weights.shape
     if v < config.block_n:
       return f"V={v} is below one vocabulary tile (block_n={config.block_n})"
+    if config.gradient_in_forward and in_forward_reason(args) is not None:
+      # `_fwd` falls back to the recomputing backward: the kernel writes no exponentials.
+      config = dataclasses.replace(config, gradient_in_forward=False)
     itemsize = np.dtype(args.x.dtype).itemsize
     return mosaic_kernel.config_reason(
       _kernel_config(args.x.dtype, config), h, itemsize, config.gradient_in_forward

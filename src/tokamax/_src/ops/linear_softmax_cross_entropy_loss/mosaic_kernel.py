@@ -97,6 +97,12 @@ def config_reason(
     )
   if h // config.block_k < config.num_stages:
     return f"H={h} gives fewer than num_stages={config.num_stages} steps of {config.block_k}"
+  if probabilities and config.block_n % PROBS_STORE_COLUMNS:
+    # The exponentials leave a tile in stores of PROBS_STORE_COLUMNS columns.
+    return (
+      f"block_n={config.block_n} must be a multiple of {PROBS_STORE_COLUMNS} to write the"
+      " exponentials (gradient_in_forward)"
+    )
   epilogue = epilogue_bytes(in_itemsize, probabilities)
   return gemm.tile_reason(config, "block_k", in_itemsize) or gemm.smem_reason(
     config, smem_bytes(config, in_itemsize, epilogue)
