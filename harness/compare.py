@@ -129,7 +129,9 @@ def compare(
     plain_err = float(np.nanmax(np.where(finite_e, np.abs(p - e), 0.0)))
     magnitude = float(np.max(np.abs(np.where(finite_e, e, 0.0))))
     ulp = _ulp_of(actual if dtype is None else dtype)
-    floor = tol.floor_ulps * ulp * magnitude * np.sqrt(max(reduction_length, 1))
+    # L^(1/4), not sqrt(L): with sqrt(L) the floor reached 37% of the magnitude at L = 576
+    # in bfloat16, and a gradient scaled by 0.78 passed the matrix.
+    floor = tol.floor_ulps * ulp * magnitude * max(reduction_length, 1) ** 0.25
     allowed = tol.k * plain_err + floor
     if not max_err <= allowed:
       problems.append(

@@ -7,7 +7,7 @@ and all of them pass `outlier_factor` times it. Where a plain computation in
 the input dtype is available, the relative rule also applies: the kernel's
 max error against the high-precision reference is at most `k` times the plain
 computation's max error, plus a rounding floor of `floor_ulps` ulps of the
-reference's magnitude times sqrt(L). The rule applies to the 16-bit dtypes,
+reference's magnitude times L^(1/4). The rule applies to the 16-bit dtypes,
 where a plain computation is meaningfully worse than a careful one; float32
 and float64 rely on the table (on accelerators a plain float32 matmul runs at
 reduced precision, so it is no baseline).

@@ -5294,10 +5294,10 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "harness.relative_rule_floor_without_length",
     _COMPARE,
-    "    floor = tol.floor_ulps * ulp * magnitude * np.sqrt(max(reduction_length, 1))",
+    "    floor = tol.floor_ulps * ulp * magnitude * max(reduction_length, 1) ** 0.25",
     "    floor = tol.floor_ulps * ulp * magnitude",
     (_PINS, "-k", "relative_rule"),
-    "The relative rule's rounding floor is not scaled by sqrt(L).",
+    "The relative rule's rounding floor is not scaled by L^(1/4).",
   ),
   Mutation(
     "harness.relative_rule_ulp_of_the_result",
