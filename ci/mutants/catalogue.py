@@ -15289,6 +15289,61 @@ MUTATIONS: tuple[Mutation, ...] = (
     "A concrete group size of -1 passes: the call computes with a negative group instead of"
     " naming `group_sizes`.",
   ),
+  Mutation(
+    "mosaic_attention.three_consumers_take_two_consumers_registers",
+    _ATTENTION + "mosaic.py",
+    "if config.fwd_consumers == 3 else {}",
+    "if config.fwd_consumers == 2 else {}",
+    (_MOSAIC_ATTENTION, "-k", "forward_warpgroups_share_the_register_file"),
+    "fwd_consumers=3 asks for 232 registers per consumer thread (3 x 232 + 40 of the 512 a"
+    " CTA's warpgroups share), so the forward does not launch on the GPU.",
+  ),
+  Mutation(
+    "mosaic_attention.three_consumers_registers_over_budget",
+    _ATTENTION + "mosaic.py",
+    "consumer_registers=160",
+    "consumer_registers=168",
+    (_MOSAIC_ATTENTION, "-k", "forward_warpgroups_share_the_register_file"),
+    "Three forward consumers of 168 registers and a producer of 32 ask for 536 of the 512"
+    " registers per thread the CTA has, so the kernel does not launch.",
+  ),
+  Mutation(
+    "mosaic_attention.fwd_default_registers_over_budget",
+    _ATTENTION + "mosaic_fwd.py",
+    "  consumer_registers: int = 232\n",
+    "  consumer_registers: int = 240\n",
+    (_MOSAIC_ATTENTION, "-k", "forward_warpgroups_share_the_register_file"),
+    "Two forward consumers of 240 registers and a producer of 40 ask for 520 of the 512"
+    " registers per thread the CTA has: every two-consumer forward fails to launch.",
+  ),
+  Mutation(
+    "mosaic_attention.bwd_default_registers_over_budget",
+    _ATTENTION + "mosaic_bwd.py",
+    "  consumer_registers: int = 232\n",
+    "  consumer_registers: int = 240\n",
+    (_MOSAIC_ATTENTION, "-k", "backward_warpgroups_share_the_register_file"),
+    "The dq and dk/dv kernels' two consumers of 240 registers and producer of 40 ask for 520"
+    " of the 512 registers per thread the CTA has: no backward launches.",
+  ),
+  Mutation(
+    "mosaic_attention.smem_counts_three_consumers_as_two",
+    _ATTENTION + "mosaic.py",
+    "  rows = config.fwd_consumers * BLOCK_Q\n",
+    "  rows = 2 * BLOCK_Q\n",
+    (_MOSAIC_ATTENTION, "-k", "forward_shared_memory_bytes"),
+    "The forward's shared memory leaves out the third consumer's 64 query and log-sum-exp"
+    " rows, so a three-consumer config near the limit passes the check and fails to launch.",
+  ),
+  Mutation(
+    "mosaic_attention.two_consumers_pad_queries_to_one_block",
+    _ATTENTION + "mosaic.py",
+    "t_pad = _round_up(t, 2 * BLOCK_Q if config.fwd_consumers == 2 else BLOCK_Q)",
+    "t_pad = _round_up(t, BLOCK_Q)",
+    (_MOSAIC_ATTENTION, "-k", "pads_queries_to_whole_tiles"),
+    "Two consumers get queries padded to 64 rows only: at T 150 (192 rows, a partial last"
+    " tile) a full bias or mask plane, staged in shared memory, stops the forward with an"
+    " assertion (staged planes need whole tiles).",
+  ),
 )
 
 
