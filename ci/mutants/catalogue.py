@@ -15344,6 +15344,35 @@ MUTATIONS: tuple[Mutation, ...] = (
     " tile) a full bias or mask plane, staged in shared memory, stops the forward with an"
     " assertion (staged planes need whole tiles).",
   ),
+  Mutation(
+    "mosaic_attention.dkv_query_heads_from_kv_heads_times_k",
+    _ATTENTION + "mosaic_bwd.py",
+    "      head0 = kv_head * groups\n",
+    "      head0 = kv_head * kh\n",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[gqa_three_kv_heads_bias]",),
+    "The dk/dv kernel streams key/value head j's query heads from j * K instead of j * G:"
+    " with 6 query heads on 3 key/value heads, dk and dv of heads 1 and 2 come from the"
+    " wrong queries (any G == K or K == 1 shape is unaffected).",
+  ),
+  Mutation(
+    "mosaic_attention.dkv_bias_planes_from_kv_heads_times_k",
+    _ATTENTION + "mosaic_bwd.py",
+    "planes = common.extra_planes(refs_bm, batch, kv_head * groups + g, c0, bkv)",
+    "planes = common.extra_planes(refs_bm, batch, kv_head * kh + g, c0, bkv)",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[gqa_three_kv_heads_bias]",),
+    "The dk/dv kernel reads the bias plane of query head j * K + g instead of j * G + g:"
+    " with 6 query heads on 3 key/value heads, dk and dv use other heads' biases.",
+  ),
+  Mutation(
+    "mosaic_attention.atomic_dq_shares_to_kv_heads_times_k",
+    _ATTENTION + "mosaic_bwd.py",
+    "dst = dq_ref.at[buffer, batch, pl.ds(q_step * bq, bq), kv_head * groups + g]",
+    "dst = dq_ref.at[buffer, batch, pl.ds(q_step * bq, bq), kv_head * kh + g]",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[atomic_dq_gqa_three_kv_heads_bias]",),
+    "deterministic_bwd=False adds key/value head j's dq shares to query heads j * K + g"
+    " instead of j * G + g: with 6 query heads on 3 key/value heads, some heads' dq get"
+    " others' shares and some none.",
+  ),
 )
 
 
