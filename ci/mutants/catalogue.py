@@ -15373,6 +15373,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     " instead of j * G + g: with 6 query heads on 3 key/value heads, some heads' dq get"
     " others' shares and some none.",
   ),
+  Mutation(
+    "mosaic_attention.staged_tiles_of_the_first_query_tile",
+    _ATTENTION + "mosaic_fwd.py",
+    "src = plane.at[pl.ds(tile_r0 + c * bq, bq), pl.ds(kv_step * bkv, bkv)]",
+    "src = plane.at[pl.ds(c * bq, bq), pl.ds(kv_step * bkv, bkv)]",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[staged_bias_mask_two_query_tiles_fwd]",),
+    "The forward's producer stages the first query tile's bias and mask rows for every tile:"
+    " past 128 queries, a full bias or mask plane applies to the wrong rows.",
+  ),
 )
 
 
