@@ -15295,8 +15295,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     "if config.fwd_consumers == 3 else {}",
     "if config.fwd_consumers == 2 else {}",
     (_MOSAIC_ATTENTION, "-k", "forward_warpgroups_share_the_register_file"),
-    "fwd_consumers=3 asks for 232 registers per consumer thread (3 x 232 + 40 of the 512 a"
-    " CTA's warpgroups share), so the forward does not launch on the GPU.",
+    "fwd_consumers=3 asks for 232 registers per consumer thread (3 x 232 + 40 = 736 of the"
+    " 512 per thread a CTA's warpgroups share), so the forward cannot run on the GPU.",
   ),
   Mutation(
     "mosaic_attention.three_consumers_registers_over_budget",
@@ -15305,7 +15305,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     "consumer_registers=168",
     (_MOSAIC_ATTENTION, "-k", "forward_warpgroups_share_the_register_file"),
     "Three forward consumers of 168 registers and a producer of 32 ask for 536 of the 512"
-    " registers per thread the CTA has, so the kernel does not launch.",
+    " registers per thread the CTA has, so the forward cannot run on the GPU.",
   ),
   Mutation(
     "mosaic_attention.fwd_default_registers_over_budget",
@@ -15314,7 +15314,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     "  consumer_registers: int = 240\n",
     (_MOSAIC_ATTENTION, "-k", "forward_warpgroups_share_the_register_file"),
     "Two forward consumers of 240 registers and a producer of 40 ask for 520 of the 512"
-    " registers per thread the CTA has: every two-consumer forward fails to launch.",
+    " registers per thread the CTA has: no two-consumer forward can run on the GPU.",
   ),
   Mutation(
     "mosaic_attention.bwd_default_registers_over_budget",
@@ -15323,16 +15323,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     "  consumer_registers: int = 240\n",
     (_MOSAIC_ATTENTION, "-k", "backward_warpgroups_share_the_register_file"),
     "The dq and dk/dv kernels' two consumers of 240 registers and producer of 40 ask for 520"
-    " of the 512 registers per thread the CTA has: no backward launches.",
-  ),
-  Mutation(
-    "mosaic_attention.smem_counts_three_consumers_as_two",
-    _ATTENTION + "mosaic.py",
-    "  rows = config.fwd_consumers * BLOCK_Q\n",
-    "  rows = 2 * BLOCK_Q\n",
-    (_MOSAIC_ATTENTION, "-k", "forward_shared_memory_bytes"),
-    "The forward's shared memory leaves out the third consumer's 64 query and log-sum-exp"
-    " rows, so a three-consumer config near the limit passes the check and fails to launch.",
+    " of the 512 registers per thread the CTA has: no backward can run on the GPU.",
   ),
   Mutation(
     "mosaic_attention.two_consumers_pad_queries_to_one_block",

@@ -1185,7 +1185,7 @@ _THREE = dict(fwd_consumers=3, schedule_barrier=False)
 )
 def test_forward_warpgroups_share_the_register_file(monkeypatch, fields, consumers):
   """The consumers' and the producer's registers fit the register file: two consumers take
-  232 each, three only 160 (a kernel asking for more does not launch on the GPU)."""
+  232 each, three only 160 (a kernel asking for more cannot run on the GPU)."""
   config = mosaic.MosaicAttentionConfig(block_kv=64, **fields)
   params, *_ = _forward_call(monkeypatch, config, 100, 128, 64)
   assert params.consumers == consumers
