@@ -15698,6 +15698,90 @@ MUTATIONS: tuple[Mutation, ...] = (
     " the heuristic's tuned bands of 8 (0.96x the time) are lost, and tuning times the 8 and"
     " 32 candidates as the same kernel.",
   ),
+  Mutation(
+    "mosaic_attention.three_consumers_take_two_consumers_registers",
+    _ATTENTION + "mosaic.py",
+    "if config.fwd_consumers == 3 else {}",
+    "if config.fwd_consumers == 2 else {}",
+    (_MOSAIC_ATTENTION, "-k", "forward_warpgroups_share_the_register_file"),
+    "fwd_consumers=3 asks for 232 registers per consumer thread (3 x 232 + 40 = 736 of the"
+    " 512 per thread a CTA's warpgroups share), so the forward cannot run on the GPU.",
+  ),
+  Mutation(
+    "mosaic_attention.three_consumers_registers_over_budget",
+    _ATTENTION + "mosaic.py",
+    "consumer_registers=160",
+    "consumer_registers=168",
+    (_MOSAIC_ATTENTION, "-k", "forward_warpgroups_share_the_register_file"),
+    "Three forward consumers of 168 registers and a producer of 32 ask for 536 of the 512"
+    " registers per thread the CTA has, so the forward cannot run on the GPU.",
+  ),
+  Mutation(
+    "mosaic_attention.fwd_default_registers_over_budget",
+    _ATTENTION + "mosaic_fwd.py",
+    "  consumer_registers: int = 232\n",
+    "  consumer_registers: int = 240\n",
+    (_MOSAIC_ATTENTION, "-k", "forward_warpgroups_share_the_register_file"),
+    "Two forward consumers of 240 registers and a producer of 40 ask for 520 of the 512"
+    " registers per thread the CTA has: no two-consumer forward can run on the GPU.",
+  ),
+  Mutation(
+    "mosaic_attention.bwd_default_registers_over_budget",
+    _ATTENTION + "mosaic_bwd.py",
+    "  consumer_registers: int = 232\n",
+    "  consumer_registers: int = 240\n",
+    (_MOSAIC_ATTENTION, "-k", "backward_warpgroups_share_the_register_file"),
+    "The dq and dk/dv kernels' two consumers of 240 registers and producer of 40 ask for 520"
+    " of the 512 registers per thread the CTA has: no backward can run on the GPU.",
+  ),
+  Mutation(
+    "mosaic_attention.two_consumers_pad_queries_to_one_block",
+    _ATTENTION + "mosaic.py",
+    "t_pad = _round_up(t, 2 * BLOCK_Q if config.fwd_consumers == 2 else BLOCK_Q)",
+    "t_pad = _round_up(t, BLOCK_Q)",
+    (_MOSAIC_ATTENTION, "-k", "pads_queries_to_whole_tiles"),
+    "Two consumers get queries padded to 64 rows only: at T 150 (192 rows, a partial last"
+    " tile) a full bias or mask plane, staged in shared memory, stops the forward with an"
+    " assertion (staged planes need whole tiles).",
+  ),
+  Mutation(
+    "mosaic_attention.dkv_query_heads_from_kv_heads_times_k",
+    _ATTENTION + "mosaic_bwd.py",
+    "      head0 = kv_head * groups\n",
+    "      head0 = kv_head * kh\n",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[gqa_three_kv_heads_bias]",),
+    "The dk/dv kernel streams key/value head j's query heads from j * K instead of j * G:"
+    " with 6 query heads on 3 key/value heads, dk and dv of heads 1 and 2 come from the"
+    " wrong queries (any G == K or K == 1 shape is unaffected).",
+  ),
+  Mutation(
+    "mosaic_attention.dkv_bias_planes_from_kv_heads_times_k",
+    _ATTENTION + "mosaic_bwd.py",
+    "planes = common.extra_planes(refs_bm, batch, kv_head * groups + g, c0, bkv)",
+    "planes = common.extra_planes(refs_bm, batch, kv_head * kh + g, c0, bkv)",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[gqa_three_kv_heads_bias]",),
+    "The dk/dv kernel reads the bias plane of query head j * K + g instead of j * G + g:"
+    " with 6 query heads on 3 key/value heads, dk and dv use other heads' biases.",
+  ),
+  Mutation(
+    "mosaic_attention.atomic_dq_shares_to_kv_heads_times_k",
+    _ATTENTION + "mosaic_bwd.py",
+    "dst = dq_ref.at[buffer, batch, pl.ds(q_step * bq, bq), kv_head * groups + g]",
+    "dst = dq_ref.at[buffer, batch, pl.ds(q_step * bq, bq), kv_head * kh + g]",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[atomic_dq_gqa_three_kv_heads_bias]",),
+    "deterministic_bwd=False adds key/value head j's dq shares to query heads j * K + g"
+    " instead of j * G + g: with 6 query heads on 3 key/value heads, some heads' dq get"
+    " others' shares and some none.",
+  ),
+  Mutation(
+    "mosaic_attention.staged_tiles_of_the_first_query_tile",
+    _ATTENTION + "mosaic_fwd.py",
+    "src = plane.at[pl.ds(tile_r0 + c * bq, bq), pl.ds(kv_step * bkv, bkv)]",
+    "src = plane.at[pl.ds(c * bq, bq), pl.ds(kv_step * bkv, bkv)]",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[staged_bias_mask_two_query_tiles_fwd]",),
+    "The forward's producer stages the first query tile's bias and mask rows for every tile:"
+    " past 128 queries, a full bias or mask plane applies to the wrong rows.",
+  ),
 )
 
 

@@ -701,6 +701,11 @@ def test_forward_shared_memory_bytes():
   two, three = (mosaic.MosaicAttentionConfig(block_kv=64, num_stages=n) for n in (2, 3))
   assert mosaic.smem_bytes(two, 256) == 65536 + 131072 + 512 <= mosaic._SMEM_BYTES
   assert mosaic.smem_bytes(three, 256) > mosaic._SMEM_BYTES
+  # Three consumers hold 192 query rows (and 192 log-sum-exp rows).
+  three_consumers = mosaic.MosaicAttentionConfig(
+    block_kv=128, num_stages=3, fwd_consumers=3, schedule_barrier=False
+  )
+  assert mosaic.smem_bytes(three_consumers, 64) == 192 * 64 * 2 + kv + 192 * 4
 
 
 @pytest.mark.parametrize("s", [64, 200, 512, 4096])
@@ -1161,3 +1166,48 @@ def test_forward_takes_the_configs_schedule(monkeypatch, overlap, sched):
   assert (params.overlap_qk, params.schedule_barrier) == (overlap, sched)
   assert (params.scale, params.soft_cap) == (0.3, 4.0)
   assert params.masking == mosaic_common.Masking(causal=True, window=(20, 0))
+
+
+def _assert_register_budget(consumers: int, consumer_registers: int, producer_registers: int):
+  """`setmaxnreg` takes multiples of 8 in [24, 256] per thread, and a CTA's warpgroups (128
+  threads each) share the 64K registers of an SM: 512 per thread of one warpgroup in all."""
+  regs = (consumer_registers,) * consumers + (producer_registers,)
+  assert all(r % 8 == 0 and 24 <= r <= 256 for r in regs), regs
+  assert sum(regs) * 128 <= 64 * 1024, regs
+
+
+_THREE = dict(fwd_consumers=3, schedule_barrier=False)
+
+
+@pytest.mark.parametrize(
+  ("fields", "consumers"),
+  [(dict(), 2), (dict(overlap_qk=True, schedule_barrier=False), 2), (_THREE, 3)],
+)
+def test_forward_warpgroups_share_the_register_file(monkeypatch, fields, consumers):
+  """The consumers' and the producer's registers fit the register file: two consumers take
+  232 each, three only 160 (a kernel asking for more cannot run on the GPU)."""
+  config = mosaic.MosaicAttentionConfig(block_kv=64, **fields)
+  params, *_ = _forward_call(monkeypatch, config, 100, 128, 64)
+  assert params.consumers == consumers
+  _assert_register_budget(consumers, params.consumer_registers, params.producer_registers)
+
+
+@pytest.mark.parametrize("h", [64, 128, 256])
+def test_backward_warpgroups_share_the_register_file(h):
+  """Both backward kernels' two consumers and producer fit the register file."""
+  config = mosaic.MosaicAttention()._get_heuristics_config(_abstract_record(h, 512))
+  for c in (config, dataclasses.replace(config, deterministic_bwd=False)):
+    p_dq, passes = mosaic._bwd_kernel_params(c, h)
+    for p in (p_dq, *(p for _, p in passes)):
+      _assert_register_budget(mosaic_bwd.NUM_CONSUMERS, p.consumer_registers, p.producer_registers)
+
+
+@pytest.mark.parametrize(("fields", "t_pad", "staged"), [({}, 256, True), (_THREE, 192, False)])
+def test_forward_pads_queries_to_whole_tiles(monkeypatch, fields, t_pad, staged):
+  """150 query rows: two consumers pad them to whole 128-row tiles (staged bias tiles need
+  them), three to whole 64-row blocks (their last tile may be partial, and stages nothing)."""
+  config = mosaic.MosaicAttentionConfig(block_kv=64, **fields)
+  bias = jax.random.normal(jax.random.key(5), (1, 2, 150, 128), jnp.float32)
+  params, q, *_, b, _ = _forward_call(monkeypatch, config, 150, 128, 64, bias=bias)
+  assert q.shape[1] == t_pad and b.shape[2] == t_pad
+  assert params.stage_extras == staged

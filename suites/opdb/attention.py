@@ -373,6 +373,34 @@ _MOSAIC_CASES = {
     features=dict(bias=kc.RandomBias(27, (1, 1, 1, 1), shift=-100.0), local_window_size=(10, 10)),
     config=dict(block_kv=64),
   ),
+  # Full bias and mask planes staged through shared memory (64-key blocks fit) over two query
+  # tiles: the producer copies each tile's own rows, tile_r0 + c * block_q (every other staged
+  # case has one tile, whose tile_r0 is 0).
+  "staged_bias_mask_two_query_tiles_fwd": kc.AttentionKernelCase(
+    dict(b=1, t=256, s=128, n=1, k=1, h=64),
+    "bfloat16",
+    grads=False,
+    features=dict(
+      bias=kc.RandomBias(31, (1, 1, 256, 128)), mask=kc.RandomMask(32, (1, 1, 256, 128))
+    ),
+  ),
+  # Three key/value heads of two query heads each: the only gradient cases where the group
+  # size (2) differs from the key/value heads (3), so a kernel that walks the query heads of
+  # kv head j from j * K (not j * G) reads the wrong heads' queries and bias planes.
+  "gqa_three_kv_heads_bias": kc.AttentionKernelCase(
+    dict(b=1, t=128, s=128, n=6, k=3, h=64),
+    "bfloat16",
+    grads=True,
+    features=dict(bias=kc.RandomBias(29, (1, 6, 128, 128))),
+  ),
+  # The same with dq formed by the dk/dv kernel: its shares go to query heads j * G + g.
+  "atomic_dq_gqa_three_kv_heads_bias": kc.AttentionKernelCase(
+    dict(b=1, t=128, s=128, n=6, k=3, h=64),
+    "bfloat16",
+    grads=True,
+    features=dict(bias=kc.RandomBias(30, (1, 6, 128, 128))),
+    config=dict(deterministic_bwd=False),
+  ),
   # overlap_qk (forward only: no race at all). Batch 0 leaves the second consumer
   # of the tile no key block (rows >= 64 see none), so only one runs the pipeline.
   "overlap_qk_window_lengths_softcap_padded_fwd": kc.AttentionKernelCase(
