@@ -5300,6 +5300,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The relative rule's rounding floor is not scaled by L^(1/4).",
   ),
   Mutation(
+    "harness.relative_rule_floor_by_sqrt_length",
+    _COMPARE,
+    "    floor = tol.floor_ulps * ulp * magnitude * max(reduction_length, 1) ** 0.25",
+    "    floor = tol.floor_ulps * ulp * magnitude * max(reduction_length, 1) ** 0.5",
+    (_PINS, "-k", "relative_rule"),
+    "The relative rule's rounding floor grows as sqrt(L) again: 37% of the magnitude at L = 576"
+    " in bfloat16, where a gradient scaled by 0.78 passed the matrix.",
+  ),
+  Mutation(
     "harness.relative_rule_ulp_of_the_result",
     _COMPARE,
     "    ulp = _ulp_of(actual if dtype is None else dtype)",
