@@ -518,16 +518,9 @@ def test_backward_vmem_counts_by_hand():
     assert mosaic_tpu.vmem_bytes(record, bq, bk, backward=True) == want, (bq, bk)
 
 
-def test_causal_sliding_window_with_a_scale_matches_reference():
-  """Causal attention with a local window (a sliding window: key j visible to query i for
-  i - 37 <= j <= i) and a logit scale of 0.3, forward and gradients. Both masks meet inside
-  the partly hidden blocks: a key must be on the visible side of the diagonal and inside the
-  window, so neither may stand in for the other."""
-  q, k, v, rng = _inputs(dict(b=1, t=64, s=160, n=2, k=1, h=64), "float32", seed=12)
-  kwargs = dict(is_causal=True, local_window_size=(37, 5), scale=0.3)
-  config = mosaic_tpu.MosaicTpuAttentionConfig(
-    block_q=8, block_kv=128, bwd_block_q=16, bwd_block_kv=128
-  )
+def _assert_vjp_matches_reference(q, k, v, rng, kwargs, config):
+  """Output and gradients (random cotangent) of the interpreted kernels with `config`
+  against the float64 reference, in float32."""
   impl = mosaic_tpu.MosaicTpuAttention(interpret=True, config=config)
   out, vjp = jax.vjp(
     lambda *a: tokamax.dot_product_attention(*a, implementation=impl, **kwargs), q, k, v
@@ -540,6 +533,19 @@ def test_causal_sliding_window_with_a_scale_matches_reference():
     ("out", "dq", "dk", "dv"), (out, *vjp(ct)), (ref, *ref_grads), strict=True
   ):
     assert compare.relative_error(x, r) < _BOUND["float32"], label
+
+
+def test_causal_sliding_window_with_a_scale_matches_reference():
+  """Causal attention with a local window (a sliding window: key j visible to query i for
+  i - 37 <= j <= i) and a logit scale of 0.3, forward and gradients. Both masks meet inside
+  the partly hidden blocks: a key must be on the visible side of the diagonal and inside the
+  window, so neither may stand in for the other."""
+  q, k, v, rng = _inputs(dict(b=1, t=64, s=160, n=2, k=1, h=64), "float32", seed=12)
+  kwargs = dict(is_causal=True, local_window_size=(37, 5), scale=0.3)
+  config = mosaic_tpu.MosaicTpuAttentionConfig(
+    block_q=8, block_kv=128, bwd_block_q=16, bwd_block_kv=128
+  )
+  _assert_vjp_matches_reference(q, k, v, rng, kwargs, config)
 
 
 def test_lengths_longer_in_a_later_batch_match_reference():
@@ -554,18 +560,7 @@ def test_lengths_longer_in_a_later_batch_match_reference():
   config = mosaic_tpu.MosaicTpuAttentionConfig(
     block_q=8, block_kv=128, bwd_block_q=8, bwd_block_kv=128
   )
-  impl = mosaic_tpu.MosaicTpuAttention(interpret=True, config=config)
-  out, vjp = jax.vjp(
-    lambda *a: tokamax.dot_product_attention(*a, implementation=impl, **kwargs), q, k, v
-  )
-  ct = jnp.asarray(rng.standard_normal(out.shape), jnp.float32)
-  ref, ref_grads = references.high_precision_vjp(
-    lambda *a: references.attention(*a, **kwargs), (q, k, v), ct
-  )
-  for label, x, r in zip(
-    ("out", "dq", "dk", "dv"), (out, *vjp(ct)), (ref, *ref_grads), strict=True
-  ):
-    assert compare.relative_error(x, r) < _BOUND["float32"], label
+  _assert_vjp_matches_reference(q, k, v, rng, kwargs, config)
 
 
 def test_backward_kernels_take_the_backward_blocks(monkeypatch):
