@@ -3107,8 +3107,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "loss.negative_labels_accepted",
     _LOSS + "spec.py",
-    "    if values.size and (values.min() < 0 or values.max() >= weights.shape[1]):",
-    "    if values.size and values.max() >= weights.shape[1]:",
+    '  validation.concrete_within("labels", labels, 0, weights.shape[1])',
+    '  validation.concrete_within("labels", labels, -(2**31), weights.shape[1])',
     (_BAD_INPUT, "-k", "label"),
     "Negative labels are accepted (and clipped to column 0).",
   ),
@@ -8773,8 +8773,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "loss.label_equal_to_vocab_accepted",
     _LOSS + "spec.py",
-    "values.max() >= weights.shape[1])",
-    "values.max() > weights.shape[1])",
+    '"labels", labels, 0, weights.shape[1])',
+    '"labels", labels, 0, weights.shape[1] + 1)',
     ("suites/core/test_bad_input.py", "-k", "loss_label_range"),
     "Loss arguments: a label equal to V passes the range check.",
   ),
@@ -15292,8 +15292,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "ragged_dot.negative_group_size_accepted",
     _RAGGED + "spec.py",
-    "    if smallest < 0:\n",
-    "    if smallest < -1:\n",
+    '  validation.concrete_within("group_sizes", group_sizes, 0)',
+    '  validation.concrete_within("group_sizes", group_sizes, -1)',
     ("suites/core/test_bad_input.py", "-k", "ragged_negative_group_size"),
     "A concrete group size of -1 passes: the call computes with a negative group instead of"
     " naming `group_sizes`.",
@@ -15802,6 +15802,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     "As loss.in_forward_mean_over_padded_rows, caught by the matrix's bfloat16 VJP check (which"
     " passed it while the relative rule's floor grew as sqrt(L)).",
+  ),
+  Mutation(
+    "validation.concrete_within_upper_bound_inclusive",
+    "src/tokamax/_src/validation.py",
+    "  if smallest < low or (high is not None and largest >= high):",
+    "  if smallest < low or (high is not None and largest > high):",
+    ("suites/core/test_bad_input.py", "-k", "loss_label_range"),
+    "Concrete values equal to the bound pass (a label equal to V).",
   ),
 )
 

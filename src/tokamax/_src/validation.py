@@ -35,6 +35,18 @@ def integer(name: str, value: Any) -> jax.Array:
   return value
 
 
+def concrete_within(name: str, value: Any, low: int, high: int | None = None) -> None:
+  """Raises if concrete `value` holds an element outside [low, high) (no upper bound where
+  `high` is None). A traced value cannot be read when the call is made and passes."""
+  if isinstance(value, jax.core.Tracer) or not np.size(value):
+    return
+  values = np.asarray(value)
+  smallest, largest = values.min(), values.max()
+  if smallest < low or (high is not None and largest >= high):
+    span = f"[{low}, {high})" if high is not None else f"[{low}, inf)"
+    raise ValueError(f"`{name}` must lie in {span}, got [{smallest}, {largest}].")
+
+
 def finite(name: str, value: Any) -> float:
   """`value` (a real number, not a bool or a string) as a finite float."""
   if isinstance(value, bool | np.bool_ | str | bytes):

@@ -42,12 +42,7 @@ def canonicalize(x, labels, weights, *, reduction="sum", precision=None) -> Loss
     raise ValueError(f"`labels` length {labels.shape[0]} must equal `x` rows {x.shape[0]}.")
   if reduction not in REDUCTIONS:
     raise ValueError(f"`reduction` must be one of {REDUCTIONS}, got {reduction!r}.")
-  if not isinstance(labels, jax.core.Tracer):
-    values = np.asarray(labels)
-    if values.size and (values.min() < 0 or values.max() >= weights.shape[1]):
-      raise ValueError(
-        f"`labels` must lie in [0, {weights.shape[1]}), got [{values.min()}, {values.max()}]."
-      )
+  validation.concrete_within("labels", labels, 0, weights.shape[1])
   return LossArgs(
     x=x,
     labels=labels.astype(jnp.int32),

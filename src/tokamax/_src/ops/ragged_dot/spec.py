@@ -148,11 +148,7 @@ def canonicalize(
   validation.rank("group_sizes", group_sizes, 1, "group_sizes [G]")
   if representative is not None and len(representative) != group_sizes.shape[0]:
     raise ValueError("`group_sizes.representative_value` must have one entry per group.")
-  if not isinstance(group_sizes, jax.core.Tracer) and group_sizes.size:
-    # Traced sizes cannot be checked when the call is made.
-    smallest = int(np.min(np.asarray(group_sizes)))
-    if smallest < 0:
-      raise ValueError(f"`group_sizes` must be non-negative, got {smallest}.")
+  validation.concrete_within("group_sizes", group_sizes, 0)
   m, k = lhs.shape
   g_all = group_sizes.shape[0]
   if layout == RAGGED_CONTRACTING:
