@@ -39,6 +39,11 @@ def num_sms(interpret: bool = False) -> int:
   return INTERPRET_NUM_SMS if interpret else device_lib.sm_count()
 
 
+def compute_registers(num_compute_wgs: int) -> int:
+  """Registers per thread of each compute warpgroup beside a `MEMORY_REGISTERS` one."""
+  return min(256, (512 - MEMORY_REGISTERS) // num_compute_wgs) // 8 * 8
+
+
 def swizzle_elems(dtype) -> int:
   """Elements of `dtype` in the 128-byte swizzle span: the contraction depth of a tile row."""
   return _SWIZZLE // jnp.dtype(dtype).itemsize

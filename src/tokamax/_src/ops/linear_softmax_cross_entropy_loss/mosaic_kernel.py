@@ -45,16 +45,32 @@ class MosaicLossKernelConfig:
     num_stages: Shared-memory stages of the load pipeline.
     grid_tile_m: Row tiles visited together before moving along the
       vocabulary (the x rows of a band stay in L2 while the weights stream).
+    pingpong: Whether each compute warpgroup takes whole items of its own
+      (`PINGPONG_ROWS` rows, a ring of `num_stages` stages each), so that one
+      warpgroup's epilogue overlaps the other's wgmma; else the two split each
+      item's rows and run their epilogues together.
   """
 
   block_n: int = 256
   block_k: int = 64
   num_stages: int = 4
   grid_tile_m: int = 32
+  pingpong: bool = False
+
+  @property
+  def wg_rows(self) -> int:
+    """Rows of an item that one compute warpgroup reduces."""
+    return PINGPONG_ROWS if self.pingpong else WG_ROWS
 
   @property
   def block_m(self) -> int:
-    return WG_ROWS * NUM_COMPUTE_WGS
+    """Rows per work item."""
+    return PINGPONG_ROWS if self.pingpong else WG_ROWS * NUM_COMPUTE_WGS
+
+
+# Rows of a ping-pong item (two wgmma row tiles, one warpgroup), and its widest tile.
+PINGPONG_ROWS = 2 * WG_ROWS
+PINGPONG_MAX_N = 128
 
 
 # Columns of the exponentials per store (a [WG_ROWS, 128] shared-memory slot per warpgroup).
@@ -63,15 +79,16 @@ PROBS_STORE_COLUMNS = 128
 
 def smem_bytes(config: MosaicLossKernelConfig, in_itemsize: int, epilogue_bytes: int) -> int:
   stage = (config.block_m + config.block_n) * config.block_k * in_itemsize
-  return config.num_stages * stage + NUM_COMPUTE_WGS * epilogue_bytes
+  rings = NUM_COMPUTE_WGS if config.pingpong else 1
+  return rings * config.num_stages * stage + NUM_COMPUTE_WGS * epilogue_bytes
 
 
-def epilogue_bytes(in_itemsize: int, probabilities: bool) -> int:
+def epilogue_bytes(in_itemsize: int, probabilities: bool, wg_rows: int = WG_ROWS) -> int:
   """Shared memory of one compute warpgroup's epilogue."""
   # The slot, and 2 KiB of alignment the count does not see: four stages of 256 columns
   # came to 233536 bytes in Mosaic GPU's allocation, over the 232448 a CTA has.
-  probs = WG_ROWS * PROBS_STORE_COLUMNS * in_itemsize + 2048 if probabilities else 0
-  return _stats(probabilities) * WG_ROWS * 4 + probs
+  probs = wg_rows * PROBS_STORE_COLUMNS * in_itemsize + 2048 if probabilities else 0
+  return _stats(probabilities) * wg_rows * 4 + probs
 
 
 def _load_rows(ref) -> jax.Array:
@@ -103,7 +120,12 @@ def config_reason(
       f"block_n={config.block_n} must be a multiple of {PROBS_STORE_COLUMNS} to write the"
       " exponentials (gradient_in_forward)"
     )
-  epilogue = epilogue_bytes(in_itemsize, probabilities)
+  if config.pingpong and probabilities:
+    return "pingpong does not write the exponentials (gradient_in_forward)"
+  if config.pingpong and config.block_n > PINGPONG_MAX_N:
+    # A warpgroup's float32 accumulator of PINGPONG_ROWS rows: 128 registers per thread.
+    return f"pingpong takes block_n up to {PINGPONG_MAX_N}, got block_n={config.block_n}"
+  epilogue = epilogue_bytes(in_itemsize, probabilities, config.wg_rows)
   return gemm.tile_reason(config, "block_k", in_itemsize) or gemm.smem_reason(
     config, smem_bytes(config, in_itemsize, epilogue)
   )
@@ -177,6 +199,110 @@ def _gemm_items(x, w, *, n_tiles, config, num_sms, out_type, scratch, epilogue, 
   return gemm.kernel(kernel, out_type, num_sms=num_sms, approx_math=True, interpret=interpret)
 
 
+def _gemm_items_pingpong(x, w, *, n_tiles, config, num_sms, out_type, scratch, epilogue, interpret):
+  """`_gemm_items` with whole items per compute warpgroup, in turn.
+
+  The CTA's items alternate between the two compute warpgroups, each fed by a
+  ring of its own that the memory warpgroup fills in item order: a warpgroup's
+  loads start once the other's item is loaded, so their wgmma phases alternate
+  and each epilogue runs during the other warpgroup's wgmma.
+  """
+  b, h = x.shape
+  bm, bn, bk, stages = config.block_m, config.block_n, config.block_k, config.num_stages
+  m_tiles, k_steps = pl.cdiv(b, bm), h // bk
+  tile_m = min(config.grid_tile_m, m_tiles)
+  total = m_tiles * n_tiles
+  tf = gemm.transforms(x.dtype)
+  rings = NUM_COMPUTE_WGS
+
+  def kernel(x_ref, w_ref, *refs):
+    n_out = len(jax.tree.leaves(out_type))
+    extra_refs, out_refs = refs[: len(refs) - n_out], refs[len(refs) - n_out :]
+    sm = lax.axis_index("sm")
+    count = lax.div(total - sm + num_sms - 1, num_sms)  # This CTA's items: sm, sm + num_sms, ..
+    tile = lambda j: plgpu.planar_snake(sm + j * num_sms, (m_tiles, n_tiles), 0, tile_m)
+
+    @functools.partial(
+      pl.run_scoped,
+      x_smem=plgpu.SMEM((rings, stages, bm, bk), x.dtype, transforms=tf),
+      w_smem=plgpu.SMEM((rings, stages, bk, bn), w.dtype, transforms=tf),
+      full=plgpu.Barrier(num_arrivals=2, num_barriers=rings * stages),
+      free=plgpu.Barrier(num_arrivals=1, num_barriers=rings * stages),
+      epi_smem=scratch,
+      collective_axes="wg",
+    )
+    def scope(x_smem, w_smem, full, free, epi_smem):
+      wg = lax.axis_index("wg")
+
+      @pl.when(wg == NUM_COMPUTE_WGS)
+      def _memory():
+        plgpu.set_max_registers(gemm.MEMORY_REGISTERS, action="decrease")
+
+        @pl.loop(0, count)
+        def _item(j):
+          ring, mi_ni = lax.rem(j, rings), tile(j)
+          mi, ni = mi_ni
+          first = lax.div(j, rings) * k_steps  # The item's first position in its ring.
+
+          @pl.loop(0, k_steps)
+          def _step(s):
+            slot = lax.rem(first + s, stages)
+            barrier = ring * stages + slot
+
+            @pl.when(first + s >= stages)
+            def _():
+              plgpu.barrier_wait(free.at[barrier])
+
+            ks = pl.ds(s * bk, bk)
+            plgpu.copy_gmem_to_smem(
+              x_ref.at[pl.ds(mi * bm, bm), ks], x_smem.at[ring, slot], full.at[barrier]
+            )
+            plgpu.copy_gmem_to_smem(
+              w_ref.at[ks, pl.ds(ni * bn, bn)], w_smem.at[ring, slot], full.at[barrier]
+            )
+
+        # Each ring's last releases, so that no barrier is left mid-phase.
+        for ring in range(rings):
+          positions = lax.div(count - ring + rings - 1, rings) * k_steps
+
+          @pl.loop(lax.max(positions - stages, 0), positions)
+          def _drain(p, ring=ring):
+            plgpu.barrier_wait(free.at[ring * stages + lax.rem(p, stages)])
+
+      @pl.when(wg < NUM_COMPUTE_WGS)
+      def _compute():
+        plgpu.set_max_registers(gemm.compute_registers(NUM_COMPUTE_WGS), action="increase")
+        wg_smem = jax.tree.map(lambda ref: ref.at[wg], epi_smem)
+
+        @pl.loop(0, lax.div(count - wg + rings - 1, rings))
+        def _item(i):
+          mi, ni = tile(i * rings + wg)
+          first = i * k_steps
+          release = lambda p: plgpu.barrier_arrive(free.at[wg * stages + lax.rem(p, stages)])
+
+          def acc_scope(acc):
+            @pl.loop(0, k_steps)
+            def _step(s):
+              slot = lax.rem(first + s, stages)
+              plgpu.barrier_wait(full.at[wg * stages + slot])
+              plgpu.wgmma(acc, x_smem.at[wg, slot], w_smem.at[wg, slot])
+              plgpu.wgmma_wait(_WGMMAS_IN_FLIGHT)
+
+              @pl.when(s > 0)
+              def _():
+                release(first + s - 1)
+
+            plgpu.wgmma_wait(0)
+            release(first + k_steps - 1)
+            epilogue(acc[...], mi * bm, ni, wg_smem, extra_refs, out_refs)
+
+          pl.run_scoped(acc_scope, plgpu.ACC((bm, bn), jnp.float32))
+
+        plgpu.wait_smem_to_gmem(0)
+
+  return gemm.kernel(kernel, out_type, num_sms=num_sms, approx_math=True, interpret=interpret)
+
+
 def tile_stats(
   x: jax.Array,
   w: jax.Array,
@@ -207,7 +333,7 @@ def tile_stats(
     maximum) in the tiles' columns (the columns past them are left unwritten).
   """
   b, v = x.shape[0], w.shape[1]
-  bn = config.block_n
+  bn, wg_rows = config.block_n, config.wg_rows
   row_layout = plgpu.Layout.WGMMA.reduce(1)
 
   def epilogue(logits, row0, ni, smem, extra_refs, out_refs):
@@ -220,24 +346,24 @@ def tile_stats(
     lse = top + jnp.log(exps.sum(axis=1))
 
     def picked():
-      row_labels = _load_rows(labels_ref.at[pl.ds(row0, WG_ROWS)])
+      row_labels = _load_rows(labels_ref.at[pl.ds(row0, wg_rows)])
       cols = plgpu.broadcasted_iota(jnp.int32, logits.shape, 1, layout=plgpu.Layout.WGMMA)
       return jnp.where(cols == rows(row_labels - ni * bn), logits, 0.0).sum(axis=1)
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The previous item's stores.
     stats_smem[0] = lse
     # Most items hold none of their rows' labels: flags from XLA skip the search there.
-    stats_smem[1] = plgpu.layout_cast(jnp.zeros((WG_ROWS,), jnp.float32), row_layout)
+    stats_smem[1] = plgpu.layout_cast(jnp.zeros((wg_rows,), jnp.float32), row_layout)
     if probabilities:
       stats_smem[2] = top
 
-    @pl.when(flags_ref[lax.div(row0, WG_ROWS), ni] != 0)
+    @pl.when(flags_ref[lax.div(row0, wg_rows), ni] != 0)
     def _():
       stats_smem[1] = picked()
 
     plgpu.commit_smem()
     for i in range(_stats(probabilities)):
-      plgpu.copy_smem_to_gmem(stats_smem.at[i], out_refs[i].at[ni, pl.ds(row0, WG_ROWS)])
+      plgpu.copy_smem_to_gmem(stats_smem.at[i], out_refs[i].at[ni, pl.ds(row0, wg_rows)])
     if probabilities:
       probs_smem, probs_ref = smem[1], out_refs[-1]
       for c in range(0, bn, PROBS_STORE_COLUMNS):
@@ -249,11 +375,11 @@ def tile_stats(
 
   stat = jax.ShapeDtypeStruct((n_tiles, b), jnp.float32)
   out_type = (stat, stat)
-  scratch = [plgpu.SMEM((NUM_COMPUTE_WGS, _stats(probabilities), WG_ROWS), jnp.float32)]
+  scratch = [plgpu.SMEM((NUM_COMPUTE_WGS, _stats(probabilities), wg_rows), jnp.float32)]
   if probabilities:
     out_type += (stat, jax.ShapeDtypeStruct((b, v), x.dtype))
     scratch.append(plgpu.SMEM((NUM_COMPUTE_WGS, WG_ROWS, PROBS_STORE_COLUMNS), x.dtype))
-  call = _gemm_items(
+  call = (_gemm_items_pingpong if config.pingpong else _gemm_items)(
     x,
     w,
     n_tiles=n_tiles,
@@ -265,15 +391,15 @@ def tile_stats(
     interpret=interpret,
   )
   labels = labels.astype(jnp.int32)
-  return call(x, w, labels, label_tiles(labels, n_tiles, bn))
+  return call(x, w, labels, label_tiles(labels, n_tiles, bn, wg_rows))
 
 
-def label_tiles(labels: jax.Array, n_tiles: int, block_n: int) -> jax.Array:
-  """int32 [B / WG_ROWS, n_tiles]: 1 where a warpgroup's rows have a label in the tile."""
+def label_tiles(labels: jax.Array, n_tiles: int, block_n: int, wg_rows: int = WG_ROWS) -> jax.Array:
+  """int32 [B / wg_rows, n_tiles]: 1 where a warpgroup's rows have a label in the tile."""
   b = labels.shape[0]
   tile = jnp.where((labels >= 0) & (labels < n_tiles * block_n), labels // block_n, n_tiles)
-  flags = jnp.zeros((b // WG_ROWS, n_tiles + 1), jnp.int32)
-  return flags.at[jnp.arange(b) // WG_ROWS, tile].set(1)[:, :n_tiles]
+  flags = jnp.zeros((b // wg_rows, n_tiles + 1), jnp.int32)
+  return flags.at[jnp.arange(b) // wg_rows, tile].set(1)[:, :n_tiles]
 
 
 # Rows per CTA of `cotangent_in_place` (one warpgroup), and its target CTA count per SM.
