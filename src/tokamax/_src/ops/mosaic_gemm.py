@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -126,16 +127,16 @@ def pipeline(
 
 
 def stored_accumulator(
-  block_n: int, epi_n: int, o_wg, out_dtype, store: Callable[[int], None]
+  block_n: int, epi_n: int, o_wg, out_dtype, store: Callable[[int], None], rows: int = WG_ROWS
 ) -> Callable:
-  """A pipeline compute context with one float32 [WG_ROWS, block_n] accumulator.
+  """A pipeline compute context with one float32 [rows, block_n] accumulator.
 
-  After the pipeline, the accumulator goes to `o_wg` [WG_ROWS, epi_n] in
+  After the pipeline, the accumulator goes to `o_wg` [rows, epi_n] in
   `out_dtype` one column chunk at a time, and `store(c)` copies chunk c out.
   """
 
   def compute_context(run):
-    @functools.partial(pl.run_scoped, acc=plgpu.ACC((WG_ROWS, block_n), jnp.float32))
+    @functools.partial(pl.run_scoped, acc=plgpu.ACC((rows, block_n), jnp.float32))
     def _acc_scope(acc):
       run(acc)
       out = acc[...].astype(out_dtype)
@@ -146,6 +147,129 @@ def stored_accumulator(
         store(c)
 
   return compute_context
+
+
+def pingpong_allocations(tiles: Sequence[tuple[tuple[int, ...], Any]], num_stages: int) -> dict:
+  """Shared memory of `pingpong`: a ring per compute warpgroup and its barriers.
+
+  Args:
+    tiles: (shape, dtype) of each operand tile of a pipeline step (128-byte swizzled).
+    num_stages: Stages per ring.
+  """
+  rings = [
+    plgpu.SMEM((NUM_COMPUTE_WGS, num_stages, *shape), dtype, transforms=transforms(dtype))
+    for shape, dtype in tiles
+  ]
+  barriers = NUM_COMPUTE_WGS * num_stages
+  return dict(
+    rings=rings,
+    full=plgpu.Barrier(num_arrivals=len(tiles), num_barriers=barriers),
+    free=plgpu.Barrier(num_arrivals=1, num_barriers=barriers),
+  )
+
+
+def pingpong(
+  rings: Sequence[Any],
+  full: Any,
+  free: Any,
+  *,
+  count,
+  steps: Callable,
+  load: Callable,
+  compute: Callable,
+  num_stages: int,
+  in_flight: int = 1,
+) -> None:
+  """A CTA's items on its compute warpgroups in turn: item j on warpgroup j % 2.
+
+  The memory warpgroup fills warpgroup j % 2's ring with item j's steps in item
+  order, so a warpgroup's first loads wait for the other's item to be loaded:
+  their wgmma phases alternate and each one's epilogue runs during the other's
+  wgmma.
+
+  Args:
+    rings, full, free: `pingpong_allocations`, scoped over all warpgroups.
+    count: The CTA's items (traced int).
+    steps: j -> item j's pipeline steps (traced int, may be 0).
+    load: (j, s, destination slots, barrier) -> None: issues step s's copies.
+    compute: (j, run) -> None, on the item's warpgroup; `run(step)` runs the item's
+      steps, `step(s, slots)` issuing its wgmma, and returns once they are done.
+    num_stages: Stages per ring.
+    in_flight: wgmma groups left in flight after each step (a stage is released once its
+      wgmma is done).
+  """
+  wg = lax.axis_index("wg")
+  ring_slots = lambda ring, slot: [r.at[ring, slot] for r in rings]
+  barrier_of = lambda ring, p: ring * num_stages + lax.rem(p, num_stages)
+
+  @pl.when(wg == NUM_COMPUTE_WGS)
+  def _memory():
+    plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
+
+    def item(j, positions):
+      ring = lax.rem(j, NUM_COMPUTE_WGS)
+      first = functools.reduce(
+        lambda a, r: jnp.where(ring == r, positions[r], a), range(1, len(positions)), positions[0]
+      )
+
+      @pl.loop(0, steps(j))
+      def _step(s):
+        p = first + s
+        barrier = barrier_of(ring, p)
+
+        @pl.when(p >= num_stages)
+        def _():
+          plgpu.barrier_wait(free.at[barrier])
+
+        load(j, s, ring_slots(ring, lax.rem(p, num_stages)), full.at[barrier])
+
+      return tuple(q + jnp.where(ring == r, steps(j), 0) for r, q in enumerate(positions))
+
+    positions = lax.fori_loop(0, count, item, (jnp.int32(0),) * NUM_COMPUTE_WGS)
+    # Each ring's last releases, so that no barrier is left mid-phase.
+    for ring, end in enumerate(positions):
+
+      @pl.loop(lax.max(end - num_stages, 0), end)
+      def _drain(p, ring=ring):
+        plgpu.barrier_wait(free.at[barrier_of(ring, p)])
+
+  @pl.when(wg < NUM_COMPUTE_WGS)
+  def _compute():
+    plgpu.set_max_registers(compute_registers(NUM_COMPUTE_WGS), action="increase")
+
+    def item(i, first):
+      j = i * NUM_COMPUTE_WGS + wg
+      n = steps(j)
+      release = lambda p: plgpu.barrier_arrive(free.at[barrier_of(wg, p)])
+
+      def run(step):
+        @pl.loop(0, n)
+        def _step(s):
+          p = first + s
+          plgpu.barrier_wait(full.at[barrier_of(wg, p)])
+          step(s, ring_slots(wg, lax.rem(p, num_stages)))
+          plgpu.wgmma_wait(in_flight)
+          if in_flight:
+
+            @pl.when(s > 0)
+            def _():
+              release(p - 1)
+
+          else:
+            release(p)
+
+        if in_flight:
+          plgpu.wgmma_wait(0)
+
+          @pl.when(n > 0)
+          def _():
+            release(first + n - 1)
+
+      compute(j, run)
+      return first + n
+
+    mine = lax.div(count - wg + NUM_COMPUTE_WGS - 1, NUM_COMPUTE_WGS)
+    lax.fori_loop(0, mine, item, jnp.int32(0))
 
 
 def kernel(

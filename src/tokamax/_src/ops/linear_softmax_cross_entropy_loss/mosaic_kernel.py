@@ -200,105 +200,55 @@ def _gemm_items(x, w, *, n_tiles, config, num_sms, out_type, scratch, epilogue, 
 
 
 def _gemm_items_pingpong(x, w, *, n_tiles, config, num_sms, out_type, scratch, epilogue, interpret):
-  """`_gemm_items` with whole items per compute warpgroup, in turn.
-
-  The CTA's items alternate between the two compute warpgroups, each fed by a
-  ring of its own that the memory warpgroup fills in item order: a warpgroup's
-  loads start once the other's item is loaded, so their wgmma phases alternate
-  and each epilogue runs during the other warpgroup's wgmma.
-  """
+  """`_gemm_items` with whole items per compute warpgroup, in turn (`gemm.pingpong`)."""
   b, h = x.shape
-  bm, bn, bk, stages = config.block_m, config.block_n, config.block_k, config.num_stages
+  bm, bn, bk = config.block_m, config.block_n, config.block_k
   m_tiles, k_steps = pl.cdiv(b, bm), h // bk
   tile_m = min(config.grid_tile_m, m_tiles)
   total = m_tiles * n_tiles
-  tf = gemm.transforms(x.dtype)
-  rings = NUM_COMPUTE_WGS
 
   def kernel(x_ref, w_ref, *refs):
     n_out = len(jax.tree.leaves(out_type))
     extra_refs, out_refs = refs[: len(refs) - n_out], refs[len(refs) - n_out :]
     sm = lax.axis_index("sm")
-    count = lax.div(total - sm + num_sms - 1, num_sms)  # This CTA's items: sm, sm + num_sms, ..
     tile = lambda j: plgpu.planar_snake(sm + j * num_sms, (m_tiles, n_tiles), 0, tile_m)
+
+    def load(j, s, slots, barrier):
+      mi, ni = tile(j)
+      ks = pl.ds(s * bk, bk)
+      plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(mi * bm, bm), ks], slots[0], barrier)
+      plgpu.copy_gmem_to_smem(w_ref.at[ks, pl.ds(ni * bn, bn)], slots[1], barrier)
 
     @functools.partial(
       pl.run_scoped,
-      x_smem=plgpu.SMEM((rings, stages, bm, bk), x.dtype, transforms=tf),
-      w_smem=plgpu.SMEM((rings, stages, bk, bn), w.dtype, transforms=tf),
-      full=plgpu.Barrier(num_arrivals=2, num_barriers=rings * stages),
-      free=plgpu.Barrier(num_arrivals=1, num_barriers=rings * stages),
+      pipeline=gemm.pingpong_allocations(
+        (((bm, bk), x.dtype), ((bk, bn), w.dtype)), config.num_stages
+      ),
       epi_smem=scratch,
       collective_axes="wg",
     )
-    def scope(x_smem, w_smem, full, free, epi_smem):
-      wg = lax.axis_index("wg")
+    def scope(pipeline, epi_smem):
+      wg_smem = jax.tree.map(lambda ref: ref.at[lax.axis_index("wg")], epi_smem)
 
-      @pl.when(wg == NUM_COMPUTE_WGS)
-      def _memory():
-        plgpu.set_max_registers(gemm.MEMORY_REGISTERS, action="decrease")
+      def compute(j, run):
+        mi, ni = tile(j)
 
-        @pl.loop(0, count)
-        def _item(j):
-          ring, mi_ni = lax.rem(j, rings), tile(j)
-          mi, ni = mi_ni
-          first = lax.div(j, rings) * k_steps  # The item's first position in its ring.
+        def acc_scope(acc):
+          run(lambda s, slots: plgpu.wgmma(acc, *slots))
+          epilogue(acc[...], mi * bm, ni, wg_smem, extra_refs, out_refs)
 
-          @pl.loop(0, k_steps)
-          def _step(s):
-            slot = lax.rem(first + s, stages)
-            barrier = ring * stages + slot
+        pl.run_scoped(acc_scope, plgpu.ACC((bm, bn), jnp.float32))
 
-            @pl.when(first + s >= stages)
-            def _():
-              plgpu.barrier_wait(free.at[barrier])
-
-            ks = pl.ds(s * bk, bk)
-            plgpu.copy_gmem_to_smem(
-              x_ref.at[pl.ds(mi * bm, bm), ks], x_smem.at[ring, slot], full.at[barrier]
-            )
-            plgpu.copy_gmem_to_smem(
-              w_ref.at[ks, pl.ds(ni * bn, bn)], w_smem.at[ring, slot], full.at[barrier]
-            )
-
-        # Each ring's last releases, so that no barrier is left mid-phase.
-        for ring in range(rings):
-          positions = lax.div(count - ring + rings - 1, rings) * k_steps
-
-          @pl.loop(lax.max(positions - stages, 0), positions)
-          def _drain(p, ring=ring):
-            plgpu.barrier_wait(free.at[ring * stages + lax.rem(p, stages)])
-
-      @pl.when(wg < NUM_COMPUTE_WGS)
-      def _compute():
-        plgpu.set_max_registers(gemm.compute_registers(NUM_COMPUTE_WGS), action="increase")
-        wg_smem = jax.tree.map(lambda ref: ref.at[wg], epi_smem)
-
-        @pl.loop(0, lax.div(count - wg + rings - 1, rings))
-        def _item(i):
-          mi, ni = tile(i * rings + wg)
-          first = i * k_steps
-          release = lambda p: plgpu.barrier_arrive(free.at[wg * stages + lax.rem(p, stages)])
-
-          def acc_scope(acc):
-            @pl.loop(0, k_steps)
-            def _step(s):
-              slot = lax.rem(first + s, stages)
-              plgpu.barrier_wait(full.at[wg * stages + slot])
-              plgpu.wgmma(acc, x_smem.at[wg, slot], w_smem.at[wg, slot])
-              plgpu.wgmma_wait(_WGMMAS_IN_FLIGHT)
-
-              @pl.when(s > 0)
-              def _():
-                release(first + s - 1)
-
-            plgpu.wgmma_wait(0)
-            release(first + k_steps - 1)
-            epilogue(acc[...], mi * bm, ni, wg_smem, extra_refs, out_refs)
-
-          pl.run_scoped(acc_scope, plgpu.ACC((bm, bn), jnp.float32))
-
-        plgpu.wait_smem_to_gmem(0)
+      gemm.pingpong(
+        **pipeline,
+        count=lax.div(total - sm + num_sms - 1, num_sms),  # Items sm, sm + num_sms, ...
+        steps=lambda j: k_steps,
+        load=load,
+        compute=compute,
+        num_stages=config.num_stages,
+        in_flight=_WGMMAS_IN_FLIGHT,
+      )
+      plgpu.wait_smem_to_gmem(0)
 
   return gemm.kernel(kernel, out_type, num_sms=num_sms, approx_math=True, interpret=interpret)
 
