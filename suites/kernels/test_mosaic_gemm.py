@@ -158,13 +158,14 @@ def _pingpong_gemm(x, w, depth_steps, *, num_stages, in_flight, num_sms=2):
   ("depth_steps", "num_stages", "in_flight"),
   [
     ((3, 1, 4, 2, 5), 2, 1),  # Five tiles on two CTAs: three items on one, two on the other.
-    ((2, 0, 3, 0, 1, 4, 0), 3, 0),  # Empty items (no step, zeros out) in both rings.
+    ((2, 0, 3, 0, 1, 4, 0), 3, 0),  # Empty items (no step, zeros out) on both warpgroups.
     ((1, 1, 1), 2, 1),  # Items shorter than the ring.
   ],
 )
 @pytest.mark.host_only
 def test_pingpong_runs_each_items_steps_on_its_warpgroup(depth_steps, num_stages, in_flight, capfd):
-  """Items of different depths (so the rings' positions drift apart), interpreted with race
+  """Items of different depths (so each warpgroup's
+  next item starts at a position that depends on the other's), interpreted with race
   detection, against float64 per tile."""
   tiles, n = len(depth_steps), 64
   rng = np.random.default_rng(len(depth_steps))

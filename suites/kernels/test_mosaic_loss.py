@@ -217,14 +217,14 @@ def test_shared_memory_bytes():
   stages = 4 * (128 * 64 + 64 * 256) * 2
   assert mosaic_kernel.smem_bytes(config, 2, stats) == stages + 2 * stats
   assert mosaic_kernel.smem_bytes(config, 2, with_probs) == stages + 2 * with_probs
-  # Ping-pong: a ring per compute warpgroup, of [128, block_k] and [block_k, block_n] tiles,
-  # and 128 rows of statistics each.
-  pingpong = mosaic_kernel.MosaicLossKernelConfig(block_n=128, num_stages=3, pingpong=True)
+  # Ping-pong: stages of [128, block_k] and [block_k, block_n] tiles, and 128 rows of
+  # statistics per compute warpgroup.
+  pingpong = mosaic_kernel.MosaicLossKernelConfig(block_n=128, num_stages=6, pingpong=True)
   assert mosaic_kernel.epilogue_bytes(2, False, 128) == 2 * 128 * 4
-  rings = 2 * 3 * (128 * 64 + 64 * 128) * 2
-  assert mosaic_kernel.smem_bytes(pingpong, 2, 1024) == rings + 2 * 1024
+  ring = 6 * (128 * 64 + 64 * 128) * 2
+  assert mosaic_kernel.smem_bytes(pingpong, 2, 1024) == ring + 2 * 1024
   assert mosaic_kernel.config_reason(pingpong, 4096, 2) is None
-  reason = mosaic_kernel.config_reason(dataclasses.replace(pingpong, num_stages=4), 4096, 2)
+  reason = mosaic_kernel.config_reason(dataclasses.replace(pingpong, num_stages=8), 4096, 2)
   assert reason is not None and "shared memory" in reason
 
 

@@ -150,26 +150,26 @@ def stored_accumulator(
 
 
 def pingpong_allocations(tiles: Sequence[tuple[tuple[int, ...], Any]], num_stages: int) -> dict:
-  """Shared memory of `pingpong`: a ring per compute warpgroup and its barriers.
+  """Shared memory of `pingpong`: one ring of stages and its barriers.
 
   Args:
     tiles: (shape, dtype) of each operand tile of a pipeline step (128-byte swizzled).
-    num_stages: Stages per ring.
+    num_stages: Stages of the ring.
   """
-  rings = [
-    plgpu.SMEM((NUM_COMPUTE_WGS, num_stages, *shape), dtype, transforms=transforms(dtype))
-    for shape, dtype in tiles
-  ]
-  barriers = NUM_COMPUTE_WGS * num_stages
   return dict(
-    rings=rings,
-    full=plgpu.Barrier(num_arrivals=len(tiles), num_barriers=barriers),
-    free=plgpu.Barrier(num_arrivals=1, num_barriers=barriers),
+    ring=[
+      plgpu.SMEM((num_stages, *shape), dtype, transforms=transforms(dtype))
+      for shape, dtype in tiles
+    ],
+    # A "loaded" barrier per compute warpgroup and stage: each warpgroup counts the phases of
+    # its own only, as the stages it skips hold the other's steps.
+    full=plgpu.Barrier(num_arrivals=len(tiles), num_barriers=NUM_COMPUTE_WGS * num_stages),
+    free=plgpu.Barrier(num_arrivals=1, num_barriers=num_stages),
   )
 
 
 def pingpong(
-  rings: Sequence[Any],
+  ring: Sequence[Any],
   full: Any,
   free: Any,
   *,
@@ -182,72 +182,66 @@ def pingpong(
 ) -> None:
   """A CTA's items on its compute warpgroups in turn: item j on warpgroup j % 2.
 
-  The memory warpgroup fills warpgroup j % 2's ring with item j's steps in item
-  order, so a warpgroup's first loads wait for the other's item to be loaded:
-  their wgmma phases alternate and each one's epilogue runs during the other's
-  wgmma.
+  The memory warpgroup streams the items' steps through one ring in item order,
+  so a warpgroup's steps follow the other's: their wgmma phases alternate, each
+  one's epilogue runs during the other's wgmma, and the ring's depth serves the
+  warpgroup at work.
 
   Args:
-    rings, full, free: `pingpong_allocations`, scoped over all warpgroups.
+    ring, full, free: `pingpong_allocations`, scoped over all warpgroups.
     count: The CTA's items (traced int).
-    steps: j -> item j's pipeline steps (traced int, may be 0).
+    steps: j -> item j's pipeline steps (traced int, may be 0), for 0 <= j < count.
     load: (j, s, destination slots, barrier) -> None: issues step s's copies.
     compute: (j, run) -> None, on the item's warpgroup; `run(step)` runs the item's
       steps, `step(s, slots)` issuing its wgmma, and returns once they are done.
-    num_stages: Stages per ring.
+    num_stages: Stages of the ring.
     in_flight: wgmma groups left in flight after each step (a stage is released once its
       wgmma is done).
   """
   wg = lax.axis_index("wg")
-  ring_slots = lambda ring, slot: [r.at[ring, slot] for r in rings]
-  barrier_of = lambda ring, p: ring * num_stages + lax.rem(p, num_stages)
+  slots_at = lambda p: [r.at[lax.rem(p, num_stages)] for r in ring]
+  full_at = lambda w, p: full.at[w * num_stages + lax.rem(p, num_stages)]
+  steps_or_0 = lambda j: jnp.where(j < count, steps(lax.clamp(0, j, count - 1)), 0)
 
   @pl.when(wg == NUM_COMPUTE_WGS)
   def _memory():
     plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
 
-    def item(j, positions):
-      ring = lax.rem(j, NUM_COMPUTE_WGS)
-      first = functools.reduce(
-        lambda a, r: jnp.where(ring == r, positions[r], a), range(1, len(positions)), positions[0]
-      )
-
+    def item(j, first):
       @pl.loop(0, steps(j))
       def _step(s):
         p = first + s
-        barrier = barrier_of(ring, p)
 
         @pl.when(p >= num_stages)
         def _():
-          plgpu.barrier_wait(free.at[barrier])
+          plgpu.barrier_wait(free.at[lax.rem(p, num_stages)])
 
-        load(j, s, ring_slots(ring, lax.rem(p, num_stages)), full.at[barrier])
+        load(j, s, slots_at(p), full_at(lax.rem(j, NUM_COMPUTE_WGS), p))
 
-      return tuple(q + jnp.where(ring == r, steps(j), 0) for r, q in enumerate(positions))
+      return first + steps(j)
 
-    positions = lax.fori_loop(0, count, item, (jnp.int32(0),) * NUM_COMPUTE_WGS)
-    # Each ring's last releases, so that no barrier is left mid-phase.
-    for ring, end in enumerate(positions):
+    end = lax.fori_loop(0, count, item, jnp.int32(0))
 
-      @pl.loop(lax.max(end - num_stages, 0), end)
-      def _drain(p, ring=ring):
-        plgpu.barrier_wait(free.at[barrier_of(ring, p)])
+    # The last releases, so that no barrier is left mid-phase.
+    @pl.loop(lax.max(end - num_stages, 0), end)
+    def _drain(p):
+      plgpu.barrier_wait(free.at[lax.rem(p, num_stages)])
 
   @pl.when(wg < NUM_COMPUTE_WGS)
   def _compute():
     plgpu.set_max_registers(compute_registers(NUM_COMPUTE_WGS), action="increase")
+    release = lambda p: plgpu.barrier_arrive(free.at[lax.rem(p, num_stages)])
 
     def item(i, first):
       j = i * NUM_COMPUTE_WGS + wg
       n = steps(j)
-      release = lambda p: plgpu.barrier_arrive(free.at[barrier_of(wg, p)])
 
       def run(step):
         @pl.loop(0, n)
         def _step(s):
           p = first + s
-          plgpu.barrier_wait(full.at[barrier_of(wg, p)])
-          step(s, ring_slots(wg, lax.rem(p, num_stages)))
+          plgpu.barrier_wait(full_at(wg, p))
+          step(s, slots_at(p))
           plgpu.wgmma_wait(in_flight)
           if in_flight:
 
@@ -266,10 +260,11 @@ def pingpong(
             release(first + n - 1)
 
       compute(j, run)
-      return first + n
+      # This warpgroup's next item follows the other's.
+      return first + n + steps_or_0(j + 1)
 
     mine = lax.div(count - wg + NUM_COMPUTE_WGS - 1, NUM_COMPUTE_WGS)
-    lax.fori_loop(0, mine, item, jnp.int32(0))
+    lax.fori_loop(0, mine, item, jnp.where(wg == 0, 0, steps_or_0(0)))
 
 
 def kernel(

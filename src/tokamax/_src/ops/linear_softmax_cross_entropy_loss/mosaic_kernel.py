@@ -46,7 +46,7 @@ class MosaicLossKernelConfig:
     grid_tile_m: Row tiles visited together before moving along the
       vocabulary (the x rows of a band stay in L2 while the weights stream).
     pingpong: Whether each compute warpgroup takes whole items of its own
-      (`PINGPONG_ROWS` rows, a ring of `num_stages` stages each), so that one
+      (`PINGPONG_ROWS` rows; `mosaic_gemm.pingpong`), so that one
       warpgroup's epilogue overlaps the other's wgmma; else the two split each
       item's rows and run their epilogues together.
   """
@@ -79,8 +79,7 @@ PROBS_STORE_COLUMNS = 128
 
 def smem_bytes(config: MosaicLossKernelConfig, in_itemsize: int, epilogue_bytes: int) -> int:
   stage = (config.block_m + config.block_n) * config.block_k * in_itemsize
-  rings = NUM_COMPUTE_WGS if config.pingpong else 1
-  return rings * config.num_stages * stage + NUM_COMPUTE_WGS * epilogue_bytes
+  return config.num_stages * stage + NUM_COMPUTE_WGS * epilogue_bytes
 
 
 def epilogue_bytes(in_itemsize: int, probabilities: bool, wg_rows: int = WG_ROWS) -> int:

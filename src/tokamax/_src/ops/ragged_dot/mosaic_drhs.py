@@ -50,8 +50,8 @@ class MosaicRaggedDotDrhsConfig:
       down to a multiple of this (a multiple of ROW_ALIGN dividing block_m);
       None: CHUNK_ALIGN.
     pingpong: Whether each compute warpgroup takes whole items of its own (all
-      block_k rows of the K tile, a ring of `num_stages` stages each), so that
-      one warpgroup's epilogue overlaps the other's wgmma (`gemm.pingpong`);
+      block_k rows of the K tile), so that one warpgroup's epilogue overlaps the
+      other's wgmma (`mosaic_gemm.pingpong`);
       else the two split each item's K rows.
   """
 
@@ -75,8 +75,7 @@ def _wg_rows(config: MosaicRaggedDotDrhsConfig) -> int:
 def smem_bytes(config: MosaicRaggedDotDrhsConfig, in_itemsize: int, out_itemsize: int) -> int:
   stage = (config.block_k + config.block_n) * config.block_m * in_itemsize
   epilogue = NUM_COMPUTE_WGS * _wg_rows(config) * config.epi_n * out_itemsize
-  rings = NUM_COMPUTE_WGS if config.pingpong else 1
-  return rings * config.num_stages * stage + epilogue
+  return config.num_stages * stage + epilogue
 
 
 def config_reason(
