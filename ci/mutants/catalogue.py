@@ -15811,6 +15811,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/core/test_bad_input.py", "-k", "loss_label_range"),
     "Concrete values equal to the bound pass (a label equal to V).",
   ),
+  Mutation(
+    "chunked.loss_chunk_of_one_column_refused",
+    "src/tokamax/_src/ops/linear_softmax_cross_entropy_loss/chunked_xla.py",
+    "    if self.vocab_chunk_size < 1:",
+    "    if self.vocab_chunk_size <= 1:",
+    ("suites/core/test_bad_input.py", "-k", "chunks_of_one"),
+    "A vocabulary chunk of one column is refused as if it were not positive.",
+  ),
+  Mutation(
+    "chunked.attention_chunk_of_one_key_refused",
+    "src/tokamax/_src/ops/attention/xla_chunked.py",
+    "    if self.kv_chunk_size < 1:",
+    "    if self.kv_chunk_size <= 1:",
+    ("suites/core/test_bad_input.py", "-k", "chunks_of_one"),
+    "A key chunk of one key is refused as if it were not positive.",
+  ),
 )
 
 
