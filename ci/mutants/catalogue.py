@@ -15827,6 +15827,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/core/test_bad_input.py", "-k", "chunks_of_one"),
     "A key chunk of one key is refused as if it were not positive.",
   ),
+  Mutation(
+    "api.layer_norm_default_axis_one",
+    "src/tokamax/_src/ops/normalization/api.py",
+    "  axis: int = -1,",
+    "  axis: int = 1,",
+    ("suites/core/test_public_defaults.py", "-k", "layer_norm"),
+    "layer_norm normalises over axis 1 by default: the same as the last axis of 2-D inputs only.",
+  ),
 )
 
 

@@ -17,8 +17,9 @@ def _normal(seed, shape, scale=1.0):
 @pytest.mark.parametrize("impl", ("xla", None))
 def test_layer_norm_defaults(impl):
   """epsilon=1e-6, subtract_mean=True, the last axis, scale_offset=0: on rows whose variance
-  (1e-6) is of the order of epsilon, so that another epsilon shows."""
-  x = _normal(0, (4, 32), 1e-3) + 0.25
+  (1e-6) is of the order of epsilon, so that another epsilon shows, of a 3-D input (whose
+  last axis is not axis 1)."""
+  x = _normal(0, (2, 4, 32), 1e-3) + 0.25
   scale, offset = _normal(1, (32,)), _normal(2, (32,))
   out = tokamax.layer_norm(x, scale, offset, implementation=impl)
   expected = references.high_precision(references.layer_norm)(
