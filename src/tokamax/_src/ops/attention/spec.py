@@ -44,11 +44,6 @@ class AttentionArgs:
   precision: object = arguments.static()
   batch_shape: tuple[int, ...] = arguments.static()
 
-  @property
-  def num_groups(self) -> int:
-    """Query heads per key/value head."""
-    return self.query.shape[2] // self.key.shape[2]
-
 
 def _batch_broadcast(name: str, x, batch_shape: tuple[int, ...], trailing: int):
   """Broadcasts the batch dims of `x` and flattens them into one (1 if all broadcast)."""
