@@ -670,16 +670,16 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "loss.mosaic_label_search_where_flags_clear",
     _LOSS + "mosaic_kernel.py",
-    "    @pl.when(flags_ref[lax.div(row0, wg_rows), ni] != 0)",
-    "    @pl.when(flags_ref[lax.div(row0, wg_rows), ni] == 0)",
+    "    @pl.when(flags_ref[lax.div(row0, WG_ROWS), ni] != 0)",
+    "    @pl.when(flags_ref[lax.div(row0, WG_ROWS), ni] == 0)",
     ("suites/kernels/test_mosaic_loss.py", "-k", "interpret or tile"),
     "Mosaic loss kernel: the label searched only in the items whose flags say none is there.",
   ),
   Mutation(
     "loss.mosaic_label_flags_row_group",
     _LOSS + "mosaic_kernel.py",
-    "  return flags.at[jnp.arange(b) // wg_rows, tile].set(1)[:, :n_tiles]",
-    "  return flags.at[jnp.arange(b) // (2 * wg_rows), tile].set(1)[:, :n_tiles]",
+    "  return flags.at[jnp.arange(b) // WG_ROWS, tile].set(1)[:, :n_tiles]",
+    "  return flags.at[jnp.arange(b) // (2 * WG_ROWS), tile].set(1)[:, :n_tiles]",
     ("suites/kernels/test_mosaic_loss.py", "-k", "tile"),
     "Mosaic loss kernel: the label flags of each warpgroup's rows marked in the wrong row group"
     " (the label search skipped where a label is).",
@@ -1167,26 +1167,26 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_ragged_drhs_last_chunk_unmasked",
     _RAGGED + "mosaic_drhs.py",
-    "    @pl.when(first_partial | last_partial)",
-    "    @pl.when(first_partial)",
-    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[64-False]",),
+    "          @pl.when(first_partial | last_partial)",
+    "          @pl.when(first_partial)",
+    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[64]",),
     "Mosaic ragged dot drhs: a group's last row chunk is not masked (the next group's rows"
     " add to its gradient).",
   ),
   Mutation(
     "kernels.mosaic_ragged_drhs_first_chunk_unmasked",
     _RAGGED + "mosaic_drhs.py",
-    "    @pl.when(first_partial | last_partial)",
-    "    @pl.when(last_partial)",
-    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[8-False]",),
+    "          @pl.when(first_partial | last_partial)",
+    "          @pl.when(last_partial)",
+    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[8]",),
     "Mosaic ragged dot drhs: an unaligned group's first row chunk is not masked (the previous"
     " group's rows add to its gradient).",
   ),
   Mutation(
     "kernels.mosaic_ragged_drhs_overshoot_under_a_chunk_unmasked",
     _RAGGED + "mosaic_drhs.py",
-    "    last_partial = (s == steps - 1) & (row0 + steps * bm > end)",
-    "    last_partial = (s == steps - 1) & (row0 + steps * bm > end + bm // 2)",
+    "          last_partial = (s == steps - 1) & (row0 + steps * bm > end)",
+    "          last_partial = (s == steps - 1) & (row0 + steps * bm > end + bm // 2)",
     (_MOSAIC_RAGGED + "::test_interpret_drhs_masks_chunks_just_past_a_group_only",),
     "Mosaic ragged dot drhs: a last chunk that runs past its group by less than half a chunk"
     " is not masked (the skip condition off by a margin).",
@@ -6429,7 +6429,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     _RAGGED + "mosaic_drhs.py",
     "          rows = pl.ds(ki * bk + wg * WG_ROWS, WG_ROWS)",
     "          rows = pl.ds(ki * bk, WG_ROWS)",
-    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[64-False]",),
+    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[64]",),
     "Mosaic ragged dot drhs: both compute warpgroups store to the K tile's first 64 rows (a"
     " write race; the second half is never written).",
   ),
@@ -6438,7 +6438,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     _RAGGED + "mosaic_drhs.py",
     "lax.div(end - row0 + bm - 1, bm)",
     "lax.div(end - start + bm - 1, bm)",
-    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[64-False]",),
+    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[64]",),
     "Mosaic ragged dot drhs: a group's chunk count ignores the rows its aligned first chunk"
     " starts before the group, so an unaligned group's last rows are dropped.",
   ),
@@ -7117,8 +7117,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_ragged_drhs_k_tile_index",
     _RAGGED + "mosaic_drhs.py",
-    "    return gi, lax.div(rest, n_tiles), lax.rem(rest, n_tiles), start, end, row0, steps",
-    "    return gi, lax.rem(rest, k_tiles), lax.rem(rest, n_tiles), start, end, row0, steps",
+    "        ki = lax.div(rest, n_tiles)",
+    "        ki = lax.rem(rest, k_tiles)",
     (_MOSAIC_RAGGED, "-k", "drhs_tiles"),
     "Mosaic ragged dot drhs: an item's K tile is taken from the wrong digit of its index"
     " (K tiles computed twice, others never).",
@@ -7126,8 +7126,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_ragged_drhs_group_index",
     _RAGGED + "mosaic_drhs.py",
-    "    gi = lax.div(idx, k_tiles * n_tiles)",
-    "    gi = lax.div(idx, n_tiles)",
+    "        gi = lax.div(idx, k_tiles * n_tiles)",
+    "        gi = lax.div(idx, n_tiles)",
     (_MOSAIC_RAGGED, "-k", "drhs_tiles"),
     "Mosaic ragged dot drhs: an item's group is its index over the N tiles alone (wrong with"
     " several K tiles).",
@@ -7135,26 +7135,26 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_ragged_drhs_store_chunk_column",
     _RAGGED + "mosaic_drhs.py",
-    "rows, pl.ds(ni * bn + c * epi_n, epi_n)",
-    "rows, pl.ds(ni * bn, epi_n)",
+    "pl.ds(ni * bn + c * epi_n, epi_n)",
+    "pl.ds(ni * bn, epi_n)",
     (_MOSAIC_RAGGED, "-k", "drhs_tiles"),
     "Mosaic ragged dot drhs: every epilogue column chunk is stored at the tile's first columns.",
   ),
   Mutation(
     "kernels.mosaic_ragged_drhs_mask_keeps_group_end",
     _RAGGED + "mosaic_drhs.py",
-    "      keep = (row >= start) & (row < end)",
-    "      keep = (row >= start) & (row <= end)",
-    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[8-False]",),
+    "            keep = (row >= start) & (row < end)",
+    "            keep = (row >= start) & (row <= end)",
+    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[8]",),
     "Mosaic ragged dot drhs: the row after a group's last (the next group's first) is kept in"
     " its gradient.",
   ),
   Mutation(
     "kernels.mosaic_ragged_drhs_mask_by_column",
     _RAGGED + "mosaic_drhs.py",
-    "      iota = lax.broadcasted_iota(jnp.int32, a.shape, 0)",
-    "      iota = lax.broadcasted_iota(jnp.int32, a.shape, 1)",
-    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[8-False]",),
+    "lax.broadcasted_iota(jnp.int32, (bm, WG_ROWS), 0)",
+    "lax.broadcasted_iota(jnp.int32, (bm, WG_ROWS), 1)",
+    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[8]",),
     "Mosaic ragged dot drhs: the row mask of the lhs tile is indexed by its K column instead"
     " of its row.",
   ),
@@ -7320,7 +7320,7 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.mosaic_loss_label_logit_not_reset",
     _LOSS + "mosaic_kernel.py",
-    "    stats_smem[1] = plgpu.layout_cast(jnp.zeros((wg_rows,), jnp.float32), row_layout)",
+    "    stats_smem[1] = plgpu.layout_cast(jnp.zeros((WG_ROWS,), jnp.float32), row_layout)",
     "    pass",
     (_MOSAIC_LOSS, "-k", "kernel_alone"),
     "Mosaic loss kernel: an item whose flags skip the label search stores the previous item's"
@@ -11405,8 +11405,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "mosaic_ragged.drhs_smem_epilogue_input_dtype",
     _RAGGED + "mosaic_drhs.py",
-    "  epilogue = NUM_COMPUTE_WGS * _wg_rows(config) * config.epi_n * out_itemsize",
-    "  epilogue = NUM_COMPUTE_WGS * _wg_rows(config) * config.epi_n * in_itemsize",
+    "  epilogue = NUM_COMPUTE_WGS * WG_ROWS * config.epi_n * out_itemsize",
+    "  epilogue = NUM_COMPUTE_WGS * WG_ROWS * config.epi_n * in_itemsize",
     (_MOSAIC_RAGGED, "-k", "drhs_shared_memory"),
     "The drhs epilogue buffer is counted in the input dtype.",
   ),
@@ -11834,8 +11834,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "loss.mosaic_epilogue_maxima_uncounted",
     _LOSS + "mosaic_kernel.py",
-    "  return _stats(probabilities) * wg_rows * 4 + probs",
-    "  return 2 * wg_rows * 4 + probs",
+    "  return _stats(probabilities) * WG_ROWS * 4 + probs",
+    "  return 2 * WG_ROWS * 4 + probs",
     (_MOSAIC_LOSS, "-k", "shared_memory_bytes"),
     "Mosaic loss: the epilogue's shared memory forgets the row maxima kept with the exponentials.",
   ),
@@ -14073,15 +14073,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     _RAGGED + "mosaic_drhs.py",
     "          a_wg = a_smem.at[:, pl.ds(wg * WG_ROWS, WG_ROWS)]",
     "          a_wg = a_smem.at[:, pl.ds(0, WG_ROWS)]",
-    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[64-False]",),
+    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[64]",),
     "Mosaic ragged_dot drhs: both compute warpgroups multiply the first 64 lhs columns.",
   ),
   Mutation(
     "kernels.mosaic_ragged_drhs_mask_drops_group_start",
     _RAGGED + "mosaic_drhs.py",
-    "      keep = (row >= start) & (row < end)",
-    "      keep = (row > start) & (row < end)",
-    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[8-False]",),
+    "            keep = (row >= start) & (row < end)",
+    "            keep = (row > start) & (row < end)",
+    (_MOSAIC_RAGGED + "::test_interpret_drhs_chunks_at_group_starts[8]",),
     "Mosaic ragged_dot drhs: the masked chunk drops the group's first row.",
   ),
   Mutation(
@@ -15633,8 +15633,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "loss.mosaic_label_flags_of_row_pairs",
     _LOSS + "mosaic_kernel.py",
-    "    @pl.when(flags_ref[lax.div(row0, wg_rows), ni] != 0)",
-    "    @pl.when(flags_ref[lax.div(row0, 2 * wg_rows), ni] != 0)",
+    "    @pl.when(flags_ref[lax.div(row0, WG_ROWS), ni] != 0)",
+    "    @pl.when(flags_ref[lax.div(row0, 2 * WG_ROWS), ni] != 0)",
     ("suites/kernels/test_mosaic_loss.py", "-k", "own_rows"),
     "The second warpgroup of each row tile searches for labels where the first one's rows have"
     " them: where its own rows' labels lie in other tiles their label logit reads 0 and the"
@@ -15643,8 +15643,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "loss.mosaic_label_flags_of_the_first_tile",
     _LOSS + "mosaic_kernel.py",
-    "    @pl.when(flags_ref[lax.div(row0, wg_rows), ni] != 0)",
-    "    @pl.when(flags_ref[lax.div(row0, wg_rows), 0] != 0)",
+    "    @pl.when(flags_ref[lax.div(row0, WG_ROWS), ni] != 0)",
+    "    @pl.when(flags_ref[lax.div(row0, WG_ROWS), 0] != 0)",
     ("suites/kernels/test_mosaic_loss.py", "-k", "own_rows"),
     "Every vocabulary tile searches for labels only where the rows have a label in the first"
     " tile: rows whose labels all lie past it get a label logit of 0.",

@@ -155,39 +155,6 @@ def test_mosaic_ragged_dot_against_float64(layout, m, k, n, g, offset):
     assert compare.relative_error(a, r) < 1e-2
 
 
-@pytest.mark.op("ragged_dot", "mosaic")
-@pytest.mark.parametrize("num_stages, epi_n", [(2, 64), (3, 32)])
-def test_mosaic_drhs_pingpong_against_float64(num_stages, epi_n):
-  """The drhs kernel with the compute warpgroups in turn (`pingpong`): uneven groups with
-  empty ones and unaligned starts, K and N of several tiles, a float32 output."""
-  from tokamax._src.ops.ragged_dot import mosaic as rd_mosaic
-
-  m, k, n, g = 4000, 512, 384, 12
-  rng = np.random.default_rng(3)
-  sizes = jnp.asarray(
-    tokamax.generate_ragged_dot_group_sizes(m - 40, g, seed=3, alpha=0.5, empty_fraction=0.25)
-  )
-  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
-  rhs = jnp.asarray(rng.standard_normal((m, n)), jnp.bfloat16)
-  config = rd_mosaic.MosaicRaggedDotConfig(
-    block_n=128, num_stages=num_stages, epi_n=epi_n, pingpong=True
-  )
-  impl = rd_mosaic.MosaicRaggedDot(config=config)
-  dims = rd_spec.dimension_numbers(rd_spec.RAGGED_CONTRACTING)
-  fn = jax.jit(
-    lambda a, b: tokamax.ragged_dot_general(
-      a, b, sizes, dims, preferred_element_type=jnp.float32, implementation=impl
-    )
-  )
-  out = fn(lhs, rhs)
-  ref = references.high_precision(references.ragged_dot_general)(
-    lhs, rhs, sizes, rd_spec.RAGGED_CONTRACTING
-  )
-  assert np.isfinite(np.asarray(out)).all()
-  assert compare.relative_error(out, ref) < 1e-5
-  assert np.array_equal(np.asarray(out), np.asarray(fn(lhs, rhs)))
-
-
 @pytest.mark.op("gated_linear_unit", "mosaic")
 @pytest.mark.parametrize(
   "m, k, n, tuple_weights, backward, activation",

@@ -68,16 +68,13 @@ def test_interpret_matches_reference_with_gradients(b, h, v, scale, capfd):
   assert "RACE DETECTED" not in capfd.readouterr().out
 
 
-@pytest.mark.parametrize("pingpong", [False, True])
 @pytest.mark.host_only
-def test_the_kernel_alone_gives_each_tiles_logsumexp_and_label_logit(pingpong):
+def test_the_kernel_alone_gives_each_tiles_logsumexp_and_label_logit():
   x, labels, w = _inputs(130, 128, 512)
   # Labels in each of the three kernel tiles, in the tail the kernel leaves to XLA (>= 384),
   # outside the weights (another vocabulary shard's), and -1 on the padding rows.
   labels = labels.at[:4].set(jnp.array([0, 383, 400, -5])).at[4].set(600)
-  config = mosaic.mosaic_kernel.MosaicLossKernelConfig(
-    block_n=128, num_stages=2, grid_tile_m=2, pingpong=pingpong
-  )
+  config = mosaic.mosaic_kernel.MosaicLossKernelConfig(block_n=128, num_stages=2, grid_tile_m=2)
   padded = jnp.pad(x, ((0, 126), (0, 0)))
   padded_labels = jnp.pad(labels, (0, 126), constant_values=-1)
   lse, picked = mosaic.mosaic_kernel.tile_stats(
@@ -87,8 +84,7 @@ def test_the_kernel_alone_gives_each_tiles_logsumexp_and_label_logit(pingpong):
     n_tiles=3,
     config=config,
     num_sms=2,
-    # Three items per CTA: each item's statistics wait out the previous item's stores (with
-    # pingpong, two for the first warpgroup and one for the second).
+    # Three items per CTA: each item's statistics wait out the previous item's stores.
     interpret=plgpu.InterpretGPUParams(detect_races=True),
   )
   assert not interpret_pallas_call.get_races().races_found
@@ -105,20 +101,17 @@ def test_the_kernel_alone_gives_each_tiles_logsumexp_and_label_logit(pingpong):
   assert np.all(np.asarray(picked)[:, 130:] == 0)
 
 
-@pytest.mark.parametrize("pingpong", [False, True])
 @pytest.mark.host_only
-def test_the_kernel_searches_labels_where_each_warpgroups_own_rows_have_them(pingpong):
-  """Each 64-row group's labels in one tile of its own (tiles 0, 1, 2, 1 for the four
+def test_the_kernel_searches_labels_where_each_warpgroups_own_rows_have_them():
+  """Each 64-row warpgroup's labels in one tile of its own (tiles 0, 1, 2, 1 for the four
   groups), so the flags that skip the label search differ from group to group (random labels
-  flag every tile of every group): each warpgroup reads its own rows' flags (64 rows, or 128
-  with pingpong), and every row's label logit comes out, against float64."""
+  flag every tile of every group): each warpgroup reads its own rows' flags, and every row's
+  label logit comes out, against float64."""
   x, _, w = _inputs(256, 128, 384, seed=11)
   rng = np.random.default_rng(11)
   tile_of_group = np.array([0, 1, 2, 1])
   labels = np.repeat(tile_of_group, 64) * 128 + rng.integers(0, 128, 256)
-  config = mosaic.mosaic_kernel.MosaicLossKernelConfig(
-    block_n=128, num_stages=2, grid_tile_m=2, pingpong=pingpong
-  )
+  config = mosaic.mosaic_kernel.MosaicLossKernelConfig(block_n=128, num_stages=2, grid_tile_m=2)
   lse, picked = mosaic.mosaic_kernel.tile_stats(
     x,
     w,
@@ -217,27 +210,6 @@ def test_shared_memory_bytes():
   stages = 4 * (128 * 64 + 64 * 256) * 2
   assert mosaic_kernel.smem_bytes(config, 2, stats) == stages + 2 * stats
   assert mosaic_kernel.smem_bytes(config, 2, with_probs) == stages + 2 * with_probs
-  # Ping-pong: stages of [128, block_k] and [block_k, block_n] tiles, and 128 rows of
-  # statistics per compute warpgroup.
-  pingpong = mosaic_kernel.MosaicLossKernelConfig(block_n=128, num_stages=6, pingpong=True)
-  assert mosaic_kernel.epilogue_bytes(2, False, 128) == 2 * 128 * 4
-  ring = 6 * (128 * 64 + 64 * 128) * 2
-  assert mosaic_kernel.smem_bytes(pingpong, 2, 1024) == ring + 2 * 1024
-  assert mosaic_kernel.config_reason(pingpong, 4096, 2) is None
-  reason = mosaic_kernel.config_reason(dataclasses.replace(pingpong, num_stages=8), 4096, 2)
-  assert reason is not None and "shared memory" in reason
-
-
-def test_pingpong_refuses_wide_tiles_and_the_exponentials():
-  """A ping-pong warpgroup holds a [128, block_n] float32 accumulator: up to 128 columns. It
-  does not write the exponentials of `gradient_in_forward`."""
-  config = mosaic_kernel.MosaicLossKernelConfig(block_n=256, num_stages=2, pingpong=True)
-  reason = mosaic_kernel.config_reason(config, 256, 2)
-  assert reason is not None and "block_n=256" in reason
-  narrow = dataclasses.replace(config, block_n=128)
-  assert mosaic_kernel.config_reason(narrow, 256, 2) is None
-  reason = mosaic_kernel.config_reason(narrow, 256, 2, probabilities=True)
-  assert reason is not None and "gradient_in_forward" in reason
 
 
 def test_unsupported_reasons_name_the_limit():

@@ -472,9 +472,9 @@ def test_backward_reason_judges_the_gradients_own_configs():
   assert impl._unsupported_reason(dlhs) is not None  # The forward's config would refuse it.
 
 
-@pytest.mark.parametrize(("chunk_align", "pingpong"), [(8, False), (64, False), (8, True)])
+@pytest.mark.parametrize("chunk_align", [8, 64])
 @pytest.mark.host_only
-def test_interpret_drhs_chunks_at_group_starts(chunk_align, pingpong, capfd):
+def test_interpret_drhs_chunks_at_group_starts(chunk_align, capfd):
   """The drhs kernel with group starts off multiples of 64, groups of 1-7 rows, empty groups."""
   m, k, n = 336, 128, 64
   rng = np.random.default_rng(4)
@@ -483,7 +483,7 @@ def test_interpret_drhs_chunks_at_group_starts(chunk_align, pingpong, capfd):
   lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
   rhs = jnp.asarray(rng.standard_normal((m, n)), jnp.bfloat16)
   config = mosaic_drhs.MosaicRaggedDotDrhsConfig(
-    block_n=64, block_m=64, num_stages=2, epi_n=64, chunk_align=chunk_align, pingpong=pingpong
+    block_n=64, block_m=64, num_stages=2, epi_n=64, chunk_align=chunk_align
   )
   assert mosaic_drhs.config_reason(config, m, k, n, 2, 4) is None
   out = mosaic_drhs.ragged_contracting_dot(
@@ -512,9 +512,8 @@ def test_interpret_drhs_chunks_at_group_starts(chunk_align, pingpong, capfd):
   assert compare.relative_error(out, ref) < 1e-5
 
 
-@pytest.mark.parametrize("pingpong", [False, True])
 @pytest.mark.host_only
-def test_interpret_drhs_masks_chunks_just_past_a_group_only(pingpong, capfd):
+def test_interpret_drhs_masks_chunks_just_past_a_group_only(capfd):
   """Chunks of 64 rows at multiples of 64: a group ending 1 and 6 rows before its last
   chunk's end (those rows belong to the next group and must not count), and groups whose
   chunks hold only their own rows (ends at 256 and 320: no masking needed)."""
@@ -524,7 +523,7 @@ def test_interpret_drhs_masks_chunks_just_past_a_group_only(pingpong, capfd):
   lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
   rhs = jnp.asarray(rng.standard_normal((m, n)), jnp.bfloat16)
   config = mosaic_drhs.MosaicRaggedDotDrhsConfig(
-    block_n=64, block_m=64, num_stages=2, epi_n=64, chunk_align=64, pingpong=pingpong
+    block_n=64, block_m=64, num_stages=2, epi_n=64, chunk_align=64
   )
   out = mosaic_drhs.ragged_contracting_dot(
     lhs,
@@ -544,18 +543,16 @@ def test_interpret_drhs_masks_chunks_just_past_a_group_only(pingpong, capfd):
   assert compare.relative_error(out, ref) < 1e-5
 
 
-@pytest.mark.parametrize("pingpong", [False, True])
 @pytest.mark.host_only
-def test_interpret_drhs_tiles_of_k_and_n_and_epilogue_chunks(pingpong, capfd):
+def test_interpret_drhs_tiles_of_k_and_n_and_epilogue_chunks(capfd):
   """ragged_contracting through the op: two K tiles (K=256), two N tiles of 128 columns each
-  stored in two epi_n=64 chunks, M=100 padded to whole 8-row tiles, an empty group (with
-  pingpong, 16 items on two CTAs: four per compute warpgroup)."""
+  stored in two epi_n=64 chunks, M=100 padded to whole 8-row tiles, an empty group."""
   m, k, n = 100, 256, 256
   rng = np.random.default_rng(12)
   sizes = jnp.array([37, 0, 41, 22], jnp.int32)  # The last group ends at the last row.
   lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
   rhs = jnp.asarray(rng.standard_normal((m, n)), jnp.bfloat16)
-  config = mosaic.MosaicRaggedDotConfig(block_n=128, num_stages=2, epi_n=64, pingpong=pingpong)
+  config = mosaic.MosaicRaggedDotConfig(block_n=128, num_stages=2, epi_n=64)
   impl = mosaic.MosaicRaggedDot(interpret=True, config=config)
   dims = spec.dimension_numbers(spec.RAGGED_CONTRACTING)
   out = api.ragged_dot_general(

@@ -117,10 +117,6 @@ INFO = base.OpInfo(
   # Vocabulary chunks of 128: V=1003 and V=130 end in a partial chunk (107 and 2 columns).
   config_variants={
     "chunked_xla": {"v128": {"vocab_chunk_size": 128}},
-    "mosaic": {
-      "grad_in_forward": {"gradient_in_forward": True, "row_chunks": 4, "num_stages": 2},
-      # Whole 128x128 items per compute warpgroup, in turn.
-      "pingpong": {"pingpong": True, "block_n": 128, "num_stages": 2},
-    },
+    "mosaic": {"grad_in_forward": {"gradient_in_forward": True, "row_chunks": 4, "num_stages": 2}},
   },
 )

@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -38,11 +37,6 @@ INTERPRET_NUM_SMS = 2
 def num_sms(interpret: bool = False) -> int:
   """Persistent CTAs: the SMs of the GPU at hand, else an H100/H200's; few when interpreted."""
   return INTERPRET_NUM_SMS if interpret else device_lib.sm_count()
-
-
-def compute_registers(num_compute_wgs: int) -> int:
-  """Registers per thread of each compute warpgroup beside a `MEMORY_REGISTERS` one."""
-  return min(256, (512 - MEMORY_REGISTERS) // num_compute_wgs) // 8 * 8
 
 
 def swizzle_elems(dtype) -> int:
@@ -127,16 +121,16 @@ def pipeline(
 
 
 def stored_accumulator(
-  block_n: int, epi_n: int, o_wg, out_dtype, store: Callable[[int], None], rows: int = WG_ROWS
+  block_n: int, epi_n: int, o_wg, out_dtype, store: Callable[[int], None]
 ) -> Callable:
-  """A pipeline compute context with one float32 [rows, block_n] accumulator.
+  """A pipeline compute context with one float32 [WG_ROWS, block_n] accumulator.
 
-  After the pipeline, the accumulator goes to `o_wg` [rows, epi_n] in
+  After the pipeline, the accumulator goes to `o_wg` [WG_ROWS, epi_n] in
   `out_dtype` one column chunk at a time, and `store(c)` copies chunk c out.
   """
 
   def compute_context(run):
-    @functools.partial(pl.run_scoped, acc=plgpu.ACC((rows, block_n), jnp.float32))
+    @functools.partial(pl.run_scoped, acc=plgpu.ACC((WG_ROWS, block_n), jnp.float32))
     def _acc_scope(acc):
       run(acc)
       out = acc[...].astype(out_dtype)
@@ -147,124 +141,6 @@ def stored_accumulator(
         store(c)
 
   return compute_context
-
-
-def pingpong_allocations(tiles: Sequence[tuple[tuple[int, ...], Any]], num_stages: int) -> dict:
-  """Shared memory of `pingpong`: one ring of stages and its barriers.
-
-  Args:
-    tiles: (shape, dtype) of each operand tile of a pipeline step (128-byte swizzled).
-    num_stages: Stages of the ring.
-  """
-  return dict(
-    ring=[
-      plgpu.SMEM((num_stages, *shape), dtype, transforms=transforms(dtype))
-      for shape, dtype in tiles
-    ],
-    # A "loaded" barrier per compute warpgroup and stage: each warpgroup counts the phases of
-    # its own only, as the stages it skips hold the other's steps.
-    full=plgpu.Barrier(num_arrivals=len(tiles), num_barriers=NUM_COMPUTE_WGS * num_stages),
-    free=plgpu.Barrier(num_arrivals=1, num_barriers=num_stages),
-  )
-
-
-def pingpong(
-  ring: Sequence[Any],
-  full: Any,
-  free: Any,
-  *,
-  count,
-  steps: Callable,
-  load: Callable,
-  compute: Callable,
-  num_stages: int,
-  in_flight: int = 1,
-) -> None:
-  """A CTA's items on its compute warpgroups in turn: item j on warpgroup j % 2.
-
-  The memory warpgroup streams the items' steps through one ring in item order,
-  so a warpgroup's steps follow the other's: their wgmma phases alternate, each
-  one's epilogue runs during the other's wgmma, and the ring's depth serves the
-  warpgroup at work.
-
-  Args:
-    ring, full, free: `pingpong_allocations`, scoped over all warpgroups.
-    count: The CTA's items (traced int).
-    steps: j -> item j's pipeline steps (traced int, may be 0), for 0 <= j < count.
-    load: (j, s, destination slots, barrier) -> None: issues step s's copies.
-    compute: (j, run) -> None, on the item's warpgroup; `run(step)` runs the item's
-      steps, `step(s, slots)` issuing its wgmma, and returns once they are done.
-    num_stages: Stages of the ring.
-    in_flight: wgmma groups left in flight after each step (a stage is released once its
-      wgmma is done).
-  """
-  wg = lax.axis_index("wg")
-  slots_at = lambda p: [r.at[lax.rem(p, num_stages)] for r in ring]
-  full_at = lambda w, p: full.at[w * num_stages + lax.rem(p, num_stages)]
-  steps_or_0 = lambda j: jnp.where(j < count, steps(lax.clamp(0, j, count - 1)), 0)
-
-  @pl.when(wg == NUM_COMPUTE_WGS)
-  def _memory():
-    plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
-
-    def item(j, first):
-      @pl.loop(0, steps(j))
-      def _step(s):
-        p = first + s
-
-        @pl.when(p >= num_stages)
-        def _():
-          plgpu.barrier_wait(free.at[lax.rem(p, num_stages)])
-
-        load(j, s, slots_at(p), full_at(lax.rem(j, NUM_COMPUTE_WGS), p))
-
-      return first + steps(j)
-
-    end = lax.fori_loop(0, count, item, jnp.int32(0))
-
-    # The last releases, so that no barrier is left mid-phase.
-    @pl.loop(lax.max(end - num_stages, 0), end)
-    def _drain(p):
-      plgpu.barrier_wait(free.at[lax.rem(p, num_stages)])
-
-  @pl.when(wg < NUM_COMPUTE_WGS)
-  def _compute():
-    plgpu.set_max_registers(compute_registers(NUM_COMPUTE_WGS), action="increase")
-    release = lambda p: plgpu.barrier_arrive(free.at[lax.rem(p, num_stages)])
-
-    def item(i, first):
-      j = i * NUM_COMPUTE_WGS + wg
-      n = steps(j)
-
-      def run(step):
-        @pl.loop(0, n)
-        def _step(s):
-          p = first + s
-          plgpu.barrier_wait(full_at(wg, p))
-          step(s, slots_at(p))
-          plgpu.wgmma_wait(in_flight)
-          if in_flight:
-
-            @pl.when(s > 0)
-            def _():
-              release(p - 1)
-
-          else:
-            release(p)
-
-        if in_flight:
-          plgpu.wgmma_wait(0)
-
-          @pl.when(n > 0)
-          def _():
-            release(first + n - 1)
-
-      compute(j, run)
-      # This warpgroup's next item follows the other's.
-      return first + n + steps_or_0(j + 1)
-
-    mine = lax.div(count - wg + NUM_COMPUTE_WGS - 1, NUM_COMPUTE_WGS)
-    lax.fori_loop(0, mine, item, jnp.where(wg == 0, 0, steps_or_0(0)))
 
 
 def kernel(

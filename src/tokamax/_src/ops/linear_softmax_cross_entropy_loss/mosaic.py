@@ -47,8 +47,6 @@ class MosaicLossConfig:
       [rows, V] exponentials in x's dtype in memory.
     row_chunks: Row chunks of `gradient_in_forward`: memory against the
       roundings of dweights (one per chunk).
-    pingpong: Whether the kernel's two compute warpgroups take whole items
-      in turn (`mosaic_kernel.MosaicLossKernelConfig.pingpong`).
   """
 
   block_n: int = 256
@@ -57,7 +55,6 @@ class MosaicLossConfig:
   vocab_chunk_size: int = 4096
   gradient_in_forward: bool = False
   row_chunks: int = 8
-  pingpong: bool = False
 
   # The fields the forward kernel ignores (see `Op._forward_config`).
   BACKWARD_FIELDS: ClassVar[tuple[str, ...]] = (
@@ -84,7 +81,6 @@ def _kernel_config(dtype, config: MosaicLossConfig) -> mosaic_kernel.MosaicLossK
     block_k=gemm.swizzle_elems(dtype),
     num_stages=config.num_stages,
     grid_tile_m=config.grid_tile_m,
-    pingpong=config.pingpong,
   )
 
 

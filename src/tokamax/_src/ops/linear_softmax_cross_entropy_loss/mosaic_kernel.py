@@ -45,32 +45,16 @@ class MosaicLossKernelConfig:
     num_stages: Shared-memory stages of the load pipeline.
     grid_tile_m: Row tiles visited together before moving along the
       vocabulary (the x rows of a band stay in L2 while the weights stream).
-    pingpong: Whether each compute warpgroup takes whole items of its own
-      (`PINGPONG_ROWS` rows; `mosaic_gemm.pingpong`), so that one
-      warpgroup's epilogue overlaps the other's wgmma; else the two split each
-      item's rows and run their epilogues together.
   """
 
   block_n: int = 256
   block_k: int = 64
   num_stages: int = 4
   grid_tile_m: int = 32
-  pingpong: bool = False
-
-  @property
-  def wg_rows(self) -> int:
-    """Rows of an item that one compute warpgroup reduces."""
-    return PINGPONG_ROWS if self.pingpong else WG_ROWS
 
   @property
   def block_m(self) -> int:
-    """Rows per work item."""
-    return PINGPONG_ROWS if self.pingpong else WG_ROWS * NUM_COMPUTE_WGS
-
-
-# Rows of a ping-pong item (two wgmma row tiles, one warpgroup), and its widest tile.
-PINGPONG_ROWS = 2 * WG_ROWS
-PINGPONG_MAX_N = 128
+    return WG_ROWS * NUM_COMPUTE_WGS
 
 
 # Columns of the exponentials per store (a [WG_ROWS, 128] shared-memory slot per warpgroup).
@@ -82,12 +66,12 @@ def smem_bytes(config: MosaicLossKernelConfig, in_itemsize: int, epilogue_bytes:
   return config.num_stages * stage + NUM_COMPUTE_WGS * epilogue_bytes
 
 
-def epilogue_bytes(in_itemsize: int, probabilities: bool, wg_rows: int = WG_ROWS) -> int:
+def epilogue_bytes(in_itemsize: int, probabilities: bool) -> int:
   """Shared memory of one compute warpgroup's epilogue."""
   # The slot, and 2 KiB of alignment the count does not see: four stages of 256 columns
   # came to 233536 bytes in Mosaic GPU's allocation, over the 232448 a CTA has.
-  probs = wg_rows * PROBS_STORE_COLUMNS * in_itemsize + 2048 if probabilities else 0
-  return _stats(probabilities) * wg_rows * 4 + probs
+  probs = WG_ROWS * PROBS_STORE_COLUMNS * in_itemsize + 2048 if probabilities else 0
+  return _stats(probabilities) * WG_ROWS * 4 + probs
 
 
 def _load_rows(ref) -> jax.Array:
@@ -119,12 +103,7 @@ def config_reason(
       f"block_n={config.block_n} must be a multiple of {PROBS_STORE_COLUMNS} to write the"
       " exponentials (gradient_in_forward)"
     )
-  if config.pingpong and probabilities:
-    return "pingpong does not write the exponentials (gradient_in_forward)"
-  if config.pingpong and config.block_n > PINGPONG_MAX_N:
-    # A warpgroup's float32 accumulator of PINGPONG_ROWS rows: 128 registers per thread.
-    return f"pingpong takes block_n up to {PINGPONG_MAX_N}, got block_n={config.block_n}"
-  epilogue = epilogue_bytes(in_itemsize, probabilities, config.wg_rows)
+  epilogue = epilogue_bytes(in_itemsize, probabilities)
   return gemm.tile_reason(config, "block_k", in_itemsize) or gemm.smem_reason(
     config, smem_bytes(config, in_itemsize, epilogue)
   )
@@ -198,60 +177,6 @@ def _gemm_items(x, w, *, n_tiles, config, num_sms, out_type, scratch, epilogue, 
   return gemm.kernel(kernel, out_type, num_sms=num_sms, approx_math=True, interpret=interpret)
 
 
-def _gemm_items_pingpong(x, w, *, n_tiles, config, num_sms, out_type, scratch, epilogue, interpret):
-  """`_gemm_items` with whole items per compute warpgroup, in turn (`gemm.pingpong`)."""
-  b, h = x.shape
-  bm, bn, bk = config.block_m, config.block_n, config.block_k
-  m_tiles, k_steps = pl.cdiv(b, bm), h // bk
-  tile_m = min(config.grid_tile_m, m_tiles)
-  total = m_tiles * n_tiles
-
-  def kernel(x_ref, w_ref, *refs):
-    n_out = len(jax.tree.leaves(out_type))
-    extra_refs, out_refs = refs[: len(refs) - n_out], refs[len(refs) - n_out :]
-    sm = lax.axis_index("sm")
-    tile = lambda j: plgpu.planar_snake(sm + j * num_sms, (m_tiles, n_tiles), 0, tile_m)
-
-    def load(j, s, slots, barrier):
-      mi, ni = tile(j)
-      ks = pl.ds(s * bk, bk)
-      plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(mi * bm, bm), ks], slots[0], barrier)
-      plgpu.copy_gmem_to_smem(w_ref.at[ks, pl.ds(ni * bn, bn)], slots[1], barrier)
-
-    @functools.partial(
-      pl.run_scoped,
-      pipeline=gemm.pingpong_allocations(
-        (((bm, bk), x.dtype), ((bk, bn), w.dtype)), config.num_stages
-      ),
-      epi_smem=scratch,
-      collective_axes="wg",
-    )
-    def scope(pipeline, epi_smem):
-      wg_smem = jax.tree.map(lambda ref: ref.at[lax.axis_index("wg")], epi_smem)
-
-      def compute(j, run):
-        mi, ni = tile(j)
-
-        def acc_scope(acc):
-          run(lambda s, slots: plgpu.wgmma(acc, *slots))
-          epilogue(acc[...], mi * bm, ni, wg_smem, extra_refs, out_refs)
-
-        pl.run_scoped(acc_scope, plgpu.ACC((bm, bn), jnp.float32))
-
-      gemm.pingpong(
-        **pipeline,
-        count=lax.div(total - sm + num_sms - 1, num_sms),  # Items sm, sm + num_sms, ...
-        steps=lambda j: k_steps,
-        load=load,
-        compute=compute,
-        num_stages=config.num_stages,
-        in_flight=_WGMMAS_IN_FLIGHT,
-      )
-      plgpu.wait_smem_to_gmem(0)
-
-  return gemm.kernel(kernel, out_type, num_sms=num_sms, approx_math=True, interpret=interpret)
-
-
 def tile_stats(
   x: jax.Array,
   w: jax.Array,
@@ -282,7 +207,7 @@ def tile_stats(
     maximum) in the tiles' columns (the columns past them are left unwritten).
   """
   b, v = x.shape[0], w.shape[1]
-  bn, wg_rows = config.block_n, config.wg_rows
+  bn = config.block_n
   row_layout = plgpu.Layout.WGMMA.reduce(1)
 
   def epilogue(logits, row0, ni, smem, extra_refs, out_refs):
@@ -295,24 +220,24 @@ def tile_stats(
     lse = top + jnp.log(exps.sum(axis=1))
 
     def picked():
-      row_labels = _load_rows(labels_ref.at[pl.ds(row0, wg_rows)])
+      row_labels = _load_rows(labels_ref.at[pl.ds(row0, WG_ROWS)])
       cols = plgpu.broadcasted_iota(jnp.int32, logits.shape, 1, layout=plgpu.Layout.WGMMA)
       return jnp.where(cols == rows(row_labels - ni * bn), logits, 0.0).sum(axis=1)
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The previous item's stores.
     stats_smem[0] = lse
     # Most items hold none of their rows' labels: flags from XLA skip the search there.
-    stats_smem[1] = plgpu.layout_cast(jnp.zeros((wg_rows,), jnp.float32), row_layout)
+    stats_smem[1] = plgpu.layout_cast(jnp.zeros((WG_ROWS,), jnp.float32), row_layout)
     if probabilities:
       stats_smem[2] = top
 
-    @pl.when(flags_ref[lax.div(row0, wg_rows), ni] != 0)
+    @pl.when(flags_ref[lax.div(row0, WG_ROWS), ni] != 0)
     def _():
       stats_smem[1] = picked()
 
     plgpu.commit_smem()
     for i in range(_stats(probabilities)):
-      plgpu.copy_smem_to_gmem(stats_smem.at[i], out_refs[i].at[ni, pl.ds(row0, wg_rows)])
+      plgpu.copy_smem_to_gmem(stats_smem.at[i], out_refs[i].at[ni, pl.ds(row0, WG_ROWS)])
     if probabilities:
       probs_smem, probs_ref = smem[1], out_refs[-1]
       for c in range(0, bn, PROBS_STORE_COLUMNS):
@@ -324,11 +249,11 @@ def tile_stats(
 
   stat = jax.ShapeDtypeStruct((n_tiles, b), jnp.float32)
   out_type = (stat, stat)
-  scratch = [plgpu.SMEM((NUM_COMPUTE_WGS, _stats(probabilities), wg_rows), jnp.float32)]
+  scratch = [plgpu.SMEM((NUM_COMPUTE_WGS, _stats(probabilities), WG_ROWS), jnp.float32)]
   if probabilities:
     out_type += (stat, jax.ShapeDtypeStruct((b, v), x.dtype))
     scratch.append(plgpu.SMEM((NUM_COMPUTE_WGS, WG_ROWS, PROBS_STORE_COLUMNS), x.dtype))
-  call = (_gemm_items_pingpong if config.pingpong else _gemm_items)(
+  call = _gemm_items(
     x,
     w,
     n_tiles=n_tiles,
@@ -340,15 +265,15 @@ def tile_stats(
     interpret=interpret,
   )
   labels = labels.astype(jnp.int32)
-  return call(x, w, labels, label_tiles(labels, n_tiles, bn, wg_rows))
+  return call(x, w, labels, label_tiles(labels, n_tiles, bn))
 
 
-def label_tiles(labels: jax.Array, n_tiles: int, block_n: int, wg_rows: int = WG_ROWS) -> jax.Array:
-  """int32 [B / wg_rows, n_tiles]: 1 where a warpgroup's rows have a label in the tile."""
+def label_tiles(labels: jax.Array, n_tiles: int, block_n: int) -> jax.Array:
+  """int32 [B / WG_ROWS, n_tiles]: 1 where a warpgroup's rows have a label in the tile."""
   b = labels.shape[0]
   tile = jnp.where((labels >= 0) & (labels < n_tiles * block_n), labels // block_n, n_tiles)
-  flags = jnp.zeros((b // wg_rows, n_tiles + 1), jnp.int32)
-  return flags.at[jnp.arange(b) // wg_rows, tile].set(1)[:, :n_tiles]
+  flags = jnp.zeros((b // WG_ROWS, n_tiles + 1), jnp.int32)
+  return flags.at[jnp.arange(b) // WG_ROWS, tile].set(1)[:, :n_tiles]
 
 
 # Rows per CTA of `cotangent_in_place` (one warpgroup), and its target CTA count per SM.

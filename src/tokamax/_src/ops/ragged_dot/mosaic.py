@@ -37,9 +37,6 @@ class MosaicRaggedDotConfig:
       shares rhs tiles between two row blocks through TMA multicast.
     balance: Whether that kernel deals each round's cheap work items to its
       CTAs in turn (`mosaic_fwd.schedule`).
-    pingpong: Whether the "ragged_contracting" (drhs) kernel's compute
-      warpgroups take whole items in turn
-      (`mosaic_drhs.MosaicRaggedDotDrhsConfig.pingpong`).
   """
 
   block_n: int = 256
@@ -47,18 +44,13 @@ class MosaicRaggedDotConfig:
   epi_n: int = 128
   cluster: int = 1
   balance: bool = True
-  pingpong: bool = False
 
 
 def _kernel_config(args: spec.RaggedDotArgs, config: MosaicRaggedDotConfig):
   block = gemm.swizzle_elems(args.lhs.dtype)
   if args.layout == spec.RAGGED_CONTRACTING:
     return mosaic_drhs.MosaicRaggedDotDrhsConfig(
-      block_n=config.block_n,
-      block_m=block,
-      num_stages=config.num_stages,
-      epi_n=config.epi_n,
-      pingpong=config.pingpong,
+      block_n=config.block_n, block_m=block, num_stages=config.num_stages, epi_n=config.epi_n
     )
   return mosaic_fwd.MosaicRaggedDotFwdConfig(
     block_n=config.block_n,

@@ -33,8 +33,6 @@ ROW_ALIGN = gemm.ROW_ALIGN
 # Row alignment of each group's first chunk when `MosaicRaggedDotDrhsConfig.chunk_align` is None
 # (read at trace time, so that a benchmark can compare ROW_ALIGN with block_m).
 CHUNK_ALIGN = ROW_ALIGN
-# The widest tile of a ping-pong item.
-PINGPONG_MAX_N = 128
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -49,10 +47,6 @@ class MosaicRaggedDotDrhsConfig:
     chunk_align: A group's first row chunk starts at its first row rounded
       down to a multiple of this (a multiple of ROW_ALIGN dividing block_m);
       None: CHUNK_ALIGN.
-    pingpong: Whether each compute warpgroup takes whole items of its own (all
-      block_k rows of the K tile), so that one warpgroup's epilogue overlaps the
-      other's wgmma (`mosaic_gemm.pingpong`);
-      else the two split each item's K rows.
   """
 
   block_n: int = 256
@@ -60,21 +54,15 @@ class MosaicRaggedDotDrhsConfig:
   num_stages: int = 4
   epi_n: int = 128
   chunk_align: int | None = None
-  pingpong: bool = False
 
   @property
   def block_k(self) -> int:
     return WG_ROWS * NUM_COMPUTE_WGS
 
 
-def _wg_rows(config: MosaicRaggedDotDrhsConfig) -> int:
-  """Output rows (of the K tile) per compute warpgroup."""
-  return config.block_k if config.pingpong else WG_ROWS
-
-
 def smem_bytes(config: MosaicRaggedDotDrhsConfig, in_itemsize: int, out_itemsize: int) -> int:
   stage = (config.block_k + config.block_n) * config.block_m * in_itemsize
-  epilogue = NUM_COMPUTE_WGS * _wg_rows(config) * config.epi_n * out_itemsize
+  epilogue = NUM_COMPUTE_WGS * WG_ROWS * config.epi_n * out_itemsize
   return config.num_stages * stage + epilogue
 
 
@@ -88,9 +76,6 @@ def config_reason(
     return f"K={k} must be a multiple of {config.block_k}"
   if (reason := gemm.tile_reason(config, "block_m", in_itemsize)) is not None:
     return reason
-  if config.pingpong and config.block_n > PINGPONG_MAX_N:
-    # A warpgroup's float32 accumulator of block_k rows: 128 registers per thread.
-    return f"pingpong takes block_n up to {PINGPONG_MAX_N}, got block_n={config.block_n}"
   align = chunk_align(config)
   if align % ROW_ALIGN or config.block_m % align:
     return f"chunk_align={align} must be a multiple of {ROW_ALIGN} dividing {config.block_m}"
@@ -158,30 +143,6 @@ def ragged_contracting_dot(
     ]
     return gemm.pipeline(body, compute_context, steps, in_specs, config.num_stages)
 
-  def item(bounds_ref, idx):
-    """(group, K tile, N tile, the group's first and end row, first chunk row, chunks)."""
-    gi = lax.div(idx, k_tiles * n_tiles)
-    rest = lax.rem(idx, k_tiles * n_tiles)
-    start, end = bounds_ref[gi, 0], bounds_ref[gi, 1]
-    row0 = lax.div(start, align) * align
-    steps = jnp.where(end > start, lax.div(end - row0 + bm - 1, bm), 0)
-    return gi, lax.div(rest, n_tiles), lax.rem(rest, n_tiles), start, end, row0, steps
-
-  def mask_rows_outside_group(a, s, start, end, row0, steps):
-    """Zeroes the rows of chunk s (in shared memory) outside [start, end)."""
-    # Only a chunk that holds rows outside the group: one starting before it (an
-    # unaligned first row) or running past its end.
-    first_partial = (s == 0) & (row0 < start)
-    last_partial = (s == steps - 1) & (row0 + steps * bm > end)
-
-    @pl.when(first_partial | last_partial)
-    def _():
-      iota = lax.broadcasted_iota(jnp.int32, a.shape, 0)
-      row = row0 + s * bm + plgpu.layout_cast(iota, plgpu.Layout.WGMMA)
-      keep = (row >= start) & (row < end)
-      a[...] = jnp.where(keep, a[...], jnp.zeros((), a.dtype))
-      plgpu.commit_smem()
-
   def kernel(bounds_ref, lhs_ref, rhs_ref, out_ref):
     nothing = lambda *_, **__: None
 
@@ -199,12 +160,37 @@ def ragged_contracting_dot(
       @plgpu.nd_loop((g * k_tiles * n_tiles,), collective_axes="sm")
       def _item_loop(info):
         (idx,) = info.index
-        gi, ki, ni, start, end, row0, steps = item(bounds_ref, idx)
+        gi = lax.div(idx, k_tiles * n_tiles)
+        rest = lax.rem(idx, k_tiles * n_tiles)
+        ki = lax.div(rest, n_tiles)
+        ni = lax.rem(rest, n_tiles)
+        start = bounds_ref[gi, 0]
+        end = bounds_ref[gi, 1]
+        row0 = lax.div(start, align) * align
+        steps = jnp.where(end > start, lax.div(end - row0 + bm - 1, bm), 0)
 
         def mma(idxs, a_smem, b_smem, acc):
           (s,) = idxs
           a_wg = a_smem.at[:, pl.ds(wg * WG_ROWS, WG_ROWS)]
-          mask_rows_outside_group(a_wg, s, start, end, row0, steps)
+
+          # Only a chunk that holds rows outside the group: one starting before it (an
+          # unaligned first row) or running past its end.
+          first_partial = (s == 0) & (row0 < start)
+          last_partial = (s == steps - 1) & (row0 + steps * bm > end)
+
+          @pl.when(first_partial | last_partial)
+          def _mask_rows_outside_group():
+            row = (
+              row0
+              + s * bm
+              + plgpu.layout_cast(
+                lax.broadcasted_iota(jnp.int32, (bm, WG_ROWS), 0), plgpu.Layout.WGMMA
+              )
+            )
+            keep = (row >= start) & (row < end)
+            a_wg[...] = jnp.where(keep, a_wg[...], jnp.zeros((), a_wg.dtype))
+            plgpu.commit_smem()
+
           plgpu.wgmma(acc, a_wg.T, b_smem)
           plgpu.wgmma_wait(0)
           return acc
@@ -222,58 +208,7 @@ def ragged_contracting_dot(
 
       plgpu.wait_smem_to_gmem(0)
 
-  def pingpong_kernel(bounds_ref, lhs_ref, rhs_ref, out_ref):
-    sm = lax.axis_index("sm")
-    total = g * k_tiles * n_tiles
-    steps = lambda j: item(bounds_ref, sm + j * num_sms)[-1]
-
-    def load(j, s, slots, barrier):
-      _, ki, ni, _, _, row0, _ = item(bounds_ref, sm + j * num_sms)
-      rows = pl.ds(pl.multiple_of(row0 + s * bm, align), bm)
-      plgpu.copy_gmem_to_smem(lhs_ref.at[rows, pl.ds(ki * bk, bk)], slots[0], barrier)
-      plgpu.copy_gmem_to_smem(rhs_ref.at[rows, pl.ds(ni * bn, bn)], slots[1], barrier)
-
-    @functools.partial(
-      pl.run_scoped,
-      pipeline=gemm.pingpong_allocations(
-        (((bm, bk), lhs.dtype), ((bm, bn), rhs.dtype)), config.num_stages
-      ),
-      o_smem=plgpu.SMEM((NUM_COMPUTE_WGS, bk, epi_n), out_dtype, transforms=out_tf),
-      collective_axes="wg",
-    )
-    def scope(pipeline, o_smem):
-      o_wg = o_smem.at[lax.axis_index("wg")]
-
-      def compute(j, run):
-        gi, ki, ni, start, end, row0, n = item(bounds_ref, sm + j * num_sms)
-
-        def store(c):
-          cols = pl.ds(ni * bn + c * epi_n, epi_n)
-          plgpu.copy_smem_to_gmem(o_wg, out_ref.at[gi, pl.ds(ki * bk, bk), cols])
-
-        def step(acc, s, slots):
-          a, b = slots
-          mask_rows_outside_group(a, s, start, end, row0, n)
-          plgpu.wgmma(acc, a.T, b)
-
-        stored = gemm.stored_accumulator(bn, epi_n, o_wg, out_dtype, store, rows=bk)
-        stored(lambda acc: run(functools.partial(step, acc)))
-
-      gemm.pingpong(
-        **pipeline,
-        count=lax.div(total - sm + num_sms - 1, num_sms),  # Items sm, sm + num_sms, ...
-        steps=steps,
-        load=load,
-        compute=compute,
-        num_stages=config.num_stages,
-        in_flight=0,
-      )
-      plgpu.wait_smem_to_gmem(0)
-
   call = gemm.kernel(
-    pingpong_kernel if config.pingpong else kernel,
-    jax.ShapeDtypeStruct((g, k, n), out_dtype),
-    num_sms=num_sms,
-    interpret=interpret,
+    kernel, jax.ShapeDtypeStruct((g, k, n), out_dtype), num_sms=num_sms, interpret=interpret
   )
   return call(bounds, lhs, rhs)
