@@ -15835,6 +15835,38 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/core/test_public_defaults.py", "-k", "layer_norm"),
     "layer_norm normalises over axis 1 by default: the same as the last axis of 2-D inputs only.",
   ),
+  Mutation(
+    "dispatch.mosaic_tpu_platform_inverted",
+    _KERNEL_OPS,
+    '    return None if platform == "tpu" else f"runs on tpu, not on {platform}"',
+    '    return None if platform != "tpu" else f"runs on tpu, not on {platform}"',
+    ("suites/core/test_kernel_ops.py", "-k", "mosaic_tpu_runs"),
+    "A compiled Mosaic TPU op is refused on a TPU and accepted on a CPU or GPU.",
+  ),
+  Mutation(
+    "dispatch.triton_differentiable",
+    _KERNEL_OPS,
+    '  platforms = ("gpu",)\n  differentiable = False\n\n  def unsupported_reason',
+    '  platforms = ("gpu",)\n  differentiable = True\n\n  def unsupported_reason',
+    (_KERNEL_SHARDING, "-k", "every_kernel_of"),
+    "Triton ops: taken as traceable by JAX, so sharded calls are left to XLA, not partitioned.",
+  ),
+  Mutation(
+    "autotune.records_not_frozen",
+    _ARGUMENTS,
+    "  cls = dataclasses.dataclass(frozen=True)(cls)",
+    "  cls = dataclasses.dataclass(frozen=False)(cls)",
+    ("suites/core/test_registry.py", "-k", "frozen"),
+    "Canonical argument records are mutable (and unhashable) dataclasses.",
+  ),
+  Mutation(
+    "tooling.two_candidates_not_tuned",
+    "src/tokamax/_src/autotuning/cache.py",
+    "  return len(op._get_autotuning_configs(args)) <= 1",
+    "  return len(op._get_autotuning_configs(args)) <= 2",
+    ("suites/tooling/test_autotuning_rules.py", "-k", "two_candidates_are"),
+    "An op with two candidate configs counts as nothing to tune: a miss takes the heuristics.",
+  ),
 )
 
 

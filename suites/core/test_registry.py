@@ -1,5 +1,6 @@
 """The op registry: one table of specs, consistent with the public API and the classes."""
 
+import dataclasses
 import importlib
 import typing
 
@@ -61,3 +62,12 @@ def test_public_attention_implementation_alias_lists_the_attention_implementatio
   ragged_dot literal also holds "mosaic")."""
   literal = typing.get_args(tokamax.DotProductAttentionImplementation)
   assert literal == tuple(registry.SPECS["dot_product_attention"].implementations)
+
+
+@pytest.mark.parametrize("name", list(registry.SPECS))
+def test_canonical_records_are_frozen(name):
+  """A validated record cannot change in place (`arguments.op_arguments` freezes it)."""
+  cls = typing.get_type_hints(registry.SPECS[name].canonicalize)["return"]
+  record = object.__new__(cls)
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    setattr(record, dataclasses.fields(cls)[0].name, None)

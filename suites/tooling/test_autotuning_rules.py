@@ -389,6 +389,22 @@ def test_a_single_candidate_is_nothing_to_tune_on_a_miss():
   np.testing.assert_allclose(np.asarray(out), np.sqrt((x64 * x64).mean(-1)), rtol=1e-5)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _TwoCandidates(ex.BlockedRowRms):
+  def _get_autotuning_configs(self, args):
+    return {ex.BlockConfig(16), ex.BlockConfig(32)}
+
+
+def test_two_candidates_are_something_to_tune_on_a_miss():
+  """Only a single candidate skips the miss: with two, cache_miss="error" raises."""
+  cache.clear_tuned_on_miss()
+  with (
+    tokamax.config.override(cache_miss="error"),
+    pytest.raises(LookupError, match="no tuned config"),
+  ):
+    cache.lookup(_TwoCandidates(), _record())
+
+
 @pytest.mark.parametrize(
   ("config", "expected"),
   [
