@@ -310,6 +310,42 @@ def _check_one_pass_statistics(x, fwd_programs: int | None, atol: float):
   np.testing.assert_allclose(out, (x64 - ref_mean[:, None]) * ref_rstd[:, None], atol=atol)
 
 
+@pytest.mark.parametrize("fwd_programs", [0, 528], ids=["plain", "persistent"])
+def test_streaming_hints_only_in_the_forward_that_saves_nothing(fwd_programs):
+  """`fwd_streaming` compiles the forward without a gradient to evict_first loads and .cs
+  stores; the forward under differentiation keeps x in L2 for the backward's reread."""
+  args = _record((4096, 8192), -1, "bfloat16", True, True, True, 0.0)
+  config = norm_triton.TritonNormConfig(fwd_programs=fwd_programs, fwd_streaming=True)
+
+  def ptx(fn):
+    with triton_call.capture() as launches:
+      jax.eval_shape(lambda a: fn(a, config), args)
+    return triton_call.compile_launch(launches[0], 90).asm["ptx"]
+
+  primal, differentiated = ptx(OP._fwd_primal), ptx(lambda a, c: OP._fwd(a, c)[0])
+  assert "evict_first" in primal and "st.global.cs" in primal
+  assert "evict_first" not in differentiated and "st.global.cs" not in differentiated
+
+
+@pytest.mark.host_only
+@pytest.mark.parametrize("fwd_programs", [0, 3], ids=["plain", "persistent"])
+@pytest.mark.parametrize("subtract_mean", [False, True], ids=["rms", "layer"])
+def test_interpreted_streaming_forward_matches_float64(subtract_mean, fwd_programs):
+  """The forward without a gradient under `fwd_streaming`, interpreted, against float64."""
+  x, scale, offset, _ = _inputs((10, 96), -1, "float32", True, True, seed=3)
+  args = spec.canonicalize(x, scale, offset, subtract_mean=subtract_mean)
+  config = norm_triton.TritonNormConfig(
+    block_m=2, num_warps=2, fwd_programs=fwd_programs, fwd_streaming=True
+  )
+  with triton_call.interpret():
+    out = OP._fwd_primal(args, config)
+  x64, w64, b64 = (np.asarray(a, np.float64) for a in (x, scale, offset))
+  mean = x64.mean(axis=1, keepdims=True) if subtract_mean else 0.0
+  centred = x64 - mean
+  want = centred / np.sqrt((centred**2).mean(axis=1, keepdims=True) + 1e-6) * w64 + b64
+  np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.host_only
 @pytest.mark.parametrize("subtract_mean", [False, True], ids=["rms", "layer"])
 def test_interpreted_kernels_use_the_callers_epsilon(subtract_mean):
@@ -478,8 +514,8 @@ def test_autotuning_backward_of_wide_rows_compiles_within_sm90_shared_memory():
 
 def test_backward_fields_are_exactly_the_fields_the_forward_launch_ignores():
   """Changing a field in `BACKWARD_FIELDS` changes the backward launches and leaves the
-  forward launch as it was; changing any other field does the opposite (forward-only
-  tuning keeps one candidate per forward)."""
+  forward launches (with and without a gradient) as they were; changing any other field
+  does the opposite (forward-only tuning keeps one candidate per forward)."""
   args = _record((64, 256), -1, "bfloat16", True, True, True, 0.0)
   base = norm_triton.TritonNormConfig(
     block_m=2, num_warps=4, bwd_block_m=2, fwd_programs=4, fwd_stages=3, fwd_one_pass=True
@@ -495,13 +531,18 @@ def test_backward_fields_are_exactly_the_fields_the_forward_launch_ignores():
     fwd_stages=4,
     bwd_stages=3,
     fwd_one_pass=False,
+    fwd_streaming=True,
   )
   assert set(other) == {f.name for f in dataclasses.fields(base)}
+  key = lambda x: (x.kernel.__name__, x.grid, sorted(x.meta.items()))
 
   def launches(config):
     found, _, _ = _launches(args, config)
-    keys = [(x.kernel.__name__, x.grid, sorted(x.meta.items())) for x in found]
-    return keys[0], keys[1:]  # The forward's, the backward's.
+    with triton_call.capture() as primal:
+      jax.eval_shape(lambda a: OP._fwd_primal(a, config), args)
+    keys = [key(x) for x in found]
+    # The forwards' (without and with a gradient), the backward's.
+    return (key(primal[0]), keys[0]), keys[1:]
 
   fwd, bwd = launches(base)
   for name, value in other.items():

@@ -53,6 +53,9 @@ class TritonNormConfig:
       memory this many stages deep (cp.async; overrides `bwd_prefetch`).
     fwd_one_pass: Whether the LayerNorm forward reduces a row's sum and sum of
       squares (shifted by its first element) together, in one round.
+    fwd_streaming: Whether a forward that saves nothing for a gradient loads x
+      as first to leave L2 (evict_first) and stores y past it (.cs): no
+      backward rereads x then.
   """
 
   block_m: int = 1
@@ -65,6 +68,7 @@ class TritonNormConfig:
   fwd_stages: int = 0
   bwd_stages: int = 0
   fwd_one_pass: bool = False
+  fwd_streaming: bool = False
 
   # The fields the forward kernel ignores (see `Op._forward_config`).
   BACKWARD_FIELDS: ClassVar[tuple[str, ...]] = (
@@ -113,9 +117,15 @@ def _vector(value: jax.Array | None, unused: jax.Array) -> jax.Array:
 
 
 def forward(
-  args: spec.NormArgs, config: TritonNormConfig
+  args: spec.NormArgs, config: TritonNormConfig, streaming: bool = False
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Returns y (rows layout), mean and rstd (float32, [M])."""
+  """Returns y (rows layout), mean and rstd (float32, [M]).
+
+  Args:
+    args: The call.
+    config: Launch parameters.
+    streaming: Whether x and y bypass L2 as far as cache hints allow.
+  """
   x = _to_rows(args)
   m, d = x.shape
   blocks = _cdiv(m, config.block_m)
@@ -137,6 +147,8 @@ def forward(
     EPS=float(args.epsilon),
     HAS_OFFSET=args.offset is not None,
     ONE_PASS=config.fwd_one_pass,
+    EVICT="evict_first" if streaming else "",
+    STORE=".cs" if streaming else "",
     num_warps=config.num_warps,
     num_stages=1,
     **stages,
@@ -325,6 +337,10 @@ class TritonLayerNorm(kernel_ops.TritonOp):
   def _fwd(self, args: spec.NormArgs, config: TritonNormConfig):
     y, mean, rstd = forward(args, config)
     return _from_rows(args, y), (mean, rstd)
+
+  def _fwd_primal(self, args: spec.NormArgs, config: TritonNormConfig) -> jax.Array:
+    y, _, _ = forward(args, config, streaming=config.fwd_streaming)
+    return _from_rows(args, y)
 
   def _bwd(self, args, config, out, residuals, dout) -> dict:
     mean, rstd = residuals

@@ -15,6 +15,10 @@ bytes in flight then cost no registers, which wide rows (D >= 8192) lack.
 import triton
 import triton.language as tl
 
+# The default cache policy of a load: a str default of a jit parameter does not reach
+# `tl.load` as a constexpr.
+_DEFAULT_POLICY = tl.constexpr("")
+
 
 @triton.jit
 def _add_pairs(a0, a1, b0, b1):
@@ -69,6 +73,8 @@ def layer_norm_fwd(
   HAS_OFFSET: tl.constexpr,
   SUBTRACT_MEAN: tl.constexpr,
   ONE_PASS: tl.constexpr = False,
+  EVICT: tl.constexpr = "",
+  STORE: tl.constexpr = "",
 ):
   rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
   cols = tl.arange(0, BLOCK_D)
@@ -76,7 +82,7 @@ def layer_norm_fwd(
   col_ok = cols < D
   mask = row_ok[:, None] & col_ok[None, :]
   offs = rows[:, None].to(tl.int64) * D + cols[None, :]
-  x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+  x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
   shift = _row_shift(x_ptr, rows, row_ok, D, SUBTRACT_MEAN and ONE_PASS)
   mean, var = _row_stats(x, mask, shift, D, SUBTRACT_MEAN, ONE_PASS)
   rstd = 1.0 / tl.sqrt(var + EPS)
@@ -89,17 +95,27 @@ def layer_norm_fwd(
   if HAS_OFFSET:
     b = tl.load(offset_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     y = y + b[None, :]
-  tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+  tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask, cache_modifier=STORE)
   tl.store(mean_ptr + rows, mean, mask=row_ok)
   tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
 
 @triton.jit
-def _load_rows(ptr, start, last, cols, col_ok, D: tl.constexpr, BLOCK_M: tl.constexpr):
+def _load_rows(
+  ptr,
+  start,
+  last,
+  cols,
+  col_ok,
+  D: tl.constexpr,
+  BLOCK_M: tl.constexpr,
+  EVICT: tl.constexpr = _DEFAULT_POLICY,
+):
   """BLOCK_M rows of a [*, D] array from row `start`; rows from `last` on read as zeros."""
   rows = start + tl.arange(0, BLOCK_M)
   mask = (rows < last)[:, None] & col_ok[None, :]
-  return tl.load(ptr + rows[:, None].to(tl.int64) * D + cols[None, :], mask=mask, other=0.0)
+  offs = rows[:, None].to(tl.int64) * D + cols[None, :]
+  return tl.load(ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT)
 
 
 @triton.jit
@@ -289,6 +305,7 @@ def _fwd_rows(
   EPS: tl.constexpr,
   SUBTRACT_MEAN: tl.constexpr,
   ONE_PASS: tl.constexpr,
+  STORE: tl.constexpr,
 ):
   """Normalises BLOCK_M loaded rows from `start`; stores y, mean and rstd."""
   rows = start + tl.arange(0, BLOCK_M)
@@ -300,7 +317,7 @@ def _fwd_rows(
   rstd = 1.0 / tl.sqrt(var + EPS)
   y = (x - mean[:, None]) * rstd[:, None] * w[None, :] + b[None, :]
   offs = rows[:, None].to(tl.int64) * D + cols[None, :]
-  tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+  tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask, cache_modifier=STORE)
   tl.store(mean_ptr + rows, mean, mask=row_ok)
   tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
@@ -324,6 +341,8 @@ def layer_norm_fwd_persistent(
   SUBTRACT_MEAN: tl.constexpr,
   STAGES: tl.constexpr = 0,
   ONE_PASS: tl.constexpr = False,
+  EVICT: tl.constexpr = "",
+  STORE: tl.constexpr = "",
 ):
   """Programs stride over row blocks, loading ahead of this block's math.
 
@@ -345,7 +364,7 @@ def layer_norm_fwd_persistent(
   step = programs * BLOCK_M
   if STAGES > 1:
     for start in tl.range(pid * BLOCK_M, m, step, num_stages=STAGES):
-      x_raw = _load_rows(x_ptr, start, m, cols, col_ok, D, BLOCK_M)
+      x_raw = _load_rows(x_ptr, start, m, cols, col_ok, D, BLOCK_M, EVICT)
       _fwd_rows(
         x_ptr,
         x_raw,
@@ -363,12 +382,13 @@ def layer_norm_fwd_persistent(
         EPS,
         SUBTRACT_MEAN,
         ONE_PASS,
+        STORE,
       )
   else:
-    x_next = _load_rows(x_ptr, pid * BLOCK_M, m, cols, col_ok, D, BLOCK_M)
+    x_next = _load_rows(x_ptr, pid * BLOCK_M, m, cols, col_ok, D, BLOCK_M, EVICT)
     for start in range(pid * BLOCK_M, m, step):
       x_raw = x_next
-      x_next = _load_rows(x_ptr, start + step, m, cols, col_ok, D, BLOCK_M)
+      x_next = _load_rows(x_ptr, start + step, m, cols, col_ok, D, BLOCK_M, EVICT)
       _fwd_rows(
         x_ptr,
         x_raw,
@@ -386,4 +406,5 @@ def layer_norm_fwd_persistent(
         EPS,
         SUBTRACT_MEAN,
         ONE_PASS,
+        STORE,
       )
