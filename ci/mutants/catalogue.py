@@ -908,8 +908,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "kernels.triton_layer_norm_persistent_prefetch_stride",
     _NORM + "triton_layer_norm.py",
-    "      x_next = _load_rows(x_ptr, start + step, m, cols, col_ok, D, BLOCK_M)",
-    "      x_next = _load_rows(x_ptr, start + BLOCK_M, m, cols, col_ok, D, BLOCK_M)",
+    "      x_next = _load_rows(x_ptr, start + step, m, cols, col_ok, D, BLOCK_M, EVICT)",
+    "      x_next = _load_rows(x_ptr, start + BLOCK_M, m, cols, col_ok, D, BLOCK_M, EVICT)",
     ("suites/kernels/test_triton_layer_norm.py", "-k", "interpreted_kernels"),
     "Triton LayerNorm persistent forward: the prefetch reads the next row block, not this"
     " program's next one (rows normalised with another block's values).",
@@ -10889,8 +10889,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "triton_norm.persistent_prefetch_first_block",
     _NORM + "triton_layer_norm.py",
-    "    x_next = _load_rows(x_ptr, pid * BLOCK_M, m, cols, col_ok, D, BLOCK_M)",
-    "    x_next = _load_rows(x_ptr, pid, m, cols, col_ok, D, BLOCK_M)",
+    "    x_next = _load_rows(x_ptr, pid * BLOCK_M, m, cols, col_ok, D, BLOCK_M, EVICT)",
+    "    x_next = _load_rows(x_ptr, pid, m, cols, col_ok, D, BLOCK_M, EVICT)",
     (_TRITON_NORM, "-k", "callers_epsilon or own_element"),
     "Triton layer_norm persistent forward: the first prefetched rows start at row pid.",
   ),
@@ -15866,6 +15866,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     "  return len(op._get_autotuning_configs(args)) <= 2",
     ("suites/tooling/test_autotuning_rules.py", "-k", "two_candidates_are"),
     "An op with two candidate configs counts as nothing to tune: a miss takes the heuristics.",
+  ),
+  Mutation(
+    "autotune.progress_elapsed_added",
+    "src/tokamax/_src/autotuning/autotuner.py",
+    "    elapsed = time.monotonic() - self.start",
+    "    elapsed = time.monotonic() + self.start",
+    ("suites/tooling/test_autotuning_rules.py", "-k", "seconds_since"),
+    "The progress bar shows the clock reading plus its start, not the seconds elapsed.",
+  ),
+  Mutation(
+    "bench.compile_time_in_seconds",
+    "src/tokamax/_src/benchmarking.py",
+    "  compile_ms = (time.perf_counter() - start) * 1e3",
+    "  compile_ms = (time.perf_counter() - start) / 1e3",
+    ("suites/tooling/test_benchmarking.py", "-k", "milliseconds"),
+    "compile_time_ms is a millionth of the milliseconds (divided, not multiplied, by 1000).",
   ),
 )
 
