@@ -795,6 +795,15 @@ def test_progress_writes_one_line_per_update_off_a_terminal(capsys):
   assert lines[0].rstrip().endswith(" a") and lines[1].rstrip().endswith(" b")
 
 
+def test_progress_shows_the_seconds_since_it_started(monkeypatch, capsys):
+  """Started at 100.0 s on the monotonic clock and updated at 102.5 s: 2.5 s elapsed."""
+  clock = iter([100.0, 102.5])
+  monkeypatch.setattr(autotuner, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
+  bar = autotuner.Progress(True, 2, label="t")
+  bar.update("a", advance=1)
+  assert capsys.readouterr().err.startswith("[t] [##########----------] 1/2    2.5s a")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Block24Fails(ex.BlockedRowRms):
   def _fwd(self, args, config):

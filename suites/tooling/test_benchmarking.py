@@ -220,6 +220,17 @@ def test_lowering_and_compilation_times_are_told_apart():
   assert data.compile_time_ms < data.lower_time_ms
 
 
+def test_lowering_compilation_and_runs_are_timed_in_milliseconds(monkeypatch):
+  """On a clock that ticks 0.25 s per reading, every timed span is 250 ms."""
+  ticks = iter(0.25 * np.arange(100))
+  clock = types.SimpleNamespace(perf_counter=lambda: float(next(ticks)))
+  monkeypatch.setattr(benchmarking, "time", clock)
+  data = tokamax.benchmark(jnp.sin, jnp.ones(4), iterations=2, method="wallclock")
+  assert data.lower_time_ms == pytest.approx(250)
+  assert data.compile_time_ms == pytest.approx(250)
+  assert data.evaluation_times_ms == pytest.approx((250, 250))
+
+
 def test_peak_memory_is_arguments_outputs_and_temporaries_less_aliased_buffers():
   """Read off XLA's memory analysis: 1000 + 300 + 50 - 200 bytes."""
   stats = types.SimpleNamespace(
