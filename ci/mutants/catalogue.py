@@ -15883,6 +15883,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/tooling/test_benchmarking.py", "-k", "milliseconds"),
     "compile_time_ms is a millionth of the milliseconds (divided, not multiplied, by 1000).",
   ),
+  Mutation(
+    "harness.bound_default_length_two",
+    _TOLERANCE,
+    "  def bound(self, expected: np.ndarray, reduction_length: int = 1) -> np.ndarray:",
+    "  def bound(self, expected: np.ndarray, reduction_length: int = 2) -> np.ndarray:",
+    ("harness/tests/test_comparator_edges.py", "-k", "elementwise_one"),
+    "Tolerance.bound without a reduction length scales atol by sqrt(2), not 1.",
+  ),
+  Mutation(
+    "bench.cupti_reason_on_nvidia_only",
+    "src/tokamax/_src/benchmarking.py",
+    "  if not device.is_nvidia_gpu():",
+    "  if device.is_nvidia_gpu():",
+    ("suites/tooling/test_benchmarking.py", "-k", "rejects_what"),
+    "CUPTI is refused on NVIDIA GPUs and, where the Mosaic GPU extension loads, taken elsewhere.",
+  ),
 )
 
 

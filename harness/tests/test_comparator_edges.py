@@ -58,6 +58,12 @@ def test_a_reduction_length_of_zero_is_scaled_as_one():
   compare.assert_close(np.full(4, 0.4), np.zeros(4), tol=tol, reduction_length=0)
 
 
+def test_a_bound_without_a_reduction_length_is_the_elementwise_one():
+  """No reduction length given: L = 1, so the bound is atol + rtol * |expected|, unscaled."""
+  tol = tolerance.Tolerance(atol=0.5, rtol=0.25)
+  np.testing.assert_allclose(tol.bound(np.array([0.0, -2.0])), [0.5, 1.0], rtol=1e-15)
+
+
 def test_relative_error_of_a_small_reference():
   """||a - e|| / ||e|| is scale-free: 1 for a result twice a reference of norm 1e-3."""
   e = np.array([1e-3, 0.0])
