@@ -10895,6 +10895,32 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton layer_norm persistent forward: the first prefetched rows start at row pid.",
   ),
   Mutation(
+    "triton_norm.streaming_ignored",
+    _NORM + "triton.py",
+    "    y, _, _ = forward(args, config, streaming=config.fwd_streaming)",
+    "    y, _, _ = forward(args, config)",
+    (_TRITON_NORM, "-k", "streaming_hints"),
+    "Triton layer_norm: `fwd_streaming` never reaches the forward that saves nothing.",
+  ),
+  Mutation(
+    "triton_norm.streaming_under_differentiation",
+    _NORM + "triton.py",
+    "    y, mean, rstd = forward(args, config)\n    return _from_rows(args, y), (mean, rstd)",
+    "    y, mean, rstd = forward(args, config, streaming=config.fwd_streaming)\n"
+    "    return _from_rows(args, y), (mean, rstd)",
+    (_TRITON_NORM, "-k", "streaming_hints"),
+    "Triton layer_norm: the differentiated forward streams too, evicting x from L2 before the"
+    " backward rereads it.",
+  ),
+  Mutation(
+    "triton_norm.streaming_store_hint_on_loads_only",
+    _NORM + "triton.py",
+    '    STORE=".cs" if streaming else "",',
+    '    STORE="",',
+    (_TRITON_NORM, "-k", "streaming_hints"),
+    "Triton layer_norm: the streaming forward leaves y's stores in L2.",
+  ),
+  Mutation(
     "triton_norm.sum_partials_columns_of_block_p",
     _NORM + "triton_layer_norm.py",
     "  cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)",
