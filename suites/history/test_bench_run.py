@@ -57,13 +57,13 @@ def test_config_dict_is_json():
     A = 1
 
   @dataclasses.dataclass(frozen=True)
-  class Config:
+  class ExampleConfig:
     block: int = 64
     kind: Kind = Kind.A
     pair: tuple = (1, 2)
 
-  assert run_lib.config_dict(Config()) == {"block": 64, "kind": "A", "pair": [1, 2]}
-  json.dumps(run_lib.config_dict(Config()))
+  assert run_lib.config_dict(ExampleConfig()) == {"block": 64, "kind": "A", "pair": [1, 2]}
+  json.dumps(run_lib.config_dict(ExampleConfig()))
   # A config that is not a dataclass is still an object (a record's `config` must be one).
   assert run_lib.config_dict(Kind.A) == {"value": "A"}
 
@@ -133,24 +133,24 @@ def test_vary_parses_fields_varied_together():
 
 def test_varied_configs_change_the_fields_of_a_joint_key_together():
   @dataclasses.dataclass(frozen=True)
-  class Config:
+  class TwoFieldConfig:
     a: int = 1
     b: int = 2
 
   instance = types.SimpleNamespace(
     bind=lambda *a, **k: types.SimpleNamespace(args=None),
-    _get_heuristics_config=lambda args: Config(),
+    _get_heuristics_config=lambda args: TwoFieldConfig(),
   )
   impl = types.SimpleNamespace(instance=instance)
   vary = {"a+b": [(1, 2), (3, 4), (1, 5)], "a": [5], "a+c": [(1, 1)]}
   got = run_lib.varied_configs(impl, (), {}, vary)
   # (1, 2) is the heuristics' own; (1, 5) changes one field of the two; a+c names no field c.
-  assert got == [Config(a=3, b=4), Config(a=1, b=5), Config(a=5, b=2)]
+  assert got == [TwoFieldConfig(a=3, b=4), TwoFieldConfig(a=1, b=5), TwoFieldConfig(a=5, b=2)]
 
 
 def test_varied_configs_leave_out_the_values_the_config_rejects():
   @dataclasses.dataclass(frozen=True)
-  class Config:
+  class BoundedConfig:
     a: int = 1
 
     def __post_init__(self):
@@ -159,10 +159,13 @@ def test_varied_configs_leave_out_the_values_the_config_rejects():
 
   instance = types.SimpleNamespace(
     bind=lambda *a, **k: types.SimpleNamespace(args=None),
-    _get_heuristics_config=lambda args: Config(),
+    _get_heuristics_config=lambda args: BoundedConfig(),
   )
   impl = types.SimpleNamespace(instance=instance)
-  assert run_lib.varied_configs(impl, (), {}, {"a": [2, 8, 3]}) == [Config(a=2), Config(a=3)]
+  assert run_lib.varied_configs(impl, (), {}, {"a": [2, 8, 3]}) == [
+    BoundedConfig(a=2),
+    BoundedConfig(a=3),
+  ]
 
 
 @pytest.mark.requires("cpu")
