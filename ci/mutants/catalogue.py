@@ -15925,6 +15925,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/tooling/test_benchmarking.py", "-k", "rejects_what"),
     "CUPTI is refused on NVIDIA GPUs and, where the Mosaic GPU extension loads, taken elsewhere.",
   ),
+  Mutation(
+    "autotune.time_budget_clock_added",
+    "src/tokamax/_src/autotuning/api.py",
+    "time.monotonic() - start > time_budget_s",
+    "time.monotonic() + start > time_budget_s",
+    (_AUTOTUNING_RULES, "-k", "time_budget_counts"),
+    "The time budget compares the clock plus (not minus) the start: every op is skipped.",
+  ),
+  Mutation(
+    "autotune.find_ops_other_leaves_swapped",
+    "src/tokamax/_src/autotuning/api.py",
+    "iter(x for x, t in zip(leaves, traced, strict=True) if not t)",
+    "iter(x for x, t in zip(leaves, traced, strict=True) if t)",
+    (_AUTOTUNING_RULES, "-k", "leaves_that_are_not_arrays"),
+    "find_ops passes abstract arrays in place of the leaves that are not arrays.",
+  ),
 )
 
 

@@ -72,6 +72,19 @@ def test_find_ops_reports_each_signature_of_an_op():
   assert [b.args.x.shape for b, _ in found] == [(8, 64), (8, 32)]
 
 
+def test_find_ops_passes_leaves_that_are_not_arrays_as_they_are():
+  """A scale (a Python float) and a name (a string) reach `f` unchanged; the array is traced."""
+  seen = []
+
+  def f(x, scale, name):
+    seen.append((isinstance(x, jax.core.Tracer), scale, name))
+    return ex.row_rms(x * scale, implementation="blocked")
+
+  found = api.find_ops(f, _x(64), 2.0, "rows")
+  assert seen == [(True, 2.0, "rows")]
+  assert [(b.op.name, b.args.x.shape) for b, _ in found] == [("blocked", (8, 64))]
+
+
 @jax.custom_vjp
 def _no_backward(x):
   return x
@@ -824,8 +837,11 @@ def test_the_progress_bar_counts_a_compile_and_a_timing_step_per_candidate(monke
 
 
 def test_the_time_budget_counts_from_the_first_op_and_notes_count_from_one(monkeypatch, capsys):
-  """Three ops of 0.6 s each (a fake clock) and a 1 s budget: the third starts at 1.2 s, skipped."""
-  clock = [0.0]
+  """Three ops of 0.6 s each and a 1 s budget: the third starts at 1.2 s, skipped.
+
+  The fake clock starts far from zero: the budget counts the time since the start.
+  """
+  clock = [1000.0]
   monkeypatch.setattr(api, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
   calls = []
 
