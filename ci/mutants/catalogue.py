@@ -15941,6 +15941,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_AUTOTUNING_RULES, "-k", "leaves_that_are_not_arrays"),
     "find_ops passes abstract arrays in place of the leaves that are not arrays.",
   ),
+  Mutation(
+    "autotune.result_dumps_unsorted_keys",
+    _RESULT,
+    "json.dumps(self.to_json(), indent=1, sort_keys=True)",
+    "json.dumps(self.to_json(), indent=1, sort_keys=False)",
+    (_AUTOTUNING_RULES, "-k", "keys_sorted_in_every_object"),
+    "AutotuningResult.dumps writes keys in insertion order, not sorted as documented.",
+  ),
 )
 
 

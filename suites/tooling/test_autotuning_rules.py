@@ -218,6 +218,21 @@ def test_other_format_versions_are_rejected(version):
     tokamax.AutotuningResult.from_json(obj)
 
 
+def test_dumped_json_has_its_keys_sorted_in_every_object():
+  """`dumps` is stable text: every object's keys in sorted order, the top level's included."""
+  entry = _entry(timings_ms=(('{"block_cols":16}', 1.0),), errors=(('{"block_cols":8}', "x"),))
+  orders = []
+
+  def record(pairs):
+    orders.append([k for k, _ in pairs])
+    return dict(pairs)
+
+  json.loads(tokamax.AutotuningResult("cpu", (entry,)).dumps(), object_pairs_hook=record)
+  assert ["data", "device_kind", "format", "format_version", "library_version"] in orders
+  assert len(orders) >= 5
+  assert all(keys == sorted(keys) for keys in orders), orders
+
+
 def test_a_later_entry_of_the_same_key_wins():
   a, b = _entry(config='{"block_cols":16}'), _entry(config='{"block_cols":32}')
   assert tokamax.AutotuningResult("cpu", (a, b)).data == (b,)
