@@ -15949,6 +15949,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_AUTOTUNING_RULES, "-k", "keys_sorted_in_every_object"),
     "AutotuningResult.dumps writes keys in insertion order, not sorted as documented.",
   ),
+  Mutation(
+    "export.abstract_gpu_mesh_of_two",
+    "src/tokamax/_src/export.py",
+    "mesh = mesh_lib.AbstractMesh((1,),",
+    "mesh = mesh_lib.AbstractMesh((2,),",
+    (_EXPORT, "-k", "runs_on_one_device"),
+    "abstract_gpu targets a mesh of two GPUs: the export asks for two devices.",
+  ),
+  Mutation(
+    "export.abstract_tpu_mesh_of_two",
+    "src/tokamax/_src/export.py",
+    "mesh = jax.sharding.AbstractMesh((1,),",
+    "mesh = jax.sharding.AbstractMesh((2,),",
+    (_EXPORT, "-k", "runs_on_one_device"),
+    "abstract_tpu targets a mesh of two TPUs: the export asks for two devices.",
+  ),
 )
 
 

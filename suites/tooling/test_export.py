@@ -261,3 +261,15 @@ def test_the_abstract_targets_take_the_device_named():
   with export.abstract_tpu("TPU v6 lite", num_cores=2):
     device = jax.sharding.get_abstract_mesh().abstract_device
     assert (device.platform, device.device_kind, device.num_cores) == ("tpu", "TPU v6 lite", 2)
+
+
+@pytest.mark.parametrize(
+  ("target", "platform"), [(export.abstract_gpu, "cuda"), (export.abstract_tpu, "tpu")]
+)
+def test_an_export_for_an_abstract_target_runs_on_one_device(target, platform):
+  """The abstract target is one device: the export does not ask for a mesh of several."""
+  x = jax.ShapeDtypeStruct((8, 128), jnp.float32)
+  with target():
+    exported = jax.export.export(jax.jit(lambda a: 2.0 * a + 1.0), platforms=(platform,))(x)
+  assert exported.platforms == (platform,)
+  assert exported.nr_devices == 1
