@@ -15965,6 +15965,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_EXPORT, "-k", "runs_on_one_device"),
     "abstract_tpu targets a mesh of two TPUs: the export asks for two devices.",
   ),
+  Mutation(
+    "autotune.decode_fixed_tuple_as_variadic",
+    _CONFIGS,
+    "if origin is tuple and args and args[-1] is not Ellipsis",
+    "if origin is not tuple and args and args[-1] is not Ellipsis",
+    (_AUTOTUNING_RULES, "-k", "fixed_length_tuple"),
+    "A fixed-length tuple field decodes every position by the first position's type.",
+  ),
+  Mutation(
+    "autotune.decode_tuple_second_arg_checked",
+    _CONFIGS,
+    "and args[-1] is not Ellipsis",
+    "and args[1] is not Ellipsis",
+    (_AUTOTUNING_RULES, "-k", "fixed_length_tuple"),
+    "decode looks for the Ellipsis of tuple[X, ...] at index 1: a tuple[X] field fails.",
+  ),
 )
 
 

@@ -298,6 +298,21 @@ def test_configs_decode_to_their_class():
 
 
 @dataclasses.dataclass(frozen=True)
+class _FixedTuplesConfig:
+  """Fixed-length tuples: each position decodes by its own type."""
+
+  pair: tuple[int, _Order] = (8, _Order.ROW_MAJOR)
+  single: tuple[_Inner] = (_Inner(),)
+
+
+def test_fixed_length_tuple_fields_decode_each_position_by_its_type():
+  text = '{"pair":[16,"column"],"single":[{"stages":3}]}'
+  again = configs.decode(_FixedTuplesConfig, text)
+  assert again.pair == (16, _Order.COLUMN_MAJOR) and isinstance(again.pair[1], _Order)
+  assert again.single == (_Inner(3),) and isinstance(again.single[0], _Inner)
+
+
+@dataclasses.dataclass(frozen=True)
 class _OptionalConfig:
   """Optional enums and nested configs (`X | None`), and a float: JSON scalars too."""
 
