@@ -15981,6 +15981,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_AUTOTUNING_RULES, "-k", "fixed_length_tuple"),
     "decode looks for the Ellipsis of tuple[X, ...] at index 1: a tuple[X] field fails.",
   ),
+  Mutation(
+    "ragged_dot.mosaic_fallback_block_n_63",
+    _RAGGED + "mosaic.py",
+    "if n % b == 0), 64)",
+    "if n % b == 0), 63)",
+    (_MOSAIC_RAGGED, "-k", "reasons_name_the_feature"),
+    "The heuristic's block_n for N not a multiple of 64 is 63: N=126 is refused for the tile, not N.",
+  ),
 )
 
 

@@ -318,6 +318,9 @@ def test_unsupported_reasons_name_the_feature():
     impl(lhs, rhs, sizes)
   with pytest.raises(NotImplementedError, match="N=72"):
     impl(lhs.astype(jnp.bfloat16), jnp.ones((2, 128, 72), jnp.bfloat16), sizes)
+  # N=126 divides by no tile width (a multiple of 64): the reason names N, not a tile.
+  with pytest.raises(NotImplementedError, match="N=126"):
+    impl(lhs.astype(jnp.bfloat16), jnp.ones((2, 128, 126), jnp.bfloat16), sizes)
   # The default choice falls back to another implementation instead.
   out = api.ragged_dot(lhs, rhs, sizes, implementation=[impl, "xla"])
   assert out.shape == (64, 64)
