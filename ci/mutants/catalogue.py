@@ -15989,6 +15989,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_MOSAIC_RAGGED, "-k", "reasons_name_the_feature"),
     "The heuristic's block_n for N not a multiple of 64 is 63: N=126 is refused for the tile, not N.",
   ),
+  Mutation(
+    "attention.mosaic_bwd_smem_of_the_smallest_kernel",
+    _ATTENTION + "mosaic.py",
+    "return max(mosaic_bwd.dq_smem_bytes(p_dq, head_dim), *dkv)",
+    "return min(mosaic_bwd.dq_smem_bytes(p_dq, head_dim), *dkv)",
+    (_MOSAIC_ATTENTION, "-k", "atomic_dq_backward_kernels_and_their_resources"),
+    "bwd_smem_bytes counts the smallest backward kernel: configs that do not fit pass the check.",
+  ),
 )
 
 
