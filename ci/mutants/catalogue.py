@@ -15997,6 +15997,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_MOSAIC_ATTENTION, "-k", "atomic_dq_backward_kernels_and_their_resources"),
     "bwd_smem_bytes counts the smallest backward kernel: configs that do not fit pass the check.",
   ),
+  Mutation(
+    "attention.mosaic_three_consumers_limit_below_8192",
+    _ATTENTION + "mosaic.py",
+    "config.fwd_consumers == 3 and config.block_kv * h > 128 * 64",
+    "config.fwd_consumers == 3 and config.block_kv * h > 128 * 63",
+    (_MOSAIC_ATTENTION, "-k", "register_limit"),
+    "Three consumers refuse block_kv * head_dim = 8192 (block_kv 128 at H64), the heuristic's own.",
+  ),
 )
 
 

@@ -560,6 +560,16 @@ def test_three_consumers_refuse_large_key_blocks():
   assert "fwd_consumers=3 with block_kv 128 at head dim 128" in reason
 
 
+@pytest.mark.parametrize(("h", "block_kv"), [(64, 128), (128, 64)])
+def test_three_consumers_take_key_blocks_at_the_register_limit(h, block_kv):
+  """block_kv * head_dim = 8192, the documented limit of three consumers, is taken."""
+  q = jnp.ones((1, 8, 2, h), jnp.bfloat16)
+  config = mosaic.MosaicAttentionConfig(block_kv=block_kv, fwd_consumers=3, schedule_barrier=False)
+  assert (
+    mosaic.MosaicAttention(config=config)._unsupported_reason(spec.canonicalize(q, q, q)) is None
+  )
+
+
 @pytest.mark.parametrize("name", _EXTRA_CASES)
 def test_bias_mask_cases_mask_whole_rows(name):
   """The random masks (or -inf bias rows) of the interpret cases leave some query rows with
