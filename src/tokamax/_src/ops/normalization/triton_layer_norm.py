@@ -15,9 +15,9 @@ bytes in flight then cost no registers, which wide rows (D >= 8192) lack.
 import triton
 import triton.language as tl
 
-# The default cache policy of a load: a str default of a jit parameter does not reach
-# `tl.load` as a constexpr.
-_DEFAULT_POLICY = tl.constexpr("")
+# No cache hint (the default of `tl.load` and `tl.store`). Defaults of jit parameters
+# take it as a constexpr: a plain str default does not reach `tl.load` as one.
+_NO_HINT = tl.constexpr("")
 
 
 @triton.jit
@@ -73,8 +73,8 @@ def layer_norm_fwd(
   HAS_OFFSET: tl.constexpr,
   SUBTRACT_MEAN: tl.constexpr,
   ONE_PASS: tl.constexpr = False,
-  EVICT: tl.constexpr = "",
-  STORE: tl.constexpr = "",
+  EVICT: tl.constexpr = _NO_HINT,
+  STORE: tl.constexpr = _NO_HINT,
 ):
   rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
   cols = tl.arange(0, BLOCK_D)
@@ -109,7 +109,7 @@ def _load_rows(
   col_ok,
   D: tl.constexpr,
   BLOCK_M: tl.constexpr,
-  EVICT: tl.constexpr = _DEFAULT_POLICY,
+  EVICT: tl.constexpr = _NO_HINT,
 ):
   """BLOCK_M rows of a [*, D] array from row `start`; rows from `last` on read as zeros."""
   rows = start + tl.arange(0, BLOCK_M)
@@ -341,8 +341,8 @@ def layer_norm_fwd_persistent(
   SUBTRACT_MEAN: tl.constexpr,
   STAGES: tl.constexpr = 0,
   ONE_PASS: tl.constexpr = False,
-  EVICT: tl.constexpr = "",
-  STORE: tl.constexpr = "",
+  EVICT: tl.constexpr = _NO_HINT,
+  STORE: tl.constexpr = _NO_HINT,
 ):
   """Programs stride over row blocks, loading ahead of this block's math.
 
