@@ -16005,6 +16005,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_MOSAIC_ATTENTION, "-k", "register_limit"),
     "Three consumers refuse block_kv * head_dim = 8192 (block_kv 128 at H64), the heuristic's own.",
   ),
+  Mutation(
+    "kernels.mosaic_ragged_drhs_chunk_count_floor_at_one_row",
+    _RAGGED + "mosaic_drhs.py",
+    "lax.div(end - row0 + bm - 1, bm)",
+    "lax.div(end - row0 + bm - 2, bm)",
+    (_MOSAIC_RAGGED, "-k", "counts_a_chunk_for_one_row_past"),
+    "Mosaic ragged dot drhs: a group one row past a whole number of 64-row chunks gets no chunk"
+    " for that row, so its gradient misses its last row.",
+  ),
 )
 
 

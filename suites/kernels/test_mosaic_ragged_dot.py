@@ -547,6 +547,37 @@ def test_interpret_drhs_masks_chunks_just_past_a_group_only(capfd):
 
 
 @pytest.mark.host_only
+def test_interpret_drhs_counts_a_chunk_for_one_row_past_whole_chunks(capfd):
+  """A group's chunk count rounds up: groups that run one row into a further 64-row chunk
+  (65 rows from an aligned start; 64 rows from an unaligned one, whose first chunk starts
+  one row earlier) need that chunk for their last row. The last group spans two whole
+  chunks."""
+  m, k, n = 256, 128, 64
+  rng = np.random.default_rng(6)
+  sizes = jnp.array([65, 64, 127], jnp.int32)  # Rows [0, 65), [65, 129), [129, 256).
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+  rhs = jnp.asarray(rng.standard_normal((m, n)), jnp.bfloat16)
+  config = mosaic_drhs.MosaicRaggedDotDrhsConfig(block_n=64, block_m=64, num_stages=2, epi_n=64)
+  assert mosaic_drhs.chunk_align(config) == 8
+  out = mosaic_drhs.ragged_contracting_dot(
+    lhs,
+    rhs,
+    sizes,
+    None,
+    out_dtype=jnp.float32,
+    config=config,
+    num_sms=2,
+    interpret=plgpu.InterpretGPUParams(detect_races=True),
+  )
+  assert "RACE DETECTED" not in capfd.readouterr().out
+  # float64 per group: lhs[rows of g].T @ rhs[rows of g].
+  a, b = np.asarray(lhs, np.float64), np.asarray(rhs, np.float64)
+  want = np.stack([a[s:e].T @ b[s:e] for s, e in ((0, 65), (65, 129), (129, 256))])
+  assert out.shape == want.shape
+  np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.host_only
 def test_interpret_drhs_tiles_of_k_and_n_and_epilogue_chunks(capfd):
   """ragged_contracting through the op: two K tiles (K=256), two N tiles of 128 columns each
   stored in two epi_n=64 chunks, M=100 padded to whole 8-row tiles, an empty group."""
