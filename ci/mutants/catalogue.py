@@ -16014,6 +16014,42 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Mosaic ragged dot drhs: a group one row past a whole number of 64-row chunks gets no chunk"
     " for that row, so its gradient misses its last row.",
   ),
+  Mutation(
+    "glu.mosaic_heuristic_block_n_128_never_taken",
+    _GLU + "mosaic.py",
+    "block_n = next((b for b in (128, 64) if n % b == 0), 64)",
+    "block_n = next((b for b in (128, 64) if n % b == 1), 64)",
+    (_MOSAIC_GLU, "-k", "documented_choice"),
+    "Mosaic GLU heuristic: large shapes take 64-column blocks, not the 128 that perf_decisions"
+    " measured against the few-row-tile config.",
+  ),
+  Mutation(
+    "glu.mosaic_heuristic_block_n_127",
+    _GLU + "mosaic.py",
+    "block_n = next((b for b in (128, 64) if n % b == 0), 64)",
+    "block_n = next((b for b in (127, 64) if n % b == 0), 64)",
+    (_MOSAIC_GLU, "-k", "documented_choice"),
+    "Mosaic GLU heuristic: the wide block is 127 columns, which no usual N is a multiple of, so"
+    " large shapes fall back to 64-column blocks.",
+  ),
+  Mutation(
+    "glu.mosaic_heuristic_grid_bands_of_9",
+    _GLU + "mosaic.py",
+    "tile_m = 8  # Faster",
+    "tile_m = 9  # Faster",
+    (_MOSAIC_GLU, "-k", "documented_choice"),
+    "Mosaic GLU heuristic: grid row-tile bands of 9, not the 8 that perf_decisions measured"
+    " against 16.",
+  ),
+  Mutation(
+    "glu.mosaic_autotuning_filtered_by_the_residual_kernel",
+    _GLU + "mosaic.py",
+    "return {c for c in configs if _config_reason(args, c, False) is None} or {",
+    "return {c for c in configs if _config_reason(args, c, True) is None} or {",
+    (_MOSAIC_GLU, "-k", "only_the_plain_forward_fits"),
+    "Mosaic GLU autotuning drops every config that only the plain forward fits (the heuristic's"
+    " at 8192x4096x14336 among them), so tuning never tries it.",
+  ),
 )
 
 

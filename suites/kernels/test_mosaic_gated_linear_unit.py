@@ -500,6 +500,30 @@ def test_heuristic_takes_the_deepest_pipeline_that_fits(m, k, n):
   assert config.num_stages == (3 if k == 192 else 6 if m <= 512 else 4), config
 
 
+@pytest.mark.parametrize(
+  ("m", "k", "n", "block_n", "stages", "epi_n"),
+  [
+    (8192, 4096, 14336, 128, 4, 128),
+    (2048, 2048, 8192, 128, 4, 128),
+    (512, 4096, 14336, 64, 6, 64),
+    (8192, 4096, 192, 64, 4, 64),
+  ],
+)
+def test_heuristic_is_the_documented_choice(m, k, n, block_n, stages, epi_n):
+  """docs/perf_decisions.md, Gated linear unit: grid row-tile bands of 8 (2.68 against 3.07
+  ms with 16) at every shape; few row tiles (M=512) take 64-column blocks, 6 stages and a
+  64-column epilogue, measured against (128, 4, 128), which the other shapes take; N=192,
+  which 128 does not tile, takes 64-column blocks."""
+  record = spec.canonicalize(
+    jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((k, 2, n), jnp.bfloat16)
+  )
+  config = mosaic.MosaicGatedLinearUnit()._get_heuristics_config(record)
+  want = mosaic.MosaicGluConfig(
+    block_n=block_n, num_stages=stages, epi_n=epi_n, grid_tile_m=8, cluster=1
+  )
+  assert config == want
+
+
 def test_every_autotuning_config_is_supported():
   """The candidates tried on the device all pass the kernel's config checks."""
   op = mosaic.MosaicGatedLinearUnit()
@@ -511,6 +535,19 @@ def test_every_autotuning_config_is_supported():
     assert configs
     for config in configs:
       assert mosaic._config_reason(record, config, False) is None, (m, k, n, config)
+
+
+def test_autotuning_tries_configs_only_the_plain_forward_fits():
+  """At 8192x4096x14336 the heuristic's (128-column blocks, 4 stages, a 128-column epilogue)
+  takes 4 x (128 + 2 x 128) x 64 x 2 + 2 x 64 x 128 x 2 = 229376 bytes of shared memory, under
+  227 KiB less 1 KiB; the kernel that also writes the residuals (a ring of two epilogue
+  buffers) would need 262144. The plain forward's candidates still include it."""
+  m, k, n = 8192, 4096, 14336
+  record = spec.canonicalize(
+    jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((k, 2, n), jnp.bfloat16)
+  )
+  config = mosaic.MosaicGluConfig(block_n=128, num_stages=4, epi_n=128, grid_tile_m=8)
+  assert config in mosaic.MosaicGatedLinearUnit()._get_autotuning_configs(record)
 
 
 def test_rows_reach_the_kernel_padded_to_the_tma_row_tile(monkeypatch):
