@@ -16050,6 +16050,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Mosaic GLU autotuning drops every config that only the plain forward fits (the heuristic's"
     " at 8192x4096x14336 among them), so tuning never tries it.",
   ),
+  Mutation(
+    "timing.fallback_warning_blames_the_callers_caller",
+    _TIMING_SRC,
+    'warnings.warn(f"device_time fell back to wallclock: {reason}", stacklevel=2)',
+    'warnings.warn(f"device_time fell back to wallclock: {reason}", stacklevel=3)',
+    (_TIMING, "-k", "fallback_keeps_its_reason"),
+    "The CUPTI fallback warning names a line above device_time's caller, so filters by the"
+    " caller's module miss it.",
+  ),
 )
 
 

@@ -76,8 +76,10 @@ def test_min_seconds_asks_for_more_iterations_up_to_the_cap(monkeypatch, method)
 
 def test_cupti_fallback_keeps_its_reason(monkeypatch):
   monkeypatch.setattr(timing, "cupti_times", lambda *args: None)  # As where CUPTI cannot load.
-  with pytest.warns(UserWarning, match="fell back to wallclock"):
+  with pytest.warns(UserWarning, match="fell back to wallclock") as caught:
     out = timing.device_time(lambda: None, [()], warmup=1, iterations=3, method=timing.CUPTI)
+  # The warning points at the caller of device_time (this file), not at timing.py or above.
+  assert [w.filename for w in caught] == [__file__]
   assert out.method == timing.WALLCLOCK and len(out.times_s) == 3
   assert out.fallback_reason == "CUPTI is unavailable here"
   assert out.as_dict()["fallback_reason"] == "CUPTI is unavailable here"
