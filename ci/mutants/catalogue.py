@@ -16059,6 +16059,30 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The CUPTI fallback warning names a line above device_time's caller, so filters by the"
     " caller's module miss it.",
   ),
+  Mutation(
+    "records.ratio_is_the_median",
+    _RECORDS_SRC,
+    "return self.median_ms / self.anchor_ms",
+    "return self.median_ms",
+    (_RECORDS_TESTS, "-k", "good_record_has_no_errors"),
+    "A record's ratio to its anchor is its own median time, whatever the anchor took.",
+  ),
+  Mutation(
+    "records.ratio_is_a_product",
+    _RECORDS_SRC,
+    "return self.median_ms / self.anchor_ms",
+    "return self.median_ms * self.anchor_ms",
+    (_RECORDS_TESTS, "-k", "good_record_has_no_errors"),
+    "A record's ratio to its anchor multiplies the two times instead of dividing them.",
+  ),
+  Mutation(
+    "records.zero_dimension_refused",
+    _RECORDS_SRC,
+    "and v >= 0",
+    "and v >= 1",
+    (_RECORDS_TESTS, "-k", "good_record_has_no_errors"),
+    "A record of a case with an empty dimension (0) is refused as not non-negative.",
+  ),
 )
 
 

@@ -102,6 +102,8 @@ def test_a_good_record_has_no_errors():
   assert records.validate_record(_good()) == []
   assert records.validate({"schema": 1, "note": "n", "records": [_good()]}) == []
   assert records.from_dict(_good()).ratio == 2.0
+  # A dimension of 0 is non-negative (an empty case), and -1 is not (in the bad records below).
+  assert records.validate_record(_good() | {"shape": {"M": 0, "D": 64}}) == []
 
 
 @pytest.mark.parametrize(
