@@ -16005,6 +16005,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_MOSAIC_ATTENTION, "-k", "register_limit"),
     "Three consumers refuse block_kv * head_dim = 8192 (block_kv 128 at H64), the heuristic's own.",
   ),
+  Mutation(
+    "attention.mosaic_fwd_overlap_masked_tail_repeats_plain_blocks",
+    _ATTENTION + "mosaic_fwd.py",
+    "carry = lax.fori_loop(jnp.maximum(after_first, full_hi), hi, masked_step, carry)",
+    "carry = lax.fori_loop(jnp.minimum(after_first, full_hi), hi, masked_step, carry)",
+    (_MOSAIC_ATTENTION, "-k", "overlap_qk_waits_for_each_key_block_once"),
+    "overlap_qk forward with two or more unmasked key blocks takes them again in its masked"
+    " tail and hangs waiting on copies the producer never makes.",
+  ),
 )
 
 
