@@ -16014,6 +16014,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "overlap_qk forward with two or more unmasked key blocks takes them again in its masked"
     " tail and hangs waiting on copies the producer never makes.",
   ),
+  Mutation(
+    "cudnn.causal_window_right_bound_one",
+    _ATTENTION + "cudnn.py",
+    "      window = (window[0], 0)",
+    "      window = (window[0], 1)",
+    ("suites/core/test_cudnn_arguments.py", "-k", "left_bound"),
+    "cuDNN attention with a causal local window and sequence lengths raises (jax.nn: cuDNN"
+    " doesn't support right window).",
+  ),
 )
 
 
