@@ -16023,6 +16023,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "cuDNN attention with a causal local window and sequence lengths raises (jax.nn: cuDNN"
     " doesn't support right window).",
   ),
+  Mutation(
+    "attention.mosaic_tpu_vmem_key_broadcast_plane_free",
+    _ATTENTION + "mosaic_tpu.py",
+    "(block_kv if x.shape[3] > 1 else 1) * 4",
+    "(block_kv if x.shape[3] > 1 else 0) * 4",
+    (_TPU_ATTENTION, "-k", "broadcast_over_the_keys"),
+    "TPU attention VMEM: a bias or mask plane broadcast over the keys counts no bytes, so"
+    " configs that do not fit pass the check.",
+  ),
 )
 
 
