@@ -16083,6 +16083,33 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_RECORDS_TESTS, "-k", "good_record_has_no_errors"),
     "A record of a case with an empty dimension (0) is refused as not non-negative.",
   ),
+  Mutation(
+    "attention.mosaic_fwd_overlap_masked_tail_repeats_plain_blocks",
+    _ATTENTION + "mosaic_fwd.py",
+    "carry = lax.fori_loop(jnp.maximum(after_first, full_hi), hi, masked_step, carry)",
+    "carry = lax.fori_loop(jnp.minimum(after_first, full_hi), hi, masked_step, carry)",
+    (_MOSAIC_ATTENTION, "-k", "overlap_qk_waits_for_each_key_block_once"),
+    "overlap_qk forward with two or more unmasked key blocks takes them again in its masked"
+    " tail and hangs waiting on copies the producer never makes.",
+  ),
+  Mutation(
+    "cudnn.causal_window_right_bound_one",
+    _ATTENTION + "cudnn.py",
+    "      window = (window[0], 0)",
+    "      window = (window[0], 1)",
+    ("suites/core/test_cudnn_arguments.py", "-k", "left_bound"),
+    "cuDNN attention with a causal local window and sequence lengths raises (jax.nn: cuDNN"
+    " doesn't support right window).",
+  ),
+  Mutation(
+    "attention.mosaic_tpu_vmem_key_broadcast_plane_free",
+    _ATTENTION + "mosaic_tpu.py",
+    "(block_kv if x.shape[3] > 1 else 1) * 4",
+    "(block_kv if x.shape[3] > 1 else 0) * 4",
+    (_TPU_ATTENTION, "-k", "broadcast_over_the_keys"),
+    "TPU attention VMEM: a bias or mask plane broadcast over the keys counts no bytes, so"
+    " configs that do not fit pass the check.",
+  ),
 )
 
 

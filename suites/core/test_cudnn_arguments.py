@@ -62,3 +62,27 @@ def test_cudnn_call_matches_the_reference(case, calls):
   expected = references.high_precision(references.attention)(q, k, v, **kw)
   assert len(calls) == 1
   np.testing.assert_allclose(np.asarray(out, np.float64), expected, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("lengths", [False, True])
+def test_causal_window_reaches_cudnn_as_its_left_bound(monkeypatch, lengths):
+  """jax.nn's own cuDNN branch (only the cuDNN kernel stubbed): cuDNN's sliding window bounds
+  keys on the left only, so a causal window (2, 3) reaches it as 3 keys, also with sequence
+  lengths, where jax.nn refuses a right bound other than 0 ("cuDNN doesn't support right
+  window")."""
+  from jax._src.nn import functions
+
+  seen = {}
+
+  def fake_cudnn(query, *args, sliding_window_length=None, **kwargs):
+    seen["window"] = sliding_window_length
+    return jnp.zeros_like(query)
+
+  monkeypatch.setattr(functions, "cudnn_dot_product_attention", fake_cudnn)
+  q = jnp.zeros((B, T, N, H), jnp.bfloat16)
+  kv = jnp.zeros((B, S, K, H), jnp.bfloat16)
+  kw = dict(key_value_seq_lengths=jnp.array([8, 3])) if lengths else {}
+  args = spec.canonicalize(q, kv, kv, is_causal=True, local_window_size=(2, 3), **kw)
+  out, _ = cudnn.CudnnAttention()._fwd(args, None)
+  assert seen["window"] == 3
+  assert out.shape == (B, T, N, H)

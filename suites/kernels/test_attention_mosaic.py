@@ -156,7 +156,7 @@ def _case_main(name: str) -> None:
   print("RESULT " + json.dumps(res), flush=True)
 
 
-def _run_case(name: str) -> tuple[dict, str]:
+def _run_case(name: str, timeout: float = 600) -> tuple[dict, str]:
   # The interpreter runs each CTA's three warpgroups as threads that block on
   # one another inside XLA's CPU runtime; with the default pool (one thread per
   # core) a 2-core machine deadlocks, so the case runs in a fresh process with
@@ -165,7 +165,12 @@ def _run_case(name: str) -> tuple[dict, str]:
   root = os.path.dirname(os.path.dirname(os.path.dirname(_HERE)))
   env["PYTHONPATH"] = os.pathsep.join([os.path.join(root, "src"), root, env.get("PYTHONPATH", "")])
   proc = subprocess.run(
-    [sys.executable, _HERE, name], capture_output=True, text=True, env=env, timeout=600, check=False
+    [sys.executable, _HERE, name],
+    capture_output=True,
+    text=True,
+    env=env,
+    timeout=timeout,
+    check=False,
   )
   lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
   assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -187,6 +192,19 @@ def test_interpret_matches_xla(name):
     assert _KNOWN_RACE.search(race), race
   if not CASES[name].grads:  # Forward only: no race at all.
     assert not races and not res["races_found_last_kernel"]
+
+
+def test_overlap_qk_waits_for_each_key_block_once():
+  """The `overlap_qk` schedule with unmasked steps between its first and its masked last step
+  matches XLA. A step loop that takes a key block twice waits on a copy the producer never
+  makes and hangs, so the case (seconds) gets 150 s, not the 600 s of the cases above."""
+  name = "overlap_qk_plain_steps_padded_fwd"
+  try:
+    res, stdout = _run_case(name, timeout=150)
+  except subprocess.TimeoutExpired:
+    pytest.fail(f"{name} ran past 150 s: a consumer waits on a key block never copied")
+  assert res["finite"] and res["out"] < 1e-2, res
+  assert "RACE DETECTED" not in stdout and not res["races_found_last_kernel"]
 
 
 def _positional(masking, rows, cols, q_len, kv_len):

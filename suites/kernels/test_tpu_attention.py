@@ -498,6 +498,20 @@ def test_vmem_counts_the_plane_blocks():
       assert got - mosaic_tpu.vmem_bytes(plain, bq, bk, backward) == planes, (bq, bk, backward)
 
 
+def test_vmem_counts_a_plane_broadcast_over_the_keys():
+  """A bias broadcast in S ([B, N, T, 1]: a [block_q, 1] block) adds its double-buffered
+  float32 block, 2 * block_q * 4 bytes, to the forward's and the backward's VMEM."""
+  b, t, s, n, h = 2, 1024, 1024, 4, 128
+  plain = _record(b, t, s, n, n, h, "bfloat16")
+  structs = [jax.ShapeDtypeStruct(x, jnp.bfloat16) for x in ((b, t, n, h), (b, s, n, h))]
+  bias = jax.ShapeDtypeStruct((b, n, t, 1), jnp.float32)
+  with_bias = jax.eval_shape(lambda q, k, bias: spec.canonicalize(q, k, k, bias), *structs, bias)
+  for bq, bk in ((128, 256), (256, 512)):
+    for backward in (False, True):
+      got = mosaic_tpu.vmem_bytes(with_bias, bq, bk, backward)
+      assert got - mosaic_tpu.vmem_bytes(plain, bq, bk, backward) == 2 * bq * 4, (bq, bk)
+
+
 def test_backward_vmem_counts_by_hand():
   """The backward's VMEM, bfloat16 with H=64 and hv=128 (so that the key and value sides
   differ): double-buffered q and dout [block_q, H|hv], k and v [block_kv, H|hv], the float32

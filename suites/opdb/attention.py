@@ -428,6 +428,15 @@ _MOSAIC_CASES = {
     features=dict(is_causal=True),
     config=dict(block_kv=64, overlap_qk=True, schedule_barrier=False),
   ),
+  # overlap_qk over whole key blocks: keys padded from 200 to 256 leave blocks 0-2 all
+  # visible and block 3 partly, so each consumer runs its first step, two unmasked steps and
+  # a masked one (in the cases above no unmasked step follows the first).
+  "overlap_qk_plain_steps_padded_fwd": kc.AttentionKernelCase(
+    dict(b=1, t=128, s=200, n=2, k=1, h=64),
+    "bfloat16",
+    grads=False,
+    config=dict(block_kv=64, overlap_qk=True),
+  ),
 }
 # Compiled on a Hopper GPU: outputs and gradients against XLA, and determinism.
 _MOSAIC_GPU_CASES = {
