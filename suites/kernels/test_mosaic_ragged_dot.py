@@ -475,6 +475,20 @@ def test_backward_reason_judges_the_gradients_own_configs():
   assert impl._unsupported_reason(dlhs) is not None  # The forward's config would refuse it.
 
 
+def _interpreted_drhs(lhs, rhs, sizes, config, before=None):
+  """The drhs kernel on 2 CTAs in the Mosaic GPU interpreter with race detection, float32 out."""
+  return mosaic_drhs.ragged_contracting_dot(
+    lhs,
+    rhs,
+    sizes,
+    before,
+    out_dtype=jnp.float32,
+    config=config,
+    num_sms=2,
+    interpret=plgpu.InterpretGPUParams(detect_races=True),
+  )
+
+
 @pytest.mark.parametrize("chunk_align", [8, 64])
 @pytest.mark.host_only
 def test_interpret_drhs_chunks_at_group_starts(chunk_align, capfd):
@@ -489,16 +503,7 @@ def test_interpret_drhs_chunks_at_group_starts(chunk_align, capfd):
     block_n=64, block_m=64, num_stages=2, epi_n=64, chunk_align=chunk_align
   )
   assert mosaic_drhs.config_reason(config, m, k, n, 2, 4) is None
-  out = mosaic_drhs.ragged_contracting_dot(
-    lhs,
-    rhs,
-    sizes,
-    jnp.int32(5),
-    out_dtype=jnp.float32,
-    config=config,
-    num_sms=2,
-    interpret=plgpu.InterpretGPUParams(detect_races=True),
-  )
+  out = _interpreted_drhs(lhs, rhs, sizes, config, before=jnp.int32(5))
   # The 5 rows before are a group of the reference that the offset skips.
   ref = references.high_precision(references.ragged_dot_general)(
     lhs,
@@ -528,16 +533,7 @@ def test_interpret_drhs_masks_chunks_just_past_a_group_only(capfd):
   config = mosaic_drhs.MosaicRaggedDotDrhsConfig(
     block_n=64, block_m=64, num_stages=2, epi_n=64, chunk_align=64
   )
-  out = mosaic_drhs.ragged_contracting_dot(
-    lhs,
-    rhs,
-    sizes,
-    None,
-    out_dtype=jnp.float32,
-    config=config,
-    num_sms=2,
-    interpret=plgpu.InterpretGPUParams(detect_races=True),
-  )
+  out = _interpreted_drhs(lhs, rhs, sizes, config)
   ref = references.high_precision(references.ragged_dot_general)(
     lhs, rhs, sizes, spec.RAGGED_CONTRACTING
   )
@@ -559,16 +555,7 @@ def test_interpret_drhs_counts_a_chunk_for_one_row_past_whole_chunks(capfd):
   rhs = jnp.asarray(rng.standard_normal((m, n)), jnp.bfloat16)
   config = mosaic_drhs.MosaicRaggedDotDrhsConfig(block_n=64, block_m=64, num_stages=2, epi_n=64)
   assert mosaic_drhs.chunk_align(config) == 8
-  out = mosaic_drhs.ragged_contracting_dot(
-    lhs,
-    rhs,
-    sizes,
-    None,
-    out_dtype=jnp.float32,
-    config=config,
-    num_sms=2,
-    interpret=plgpu.InterpretGPUParams(detect_races=True),
-  )
+  out = _interpreted_drhs(lhs, rhs, sizes, config)
   assert "RACE DETECTED" not in capfd.readouterr().out
   # float64 per group: lhs[rows of g].T @ rhs[rows of g].
   a, b = np.asarray(lhs, np.float64), np.asarray(rhs, np.float64)
@@ -595,16 +582,7 @@ def test_interpret_drhs_ignores_non_finite_rhs_rows_outside_the_group():
   rhs_np[110] = np.nan
   rhs = jnp.asarray(rhs_np, jnp.bfloat16)
   config = mosaic_drhs.MosaicRaggedDotDrhsConfig(block_n=64, block_m=64, num_stages=2, epi_n=64)
-  out = mosaic_drhs.ragged_contracting_dot(
-    lhs,
-    rhs,
-    sizes,
-    None,
-    out_dtype=jnp.float32,
-    config=config,
-    num_sms=2,
-    interpret=plgpu.InterpretGPUParams(),
-  )
+  out = _interpreted_drhs(lhs, rhs, sizes, config)
   a, b = np.asarray(lhs, np.float64), rhs_np.astype(np.float64)
   want = np.stack([a[s:e].T @ b[s:e] for s, e in ((0, 61), (61, 101))])
   np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=1e-5, atol=1e-4)
