@@ -16110,6 +16110,23 @@ MUTATIONS: tuple[Mutation, ...] = (
     "TPU attention VMEM: a bias or mask plane broadcast over the keys counts no bytes, so"
     " configs that do not fit pass the check.",
   ),
+  Mutation(
+    "history.drift_max_error_is_the_least",
+    _HISTORY_SRC,
+    '    "drift_max_error": float(err.max()) if err.size else 0.0,',
+    '    "drift_max_error": float(err.min()) if err.size else 0.0,',
+    ("suites/history/test_history.py", "-k", "drift_max_error_is_the_largest"),
+    "A record's drift_max_error is the smallest error against the reference (about 0), so a"
+    " large error at one element reads as none.",
+  ),
+  Mutation(
+    "history.anchor_ratio_of_a_zero_round",
+    _HISTORY_SRC,
+    "  return [o / a for o, a in zip(ours, theirs, strict=True) if a > 0]",
+    "  return [o / a for o, a in zip(ours, theirs, strict=True) if a >= 0]",
+    ("suites/history/test_history.py", "-k", "anchor_rounds_of_zero_time"),
+    "The check raises ZeroDivisionError on a record whose anchor has a round timed at 0 ms.",
+  ),
 )
 
 

@@ -329,3 +329,38 @@ def test_drift_is_measured_at_the_op_databases_golden_shape():
   out = history.drift(bcase.case, xla)
   assert out["drift_shape"] == golden
   assert out["drift_ok"] and out["drift_ratio"] < 1.0
+
+
+def test_drift_max_error_is_the_largest_error():
+  """A planted error of 0.5 at one element of layer_norm's output: the record's
+  drift_max_error is that 0.5 (the largest error), not the error elsewhere (float32
+  rounding, about 1e-6)."""
+  import jax.numpy as jnp
+
+  bcase = bench_cases.bench_cases("cpu", op="layer_norm")[0]
+  (xla,) = [
+    i for i in bench_cases.implementations("layer_norm", hardware.detect()) if i.name == "xla"
+  ]
+
+  def planted(*a, **k):
+    out = xla(*a, **k)
+    return out + 0.5 * (jnp.arange(out.size).reshape(out.shape) == 0)
+
+  out = history.drift(bcase.case, planted)
+  assert out["drift_max_error"] == pytest.approx(0.5, abs=1e-3)
+  assert out["drift_ratio"] > 1.0 and not out["drift_ok"]
+  assert history.drift(bcase.case, xla)["drift_max_error"] < 1e-3
+
+
+def test_anchor_rounds_of_zero_time_give_no_ratio():
+  """An anchor round timed at 0 ms (a kernel timer that saw no kernel) has no ratio: the
+  others' ratios stand, and the check does not divide by zero."""
+  record = {
+    "device_time_median_ms": 2.0,
+    "device_time_rounds_ms": [1.0, 2.0, 3.0],
+    "anchor": "jnp",
+    "anchor_rounds_ms": [0.5, 0.0, 1.5],
+  }
+  assert history._anchor_ratios(record) == [2.0, 2.0]
+  past = [dict(record, device_time_median_ms=1.0, device_time_rounds_ms=[1.0] * 3)] * 3
+  assert history.verdict(record, past).runs == 3
