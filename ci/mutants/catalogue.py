@@ -16127,6 +16127,23 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/history/test_history.py", "-k", "anchor_rounds_of_zero_time"),
     "The check raises ZeroDivisionError on a record whose anchor has a round timed at 0 ms.",
   ),
+  Mutation(
+    "bench_run.kernels_off_on_gpu",
+    "bench/run.py",
+    '  if kernels and jax.default_backend() == "gpu":',
+    '  if kernels and jax.default_backend() != "gpu":',
+    (_BENCH_RUN_TESTS, "-k", "per_kernel_breakdown"),
+    "--kernels gives no per-kernel CUPTI times on a GPU (and asks CUPTI for them elsewhere).",
+  ),
+  Mutation(
+    "bench_run.kernels_on_the_second_rotation",
+    "bench/run.py",
+    "          c.kernels_ms = per_kernel_ms(c.compiled, calls[c.key][0])",
+    "          c.kernels_ms = per_kernel_ms(c.compiled, calls[c.key][1])",
+    (_BENCH_RUN_TESTS, "-k", "per_kernel_breakdown"),
+    "With --rotations 1, --kernels gives no per-kernel breakdown (the second input set does"
+    " not exist).",
+  ),
 )
 
 

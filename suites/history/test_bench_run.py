@@ -477,3 +477,35 @@ def test_main_passes_its_options_and_writes_the_note(monkeypatch, tmp_path):
   assert records.note(str(out)) == "what it shows" and len(records.load(str(out))) == 1
   monkeypatch.setattr(run_lib, "run", lambda family, **kwargs: [])
   assert run_lib.main(["--family", "h100"]) == 1
+
+
+@pytest.mark.parametrize("backend", ["gpu", "cpu"])
+def test_kernels_adds_the_per_kernel_breakdown_on_gpu_only(monkeypatch, backend):
+  """`--kernels` (GPU only): on a GPU every contender that ran gets its per-kernel times,
+  taken on its call arguments (one rotation here: `--rotations 1`); elsewhere none is asked."""
+  asked = []
+
+  def fake_kernels(compiled, args):
+    asked.append((compiled.name, args))
+    return [["fusion", 0.5], ["gemm", 1.5]]
+
+  monkeypatch.setattr(run_lib, "_compile", lambda bcase, c, a: (_Compiled(c.name), [("x",)]))
+  monkeypatch.setattr(
+    run_lib.timing,
+    "device_time",
+    lambda *a, **k: types.SimpleNamespace(median_ms=2.0, method="fake"),
+  )
+  monkeypatch.setattr(run_lib, "per_kernel_ms", fake_kernels)
+  monkeypatch.setattr(run_lib.jax, "default_backend", lambda: backend)
+  contenders = [run_lib.Contender(name, fn=None) for name in ("a", "b")]
+  bcase = types.SimpleNamespace(op="op", id="case")
+  log = []
+  ran = run_lib.time_case(
+    bcase, contenders, [()], rounds=1, iterations=1, warmup=1, log=log.append, kernels=True
+  )
+  assert [c.name for c in ran] == ["a", "b"] and not log, log
+  if backend == "gpu":
+    assert asked == [("a", ("x",)), ("b", ("x",))]
+    assert all(c.kernels_ms == [["fusion", 0.5], ["gemm", 1.5]] for c in ran)
+  else:
+    assert asked == [] and all(c.kernels_ms is None for c in ran)
