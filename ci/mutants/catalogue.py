@@ -16144,6 +16144,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     "With --rotations 1, --kernels gives no per-kernel breakdown (the second input set does"
     " not exist).",
   ),
+  Mutation(
+    "dashboard.bench_label_without_shape_key",
+    "bench/dashboard.py",
+    '  shape = r.get("shape_key") or history.shape_key(r.get("shapes", {}))',
+    '  shape = r.get("shape_key") and history.shape_key(r.get("shapes", {}))',
+    ("suites/history/test_dashboard.py", "-k", "page_data_keeps"),
+    "The dashboard's table names an older record's benchmark (one without shape_key) with"
+    " shape None instead of its shapes.",
+  ),
+  Mutation(
+    "dashboard.main_exit_status",
+    "bench/dashboard.py",
+    '  print(f"wrote {args.out}: {len(records)} records, {runs} runs")\n  return 0',
+    '  print(f"wrote {args.out}: {len(records)} records, {runs} runs")\n  return 1',
+    ("suites/history/test_dashboard.py", "-k", "committed_history_builds"),
+    "python -m bench.dashboard exits with status 1 after writing the page, failing the"
+    " scripts that build it.",
+  ),
 )
 
 

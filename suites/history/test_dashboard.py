@@ -324,3 +324,8 @@ def test_page_data_keeps_what_the_script_plots():
   assert rows[1]["shape_key"] == "n=4096"
   assert rows[0]["shape_key"] == "d=256,rows=8"
   assert len(data["table"]) == 2  # Two shapes: two series.
+  # The series table names the older one's benchmark by its shapes too.
+  assert sorted(t["bench"] for t in data["table"]) == [
+    "plain d=256,rows=8 bfloat16 fwd",
+    "plain n=4096 bfloat16 fwd",
+  ]
