@@ -16110,6 +16110,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "TPU attention VMEM: a bias or mask plane broadcast over the keys counts no bytes, so"
     " configs that do not fit pass the check.",
   ),
+  Mutation(
+    "triton_attention.key_range_whole_left_window",
+    _ATTENTION + "triton_flash.py",
+    "tl.cdiv(tl.maximum(m0 + BLOCK_M - 1 - LEFT, 0), BLOCK_N)",
+    "tl.cdiv(tl.maximum(m0 + BLOCK_M - 1 + LEFT, 0), BLOCK_N)",
+    (_TRITON_ATTENTION, "-k", "block_ranges_run_whole_blocks_unmasked"),
+    "Triton attention with a left window: key blocks every query row sees in full still run"
+    " the masked loop (slower forward and dQ, contrary to the documented block rule).",
+  ),
 )
 
 
