@@ -16119,6 +16119,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton attention with a left window: key blocks every query row sees in full still run"
     " the masked loop (slower forward and dQ, contrary to the documented block rule).",
   ),
+  Mutation(
+    "ragged_dot.mosaic_tpu_transposed_dead_items_matmul",
+    _TPU_RAGGED_KERNEL,
+    "  end = jnp.where(live, ends[group], 0)",
+    "  end = jnp.where(live, ends[group], 1)",
+    (_TPU_RAGGED, "-k", "dead_items_do_nothing"),
+    "TPU ragged_dot rhs gradient: the work list's dead items get a one-row range, so where"
+    " the last group lies in the first tile each runs a wasted matmul into the accumulator.",
+  ),
 )
 
 
