@@ -16128,6 +16128,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     "TPU ragged_dot rhs gradient: the work list's dead items get a one-row range, so where"
     " the last group lies in the first tile each runs a wasted matmul into the accumulator.",
   ),
+  Mutation(
+    "triton_call.interpreted_guard_margin_fixed_4k",
+    _TRITON_CALL,
+    "  margin = max(4096, -(-nbytes // 64) * 64)",
+    "  margin = max(4096, -nbytes * 64)",
+    (_TRITON_CALL_TESTS, "-k", "margins_are_as_large"),
+    "Triton interpreter guards: outputs over 4 KiB get only 4 KiB margins, so a kernel storing"
+    " further past an output writes into other memory instead of raising.",
+  ),
+  Mutation(
+    "triton_call.interpreted_guard_margin_64x",
+    _TRITON_CALL,
+    "  margin = max(4096, -(-nbytes // 64) * 64)",
+    "  margin = max(4096, -(-nbytes) * 64)",
+    (_TRITON_CALL_TESTS, "-k", "margins_are_as_large"),
+    "Triton interpreter guards: each margin is 64 times the output's size, so interpreted"
+    " launches of larger outputs take 129 times their memory.",
+  ),
 )
 
 
