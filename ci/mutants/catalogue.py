@@ -16162,6 +16162,42 @@ MUTATIONS: tuple[Mutation, ...] = (
     "python -m bench.dashboard exits with status 1 after writing the page, failing the"
     " scripts that build it.",
   ),
+  Mutation(
+    "triton_attention.key_range_whole_left_window",
+    _ATTENTION + "triton_flash.py",
+    "tl.cdiv(tl.maximum(m0 + BLOCK_M - 1 - LEFT, 0), BLOCK_N)",
+    "tl.cdiv(tl.maximum(m0 + BLOCK_M - 1 + LEFT, 0), BLOCK_N)",
+    (_TRITON_ATTENTION, "-k", "block_ranges_run_whole_blocks_unmasked"),
+    "Triton attention with a left window: key blocks every query row sees in full still run"
+    " the masked loop (slower forward and dQ, contrary to the documented block rule).",
+  ),
+  Mutation(
+    "ragged_dot.mosaic_tpu_transposed_dead_items_matmul",
+    _TPU_RAGGED_KERNEL,
+    "  end = jnp.where(live, ends[group], 0)",
+    "  end = jnp.where(live, ends[group], 1)",
+    (_TPU_RAGGED, "-k", "dead_items_do_nothing"),
+    "TPU ragged_dot rhs gradient: the work list's dead items get a one-row range, so where"
+    " the last group lies in the first tile each runs a wasted matmul into the accumulator.",
+  ),
+  Mutation(
+    "triton_call.interpreted_guard_margin_fixed_4k",
+    _TRITON_CALL,
+    "  margin = max(4096, -(-nbytes // 64) * 64)",
+    "  margin = max(4096, -nbytes * 64)",
+    (_TRITON_CALL_TESTS, "-k", "margins_are_as_large"),
+    "Triton interpreter guards: outputs over 4 KiB get only 4 KiB margins, so a kernel storing"
+    " further past an output writes into other memory instead of raising.",
+  ),
+  Mutation(
+    "triton_call.interpreted_guard_margin_64x",
+    _TRITON_CALL,
+    "  margin = max(4096, -(-nbytes // 64) * 64)",
+    "  margin = max(4096, -(-nbytes) * 64)",
+    (_TRITON_CALL_TESTS, "-k", "margins_are_as_large"),
+    "Triton interpreter guards: each margin is 64 times the output's size, so interpreted"
+    " launches of larger outputs take 129 times their memory.",
+  ),
 )
 
 

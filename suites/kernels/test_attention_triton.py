@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import triton
+import triton.language as tl
 
 import tokamax
 from suites import opdb
@@ -27,6 +28,7 @@ from suites.kernels.gpu_limits import SMEM_LIMIT
 from tokamax._src import device, triton_call
 from tokamax._src.ops.attention import spec
 from tokamax._src.ops.attention import triton as attention_triton
+from tokamax._src.ops.attention.triton_flash import _key_range, _query_range
 from tokamax_harness import compare
 
 # The summary counts these under the op and implementation they check.
@@ -603,6 +605,106 @@ def test_interpreted_logits_far_below_zero():
   kw = dict(seed=14, dtype=jnp.float32, b=1, t=37, s=45, n=2, k=1, h=16, bias=(1, 2, 37, 45))
   config = attention_triton.TritonAttentionConfig(16, 16, 4, 2, 16, 16, 4, 2)
   _check_interpreted(kw, config, bias_shift=-120.0)
+
+
+@triton.jit
+def _block_ranges(
+  q_len,
+  kv_len,
+  out_ptr,
+  KEYS: tl.constexpr,
+  T: tl.constexpr,
+  BLOCK_M: tl.constexpr,
+  BLOCK_N: tl.constexpr,
+  CAUSAL: tl.constexpr,
+  LEFT: tl.constexpr,
+  RIGHT: tl.constexpr,
+):
+  """Stores (lo, full_lo, full_hi, hi) of program i's block: `_key_range` of query block i
+  (KEYS) or `_query_range` of key block i."""
+  pid = tl.program_id(0)
+  if KEYS:
+    lo, full_lo, full_hi, hi = _key_range(
+      pid * BLOCK_M, q_len, kv_len, BLOCK_M, BLOCK_N, CAUSAL, LEFT, RIGHT
+    )
+  else:
+    lo, full_lo, full_hi, hi = _query_range(
+      pid * BLOCK_N, q_len, kv_len, T, BLOCK_M, BLOCK_N, CAUSAL, LEFT, RIGHT
+    )
+  tl.store(out_ptr + pid * 4 + 0, lo)
+  tl.store(out_ptr + pid * 4 + 1, full_lo)
+  tl.store(out_ptr + pid * 4 + 2, full_hi)
+  tl.store(out_ptr + pid * 4 + 3, hi)
+
+
+def _pairs_visible(rows, keys, kv_len, causal, left, right):
+  """Positional visibility of every (row, key) pair: bool [rows, keys]."""
+  r, c = np.asarray(rows)[:, None], np.asarray(keys)[None, :]
+  ok = np.broadcast_to(c < kv_len, (r.size, c.size)).copy()
+  if causal:
+    ok &= c <= r
+  if left >= 0:
+    ok &= c >= r - left
+  if right >= 0:
+    ok &= c <= r + right
+  return ok
+
+
+@pytest.mark.host_only
+def test_interpreted_block_ranges_run_whole_blocks_unmasked():
+  """The kernels' block loops, as the module docstring states them: every block a row can
+  see is visited, and of the visited blocks exactly those that every row (query blocks:
+  every key) sees in full run without positional masks. For the forward and dQ loops (key
+  blocks of a query block) and the dK/dV loop (query blocks of a key block, whose unmasked
+  loads also need the whole block inside T), against pairwise visibility in numpy."""
+  t, s = 45, 61
+  lengths = [(t, s), (30, 50), (0, s), (t, 0)]
+  visibility = [(False, -1, -1), (True, -1, -1), (False, 40, -1), (True, 33, -1)]
+  visibility += [(False, 17, 1), (False, 20, 35), (False, -1, 17), (True, 30, 5)]
+  with triton_call.interpret():
+    for bm, bn in [(16, 16), (16, 32), (32, 16)]:
+      for causal, left, right in visibility:
+        for q_len, kv_len in lengths:
+          for keys in (True, False):
+            count = -(-t // bm) if keys else -(-s // bn)
+            ranges = triton_call.call(
+              _block_ranges,
+              q_len,
+              kv_len,
+              out_shape=jax.ShapeDtypeStruct((count, 4), jnp.int32),
+              grid=(count,),
+              KEYS=keys,
+              T=t,
+              BLOCK_M=bm,
+              BLOCK_N=bn,
+              CAUSAL=causal,
+              LEFT=left,
+              RIGHT=right,
+            )
+            where = f"blocks {bm}x{bn} causal={causal} window=({left}, {right}) "
+            where += f"lengths=({q_len}, {kv_len}) {'key' if keys else 'query'} range"
+            for i, (lo, full_lo, full_hi, hi) in enumerate(np.asarray(ranges).tolist()):
+              # The loops' tiles: [lo, full_lo) and [full_hi, hi) masked, the rest not.
+              step = bn if keys else bm
+              assert lo <= full_lo <= full_hi <= hi, (where, i)
+              tiles = {x: True for x in range(lo, full_lo, step)}
+              tiles |= {x: False for x in range(full_lo, full_hi, step)}
+              tiles |= {x: True for x in range(full_hi, hi, step)}
+              assert all(x % step == 0 for x in tiles), (where, i, tiles)
+              assert len(tiles) == len(range(lo, full_lo, step)) + len(
+                range(full_lo, full_hi, step)
+              ) + len(range(full_hi, hi, step)), (where, i)
+              own = np.arange(i * (bm if keys else bn), (i + 1) * (bm if keys else bn))
+              for x in range(0, s if keys else t, step):
+                other = np.arange(x, x + step)
+                rows, cols = (own, other) if keys else (other, own)
+                ok = _pairs_visible(rows, cols, kv_len, causal, left, right)
+                whole = bool(ok.all()) and (keys or x + step <= t)
+                seen = bool(ok[rows < q_len].any())
+                if seen:
+                  assert x in tiles, (where, i, x, "a visible block is skipped")
+                if x in tiles:
+                  assert tiles[x] == (not whole), (where, i, x, "masked" if tiles[x] else "whole")
 
 
 def _check_interpreted(kw, config, lengths=None, bias_shift=0.0):

@@ -703,3 +703,55 @@ def test_a_fixed_config_that_fits_every_gradient_is_theirs():
     assert mosaic_tpu.config_reason(record, config) is None, record.layout
     assert heuristic._get_heuristics_config(record) != config, record.layout
     assert impl._gradient_config(record) == config, record.layout
+
+
+def test_transposed_dead_items_do_nothing(monkeypatch):
+  """The module docstring: work items past the real ones are dead and do nothing. With 300
+  rows in three 128-row tiles and two groups inside the first tile (rows 0-80), the list has
+  two real items and two dead ones; the dead ones must neither run a matmul (the kernel runs
+  one where the row range is nonempty, or where it holds the whole tile) nor store, and keep
+  the last real item's tile and group (no new DMA). The output is checked against numpy too."""
+  calls = []
+  pallas_call = mosaic_tpu_kernel.pl.pallas_call
+
+  def recording(kernel, **kwargs):
+    run = pallas_call(kernel, **kwargs)
+
+    def call(*operands):
+      calls.append([np.asarray(x) for x in operands[:6]])
+      return run(*operands)
+
+    return call
+
+  monkeypatch.setattr(mosaic_tpu_kernel.pl, "pallas_call", recording)
+  m, k, n, block_m = 300, 128, 128, 128
+  rng = np.random.default_rng(41)
+  lhs = rng.standard_normal((m, k)).astype(np.float32)
+  rhs = rng.standard_normal((m, n)).astype(np.float32)
+  starts, ends = np.array([0, 30], np.int32), np.array([30, 80], np.int32)
+  out = mosaic_tpu_kernel.transposed_grouped_matmul(
+    jnp.asarray(lhs),
+    jnp.asarray(rhs),
+    jnp.asarray(starts),
+    jnp.asarray(ends),
+    out_dtype=jnp.float32,
+    precision=jax.lax.Precision.HIGHEST,
+    block_m=block_m,
+    block_k=128,
+    block_n=128,
+    vmem_limit_bytes=tpu.V5E.vmem_limit_bytes,
+    interpret=pltpu.InterpretParams(),
+  )
+  want = np.stack(
+    [lhs[a:b].astype(np.float64).T @ rhs[a:b] for a, b in zip(starts, ends, strict=True)]
+  )
+  np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)
+  ((tile, group, start, end, first, last),) = calls
+  assert len(tile) == 3 + 2 - 1  # Row tiles + groups - 1.
+  assert tile[:2].tolist() == [0, 0] and group[:2].tolist() == [0, 1]
+  dead = slice(2, None)
+  row0 = tile[dead] * block_m
+  whole = (start[dead] <= row0) & (row0 + block_m <= end[dead])
+  assert not np.any(whole | (start[dead] < end[dead])), (start, end)  # No matmul.
+  assert np.all(last[dead] == 0) and np.all(first[dead] == 0)  # No store, no zeroing.
+  assert np.all(tile[dead] == tile[1]) and np.all(group[dead] == group[1])

@@ -146,6 +146,23 @@ def test_interpreted_stores_outside_an_output_raise(start):
         triton_call.call(_ones_at, out_shape=[y_shape], grid=(1,), START=start, N=8)
 
 
+@pytest.mark.host_only
+def test_interpreted_output_margins_are_as_large_as_the_output():
+  """Each guard margin is at least 4 KiB and as large as the output (`_guarded`'s rule, up
+  to rounding to 64 bytes), no larger: a store that lands 6 KiB past the end of an 8 KiB
+  output, inside its margin, raises (a fixed 4 KiB margin would let it write past the whole
+  buffer, into other memory), and an output costs about three times its size, not more."""
+  for shape, nbytes in (((8,), 32), ((2048,), 8192), ((3, 1000), 12000)):
+    output, raw, margin = triton_call._guarded(shape, np.float32)
+    assert max(4096, nbytes) <= margin < max(4096, nbytes) + 64, (shape, margin)
+    assert raw.nbytes == nbytes + 2 * margin and output.shape == shape
+    assert output.ctypes.data == raw.ctypes.data + margin
+  y_shape = jax.ShapeDtypeStruct((2048,), jnp.float32)
+  message = r"_ones_at wrote outside its output 0 \(2048,\)"
+  with triton_call.interpret(), pytest.raises(RuntimeError, match=message):
+    triton_call.call(_ones_at, out_shape=[y_shape], grid=(1,), START=2048 + 1536, N=16)
+
+
 @triton.jit
 def _copy_from(x_ptr, y_ptr, START: tl.constexpr, N: tl.constexpr):
   """y = x[START : START + N], loaded unmasked (past x's ends if asked)."""
