@@ -16162,6 +16162,51 @@ MUTATIONS: tuple[Mutation, ...] = (
     "python -m bench.dashboard exits with status 1 after writing the page, failing the"
     " scripts that build it.",
   ),
+  Mutation(
+    "trial.planted_in_the_other_ops",
+    "bench/trial.py",
+    '    if r["op"] == op:\n',
+    '    if r["op"] != op:\n',
+    ("suites/history/test_trial.py", "-k", "touches_one_op"),
+    "The trial plants its slowdown in every op but the one named by --op: the planted op's"
+    " catches are counted on unslowed times.",
+  ),
+  Mutation(
+    "trial.slowdown_not_planted",
+    "bench/trial.py",
+    "flagged(planted(recs, op, 1 + slow), past, op)",
+    "flagged(planted(recs, op, 1), past, op)",
+    ("suites/history/test_trial.py", "-k", "quiet_measurements"),
+    "The trial judges the op's unchanged times as its planted slowdown: it reports the"
+    " slowdown missed in every run.",
+  ),
+  Mutation(
+    "trial.planted_rounds_divided",
+    "bench/trial.py",
+    "[x * factor for x in v]",
+    "[x / factor for x in v]",
+    ("suites/history/test_trial.py", "-k", "scales_every_time"),
+    "A planted slowdown makes the op's rounds faster while its median slows: the rounds rule"
+    " then lets the slowdown through.",
+  ),
+  Mutation(
+    "trial.small_change_planted_as_speedup",
+    "bench/trial.py",
+    "flagged(planted(recs, op, 1 + small), past, op)",
+    "flagged(planted(recs, op, 1 - small), past, op)",
+    ("suites/history/test_trial.py", "-k", "small_change_is_planted"),
+    "The trial plants its small change as a 3% speedup: '+3% planted: N flags' says 0 even"
+    " where a 3% slowdown crosses the limit.",
+  ),
+  Mutation(
+    "trial.cpu_warning_despite_the_flags",
+    "bench/trial.py",
+    '    if jax.default_backend() == "cpu" and history.CPU_XLA_FLAGS not in',
+    '    if jax.default_backend() == "cpu" or history.CPU_XLA_FLAGS not in',
+    ("suites/history/test_trial.py", "-k", "warns_of_cpu"),
+    "A measuring trial warns of multi-threaded CPU timings with the nightly's XLA flags set,"
+    " and on a GPU.",
+  ),
 )
 
 
