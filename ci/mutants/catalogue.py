@@ -16207,6 +16207,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     "A measuring trial warns of multi-threaded CPU timings with the nightly's XLA flags set,"
     " and on a GPU.",
   ),
+  Mutation(
+    "kernels.mosaic_gemm_store_ladder_never_steps_down",
+    _GEMM,
+    "    p //= 2\n",
+    "    p //= 1\n",
+    ("suites/kernels/test_mosaic_gemm.py", "-k", "store_ladder_stores"),
+    "Mosaic GEMM epilogue: the store ladder never steps down a power of two, so tracing any"
+    " ragged-dot or GLU kernel never ends.",
+  ),
+  Mutation(
+    "kernels.mosaic_gemm_no_memory_warpgroup",
+    _GEMM,
+    "    num_threads=NUM_COMPUTE_WGS + 1,",
+    "    num_threads=NUM_COMPUTE_WGS + 0,",
+    ("suites/kernels/test_mosaic_gemm.py", "-k", "counts_clusters"),
+    "Mosaic GEMM kernels launch without their memory warpgroup: the compute warpgroups wait"
+    " forever for operand tiles that no one loads.",
+  ),
 )
 
 
