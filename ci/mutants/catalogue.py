@@ -16225,6 +16225,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Mosaic GEMM kernels launch without their memory warpgroup: the compute warpgroups wait"
     " forever for operand tiles that no one loads.",
   ),
+  Mutation(
+    "checks.jit_only_the_eager",
+    _CHECKS,
+    '  return not getattr(impl, "eager", False)',
+    '  return getattr(impl, "eager", False)',
+    ("harness/tests/test_matrix_checks.py", "-k", "jits_all_but_eager"),
+    "The matrix checks run compiled implementations without jax.jit and jit the Triton"
+    " interpreter's eager ones, which cannot be traced.",
+  ),
+  Mutation(
+    "checks.unmarked_implementations_eager",
+    _CHECKS,
+    '  return not getattr(impl, "eager", False)',
+    '  return not getattr(impl, "eager", True)',
+    ("harness/tests/test_matrix_checks.py", "-k", "jits_all_but_eager"),
+    "The matrix checks run every implementation without an eager mark (plain functions, the"
+    " teeth tests' planted copies) outside jax.jit, so only their eager behaviour is checked.",
+  ),
 )
 
 
