@@ -16198,6 +16198,87 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton interpreter guards: each margin is 64 times the output's size, so interpreted"
     " launches of larger outputs take 129 times their memory.",
   ),
+  Mutation(
+    "trial.planted_in_the_other_ops",
+    "bench/trial.py",
+    '    if r["op"] == op:\n',
+    '    if r["op"] != op:\n',
+    ("suites/history/test_trial.py", "-k", "touches_one_op"),
+    "The trial plants its slowdown in every op but the one named by --op: the planted op's"
+    " catches are counted on unslowed times.",
+  ),
+  Mutation(
+    "trial.slowdown_not_planted",
+    "bench/trial.py",
+    "flagged(planted(recs, op, 1 + slow), past, op)",
+    "flagged(planted(recs, op, 1), past, op)",
+    ("suites/history/test_trial.py", "-k", "quiet_measurements"),
+    "The trial judges the op's unchanged times as its planted slowdown: it reports the"
+    " slowdown missed in every run.",
+  ),
+  Mutation(
+    "trial.planted_rounds_divided",
+    "bench/trial.py",
+    "[x * factor for x in v]",
+    "[x / factor for x in v]",
+    ("suites/history/test_trial.py", "-k", "scales_every_time"),
+    "A planted slowdown makes the op's rounds faster while its median slows: the rounds rule"
+    " then lets the slowdown through.",
+  ),
+  Mutation(
+    "trial.small_change_planted_as_speedup",
+    "bench/trial.py",
+    "flagged(planted(recs, op, 1 + small), past, op)",
+    "flagged(planted(recs, op, 1 - small), past, op)",
+    ("suites/history/test_trial.py", "-k", "small_change_is_planted"),
+    "The trial plants its small change as a 3% speedup: '+3% planted: N flags' says 0 even"
+    " where a 3% slowdown crosses the limit.",
+  ),
+  Mutation(
+    "trial.cpu_warning_despite_the_flags",
+    "bench/trial.py",
+    '    if jax.default_backend() == "cpu" and history.CPU_XLA_FLAGS not in',
+    '    if jax.default_backend() == "cpu" or history.CPU_XLA_FLAGS not in',
+    ("suites/history/test_trial.py", "-k", "warns_of_cpu"),
+    "A measuring trial warns of multi-threaded CPU timings with the nightly's XLA flags set,"
+    " and on a GPU.",
+  ),
+  Mutation(
+    "kernels.mosaic_gemm_store_ladder_never_steps_down",
+    _GEMM,
+    "    p //= 2\n",
+    "    p //= 1\n",
+    ("suites/kernels/test_mosaic_gemm.py", "-k", "store_ladder_stores"),
+    "Mosaic GEMM epilogue: the store ladder never steps down a power of two, so tracing any"
+    " ragged-dot or GLU kernel never ends.",
+  ),
+  Mutation(
+    "kernels.mosaic_gemm_no_memory_warpgroup",
+    _GEMM,
+    "    num_threads=NUM_COMPUTE_WGS + 1,",
+    "    num_threads=NUM_COMPUTE_WGS + 0,",
+    ("suites/kernels/test_mosaic_gemm.py", "-k", "counts_clusters"),
+    "Mosaic GEMM kernels launch without their memory warpgroup: the compute warpgroups wait"
+    " forever for operand tiles that no one loads.",
+  ),
+  Mutation(
+    "checks.jit_only_the_eager",
+    _CHECKS,
+    '  return not getattr(impl, "eager", False)',
+    '  return getattr(impl, "eager", False)',
+    ("harness/tests/test_matrix_checks.py", "-k", "jits_all_but_eager"),
+    "The matrix checks run compiled implementations without jax.jit and jit the Triton"
+    " interpreter's eager ones, which cannot be traced.",
+  ),
+  Mutation(
+    "checks.unmarked_implementations_eager",
+    _CHECKS,
+    '  return not getattr(impl, "eager", False)',
+    '  return not getattr(impl, "eager", True)',
+    ("harness/tests/test_matrix_checks.py", "-k", "jits_all_but_eager"),
+    "The matrix checks run every implementation without an eager mark (plain functions, the"
+    " teeth tests' planted copies) outside jax.jit, so only their eager behaviour is checked.",
+  ),
 )
 
 

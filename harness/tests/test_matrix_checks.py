@@ -167,3 +167,22 @@ def test_only_eager_implementations_skip_gradients():
   assert _skip_reason(checks.skip_eager_gradients, jitted) is None
   eager = types.SimpleNamespace(name="triton", eager=True)
   assert "interpreter" in _skip_reason(checks.skip_eager_gradients, eager)
+
+
+@pytest.mark.parametrize(("eager", "traced"), [(None, True), (False, True), (True, False)])
+def test_check_forward_jits_all_but_eager_implementations(eager, traced):
+  """Implementations run under jax.jit (their arrays traced), but for those marked eager (Triton's
+  host interpreter runs eager calls only); one without the mark is not eager."""
+  case = _case("layer_norm", "plain", "float32")
+  xla = matrices.resolve(case.spec, "xla")
+  seen = []
+
+  def impl(*args, **kwargs):
+    seen.append(isinstance(args[0], jax.core.Tracer))
+    return xla(*args, **kwargs)
+
+  impl.name = "wrapped"
+  if eager is not None:
+    impl.eager = eager
+  checks.check_forward(case, impl)
+  assert seen == [traced]

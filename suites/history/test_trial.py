@@ -156,3 +156,33 @@ def test_replay_fails_on_a_false_alarm(tmp_path, capsys):
         f.write(json.dumps(r) + "\n")
   assert trial.main(["--replay", str(path), "--baseline", "3", "--op", "ragged_dot"]) == 1
   assert "1 of 4 measurements flagged" in capsys.readouterr().out
+
+
+def test_the_small_change_is_planted_as_a_slowdown():
+  # Three baseline runs at 1.0 (no spread): the CPU timer's 3% floor gives a limit of
+  # 3 x 3% = 9%. The judged run at 1.07 passes; +3% on it (1.1021, its fastest 1.0801 past
+  # 0.98 x 1.05) is past the limit and flagged, where -3% (1.0379) would pass.
+  result = trial.trial(
+    _measure((1.0, 1.0, 1.0, 1.07)), baseline=3, runs=1, op="layer_norm", slow=0.2, small=0.03
+  )
+  (run,) = result["runs"]
+  assert run["false_alarms"] == 0
+  assert run["layer_norm_small_change_flagged"] == 1
+  assert run["layer_norm_slowed_flagged"] == 1
+
+
+def test_a_measuring_trial_warns_of_cpu_timings_only_without_the_nightly_flags(monkeypatch, capsys):
+  measure = _measure((1.0,))
+  monkeypatch.setattr(trial.history, "run", lambda family, timer, log: measure())
+  monkeypatch.setattr(trial.history, "default_timer", lambda iterations: None)
+  for backend, flags, warned in (
+    ("cpu", "", True),
+    ("cpu", f"--xla_foo {trial.history.CPU_XLA_FLAGS}", False),
+    ("gpu", "", False),
+  ):
+    monkeypatch.setattr(trial.jax, "default_backend", lambda backend=backend: backend)
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    assert trial.main(["--baseline", "3", "--runs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert ("multi-threaded CPU timings" in out) == warned, (backend, flags, out)
+    assert "0 of 2 measurements flagged" in out

@@ -90,3 +90,45 @@ def test_the_kernel_lowers_with_the_math_asked_for(monkeypatch, approx_math):
   mosaic_gemm.kernel(lambda: None, None, num_sms=132, approx_math=approx_math)
   assert seen["compiler_params"].approx_math is approx_math
   assert seen["compiler_params"].lowering_semantics == plgpu.LoweringSemantics.Warpgroup
+
+
+class _Rows:
+  """A ref whose `.at[pl.ds(start, n)]` is (name, start, n)."""
+
+  def __init__(self, name):
+    self.name = name
+
+  @property
+  def at(self):
+    return self
+
+  def __getitem__(self, ds):
+    return self.name, int(ds.start), int(ds.size)
+
+
+@pytest.mark.parametrize("max_rows", [64, 100])
+def test_the_store_ladder_stores_any_row_count_in_power_of_two_copies(monkeypatch, max_rows):
+  """Rows [first, first + size) go out in power-of-two TMA stores (static shapes), one rung per
+  power of two from the largest up to `max_rows` down to 1, each to the same rows past row0."""
+  rungs, copies = [], []
+
+  def when(condition):
+    rungs.append(bool(condition))
+    if len(rungs) > 64:
+      raise AssertionError("the ladder does not end")
+    return lambda f: f() if condition else None
+
+  monkeypatch.setattr(mosaic_gemm.pl, "when", when)
+  monkeypatch.setattr(mosaic_gemm.plgpu, "copy_smem_to_gmem", lambda s, g: copies.append((s, g)))
+  for size in range(max_rows + 1):
+    for first in (0, 3):
+      rungs.clear()
+      copies.clear()
+      mosaic_gemm.store_rows(_Rows("smem"), _Rows("gmem"), 1000, first, size, max_rows)
+      assert len(rungs) == max_rows.bit_length(), (size, first)
+      rows = []
+      for (_, s_start, s_n), (_, g_start, g_n) in copies:
+        assert s_n == g_n and s_n & (s_n - 1) == 0, (size, first, copies)
+        assert g_start == 1000 + s_start
+        rows += range(s_start, s_start + s_n)
+      assert rows == list(range(first, first + size)), (size, first, copies)
