@@ -16198,6 +16198,33 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton interpreter guards: each margin is 64 times the output's size, so interpreted"
     " launches of larger outputs take 129 times their memory.",
   ),
+  Mutation(
+    "opdb.draw_seed_range_empty",
+    "suites/opdb/base.py",
+    "    return int(self.rng.integers(0, 2**31 - 1))",
+    "    return int(self.rng.integers(0, 1**31 - 1))",
+    ("suites/test_matrix.py", "-k", "test_forward and ragged_dot and xla and float32"),
+    "Op database draws: every seed draw asks for a number in an empty range, so the ragged_dot"
+    " cases that draw their group sizes from a seed fail to build.",
+  ),
+  Mutation(
+    "opdb.draw_default_scale_doubled",
+    "suites/opdb/base.py",
+    "  def normal(self, shape, dtype, scale=1.0) -> jax.Array:",
+    "  def normal(self, shape, dtype, scale=2.0) -> jax.Array:",
+    ("suites/golden/test_golden.py", "-k", "test_golden and dot_product_attention.xla.plain-"),
+    "Op database draws: unscaled normal inputs come out twice as large, so the goldens,"
+    " matrices and benchmarks run other inputs than the ones the goldens were made from.",
+  ),
+  Mutation(
+    "opdb.draw_bools_all_true",
+    "suites/opdb/base.py",
+    "  def bools(self, shape, p=0.8) -> jax.Array:",
+    "  def bools(self, shape, p=1.6) -> jax.Array:",
+    ("suites/golden/test_golden.py", "-k", "test_golden and dot_product_attention.xla.mask-"),
+    "Op database draws: every drawn mask is all True, so the matrices' mask cases hide no key"
+    " and an implementation that ignores the mask passes them.",
+  ),
 )
 
 
