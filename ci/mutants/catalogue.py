@@ -16225,6 +16225,33 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Op database draws: every drawn mask is all True, so the matrices' mask cases hide no key"
     " and an implementation that ignores the mask passes them.",
   ),
+  Mutation(
+    "opdb.random_mask_no_dead_rows",
+    "suites/opdb/kernel_cases.py",
+    "    return mask & jax.random.bernoulli(live, 1.0 - self.dead_rows, (*self.shape[:3], 1))",
+    "    return mask & jax.random.bernoulli(live, 1.0 + self.dead_rows, (*self.shape[:3], 1))",
+    ("suites/core/test_opdb_draws.py", "-k", "random_mask"),
+    "Kernel cases: drawn mask planes never hide a whole query row, so the kernel tests stop"
+    " checking the rows that see no key.",
+  ),
+  Mutation(
+    "opdb.random_mask_default_all_visible",
+    "suites/opdb/kernel_cases.py",
+    "  p: float = 0.7",
+    "  p: float = 1.4",
+    ("suites/core/test_opdb_draws.py", "-k", "random_mask"),
+    "Kernel cases: a mask plane with the default `p` shows every key of its live rows, so the"
+    " kernel tests check no per-key masking there.",
+  ),
+  Mutation(
+    "opdb.random_bias_reciprocal_normal",
+    "suites/opdb/kernel_cases.py",
+    "    bias = 2.0 * jax.random.normal(key, self.shape) + self.shift",
+    "    bias = 2.0 / jax.random.normal(key, self.shape) + self.shift",
+    ("suites/core/test_opdb_draws.py", "-k", "random_bias"),
+    "Kernel cases: bias planes are 2 over a normal (heavy-tailed, some entries in the"
+    " thousands) instead of twice a normal, so one key swamps each softmax row.",
+  ),
 )
 
 
