@@ -16252,6 +16252,33 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Kernel cases: bias planes are 2 over a normal (heavy-tailed, some entries in the"
     " thousands) instead of twice a normal, so one key swamps each softmax row.",
   ),
+  Mutation(
+    "bench.current_commit_uncaptured",
+    "harness/bench.py",
+    '      ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10',
+    '      ["git", "rev-parse", "HEAD"], capture_output=False, text=True, check=True, timeout=10',
+    ("harness/tests/test_timing_and_bench.py", "-k", "runs_git_for_the_head"),
+    "Benchmark records: git's output is not captured, so writing a record without GITHUB_SHA"
+    " set prints the hash and then crashes on a missing stdout.",
+  ),
+  Mutation(
+    "bench.current_commit_bytes",
+    "harness/bench.py",
+    '      ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10',
+    '      ["git", "rev-parse", "HEAD"], capture_output=True, text=False, check=True, timeout=10',
+    ("harness/tests/test_timing_and_bench.py", "-k", "runs_git_for_the_head"),
+    "Benchmark records: the commit comes back as bytes, which the JSON records store as the"
+    " string \"b'...'\" (or which fail to compare with a hash).",
+  ),
+  Mutation(
+    "bench.current_commit_unchecked",
+    "harness/bench.py",
+    '      ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10',
+    '      ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False, timeout=10',
+    ("harness/tests/test_timing_and_bench.py", "-k", "unknown_outside_a_repository"),
+    "Benchmark records: where git fails (no repository), the commit is an empty string rather"
+    ' than "unknown".',
+  ),
 )
 
 
