@@ -16288,6 +16288,25 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton gated_linear_unit: a TritonGluConfig that leaves block_m out gets 127-row tiles,"
     " which tl.arange cannot make, so the call fails to build its kernel.",
   ),
+  Mutation(
+    "kernels.triton_ragged_rows_tiles_n_over_a_multiple",
+    "src/tokamax/_src/ops/ragged_dot/triton_ragged_dot.py",
+    "  tiles_n: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N\n  tile = pid // tiles_n\n",
+    "  tiles_n: tl.constexpr = (N + BLOCK_N + 1) // BLOCK_N\n  tile = pid // tiles_n\n",
+    (_TRITON_RAGGED, "-k", "tile_counts_one_past"),
+    "Triton ragged_dot: where N is a multiple of block_n the row kernel counts one column tile"
+    " too many, so programs land on the wrong row tiles and the last tiles are never written.",
+  ),
+  Mutation(
+    "kernels.triton_ragged_contracting_tiles_k_one_short",
+    "src/tokamax/_src/ops/ragged_dot/triton_ragged_dot.py",
+    "  tiles_k: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K",
+    "  tiles_k: tl.constexpr = (K + BLOCK_K - 2) // BLOCK_K",
+    (_TRITON_RAGGED, "-k", "tile_counts_one_past"),
+    "Triton ragged_dot: where K is one past a multiple of block_k the contracting kernel"
+    " counts one K tile too few, so programs compute the wrong groups' tiles and K's last"
+    " row of the output is never written.",
+  ),
 )
 
 
