@@ -16279,6 +16279,115 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The matrix checks run every implementation without an eager mark (plain functions, the"
     " teeth tests' planted copies) outside jax.jit, so only their eager behaviour is checked.",
   ),
+  Mutation(
+    "opdb.draw_seed_range_empty",
+    "suites/opdb/base.py",
+    "    return int(self.rng.integers(0, 2**31 - 1))",
+    "    return int(self.rng.integers(0, 1**31 - 1))",
+    ("suites/test_matrix.py", "-k", "test_forward and ragged_dot and xla and float32"),
+    "Op database draws: every seed draw asks for a number in an empty range, so the ragged_dot"
+    " cases that draw their group sizes from a seed fail to build.",
+  ),
+  Mutation(
+    "opdb.draw_default_scale_doubled",
+    "suites/opdb/base.py",
+    "  def normal(self, shape, dtype, scale=1.0) -> jax.Array:",
+    "  def normal(self, shape, dtype, scale=2.0) -> jax.Array:",
+    ("suites/golden/test_golden.py", "-k", "test_golden and dot_product_attention.xla.plain-"),
+    "Op database draws: unscaled normal inputs come out twice as large, so the goldens,"
+    " matrices and benchmarks run other inputs than the ones the goldens were made from.",
+  ),
+  Mutation(
+    "opdb.draw_bools_all_true",
+    "suites/opdb/base.py",
+    "  def bools(self, shape, p=0.8) -> jax.Array:",
+    "  def bools(self, shape, p=1.6) -> jax.Array:",
+    ("suites/golden/test_golden.py", "-k", "test_golden and dot_product_attention.xla.mask-"),
+    "Op database draws: every drawn mask is all True, so the matrices' mask cases hide no key"
+    " and an implementation that ignores the mask passes them.",
+  ),
+  Mutation(
+    "opdb.random_mask_no_dead_rows",
+    "suites/opdb/kernel_cases.py",
+    "    return mask & jax.random.bernoulli(live, 1.0 - self.dead_rows, (*self.shape[:3], 1))",
+    "    return mask & jax.random.bernoulli(live, 1.0 + self.dead_rows, (*self.shape[:3], 1))",
+    ("suites/core/test_opdb_draws.py", "-k", "random_mask"),
+    "Kernel cases: drawn mask planes never hide a whole query row, so the kernel tests stop"
+    " checking the rows that see no key.",
+  ),
+  Mutation(
+    "opdb.random_mask_default_all_visible",
+    "suites/opdb/kernel_cases.py",
+    "  p: float = 0.7",
+    "  p: float = 1.4",
+    ("suites/core/test_opdb_draws.py", "-k", "random_mask"),
+    "Kernel cases: a mask plane with the default `p` shows every key of its live rows, so the"
+    " kernel tests check no per-key masking there.",
+  ),
+  Mutation(
+    "opdb.random_bias_reciprocal_normal",
+    "suites/opdb/kernel_cases.py",
+    "    bias = 2.0 * jax.random.normal(key, self.shape) + self.shift",
+    "    bias = 2.0 / jax.random.normal(key, self.shape) + self.shift",
+    ("suites/core/test_opdb_draws.py", "-k", "random_bias"),
+    "Kernel cases: bias planes are 2 over a normal (heavy-tailed, some entries in the"
+    " thousands) instead of twice a normal, so one key swamps each softmax row.",
+  ),
+  Mutation(
+    "bench.current_commit_uncaptured",
+    "harness/bench.py",
+    '      ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10',
+    '      ["git", "rev-parse", "HEAD"], capture_output=False, text=True, check=True, timeout=10',
+    ("harness/tests/test_timing_and_bench.py", "-k", "runs_git_for_the_head"),
+    "Benchmark records: git's output is not captured, so writing a record without GITHUB_SHA"
+    " set prints the hash and then crashes on a missing stdout.",
+  ),
+  Mutation(
+    "bench.current_commit_bytes",
+    "harness/bench.py",
+    '      ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10',
+    '      ["git", "rev-parse", "HEAD"], capture_output=True, text=False, check=True, timeout=10',
+    ("harness/tests/test_timing_and_bench.py", "-k", "runs_git_for_the_head"),
+    "Benchmark records: the commit comes back as bytes, which the JSON records store as the"
+    " string \"b'...'\" (or which fail to compare with a hash).",
+  ),
+  Mutation(
+    "bench.current_commit_unchecked",
+    "harness/bench.py",
+    '      ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10',
+    '      ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False, timeout=10',
+    ("harness/tests/test_timing_and_bench.py", "-k", "unknown_outside_a_repository"),
+    "Benchmark records: where git fails (no repository), the commit is an empty string rather"
+    ' than "unknown".',
+  ),
+  Mutation(
+    "wrappers.glu_triton_default_block_m_not_power_of_two",
+    "src/tokamax/_src/ops/gated_linear_unit/triton.py",
+    "  block_m: int = 128\n",
+    "  block_m: int = 127\n",
+    ("suites/kernels/test_triton_gated_linear_unit.py", "-k", "config_of_the_defaults"),
+    "Triton gated_linear_unit: a TritonGluConfig that leaves block_m out gets 127-row tiles,"
+    " which tl.arange cannot make, so the call fails to build its kernel.",
+  ),
+  Mutation(
+    "kernels.triton_ragged_rows_tiles_n_over_a_multiple",
+    "src/tokamax/_src/ops/ragged_dot/triton_ragged_dot.py",
+    "  tiles_n: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N\n  tile = pid // tiles_n\n",
+    "  tiles_n: tl.constexpr = (N + BLOCK_N + 1) // BLOCK_N\n  tile = pid // tiles_n\n",
+    (_TRITON_RAGGED, "-k", "tile_counts_one_past"),
+    "Triton ragged_dot: where N is a multiple of block_n the row kernel counts one column tile"
+    " too many, so programs land on the wrong row tiles and the last tiles are never written.",
+  ),
+  Mutation(
+    "kernels.triton_ragged_contracting_tiles_k_one_short",
+    "src/tokamax/_src/ops/ragged_dot/triton_ragged_dot.py",
+    "  tiles_k: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K",
+    "  tiles_k: tl.constexpr = (K + BLOCK_K - 2) // BLOCK_K",
+    (_TRITON_RAGGED, "-k", "tile_counts_one_past"),
+    "Triton ragged_dot: where K is one past a multiple of block_k the contracting kernel"
+    " counts one K tile too few, so programs compute the wrong groups' tiles and K's last"
+    " row of the output is never written.",
+  ),
 )
 
 

@@ -321,6 +321,41 @@ def test_current_commit_is_gits_head_without_its_newline(monkeypatch):
   assert bench.current_commit() == "0123abcd" * 5
 
 
+def _git(cwd, *args):
+  subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, timeout=30)
+
+
+def test_current_commit_runs_git_for_the_head_of_the_working_directory(tmp_path, monkeypatch):
+  """With a real git (nothing faked): the hash that .git's branch ref holds, as a str."""
+  monkeypatch.delenv("GITHUB_SHA", raising=False)
+  monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+  _git(tmp_path, "init", "-q", "-b", "main")
+  _git(
+    tmp_path,
+    "-c",
+    "user.name=t",
+    "-c",
+    "user.email=t@t",
+    "commit",
+    "-q",
+    "--allow-empty",
+    "-m",
+    "x",
+  )
+  head = (tmp_path / ".git" / "refs" / "heads" / "main").read_text().strip()
+  assert len(head) == 40
+  monkeypatch.chdir(tmp_path)
+  assert bench.current_commit() == head
+
+
+def test_current_commit_is_unknown_outside_a_repository(tmp_path, monkeypatch):
+  """With a real git that fails (no repository here or above): "unknown", not an empty hash."""
+  monkeypatch.delenv("GITHUB_SHA", raising=False)
+  monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+  monkeypatch.chdir(tmp_path)
+  assert bench.current_commit() == "unknown"
+
+
 def test_environment_dates_in_utc_and_names_jax_and_the_hardware(monkeypatch):
   monkeypatch.setenv("GITHUB_SHA", "f" * 40)
   env = bench.environment()

@@ -377,3 +377,21 @@ def test_interpreted_grids_of_unequal_row_and_column_tile_counts(m, n):
   x64, w64 = np.asarray(x, np.float64), np.asarray(w, np.float64)
   gate, up = x64 @ w64[:, 0], x64 @ w64[:, 1]
   np.testing.assert_allclose(out, gate / (1 + np.exp(-gate)) * up, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.host_only
+def test_interpreted_config_of_the_defaults_runs():
+  """`TritonGluConfig()` fills the fields a caller leaves out: its tiles are powers of two
+  (`tl.arange` takes no other length) and its warps a power of two (Triton's NVIDIA backend
+  asserts it), and the kernel at those tiles computes silu(x @ Wg) * (x @ Wu)."""
+  config = glu_triton.TritonGluConfig()
+  for field in ("block_m", "block_n", "block_k", "num_warps"):
+    value = getattr(config, field)
+    assert value > 0 and value & (value - 1) == 0, (field, value)
+  x, w, _ = _inputs((20, 24), 40, "float32", True, seed=6)
+  args = spec.canonicalize(x, w, activation=jax.nn.silu, precision=jax.lax.Precision.HIGHEST)
+  with triton_call.interpret():
+    out = OP._fwd_primal(args, config)
+  x64, w64 = np.asarray(x, np.float64), np.asarray(w, np.float64)
+  gate, up = x64 @ w64[:, 0], x64 @ w64[:, 1]
+  np.testing.assert_allclose(out, gate / (1 + np.exp(-gate)) * up, rtol=1e-5, atol=1e-5)

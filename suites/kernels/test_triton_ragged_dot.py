@@ -358,6 +358,34 @@ def test_interpreted_groups_of_one_row_past_a_block(layout):
     assert compare.relative_error(x, r) < 1e-5, name
 
 
+@pytest.mark.parametrize("layout", spec.LAYOUTS)
+@pytest.mark.host_only
+def test_interpreted_tile_counts_one_past_and_at_a_multiple_of_the_block(layout):
+  """K = 33 (one past two 16-wide tiles) and N = 32 (exactly two), with eight groups of 1
+  and 17 rows that take 12 of the launch's 14 row tiles: each kernel's own count of K and N
+  tiles (which maps a program to its tile) must be the wrapper's grid's ceil(dim / 16), or
+  programs land on the wrong tiles and the last ones are never computed."""
+  m, k, n = 72, 33, 32
+  sizes = jnp.array([1, 17] * 4, jnp.int32)
+  g = sizes.shape[0]
+  rng = np.random.default_rng(13)
+  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+  rhs = jnp.asarray(rng.standard_normal(_rhs_shape(layout, m, k, n, g)), jnp.float32)
+  args = spec.canonicalize(
+    lhs, rhs, sizes, spec.dimension_numbers(layout), jax.lax.Precision.HIGHEST
+  )
+  assert rd_triton.max_tiles(m, g, SMALL.block_m) == 14
+  dout = jnp.asarray(rng.standard_normal(args.out_shape), jnp.float32)
+  with triton_call.interpret():
+    out = rd_triton.ragged_dot(args, SMALL)
+    grads = [rd_triton.ragged_dot(r, SMALL) for r in rd_triton.gradient_records(args, dout)]
+  ref_out, ref_grads = references.high_precision_vjp(
+    lambda a, b: _reference(layout, a, b, sizes, None, g), (lhs, rhs), dout
+  )
+  for name, x, r in zip(("out", "lhs", "rhs"), (out, *grads), (ref_out, *ref_grads), strict=True):
+    assert compare.relative_error(x, r) < 1e-5, name
+
+
 @pytest.mark.host_only
 def test_interpreted_contracting_ignores_rows_outside_every_group():
   """ragged_contracting sums each group's own rows: nan rows after the last group (which the
