@@ -16340,6 +16340,33 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The loss's float32 matrix cases on a GPU or TPU get the full-precision tolerance, failing"
     " for the reduced-precision matmul the accelerators use by default.",
   ),
+  Mutation(
+    "tooling.section_seconds_a_clock_reading",
+    "ci/gpu/tooling.py",
+    '      RESULTS.setdefault("section_seconds", {})[name] = round(time.monotonic() - t, 2)',
+    '      RESULTS.setdefault("section_seconds", {})[name] = round(time.monotonic(), 2)',
+    ("suites/tooling/test_gpu_tooling.py", "-k", "own_seconds"),
+    "The GPU check script's tooling.json records each section's duration as the host's"
+    " monotonic clock reading (hours or days) instead of the seconds it ran.",
+  ),
+  Mutation(
+    "tooling.dry_layer_norm_rows_full_size",
+    "ci/gpu/tooling.py",
+    "  x = sds((16384 // s, 4096 // s), bf16)",
+    "  x = sds((16384 * s, 4096 // s), bf16)",
+    ("suites/tooling/test_gpu_tooling.py", "-k", "dry_run_takes_smaller"),
+    "The GPU check script's --dry run on a CPU tunes layer_norm on 262144 rows instead of a"
+    " small shape.",
+  ),
+  Mutation(
+    "tooling.wide_norm_rows_narrower_than_scale",
+    "ci/gpu/tooling.py",
+    "  wide_x, wide_d = sds((4096 // s, 8192 // s), bf16), sds((8192 // s,), bf16)",
+    "  wide_x, wide_d = sds((4096 // s, 8191 // s), bf16), sds((8192 // s,), bf16)",
+    ("suites/tooling/test_gpu_tooling.py", "-k", "trace_at_their_shapes"),
+    "The GPU script's wide layer_norm and RMSNorm benchmark functions get rows of 8191 with a"
+    " scale of 8192, so tuning them into the default cache fails.",
+  ),
 )
 
 
