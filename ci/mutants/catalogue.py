@@ -16367,6 +16367,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The GPU script's wide layer_norm and RMSNorm benchmark functions get rows of 8191 with a"
     " scale of 8192, so tuning them into the default cache fails.",
   ),
+  Mutation(
+    "tooling.dry_timers_lhs_contraction_full_size",
+    "ci/gpu/tooling.py",
+    "  lhs = jax.ShapeDtypeStruct((16384 // s, 4096 // s), bf16)",
+    "  lhs = jax.ShapeDtypeStruct((16384 // s, 4096 * s), bf16)",
+    ("suites/tooling/test_gpu_tooling.py", "-k", "dry_timers"),
+    "The GPU check script's --dry timers section fails on a CPU: its ragged_dot lhs contracts"
+    " over 65536 columns against an rhs of 256.",
+  ),
 )
 
 

@@ -69,3 +69,15 @@ def test_the_full_benchmark_shapes_are_the_op_database_benchmarks():
   for name in ("layer_norm_fwd", "layer_norm_wide_fwd", "rms_norm_wide_fwd"):
     x, d = full[name][1]
     assert (x.shape[:1], x.shape[1]) in calls and d.shape == (x.shape[1],), name
+
+
+def test_the_dry_timers_time_both_kernels_on_a_cpu(monkeypatch):
+  """`--dry`'s timers section runs on a CPU: both kernels compile at their small shapes and
+  get a wallclock time from `benchmark` and from the harness, each round."""
+  monkeypatch.setattr(tooling, "RESULTS", {"sections": {}, "errors": []})
+  result = tooling.timers(True)
+  rows = {row["kernel"]: row for row in result["rows"]}
+  assert set(rows) == {"attention_fwd_B4_T4096_N32_H128", "ragged_dot_M16384_K4096_N2048_G8"}
+  for name, row in rows.items():
+    assert row["benchmark_method"] == "wallclock" and len(row["rounds"]) == 3, name
+    assert all(r["benchmark_ms"] > 0 and r["harness_ms"] > 0 for r in row["rounds"]), name
