@@ -16388,6 +16388,112 @@ MUTATIONS: tuple[Mutation, ...] = (
     " counts one K tile too few, so programs compute the wrong groups' tiles and K's last"
     " row of the output is never written.",
   ),
+  Mutation(
+    "opdb.layer_norm_axis1_case_normalizes_the_last_axis",
+    "suites/opdb/layer_norm.py",
+    '      (3, 24, 5), 1, "float16", False, True, False, 1.0',
+    '      (3, 24, 5), 2, "float16", False, True, False, 1.0',
+    ("suites/kernels/test_triton_layer_norm.py", "-k", "names_match"),
+    "The Triton interpreted case named for axis 1 normalizes the last axis, so no case on CPU"
+    " runs the kernel over a non-minor axis.",
+  ),
+  Mutation(
+    "opdb.layer_norm_wide_case_normalizes_the_rows",
+    "suites/opdb/layer_norm.py",
+    '"wide_4096": kc.LayerNormKernelCase((32, 4096), -1,',
+    '"wide_4096": kc.LayerNormKernelCase((32, 4096), -0,',
+    ("suites/kernels/test_triton_layer_norm.py", "-k", "names_match"),
+    "The GPU's wide_4096 Triton case normalizes axis 0 (32 values) instead of rows of 4096.",
+  ),
+  Mutation(
+    "opdb.layer_norm_d4096_case_normalizes_the_rows",
+    "suites/opdb/layer_norm.py",
+    '"f16_d4096": kc.LayerNormKernelCase((4, 4096), -1,',
+    '"f16_d4096": kc.LayerNormKernelCase((4, 4096), -2,',
+    ("suites/kernels/test_triton_layer_norm.py", "-k", "names_match"),
+    "The compiled GPU case f16_d4096 normalizes 4 values per column instead of rows of 4096.",
+  ),
+  Mutation(
+    "opdb.loss_weights_scaled_by_one_over_h",
+    "suites/opdb/linear_softmax_cross_entropy_loss.py",
+    "w = d.normal((h, v), dtype, h**-0.5)",
+    "w = d.normal((h, v), dtype, h**-1.0)",
+    ("suites/core/test_loss.py", "-k", "documented_scale"),
+    "The loss's test inputs have logits sqrt(H) times too small, so large_logits no longer puts"
+    " them in the thousands and every case checks milder logits than documented.",
+  ),
+  Mutation(
+    "opdb.loss_gradient_in_forward_shape_h127",
+    "suites/opdb/linear_softmax_cross_entropy_loss.py",
+    'dict(b=200, h=128, v=576, dtypes=("bfloat16",)),',
+    'dict(b=200, h=127, v=576, dtypes=("bfloat16",)),',
+    ("suites/kernels/test_mosaic_loss.py", "-k", "interpret_shapes_for_the_kernel"),
+    "The matrix's interpret shape for the Mosaic loss kernel's row-chunk pass has H=127, which"
+    " the kernel refuses, so the matrix skips the kernel there instead of checking it.",
+  ),
+  Mutation(
+    "opdb.loss_partial_tile_shape_h129",
+    "suites/opdb/linear_softmax_cross_entropy_loss.py",
+    'dict(b=40, h=128, v=300, dtypes=("bfloat16",)),',
+    'dict(b=40, h=129, v=300, dtypes=("bfloat16",)),',
+    ("suites/kernels/test_mosaic_loss.py", "-k", "interpret_shapes_for_the_kernel"),
+    "The matrix's partial-row-tile interpret shape for the Mosaic loss kernel has H=129, which"
+    " the kernel refuses, so the matrix skips the kernel there instead of checking it.",
+  ),
+  Mutation(
+    "opdb.loss_not_matmul_based",
+    "suites/opdb/linear_softmax_cross_entropy_loss.py",
+    "  has_matmul=True,",
+    "  has_matmul=False,",
+    ("suites/core/test_references.py", "-k", "has_matmul"),
+    "The loss's float32 matrix cases on a GPU or TPU get the full-precision tolerance, failing"
+    " for the reduced-precision matmul the accelerators use by default.",
+  ),
+  Mutation(
+    "tooling.section_seconds_a_clock_reading",
+    "ci/gpu/tooling.py",
+    '      RESULTS.setdefault("section_seconds", {})[name] = round(time.monotonic() - t, 2)',
+    '      RESULTS.setdefault("section_seconds", {})[name] = round(time.monotonic(), 2)',
+    ("suites/tooling/test_gpu_tooling.py", "-k", "own_seconds"),
+    "The GPU check script's tooling.json records each section's duration as the host's"
+    " monotonic clock reading (hours or days) instead of the seconds it ran.",
+  ),
+  Mutation(
+    "tooling.dry_layer_norm_rows_full_size",
+    "ci/gpu/tooling.py",
+    "  x = sds((16384 // s, 4096 // s), bf16)",
+    "  x = sds((16384 * s, 4096 // s), bf16)",
+    ("suites/tooling/test_gpu_tooling.py", "-k", "dry_run_takes_smaller"),
+    "The GPU check script's --dry run on a CPU tunes layer_norm on 262144 rows instead of a"
+    " small shape.",
+  ),
+  Mutation(
+    "tooling.wide_norm_rows_narrower_than_scale",
+    "ci/gpu/tooling.py",
+    "  wide_x, wide_d = sds((4096 // s, 8192 // s), bf16), sds((8192 // s,), bf16)",
+    "  wide_x, wide_d = sds((4096 // s, 8191 // s), bf16), sds((8192 // s,), bf16)",
+    ("suites/tooling/test_gpu_tooling.py", "-k", "trace_at_their_shapes"),
+    "The GPU script's wide layer_norm and RMSNorm benchmark functions get rows of 8191 with a"
+    " scale of 8192, so tuning them into the default cache fails.",
+  ),
+  Mutation(
+    "tooling.dry_timers_lhs_contraction_full_size",
+    "ci/gpu/tooling.py",
+    "  lhs = jax.ShapeDtypeStruct((16384 // s, 4096 // s), bf16)",
+    "  lhs = jax.ShapeDtypeStruct((16384 // s, 4096 * s), bf16)",
+    ("suites/tooling/test_gpu_tooling.py", "-k", "dry_timers"),
+    "The GPU check script's --dry timers section fails on a CPU: its ragged_dot lhs contracts"
+    " over 65536 columns against an rhs of 256.",
+  ),
+  Mutation(
+    "opdb.layer_norm_bench_rows_off_the_perf_doc",
+    "suites/opdb/layer_norm.py",
+    '  base.BenchCall(dict(rows=(16384,), d=4096), "bfloat16", "plain"),',
+    '  base.BenchCall(dict(rows=(16385,), d=4096), "bfloat16", "plain"),',
+    ("suites/core/test_layer_norm.py", "-k", "perf_doc"),
+    "The GPU layer_norm benchmark times 16385 rows, no longer docs/perf.md's 16384x4096 case,"
+    " so its history and the perf doc's numbers stop comparing like with like.",
+  ),
 )
 
 

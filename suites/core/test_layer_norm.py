@@ -204,3 +204,19 @@ def test_scale_and_offset_as_python_lists(impl, inputs):
     x, jnp.asarray(scale, jnp.float32), jnp.asarray(offset, jnp.float32)
   )
   assert_matches(out, ref)
+
+
+def test_op_database_gpu_benchmarks_are_the_perf_doc_cases():
+  """The op database's GPU layer_norm benchmark calls are the cases of docs/perf.md's layer
+  norm table ("layer_norm ROWSxD" for the plain feature, "rms_norm ROWSxD" for rms)."""
+  import pathlib
+
+  from suites import opdb
+
+  perf = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "perf.md").read_text()
+  names = {"plain": "layer_norm", "rms": "rms_norm"}
+  calls = opdb.get("layer_norm").bench[opdb.H100]
+  assert {c.feature for c in calls} == set(names)
+  for call in calls:
+    (rows,), d = call.shape["rows"], call.shape["d"]
+    assert f"| {names[call.feature]} {rows}x{d} | fwd |" in perf, call

@@ -374,3 +374,17 @@ def test_one_pass_row_max_and_sum_gradient_with_minus_inf_columns():
   softmax = np.exp(rows - rows.max(-1, keepdims=True))
   softmax /= softmax.sum(-1, keepdims=True)
   np.testing.assert_allclose(grad, softmax, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("magnitude", "feature"), [(1.0, "sum"), (1000.0, "large_logits")])
+def test_op_database_logits_have_the_documented_scale(magnitude, feature):
+  """The op database draws x and weights so that the logits x @ w have unit variance at
+  magnitude 1 (std `magnitude`): "large_logits" puts them in the thousands."""
+  from suites import opdb
+
+  info = opdb.get("linear_softmax_cross_entropy_loss")
+  shape = dict(b=256, h=64, v=512)
+  built = info.build(opdb.Draw(jax.random.key(0)), shape, "float32", info.features[feature])
+  x, _, w = (np.asarray(a, np.float64) for a in built.args)
+  std = (x @ w).std()
+  assert 0.9 * magnitude < std < 1.1 * magnitude, std

@@ -193,3 +193,26 @@ def test_reference_ragged_dot_by_hand():
     rtol=1e-12,
     atol=1e-12,
   )
+
+
+@pytest.mark.parametrize(
+  "op",
+  [
+    "dot_product_attention",
+    "layer_norm",
+    "gated_linear_unit",
+    "ragged_dot",
+    "linear_softmax_cross_entropy_loss",
+  ],
+)
+def test_op_database_has_matmul_is_whether_the_reference_multiplies_matrices(op):
+  """An op database entry's `has_matmul` (which gives float32 the accelerators' reduced
+  matmul tolerance) says whether the op is matmul-based: whether its reference, traced at
+  the golden shape, holds a dot_general."""
+  from suites import opdb
+
+  info = opdb.get(op)
+  feature = next(iter(info.features.values()))
+  built = info.build(opdb.Draw(jax.random.key(0)), dict(info.golden_shape), "float32", feature)
+  jaxpr = jax.make_jaxpr(lambda a: info.reference(a, built.kwargs))(built.args)
+  assert info.has_matmul == ("dot_general" in str(jaxpr))

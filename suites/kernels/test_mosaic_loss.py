@@ -621,3 +621,24 @@ def test_the_kernel_tiles_as_the_heuristic_config_says():
       3,
       8,
     )
+
+
+def _interpret_shapes():
+  from suites import opdb
+
+  return opdb.get("linear_softmax_cross_entropy_loss").matrices[opdb.CPU].interpret_shapes
+
+
+@pytest.mark.parametrize("index", [1, 2])
+def test_the_matrix_interpret_shapes_for_the_kernel_are_ones_it_serves(index):
+  """The op database's CPU interpret shapes after the first suit the Mosaic kernel (H a
+  multiple of 64), so the matrix runs the kernel there rather than skipping it; the first of
+  them (V % 64 == 0) takes gradient_in_forward's pass over row chunks."""
+  shape = _interpret_shapes()[index]
+  b, h, v = shape["b"], shape["h"], shape["v"]
+  assert h % 64 == 0
+  for dtype in shape.get("dtypes", ("float32", "bfloat16")):
+    x, w = jnp.zeros((b, h), dtype), jnp.zeros((h, v), dtype)
+    args = spec.SPEC.canonicalize(x, jnp.zeros((b,), jnp.int32), w, reduction="sum")
+    assert mosaic.MosaicLoss(interpret=True)._unsupported_reason(args) is None, (shape, dtype)
+    assert (mosaic.in_forward_reason(args) is None) == (index == 1), shape

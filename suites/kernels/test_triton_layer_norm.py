@@ -673,3 +673,35 @@ def test_backward_launches_no_more_programs_than_row_blocks(rows, bwd_block_m, p
   assert bwd.kernel.__name__ == "layer_norm_bwd" and bwd.grid == (programs,)
   assert [s.shape for s in bwd.out_shape[1:]] == [(programs, 1000)] * 2
   assert sums.kernel.__name__ == "sum_partials"
+
+
+_TABLES = opdb.get("layer_norm").kernel_cases
+_DTYPE_PREFIXES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+
+
+@pytest.mark.parametrize(
+  ("table", "name"), [(table, name) for table, cases in _TABLES.items() for name in cases]
+)
+def test_kernel_case_names_match_what_the_case_normalizes(table, name):
+  """A case's name is the coverage it claims: "axisN" normalizes axis N, "dN" or "wide_N"
+  normalizes N columns, "rms" skips the mean, "no_scale" and "bare" drop the scale,
+  "offset_1" and "offset_half" set scale_offset, and a dtype prefix is the case's dtype."""
+  case = _TABLES[table][name]
+  axis = case.axis % len(case.shape)
+  for word in name.split("_"):
+    if word in _DTYPE_PREFIXES:
+      assert case.dtype == _DTYPE_PREFIXES[word], word
+    if word.startswith("axis"):
+      assert axis == int(word[4:]), word
+    if word.startswith("d") and word[1:].isdigit():
+      assert case.shape[axis] == int(word[1:]), word
+  if name.startswith("wide_"):
+    assert case.shape[axis] == int(name.split("_")[1])
+  assert ("rms" in name) == (not case.subtract_mean)
+  if "no_scale" in name or name.endswith("bare"):
+    assert not case.has_scale
+  if name.endswith("bare"):
+    assert not case.has_offset
+  for suffix, value in (("offset_1", 1.0), ("offset_half", 0.5)):
+    if suffix in name:
+      assert case.scale_offset == value, suffix
