@@ -1,11 +1,14 @@
 """layer_norm against the float64 reference."""
 
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import tokamax
+from suites import opdb
 from suites.core.conftest import assert_matches, references
 from tokamax._src.ops.normalization import spec as norm_spec
 
@@ -209,10 +212,6 @@ def test_scale_and_offset_as_python_lists(impl, inputs):
 def test_op_database_gpu_benchmarks_are_the_perf_doc_cases():
   """The op database's GPU layer_norm benchmark calls are the cases of docs/perf.md's layer
   norm table ("layer_norm ROWSxD" for the plain feature, "rms_norm ROWSxD" for rms)."""
-  import pathlib
-
-  from suites import opdb
-
   perf = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "perf.md").read_text()
   names = {"plain": "layer_norm", "rms": "rms_norm"}
   calls = opdb.get("layer_norm").bench[opdb.H100]
