@@ -16388,6 +16388,45 @@ MUTATIONS: tuple[Mutation, ...] = (
     " counts one K tile too few, so programs compute the wrong groups' tiles and K's last"
     " row of the output is never written.",
   ),
+  Mutation(
+    "opdb.glu_property_sizes_skip_single_row",
+    "suites/opdb/gated_linear_unit.py",
+    "dict(m=st.integers(1, 40), k=st.integers(1, 80)",
+    "dict(m=st.integers(2, 40), k=st.integers(1, 80)",
+    ("suites/core/test_opdb_draws.py", "-k", "reach_one"),
+    "The GLU property tests never draw a single-row input, so a kernel that mishandles M=1"
+    " passes them.",
+  ),
+  Mutation(
+    "opdb.glu_bench_call_not_the_perf_md_case",
+    "suites/opdb/gated_linear_unit.py",
+    'base.BenchCall(dict(m=8192, k=4096, n=14336), "bfloat16", "reglu", modes=(base.FWD,))',
+    'base.BenchCall(dict(m=8192, k=4095, n=14336), "bfloat16", "reglu", modes=(base.FWD,))',
+    ("suites/core/test_gated_linear_unit.py", "-k", "perf_md"),
+    "The GLU GPU benchmarks time a ReGLU shape docs/perf.md does not report, so its numbers"
+    " are never re-measured.",
+  ),
+  Mutation(
+    "opdb.glu_mosaic_cluster_case_k_off_the_block",
+    "suites/opdb/gated_linear_unit.py",
+    "      (136, 256),\n      activation=jax.nn.swish,",
+    "      (136, 257),\n      activation=jax.nn.swish,",
+    (
+      "suites/kernels/test_mosaic_gated_linear_unit.py::"
+      "test_interpret_matches_reference_with_gradients[shape6-False-silu-xla-config6]",
+    ),
+    "The Mosaic GLU two-CTA cluster case asks for a K the kernel cannot tile, so the"
+    " multicast cluster path is never checked against the reference.",
+  ),
+  Mutation(
+    "opdb.glu_triton_pair_case_fused",
+    "suites/opdb/gated_linear_unit.py",
+    '(50, 64), n=48, dtype="float16", activation=jax.nn.gelu, fused=False',
+    '(50, 64), n=48, dtype="float16", activation=jax.nn.gelu, fused=True',
+    ("suites/core/test_gated_linear_unit.py", "-k", "kernel_case_names"),
+    "The Triton GLU case named f16_gelu_pair passes fused weights, so float16 with a [K, N]"
+    " weight pair is never checked in the interpreter.",
+  ),
 )
 
 
