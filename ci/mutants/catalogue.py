@@ -16427,6 +16427,78 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The Triton GLU case named f16_gelu_pair passes fused weights, so float16 with a [K, N]"
     " weight pair is never checked in the interpreter.",
   ),
+  Mutation(
+    "matrices.config_variant_keeps_the_default_config",
+    "suites/matrices/implementations.py",
+    "  if impl.instance is None:",
+    "  if impl.instance is not None:",
+    ("harness/tests/test_matrix_checks.py", "-k", "config_variants"),
+    "Config variants (e.g. xla_chunked@kv16) run the implementation's default config, so the"
+    " partial-chunk configs the op database asks for are never checked.",
+  ),
+  Mutation(
+    "matrices.non_triton_modules_resolve_as_triton",
+    "suites/matrices/implementations.py",
+    'or "triton" in module.rsplit(".", 1)[-1]',
+    'or "triton" not in module.rsplit(".", 1)[-1]',
+    ("harness/tests/test_matrix_checks.py", "-k", "interpreters"),
+    "XLA and Mosaic implementations are taken for Triton ones: XLA runs eagerly in Triton's"
+    " interpreter on CPU and the summary counts them under the wrong family.",
+  ),
+  Mutation(
+    "matrices.cpu_pallas_kernels_not_interpreted",
+    "suites/matrices/implementations.py",
+    "cls(interpret=True), None, interpret=True)",
+    "cls(interpret=False), None, interpret=True)",
+    ("harness/tests/test_matrix_checks.py", "-k", "interpreters"),
+    "On CPU the Pallas kernels are built without interpret mode, so they cannot run and their"
+    " matrix cases skip instead of checking the kernels in the interpreter.",
+  ),
+  Mutation(
+    "matrices.native_triton_in_the_host_interpreter",
+    "suites/matrices/implementations.py",
+    "    if self.interpret and self.family == hardware.TRITON:",
+    "    if self.interpret or self.family == hardware.TRITON:",
+    ("harness/tests/test_matrix_checks.py", "-k", "tritons_host_interpreter"),
+    "On a GPU the Triton implementations run in Triton's host interpreter instead of compiled,"
+    " so the matrix never checks the compiled kernels.",
+  ),
+  Mutation(
+    "matrices.cpu_triton_not_interpreted",
+    "suites/matrices/implementations.py",
+    "    if family == hardware.TRITON:",
+    "    if family != hardware.TRITON:",
+    ("harness/tests/test_matrix_checks.py", "-k", "interpreters"),
+    "On CPU the Triton implementations are not put in Triton's interpreter, so their matrix"
+    " cases skip as needing a GPU.",
+  ),
+  Mutation(
+    "matrices.cpu_pallas_kernels_counted_native",
+    "suites/matrices/implementations.py",
+    "cls(interpret=True), None, interpret=True)",
+    "cls(interpret=True), None, interpret=False)",
+    ("harness/tests/test_matrix_checks.py", "-k", "interpreters"),
+    "On CPU the interpreted Pallas kernels are taken for native ones, so the matrix runs them"
+    " at the full-size shapes instead of the small interpreter shapes.",
+  ),
+  Mutation(
+    "matrices.variant_label_dropped",
+    "suites/matrices/implementations.py",
+    "    return self.name if self.variant is None else",
+    "    return self.name if self.variant is not None else",
+    ("harness/tests/test_matrix_checks.py", "-k", "config_variants"),
+    "Test ids name a config variant by its implementation alone (and a plain implementation"
+    " as name@None), so a variant's failures read as the default config's.",
+  ),
+  Mutation(
+    "matrices.every_implementation_eager",
+    "suites/matrices/implementations.py",
+    "  eager: bool = False",
+    "  eager: bool = True",
+    ("harness/tests/test_matrix_checks.py", "-k", "interpreters"),
+    "Every implementation is called outside jax.jit, so the matrix never checks XLA or the"
+    " Pallas kernels under jit.",
+  ),
 )
 
 
