@@ -16499,6 +16499,23 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Every implementation is called outside jax.jit, so the matrix never checks XLA or the"
     " Pallas kernels under jit.",
   ),
+  Mutation(
+    "tpu.v5e_vmem_one_mib_short",
+    "src/tokamax/_src/tpu.py",
+    'V5E = Chip("v5e", 128 * _MIB,',
+    'V5E = Chip("v5e", 127 * _MIB,',
+    ("suites/kernels/test_tpu_ragged_dot.py", "-k", "vmem_is_jaxs"),
+    "tpu.V5E reports 127 MiB of VMEM, not v5e's 128 MiB, and its scoped limit is no longer"
+    " half of it.",
+  ),
+  Mutation(
+    "tpu.v5p_vmem_in_the_wrong_unit",
+    "src/tokamax/_src/tpu.py",
+    'V5P = Chip("v5p", 64 * _MIB,',
+    'V5P = Chip("v5p", 64 / _MIB,',
+    ("suites/kernels/test_tpu_ragged_dot.py", "-k", "vmem_is_jaxs"),
+    "tpu.V5P reports a fraction of a byte of VMEM instead of v5p's 64 MiB.",
+  ),
 )
 
 
