@@ -16494,6 +16494,143 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The GPU layer_norm benchmark times 16385 rows, no longer docs/perf.md's 16384x4096 case,"
     " so its history and the perf doc's numbers stop comparing like with like.",
   ),
+  Mutation(
+    "opdb.glu_property_sizes_skip_single_row",
+    "suites/opdb/gated_linear_unit.py",
+    "dict(m=st.integers(1, 40), k=st.integers(1, 80)",
+    "dict(m=st.integers(2, 40), k=st.integers(1, 80)",
+    ("suites/core/test_opdb_draws.py", "-k", "reach_one"),
+    "The GLU property tests never draw a single-row input, so a kernel that mishandles M=1"
+    " passes them.",
+  ),
+  Mutation(
+    "opdb.glu_bench_call_not_the_perf_md_case",
+    "suites/opdb/gated_linear_unit.py",
+    'base.BenchCall(dict(m=8192, k=4096, n=14336), "bfloat16", "reglu", modes=(base.FWD,))',
+    'base.BenchCall(dict(m=8192, k=4095, n=14336), "bfloat16", "reglu", modes=(base.FWD,))',
+    ("suites/core/test_gated_linear_unit.py", "-k", "perf_md"),
+    "The GLU GPU benchmarks time a ReGLU shape docs/perf.md does not report, so its numbers"
+    " are never re-measured.",
+  ),
+  Mutation(
+    "opdb.glu_mosaic_cluster_case_k_off_the_block",
+    "suites/opdb/gated_linear_unit.py",
+    "      (136, 256),\n      activation=jax.nn.swish,",
+    "      (136, 257),\n      activation=jax.nn.swish,",
+    (
+      "suites/kernels/test_mosaic_gated_linear_unit.py::"
+      "test_interpret_matches_reference_with_gradients[shape6-False-silu-xla-config6]",
+    ),
+    "The Mosaic GLU two-CTA cluster case asks for a K the kernel cannot tile, so the"
+    " multicast cluster path is never checked against the reference.",
+  ),
+  Mutation(
+    "opdb.glu_triton_pair_case_fused",
+    "suites/opdb/gated_linear_unit.py",
+    '(50, 64), n=48, dtype="float16", activation=jax.nn.gelu, fused=False',
+    '(50, 64), n=48, dtype="float16", activation=jax.nn.gelu, fused=True',
+    ("suites/core/test_gated_linear_unit.py", "-k", "kernel_case_names"),
+    "The Triton GLU case named f16_gelu_pair passes fused weights, so float16 with a [K, N]"
+    " weight pair is never checked in the interpreter.",
+  ),
+  Mutation(
+    "matrices.config_variant_keeps_the_default_config",
+    "suites/matrices/implementations.py",
+    "  if impl.instance is None:",
+    "  if impl.instance is not None:",
+    ("harness/tests/test_matrix_checks.py", "-k", "config_variants"),
+    "Config variants (e.g. xla_chunked@kv16) run the implementation's default config, so the"
+    " partial-chunk configs the op database asks for are never checked.",
+  ),
+  Mutation(
+    "matrices.non_triton_modules_resolve_as_triton",
+    "suites/matrices/implementations.py",
+    'or "triton" in module.rsplit(".", 1)[-1]',
+    'or "triton" not in module.rsplit(".", 1)[-1]',
+    ("harness/tests/test_matrix_checks.py", "-k", "interpreters"),
+    "XLA and Mosaic implementations are taken for Triton ones: XLA runs eagerly in Triton's"
+    " interpreter on CPU and the summary counts them under the wrong family.",
+  ),
+  Mutation(
+    "matrices.cpu_pallas_kernels_not_interpreted",
+    "suites/matrices/implementations.py",
+    "cls(interpret=True), None, interpret=True)",
+    "cls(interpret=False), None, interpret=True)",
+    ("harness/tests/test_matrix_checks.py", "-k", "interpreters"),
+    "On CPU the Pallas kernels are built without interpret mode, so they cannot run and their"
+    " matrix cases skip instead of checking the kernels in the interpreter.",
+  ),
+  Mutation(
+    "matrices.native_triton_in_the_host_interpreter",
+    "suites/matrices/implementations.py",
+    "    if self.interpret and self.family == hardware.TRITON:",
+    "    if self.interpret or self.family == hardware.TRITON:",
+    ("harness/tests/test_matrix_checks.py", "-k", "tritons_host_interpreter"),
+    "On a GPU the Triton implementations run in Triton's host interpreter instead of compiled,"
+    " so the matrix never checks the compiled kernels.",
+  ),
+  Mutation(
+    "matrices.cpu_triton_not_interpreted",
+    "suites/matrices/implementations.py",
+    "    if family == hardware.TRITON:",
+    "    if family != hardware.TRITON:",
+    ("harness/tests/test_matrix_checks.py", "-k", "interpreters"),
+    "On CPU the Triton implementations are not put in Triton's interpreter, so their matrix"
+    " cases skip as needing a GPU.",
+  ),
+  Mutation(
+    "matrices.cpu_pallas_kernels_counted_native",
+    "suites/matrices/implementations.py",
+    "cls(interpret=True), None, interpret=True)",
+    "cls(interpret=True), None, interpret=False)",
+    ("harness/tests/test_matrix_checks.py", "-k", "interpreters"),
+    "On CPU the interpreted Pallas kernels are taken for native ones, so the matrix runs them"
+    " at the full-size shapes instead of the small interpreter shapes.",
+  ),
+  Mutation(
+    "matrices.variant_label_dropped",
+    "suites/matrices/implementations.py",
+    "    return self.name if self.variant is None else",
+    "    return self.name if self.variant is not None else",
+    ("harness/tests/test_matrix_checks.py", "-k", "config_variants"),
+    "Test ids name a config variant by its implementation alone (and a plain implementation"
+    " as name@None), so a variant's failures read as the default config's.",
+  ),
+  Mutation(
+    "matrices.every_implementation_eager",
+    "suites/matrices/implementations.py",
+    "  eager: bool = False",
+    "  eager: bool = True",
+    ("harness/tests/test_matrix_checks.py", "-k", "interpreters"),
+    "Every implementation is called outside jax.jit, so the matrix never checks XLA or the"
+    " Pallas kernels under jit.",
+  ),
+  Mutation(
+    "tpu.v5e_vmem_one_mib_short",
+    "src/tokamax/_src/tpu.py",
+    'V5E = Chip("v5e", 128 * _MIB,',
+    'V5E = Chip("v5e", 127 * _MIB,',
+    ("suites/kernels/test_tpu_ragged_dot.py", "-k", "vmem_is_jaxs"),
+    "tpu.V5E reports 127 MiB of VMEM, not v5e's 128 MiB, and its scoped limit is no longer"
+    " half of it.",
+  ),
+  Mutation(
+    "tpu.v5p_vmem_in_the_wrong_unit",
+    "src/tokamax/_src/tpu.py",
+    'V5P = Chip("v5p", 64 * _MIB,',
+    'V5P = Chip("v5p", 64 / _MIB,',
+    ("suites/kernels/test_tpu_ragged_dot.py", "-k", "vmem_is_jaxs"),
+    "tpu.V5P reports a fraction of a byte of VMEM instead of v5p's 64 MiB.",
+  ),
+  Mutation(
+    "device.sm_121_shared_memory_off_by_one",
+    "src/tokamax/_src/device.py",
+    "  (12, 1): 101376,",
+    "  (12, 1): 101377,",
+    ("suites/tooling/test_device.py", "-k", "documented_gpu"),
+    "On an sm_121 GPU kernels size their configs for one byte more shared memory per block"
+    " than the hardware's 99 KiB, so a config filling it fails at launch.",
+  ),
 )
 
 

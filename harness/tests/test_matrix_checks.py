@@ -17,9 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from suites import matrices
+from suites import matrices, opdb
 from suites.matrices import checks
-from tokamax_harness import compare, grads
+from tokamax_harness import compare, grads, hardware
 
 
 def _case(op, feature, dtype, **shape):
@@ -186,3 +186,47 @@ def test_check_forward_jits_all_but_eager_implementations(eager, traced):
     impl.eager = eager
   checks.check_forward(case, impl)
   assert seen == [traced]
+
+
+def test_config_variants_run_their_fixed_config():
+  """A config variant is its implementation with the variant's fields as its fixed config
+  (labelled name@label); one of an implementation that cannot run here keeps its reason."""
+  spec = opdb.get("dot_product_attention").spec
+  impls = matrices.all_for(spec, variants={"xla_chunked": {"kv16": {"kv_chunk_size": 16}}})
+  (default,) = [i for i in impls if i.name == "xla_chunked" and i.variant is None]
+  (variant,) = [i for i in impls if i.variant == "kv16"]
+  assert variant.label == "xla_chunked@kv16"
+  assert default.instance.config is None
+  assert variant.instance.config.kv_chunk_size == 16
+  absent = matrices.Implementation("op", "gpu_only", "triton", None, "no GPU here")
+  labelled = matrices.implementations.with_variant(absent, "v", {"block": 8})
+  assert (labelled.instance, labelled.reason, labelled.label) == (None, "no GPU here", "gpu_only@v")
+
+
+def test_cpu_resolves_kernels_to_their_interpreters():
+  """On CPU a Pallas kernel (an `interpret` field) runs with interpret=True, Triton's in its host
+  interpreter called eagerly, and XLA natively (suites/matrices/implementations.py)."""
+  if hardware.detect().platform != "cpu":
+    pytest.skip("the CPU resolution")
+  spec = opdb.get("gated_linear_unit").spec
+  xla, triton, mosaic = (matrices.resolve(spec, n) for n in ("xla", "triton", "mosaic"))
+  assert (xla.family, xla.interpret, xla.eager) == (hardware.XLA, False, False)
+  assert (triton.family, triton.interpret, triton.eager) == (hardware.TRITON, True, True)
+  assert (mosaic.family, mosaic.interpret, mosaic.eager) == (hardware.MOSAIC_GPU, True, False)
+  assert mosaic.instance.interpret is True
+  assert all(i.instance is not None and i.reason is None for i in (xla, triton, mosaic))
+
+
+def test_only_interpreted_triton_runs_in_tritons_host_interpreter():
+  """`context` enters Triton's interpreter for an interpreted Triton implementation only: a
+  native one (a GPU) runs compiled and a Pallas kernel needs no Triton context."""
+  from tokamax._src import triton_call
+
+  def impl(family, interpret):
+    return matrices.Implementation("op", "name", family, object(), None, interpret=interpret)
+
+  with impl(hardware.TRITON, True).context():
+    assert triton_call.interpreting()
+  for family, interpret in ((hardware.TRITON, False), (hardware.MOSAIC_GPU, True)):
+    with impl(family, interpret).context():
+      assert not triton_call.interpreting(), (family, interpret)

@@ -1,12 +1,16 @@
 """gated_linear_unit against the float64 reference."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import tokamax
+from suites import opdb
 from suites.core.conftest import assert_matches, references
+from suites.opdb import base
 from tokamax._src.ops.gated_linear_unit import spec as glu_spec
 
 ACTIVATIONS = {"none": None, "swish": jax.nn.swish, "gelu": jax.nn.gelu, "relu": jax.nn.relu}
@@ -127,3 +131,32 @@ def test_gradient_of_an_empty_contraction_or_output(k, n, impl, inputs):
   for name, g, ref in zip(("dx", "dweights"), vjp(dout), ref_grads, strict=True):
     assert g.shape == ref.shape, name
     assert_matches(g, ref, what=name)
+
+
+def test_gpu_benchmark_calls_are_the_cases_of_perf_md():
+  """The op database's GPU benchmark calls are the GLU cases docs/perf.md reports (a row
+  naming the MxKxN shape and each mode timed), so the benchmarks re-measure its numbers."""
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  with open(os.path.join(root, "docs", "perf.md")) as f:
+    rows = [line for line in f if line.startswith("|")]
+  info = opdb.get("gated_linear_unit")
+  for family in (base.H100, base.A100):
+    for call in info.bench[family]:
+      shape = "{m}x{k}x{n}".format(**call.shape)
+      for mode in call.modes:
+        assert any(shape in r and f"| {mode} |" in r for r in rows), (family, shape, mode)
+
+
+def test_kernel_case_names_state_their_weights_and_dtype():
+  """A kernel case named "..._pair" passes a [K, N] weight pair and one named "..._fused" a
+  fused [K, 2, N] array; an "f32_", "f16_" or "bf16_" prefix is its dtype."""
+  dtypes = {"f32_": "float32", "f16_": "float16", "bf16_": "bfloat16"}
+  for family, cases in opdb.get("gated_linear_unit").kernel_cases.items():
+    for name, case in cases.items():
+      if "pair" in name.split("_"):
+        assert not case.fused, (family, name)
+      if "fused" in name.split("_"):
+        assert case.fused, (family, name)
+      for prefix, dtype in dtypes.items():
+        if name.startswith(prefix):
+          assert case.dtype == dtype, (family, name)

@@ -6,9 +6,11 @@ Each share is checked against its documented value with bounds many binomial sta
 deviations wide (the draws are fixed-seed, so the checks are deterministic).
 """
 
+import hypothesis
 import jax
 import numpy as np
 
+from suites import opdb
 from suites.opdb import base
 from suites.opdb import kernel_cases as kc
 
@@ -80,3 +82,12 @@ def test_conditioned_widens_the_length_by_the_conditionings_square():
   assert base.conditioned(100, {}) == 100
   assert base.conditioned(100, {"conditioning": 3.0}) == 900
   assert base.conditioned(7, {"conditioning": 0.5, "other": 1}) == 1
+
+
+def test_gated_linear_unit_property_sizes_reach_one_in_every_dimension():
+  """The property tests' GLU shapes can be a single row, a contraction of one and a single
+  output column (the degenerate sizes a kernel's tiling mishandles)."""
+  sizes = opdb.get("gated_linear_unit").sizes()
+  for dim in ("m", "k", "n"):
+    # Raises NoSuchExample when the strategy never draws a 1 there.
+    hypothesis.find(sizes, lambda s, dim=dim: s[dim] == 1)

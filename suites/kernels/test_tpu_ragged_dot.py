@@ -521,6 +521,19 @@ def test_chip_roofline_seconds():
     assert tpu.chip(kind) is want, kind
 
 
+def test_chips_vmem_is_jaxs_figure_and_the_limit_half_of_it():
+  """Each chip's physical VMEM is the figure of Pallas's TPU info for that generation, and the
+  scoped limit kernels fit in is half of it (`tpu.Chip`)."""
+  from jax._src import tpu_info
+
+  for chip, version in (
+    (tpu.V5E, tpu_info.ChipVersion.TPU_V5E),
+    (tpu.V5P, tpu_info.ChipVersion.TPU_V5P),
+  ):
+    assert chip.vmem_bytes == pltpu.get_tpu_info_for_chip(version, 1).vmem_capacity_bytes, chip
+    assert chip.vmem_limit_bytes == chip.vmem_bytes // 2, chip
+
+
 def test_vmem_limit_is_the_target_chips():
   lhs = jax.ShapeDtypeStruct((4096, 4096), jnp.bfloat16)
   rhs = jax.ShapeDtypeStruct((4, 4096, 4096), jnp.bfloat16)

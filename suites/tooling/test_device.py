@@ -44,3 +44,16 @@ def test_platform_and_sm_count_follow_the_abstract_target():
 
 def test_shared_memory_limit_of_a_capability_given_as_a_list():
   assert device.shared_memory_per_block([9, 0]) == device.shared_memory_per_block((9, 0)) == 232448
+
+
+def test_shared_memory_per_block_of_every_documented_gpu():
+  """The CUDA programming guide's per-block opt-in limits: A100 and Orin 163 KiB; sm_86,
+  sm_89, sm_120 and sm_121 99 KiB; Hopper and the data-centre Blackwells 227 KiB."""
+  kib = 1024
+  for ccs, limit in (
+    (((8, 0), (8, 7)), 163 * kib),
+    (((8, 6), (8, 9), (12, 0), (12, 1)), 99 * kib),
+    (((9, 0), (10, 0), (10, 3), (11, 0)), 227 * kib),
+  ):
+    for cc in ccs:
+      assert device.shared_memory_per_block(cc) == limit, cc
