@@ -331,17 +331,11 @@ def test_interpreted_kernels_match_float64_reference(case):
   interpreted.assert_errors_within_bound(_interpreted_errors(case))
 
 
-@pytest.mark.parametrize("layout", spec.LAYOUTS)
-@pytest.mark.host_only
-def test_interpreted_groups_of_one_row_past_a_block(layout):
-  """Groups of 1, 17 and 33 rows (one row past a multiple of block_m = 16), an empty one and
-  one of exactly 16 rows: each group's last row block holds one row, which the grouped rows
-  and the contraction over a group's rows (ragged_contracting, and the default layout's rhs
-  gradient) must still take."""
-  m, k, n = 70, 24, 40
-  sizes = jnp.array([1, 17, 0, 16, 33], jnp.int32)  # 67 rows; the last 3 are in no group.
+def _assert_interpreted_vjp_matches(layout, m, k, n, sizes, seed):
+  """The interpreted kernels' output and both gradients (random operands and cotangent)
+  against the float64 reference."""
   g = sizes.shape[0]
-  rng = np.random.default_rng(11)
+  rng = np.random.default_rng(seed)
   lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
   rhs = jnp.asarray(rng.standard_normal(_rhs_shape(layout, m, k, n, g)), jnp.float32)
   args = spec.canonicalize(
@@ -356,6 +350,17 @@ def test_interpreted_groups_of_one_row_past_a_block(layout):
   )
   for name, x, r in zip(("out", "lhs", "rhs"), (out, *grads), (ref_out, *ref_grads), strict=True):
     assert compare.relative_error(x, r) < 1e-5, name
+
+
+@pytest.mark.parametrize("layout", spec.LAYOUTS)
+@pytest.mark.host_only
+def test_interpreted_groups_of_one_row_past_a_block(layout):
+  """Groups of 1, 17 and 33 rows (one row past a multiple of block_m = 16), an empty one and
+  one of exactly 16 rows: each group's last row block holds one row, which the grouped rows
+  and the contraction over a group's rows (ragged_contracting, and the default layout's rhs
+  gradient) must still take."""
+  sizes = jnp.array([1, 17, 0, 16, 33], jnp.int32)  # 67 rows; the last 3 are in no group.
+  _assert_interpreted_vjp_matches(layout, 70, 24, 40, sizes, seed=11)
 
 
 @pytest.mark.parametrize("layout", spec.LAYOUTS)
@@ -365,25 +370,9 @@ def test_interpreted_tile_counts_one_past_and_at_a_multiple_of_the_block(layout)
   and 17 rows that take 12 of the launch's 14 row tiles: each kernel's own count of K and N
   tiles (which maps a program to its tile) must be the wrapper's grid's ceil(dim / 16), or
   programs land on the wrong tiles and the last ones are never computed."""
-  m, k, n = 72, 33, 32
   sizes = jnp.array([1, 17] * 4, jnp.int32)
-  g = sizes.shape[0]
-  rng = np.random.default_rng(13)
-  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
-  rhs = jnp.asarray(rng.standard_normal(_rhs_shape(layout, m, k, n, g)), jnp.float32)
-  args = spec.canonicalize(
-    lhs, rhs, sizes, spec.dimension_numbers(layout), jax.lax.Precision.HIGHEST
-  )
-  assert rd_triton.max_tiles(m, g, SMALL.block_m) == 14
-  dout = jnp.asarray(rng.standard_normal(args.out_shape), jnp.float32)
-  with triton_call.interpret():
-    out = rd_triton.ragged_dot(args, SMALL)
-    grads = [rd_triton.ragged_dot(r, SMALL) for r in rd_triton.gradient_records(args, dout)]
-  ref_out, ref_grads = references.high_precision_vjp(
-    lambda a, b: _reference(layout, a, b, sizes, None, g), (lhs, rhs), dout
-  )
-  for name, x, r in zip(("out", "lhs", "rhs"), (out, *grads), (ref_out, *ref_grads), strict=True):
-    assert compare.relative_error(x, r) < 1e-5, name
+  assert rd_triton.max_tiles(72, sizes.shape[0], SMALL.block_m) == 14
+  _assert_interpreted_vjp_matches(layout, 72, 33, 32, sizes, seed=13)
 
 
 @pytest.mark.host_only
