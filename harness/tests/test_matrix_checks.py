@@ -19,6 +19,7 @@ import pytest
 
 from suites import matrices, opdb
 from suites.matrices import checks
+from tokamax._src import triton_call
 from tokamax_harness import compare, grads, hardware
 
 
@@ -207,7 +208,7 @@ def test_cpu_resolves_kernels_to_their_interpreters():
   """On CPU a Pallas kernel (an `interpret` field) runs with interpret=True, Triton's in its host
   interpreter called eagerly, and XLA natively (suites/matrices/implementations.py)."""
   if hardware.detect().platform != "cpu":
-    pytest.skip("the CPU resolution")
+    pytest.skip("needs the CPU backend: it checks how kernels resolve on a CPU")
   spec = opdb.get("gated_linear_unit").spec
   xla, triton, mosaic = (matrices.resolve(spec, n) for n in ("xla", "triton", "mosaic"))
   assert (xla.family, xla.interpret, xla.eager) == (hardware.XLA, False, False)
@@ -220,7 +221,6 @@ def test_cpu_resolves_kernels_to_their_interpreters():
 def test_only_interpreted_triton_runs_in_tritons_host_interpreter():
   """`context` enters Triton's interpreter for an interpreted Triton implementation only: a
   native one (a GPU) runs compiled and a Pallas kernel needs no Triton context."""
-  from tokamax._src import triton_call
 
   def impl(family, interpret):
     return matrices.Implementation("op", "name", family, object(), None, interpret=interpret)

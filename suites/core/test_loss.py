@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import tokamax
+from suites import opdb
 from suites.core.conftest import assert_matches, references
 from tokamax._src import numerics
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import spec as loss_spec
@@ -380,8 +381,6 @@ def test_one_pass_row_max_and_sum_gradient_with_minus_inf_columns():
 def test_op_database_logits_have_the_documented_scale(magnitude, feature):
   """The op database draws x and weights so that the logits x @ w have unit variance at
   magnitude 1 (std `magnitude`): "large_logits" puts them in the thousands."""
-  from suites import opdb
-
   info = opdb.get("linear_softmax_cross_entropy_loss")
   shape = dict(b=256, h=64, v=512)
   built = info.build(opdb.Draw(jax.random.key(0)), shape, "float32", info.features[feature])

@@ -15,10 +15,6 @@ from suites.opdb import base
 from suites.opdb import kernel_cases as kc
 
 
-def _row_share(rows: np.ndarray) -> float:
-  return float(np.mean(rows))
-
-
 def test_random_mask_hides_its_share_of_rows_and_keys():
   shape = (4, 2, 64, 128)  # 512 rows of 128 keys.
   spec = kc.RandomMask(3, shape)
@@ -28,7 +24,7 @@ def test_random_mask_hides_its_share_of_rows_and_keys():
   assert mask.shape == shape and mask.dtype == bool
   dead = ~mask.any(axis=-1)
   # 512 rows: the dead share's standard deviation is at most 0.022.
-  assert abs(_row_share(dead) - spec.dead_rows) < 0.08
+  assert abs(float(np.mean(dead)) - spec.dead_rows) < 0.08
   # The live rows' keys are visible with probability p (about 50000 keys: sd 0.002).
   assert abs(float(np.mean(mask[~dead])) - spec.p) < 0.02
 
@@ -46,7 +42,7 @@ def test_random_bias_is_twice_a_standard_normal_plus_its_shift_with_dead_rows():
   dead = np.isneginf(bias).all(axis=-1)
   # Whole rows are -inf or none of their entries are.
   assert not np.isneginf(bias[~dead]).any()
-  assert 0.17 < _row_share(dead) < 0.33
+  assert 0.17 < float(np.mean(dead)) < 0.33
   live = bias[~dead]
   # About 49000 values of scale 2: the mean's sd is 0.01, the std's about 0.007.
   assert abs(float(live.mean()) - (-30.0)) < 0.1

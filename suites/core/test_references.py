@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from suites import opdb
 from tokamax_harness import references
 
 
@@ -209,8 +210,6 @@ def test_op_database_has_matmul_is_whether_the_reference_multiplies_matrices(op)
   """An op database entry's `has_matmul` (which gives float32 the accelerators' reduced
   matmul tolerance) says whether the op is matmul-based: whether its reference, traced at
   the golden shape, holds a dot_general."""
-  from suites import opdb
-
   info = opdb.get(op)
   feature = next(iter(info.features.values()))
   built = info.build(opdb.Draw(jax.random.key(0)), dict(info.golden_shape), "float32", feature)

@@ -13,6 +13,7 @@ import pytest
 from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from suites import opdb
 from tokamax._src.ops import partitioning
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import api, mosaic, mosaic_kernel, spec
 from tokamax_harness import compare, references
@@ -624,8 +625,6 @@ def test_the_kernel_tiles_as_the_heuristic_config_says():
 
 
 def _interpret_shapes():
-  from suites import opdb
-
   return opdb.get("linear_softmax_cross_entropy_loss").matrices[opdb.CPU].interpret_shapes
 
 

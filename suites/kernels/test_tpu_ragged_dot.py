@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax._src import tpu_info
 from jax.experimental.pallas import tpu as pltpu
 
 import tokamax
@@ -524,8 +525,6 @@ def test_chip_roofline_seconds():
 def test_chips_vmem_is_jaxs_figure_and_the_limit_half_of_it():
   """Each chip's physical VMEM is the figure of Pallas's TPU info for that generation, and the
   scoped limit kernels fit in is half of it (`tpu.Chip`)."""
-  from jax._src import tpu_info
-
   for chip, version in (
     (tpu.V5E, tpu_info.ChipVersion.TPU_V5E),
     (tpu.V5P, tpu_info.ChipVersion.TPU_V5P),

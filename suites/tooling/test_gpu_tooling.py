@@ -13,6 +13,7 @@ import jax
 import pytest
 
 from ci.gpu import tooling
+from suites import opdb
 
 pytestmark = pytest.mark.host_only
 
@@ -62,8 +63,6 @@ def test_the_dry_run_takes_smaller_shapes():
 def test_the_full_benchmark_shapes_are_the_op_database_benchmarks():
   """The default cache is tuned at the shapes the benchmarks run (docs/perf.md's cases):
   the layer_norm functions at the op database's GPU benchmark rows and widths."""
-  from suites import opdb
-
   calls = {(c.shape["rows"], c.shape["d"]) for c in opdb.get("layer_norm").bench[opdb.H100]}
   full = _functions(False)
   for name in ("layer_norm_fwd", "layer_norm_wide_fwd", "rms_norm_wide_fwd"):
