@@ -16631,6 +16631,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "On an sm_121 GPU kernels size their configs for one byte more shared memory per block"
     " than the hardware's 99 KiB, so a config filling it fails at launch.",
   ),
+  Mutation(
+    "kernels.triton_layer_norm_bwd_one_program_takes_every_row",
+    _NORM + "triton_layer_norm.py",
+    "  per_program = blocks // tl.num_programs(0)",
+    "  per_program = blocks // tl.num_programs(1)",
+    (_TRITON_NORM, "-k", "contiguous_runs"),
+    "Triton layer_norm backward: the first program walks every row block while the others"
+    " idle, so the backward runs serially on one SM.",
+  ),
 )
 
 

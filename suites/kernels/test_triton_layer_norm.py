@@ -705,3 +705,44 @@ def test_kernel_case_names_match_what_the_case_normalizes(table, name):
   for suffix, value in (("offset_1", 1.0), ("offset_half", 0.5)):
     if suffix in name:
       assert case.scale_offset == value, suffix
+
+
+@pytest.mark.host_only
+@pytest.mark.parametrize(
+  ("rows", "bwd_block_m", "runs"),
+  [(7, 1, [(0, 3), (3, 5), (5, 7)]), (9, 2, [(0, 4), (4, 8), (8, 9)])],
+)
+@pytest.mark.parametrize(
+  "loop",
+  [dict(), dict(bwd_prefetch=True), dict(bwd_stages=3)],
+  ids=["plain", "prefetch", "staged"],
+)
+def test_interpreted_backward_programs_take_contiguous_runs_of_rows(
+  monkeypatch, rows, bwd_block_m, runs, loop
+):
+  """3 backward programs share the row blocks out in contiguous runs that differ by at most
+  one block, the first programs taking the extra ones (the module's documented split): each
+  program's partial dscale and doffset are the sums over its own run, not one program summing
+  every row while the others idle."""
+  partials = {}
+  sum_partials = norm_triton._sum_partials
+
+  def capture(args, dscale, doffset, programs):
+    partials.update(scale=dscale, offset=doffset)
+    return sum_partials(args, dscale, doffset, programs)
+
+  monkeypatch.setattr(norm_triton, "_sum_partials", capture)
+  x, scale, offset, dy = _inputs((rows, 24), -1, "float32", True, True, seed=13)
+  args = spec.canonicalize(x, scale, offset)
+  config = norm_triton.TritonNormConfig(
+    block_m=2, num_warps=4, bwd_block_m=bwd_block_m, bwd_num_warps=4, bwd_programs=3, **loop
+  )
+  with triton_call.interpret():
+    out, residuals = OP._fwd(args, config)
+    OP._bwd(args, config, out, residuals, dy)
+  x64, dy64 = np.asarray(x, np.float64), np.asarray(dy, np.float64)
+  xhat = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-6)
+  want_scale = np.stack([(dy64 * xhat)[a:b].sum(0) for a, b in runs])
+  want_offset = np.stack([dy64[a:b].sum(0) for a, b in runs])
+  np.testing.assert_allclose(partials["scale"], want_scale, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(partials["offset"], want_offset, rtol=1e-5, atol=1e-5)
