@@ -16640,6 +16640,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton layer_norm backward: the first program walks every row block while the others"
     " idle, so the backward runs serially on one SM.",
   ),
+  Mutation(
+    "attention.mosaic_fwd_overlap_pv_reads_the_next_slot",
+    _ATTENTION + "mosaic_fwd.py",
+    "slot, prev = slot_of(kv_step), slot_of(kv_step - 1)",
+    "slot, prev = slot_of(kv_step), slot_of(kv_step + 1)",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[overlap_qk_three_stages_fwd]",),
+    "Mosaic attention forward with overlap_qk and 3 or more pipeline stages: each step's"
+    " P.V multiplies the probabilities by another key block's values.",
+  ),
 )
 
 

@@ -437,6 +437,16 @@ _MOSAIC_CASES = {
     grads=False,
     config=dict(block_kv=64, overlap_qk=True),
   ),
+  # overlap_qk through three pipeline slots (the cases above have two, where the slot of
+  # the step before is also the slot of the step after): each step's P.V must read the
+  # value block of the step before from its own slot, as the autotuner's 3- and 4-stage
+  # overlap_qk configs do.
+  "overlap_qk_three_stages_fwd": kc.AttentionKernelCase(
+    dict(b=1, t=128, s=256, n=2, k=1, h=64),
+    "bfloat16",
+    grads=False,
+    config=dict(block_kv=64, num_stages=3, overlap_qk=True),
+  ),
 }
 # Compiled on a Hopper GPU: outputs and gradients against XLA, and determinism.
 _MOSAIC_GPU_CASES = {
