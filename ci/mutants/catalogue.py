@@ -16649,6 +16649,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Mosaic attention forward with overlap_qk and 3 or more pipeline stages: each step's"
     " P.V multiplies the probabilities by another key block's values.",
   ),
+  Mutation(
+    "kernels.mosaic_ragged_fwd_cluster_n_tile_column",
+    _RAGGED + "mosaic_fwd.py",
+    "ni = table_ref[position, 1 + 3 * cluster]",
+    "ni = table_ref[position, 1 + 3]",
+    (_MOSAIC_RAGGED + "::test_interpret_two_cta_clusters[False]",),
+    "Mosaic ragged dot with two-CTA clusters: the N tile is read from the second block's"
+    " first-row field, so items compute and store the wrong output columns.",
+  ),
+  Mutation(
+    "kernels.mosaic_ragged_fwd_smem_stages_divided",
+    _RAGGED + "mosaic_fwd.py",
+    "  return config.num_stages * stage + epilogue",
+    "  return config.num_stages / stage + epilogue",
+    (_MOSAIC_RAGGED, "-k", "forward_shared_memory_bytes"),
+    "Mosaic ragged dot forward: the pipeline stages' shared memory is left out of the count,"
+    " so configs over the 227 KiB limit are accepted and fail to launch.",
+  ),
 )
 
 

@@ -708,6 +708,18 @@ def test_drhs_shared_memory_bytes():
   assert reason is not None and "shared memory" in reason
 
 
+def test_forward_shared_memory_bytes():
+  """The forward kernel's shared memory, counted by hand: per stage a [128, block_k] lhs tile
+  and a [block_k, block_n] rhs tile; two [64, epi_n] epilogue buffers of the output dtype."""
+  c = mosaic_fwd.MosaicRaggedDotFwdConfig(block_n=256, block_k=64, num_stages=4, epi_n=128)
+  assert mosaic_fwd.smem_bytes(c, 2, 2) == 4 * (128 * 64 + 64 * 256) * 2 + 2 * 64 * 128 * 2
+  assert mosaic_fwd.smem_bytes(c, 2, 4) == 4 * (128 * 64 + 64 * 256) * 2 + 2 * 64 * 128 * 4
+  # 227 KiB - 1 KiB = 231424 bytes: a bfloat16 output takes 229376, a float32 one 262144.
+  assert mosaic_fwd.config_reason(c, 1024, 256, 256, 2, 2) is None
+  reason = mosaic_fwd.config_reason(c, 1024, 256, 256, 2, 4)
+  assert reason is not None and "shared memory" in reason
+
+
 def test_drhs_config_reasons():
   """The drhs kernel refuses N off whole block_n tiles, epi_n not dividing block_n, and row
   chunks other than one 128-byte swizzle deep."""
