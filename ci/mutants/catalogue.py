@@ -16631,6 +16631,42 @@ MUTATIONS: tuple[Mutation, ...] = (
     "On an sm_121 GPU kernels size their configs for one byte more shared memory per block"
     " than the hardware's 99 KiB, so a config filling it fails at launch.",
   ),
+  Mutation(
+    "wrappers.attention_triton_one_warp_refused",
+    _ATTENTION + "triton.py",
+    '      if f.name.endswith("num_warps") and value & (value - 1):\n',
+    '      if f.name.endswith("num_warps") and value & (value - 2):\n',
+    ("suites/kernels/test_attention_triton.py", "-k", "warps_power_of_two"),
+    "TritonAttentionConfig(num_warps=1) raises 'must be a power of two' though one warp"
+    " (2**0) is a power of two Triton runs.",
+  ),
+  Mutation(
+    "wrappers.attention_triton_head_dim_check_reads_sequence",
+    _ATTENTION + "triton.py",
+    "  h, hv = q.shape[-1], v.shape[-1]\n",
+    "  h, hv = q.shape[1], v.shape[-1]\n",
+    ("suites/kernels/test_attention_triton.py", "-k", "unsupported_reasons"),
+    "The Triton attention's head-dim limit checks the query's sequence length instead of"
+    " its head dim, so a query head dim of 512 is taken and a long short-headed query is"
+    " refused.",
+  ),
+  Mutation(
+    "plugin.ci_profile_examples_off_by_one",
+    "harness/plugin.py",
+    'register_profile("harness-ci", max_examples=12,',
+    'register_profile("harness-ci", max_examples=11,',
+    ("harness/tests/test_foreign_project.py", "-k", "ini_option_loads_a_harness_profile"),
+    "The harness-ci Hypothesis profile runs 11 examples per property test, not the 12 the"
+    " README documents.",
+  ),
+  Mutation(
+    "plugin.bench_option_default_on",
+    "harness/plugin.py",
+    '  group.addoption("--bench", action="store_true", default=False,',
+    '  group.addoption("--bench", action="store_true", default=True,',
+    ("harness/tests/test_foreign_project.py", "-k", "foreign_summary_has_no_tokamax_wording"),
+    "Timed `bench` tests run in every pytest run instead of only with --bench.",
+  ),
 )
 
 
