@@ -16667,6 +16667,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("harness/tests/test_foreign_project.py", "-k", "foreign_summary_has_no_tokamax_wording"),
     "Timed `bench` tests run in every pytest run instead of only with --bench.",
   ),
+  Mutation(
+    "plugin.profiles_hide_the_reproduction_blob",
+    "harness/plugin.py",
+    "common = dict(deadline=None, print_blob=True,",
+    "common = dict(deadline=None, print_blob=False,",
+    ("harness/tests/test_foreign_project.py", "-k", "reproduction_blob"),
+    "A property test failing under a harness Hypothesis profile no longer prints the"
+    " @reproduce_failure line, so a failing nightly example cannot be replayed.",
+  ),
 )
 
 
