@@ -16676,6 +16676,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "A property test failing under a harness Hypothesis profile no longer prints the"
     " @reproduce_failure line, so a failing nightly example cannot be replayed.",
   ),
+  Mutation(
+    "references.high_precision_skips_keyword_containers",
+    "harness/references.py",
+    "kwargs = {k: jax.tree.map(_upcast, v, is_leaf=lambda x: x is None) for k, v",
+    "kwargs = {k: jax.tree.map(_upcast, v, is_leaf=lambda x: x is not None) for k, v",
+    ("suites/core/test_references.py", "-k", "keyword_containers"),
+    "high_precision leaves float32 arrays inside a keyword tuple (such as gated_linear_unit's"
+    " weights=(w_gate, w_up)) in float32, so the reference loses precision.",
+  ),
 )
 
 
