@@ -16667,6 +16667,60 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Mosaic ragged dot forward: the pipeline stages' shared memory is left out of the count,"
     " so configs over the 227 KiB limit are accepted and fail to launch.",
   ),
+  Mutation(
+    "wrappers.attention_triton_one_warp_refused",
+    _ATTENTION + "triton.py",
+    '      if f.name.endswith("num_warps") and value & (value - 1):\n',
+    '      if f.name.endswith("num_warps") and value & (value - 2):\n',
+    ("suites/kernels/test_attention_triton.py", "-k", "warps_power_of_two"),
+    "TritonAttentionConfig(num_warps=1) raises 'must be a power of two' though one warp"
+    " (2**0) is a power of two Triton runs.",
+  ),
+  Mutation(
+    "wrappers.attention_triton_head_dim_check_reads_sequence",
+    _ATTENTION + "triton.py",
+    "  h, hv = q.shape[-1], v.shape[-1]\n",
+    "  h, hv = q.shape[1], v.shape[-1]\n",
+    ("suites/kernels/test_attention_triton.py", "-k", "unsupported_reasons"),
+    "The Triton attention's head-dim limit checks the query's sequence length instead of"
+    " its head dim, so a query head dim of 512 is taken and a long short-headed query is"
+    " refused.",
+  ),
+  Mutation(
+    "plugin.ci_profile_examples_off_by_one",
+    "harness/plugin.py",
+    'register_profile("harness-ci", max_examples=12,',
+    'register_profile("harness-ci", max_examples=11,',
+    ("harness/tests/test_foreign_project.py", "-k", "ini_option_loads_a_harness_profile"),
+    "The harness-ci Hypothesis profile runs 11 examples per property test, not the 12 the"
+    " README documents.",
+  ),
+  Mutation(
+    "plugin.bench_option_default_on",
+    "harness/plugin.py",
+    '  group.addoption("--bench", action="store_true", default=False,',
+    '  group.addoption("--bench", action="store_true", default=True,',
+    ("harness/tests/test_foreign_project.py", "-k", "foreign_summary_has_no_tokamax_wording"),
+    "Timed `bench` tests run in every pytest run instead of only with --bench.",
+  ),
+  Mutation(
+    "plugin.profiles_hide_the_reproduction_blob",
+    "harness/plugin.py",
+    "common = dict(deadline=None, print_blob=True,",
+    "common = dict(deadline=None, print_blob=False,",
+    ("harness/tests/test_foreign_project.py", "-k", "reproduction_blob"),
+    "A property test failing under a harness Hypothesis profile no longer prints the"
+    " @reproduce_failure line, so a failing nightly example cannot be replayed.",
+  ),
+  Mutation(
+    "references.high_precision_skips_keyword_containers",
+    "harness/references.py",
+    "kwargs = {k: jax.tree.map(_upcast, v, is_leaf=lambda x: x is None) for k, v",
+    "kwargs = {k: jax.tree.map(_upcast, v, is_leaf=lambda x: x is not None) for k, v",
+    ("suites/core/test_references.py", "-k", "keyword_containers"),
+    "high_precision leaves float32 arrays inside a keyword tuple (such as gated_linear_unit's"
+    " weights=(w_gate, w_up)) in float32, so the reference loses precision.",
+  ),
 )
 
 

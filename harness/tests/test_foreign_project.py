@@ -52,6 +52,33 @@ def test_hypothesis_profile_option_wins(foreign):
   )
 
 
+_FAILING_PROPERTY = """
+from hypothesis import given, strategies as st
+
+@given(st.integers(min_value=0))
+def test_property(x):
+  assert x < 10
+"""
+
+
+@pytest.mark.parametrize("profile", ["harness-ci", "harness-nightly", "harness-dev"])
+def test_harness_profiles_print_the_reproduction_blob(foreign, profile):
+  """A property test failing under a harness profile prints the `@reproduce_failure(...)`
+  decorator that replays its example (the nightly draws fresh examples every run)."""
+  foreign.makepyfile(test_property=_FAILING_PROPERTY)
+  result = foreign.runpytest_subprocess(
+    "-p",
+    "tokamax_harness",
+    "-p",
+    "no:cacheprovider",
+    "--hypothesis-profile",
+    profile,
+    "test_property.py",
+  )
+  result.assert_outcomes(failed=1)
+  result.stdout.fnmatch_lines(["*@reproduce_failure(*"])
+
+
 _BENCH = """
 import pathlib
 import shutil

@@ -41,6 +41,15 @@ def test_high_precision_upcasts_keyword_arguments():
   np.testing.assert_allclose(out, np.float32(1e-10), rtol=1e-5)
 
 
+def test_high_precision_upcasts_arrays_inside_keyword_containers():
+  """A keyword tuple of float32 arrays (like gated_linear_unit's (w_gate, w_up)) is upcast
+  array by array: b + 1 - 1 keeps b = 1e-10 in float64 only."""
+  fn = references.high_precision(lambda *, pair: ((jnp.asarray(pair[0]) + 1.0) - 1.0) + pair[1])
+  out = fn(pair=(jnp.full((2,), 1e-10, jnp.float32), jnp.zeros((2,), jnp.float32)))
+  assert out.dtype == np.float64
+  np.testing.assert_allclose(out, np.float32(1e-10), rtol=1e-5)
+
+
 @pytest.mark.parametrize(
   ("backend", "dtype"), [("cpu", np.float64), ("gpu", np.float64), ("tpu", np.float32)]
 )

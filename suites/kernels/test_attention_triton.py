@@ -209,10 +209,11 @@ def test_config_validation():
 @pytest.mark.parametrize("field", ["num_warps", "bwd_num_warps"])
 def test_config_warps_power_of_two(field):
   """Warps per program must be a power of two (Triton's NVIDIA backend asserts it at
-  compile time, on the GPU): 6 is refused with the field's name, 2, 4 and 16 are taken."""
+  compile time, on the GPU): 6 is refused with the field's name; 1 (2**0), 2, 4 and 16
+  are taken."""
   with pytest.raises(ValueError, match=f"`{field}` must be a power of two, got 6"):
     attention_triton.TritonAttentionConfig(**{field: 6})
-  for warps in (2, 4, 16):
+  for warps in (1, 2, 4, 16):
     assert getattr(attention_triton.TritonAttentionConfig(**{field: warps}), field) == warps
 
 
