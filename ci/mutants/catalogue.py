@@ -16721,6 +16721,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "high_precision leaves float32 arrays inside a keyword tuple (such as gated_linear_unit's"
     " weights=(w_gate, w_up)) in float32, so the reference loses precision.",
   ),
+  Mutation(
+    "partitioning.traced_input_not_resharded_to_the_plan",
+    _PARTITIONING,
+    "      x if _spec_axes(current, ndim) == _spec_axes(spec, ndim) else",
+    "      x if _spec_axes(current, ndim) != _spec_axes(spec, ndim) else",
+    (_KERNEL_SHARDING, "-k", "rows_split_features_replicated"),
+    "A jitted input on explicit mesh axes, split along an axis the op cannot split, reaches"
+    " shard_map unresharded: the call raises instead of gathering that axis as it warns.",
+  ),
 )
 
 
