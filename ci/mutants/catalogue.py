@@ -16631,6 +16631,32 @@ MUTATIONS: tuple[Mutation, ...] = (
     "On an sm_121 GPU kernels size their configs for one byte more shared memory per block"
     " than the hardware's 99 KiB, so a config filling it fails at launch.",
   ),
+  Mutation(
+    "grads.deterministic_one_run_extra",
+    "harness/grads.py",
+    "  for _ in range(runs - 1):",
+    "  for _ in range(runs):",
+    (_RULES, "-k", "runs_the_function_runs_times"),
+    "assert_deterministic runs the function once more than the `runs` asked for (a slower check).",
+  ),
+  Mutation(
+    "grads.deterministic_eager_by_default",
+    "harness/grads.py",
+    "  jit: bool = True,",
+    "  jit: bool = False,",
+    (_RULES, "-k", "runs_the_function_runs_times"),
+    "assert_deterministic with default arguments checks op-by-op eager runs, not the compiled"
+    " program.",
+  ),
+  Mutation(
+    "grads.finite_difference_f32_step_2x",
+    "harness/grads.py",
+    "  eps = eps or (1e-4 if f64 else 1e-2)",
+    "  eps = eps or (1e-4 if f64 else 2e-2)",
+    (_RULES, "-k", "default_step_passes_a_curved_gradient"),
+    "The float32 finite-difference step doubles and the check fails a correct gradient of"
+    " sin(20 x).",
+  ),
 )
 
 
