@@ -16657,6 +16657,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The float32 finite-difference step doubles and the check fails a correct gradient of"
     " sin(20 x).",
   ),
+  Mutation(
+    "attention.chunked_count_times_not_over_size",
+    _ATTENTION + "xla_chunked.py",
+    "    self.count = math.ceil(s / self.size) or 1",
+    "    self.count = math.ceil(s * self.size) or 1",
+    ("suites/core/test_attention.py", "-k", "scans_ceil_s_over_chunk"),
+    "xla_chunked scans S x C key chunks instead of ceil(S / C), padding the keys to S x C^2:"
+    " same values, but memory and time no longer linear in the sequence length.",
+  ),
 )
 
 
