@@ -16730,6 +16730,41 @@ MUTATIONS: tuple[Mutation, ...] = (
     "A jitted input on explicit mesh axes, split along an axis the op cannot split, reaches"
     " shard_map unresharded: the call raises instead of gathering that axis as it warns.",
   ),
+  Mutation(
+    "grads.deterministic_one_run_extra",
+    "harness/grads.py",
+    "  for _ in range(runs - 1):",
+    "  for _ in range(runs):",
+    (_RULES, "-k", "runs_the_function_runs_times"),
+    "assert_deterministic runs the function once more than the `runs` asked for (a slower check).",
+  ),
+  Mutation(
+    "grads.deterministic_eager_by_default",
+    "harness/grads.py",
+    "  jit: bool = True,",
+    "  jit: bool = False,",
+    (_RULES, "-k", "runs_the_function_runs_times"),
+    "assert_deterministic with default arguments checks op-by-op eager runs, not the compiled"
+    " program.",
+  ),
+  Mutation(
+    "grads.finite_difference_f32_step_2x",
+    "harness/grads.py",
+    "  eps = eps or (1e-4 if f64 else 1e-2)",
+    "  eps = eps or (1e-4 if f64 else 2e-2)",
+    (_RULES, "-k", "default_step_passes_a_curved_gradient"),
+    "The float32 finite-difference step doubles and the check fails a correct gradient of"
+    " sin(20 x).",
+  ),
+  Mutation(
+    "attention.chunked_count_times_not_over_size",
+    _ATTENTION + "xla_chunked.py",
+    "    self.count = math.ceil(s / self.size) or 1",
+    "    self.count = math.ceil(s * self.size) or 1",
+    ("suites/core/test_attention.py", "-k", "scans_ceil_s_over_chunk"),
+    "xla_chunked scans S x C key chunks instead of ceil(S / C), padding the keys to S x C^2:"
+    " same values, but memory and time no longer linear in the sequence length.",
+  ),
 )
 
 

@@ -215,6 +215,35 @@ def test_xla_logits_come_out_of_their_matmul_with_keys_minor(is_causal):
     assert (b, kh, n // kh, t, s) in shapes, shapes
 
 
+@pytest.mark.parametrize("chunk", (1, 5, 19, 64))
+def test_chunked_scans_ceil_s_over_chunk_steps_of_chunk_keys(chunk):
+  """Memory linear in S (the module's docstring): forward and gradient scan ceil(S / C) key
+  chunks of C keys (at most S), so the keys are padded by less than one chunk and a step's
+  logits are [B, K, G, T, C]. 19 keys: 19, 4, 1 and 1 steps."""
+  b, t, s, n, kh, h = 1, 8, 19, 4, 2, 6
+  q = jax.ShapeDtypeStruct((b, t, n, h), jnp.float32)
+  kv = jax.ShapeDtypeStruct((b, s, kh, h), jnp.float32)
+  op = xla_chunked.XlaChunkedAttention(config=xla_chunked.ChunkedConfig(kv_chunk_size=chunk))
+  run = lambda q, k, v: tokamax.dot_product_attention(q, k, v, implementation=op)
+  size = min(chunk, s)
+  steps = -(-s // size)
+  for jaxpr in (
+    jax.make_jaxpr(run)(q, kv, kv),
+    jax.make_jaxpr(jax.grad(lambda *a: run(*a).sum(), argnums=(0, 1, 2)))(q, kv, kv),
+  ):
+    eqns = list(jaxprs.equations(jaxpr.jaxpr))
+    lengths = [e.params["length"] for e in eqns if e.primitive.name == "scan"]
+    assert lengths and set(lengths) == {steps}, lengths
+    logits = [
+      tuple(v.aval.shape)
+      for e in eqns
+      if e.primitive.name == "dot_general"
+      for v in e.outvars
+      if v.aval.ndim == 5 and v.aval.shape[3] == t
+    ]
+    assert (b, kh, n // kh, t, size) in logits, logits
+
+
 POSITIONAL_CASES = [c for c in CASES if c.is_causal or c.window is not None]
 
 
