@@ -191,6 +191,16 @@ def test_bfloat16_inputs_give_bfloat16_output(impl, inputs):
   )
 
 
+def _dot_general_shapes(jaxpr) -> list[tuple[int, ...]]:
+  """The output shapes of every dot_general in `jaxpr`, nested jaxprs included."""
+  return [
+    tuple(v.aval.shape)
+    for eqn in jaxprs.equations(jaxpr.jaxpr)
+    if eqn.primitive.name == "dot_general"
+    for v in eqn.outvars
+  ]
+
+
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_xla_logits_come_out_of_their_matmul_with_keys_minor(is_causal):
   """The logits' dot_general itself yields [B,K,G,T,S]: with `jnp.einsum`'s operand order it
@@ -206,12 +216,7 @@ def test_xla_logits_come_out_of_their_matmul_with_keys_minor(is_causal):
     jax.make_jaxpr(run)(q, kv, kv),
     jax.make_jaxpr(jax.grad(lambda *a: run(*a).sum()))(q, kv, kv),
   ):
-    shapes = [
-      tuple(v.aval.shape)
-      for eqn in jaxprs.equations(jaxpr.jaxpr)
-      if eqn.primitive.name == "dot_general"
-      for v in eqn.outvars
-    ]
+    shapes = _dot_general_shapes(jaxpr)
     assert (b, kh, n // kh, t, s) in shapes, shapes
 
 
@@ -231,17 +236,12 @@ def test_chunked_scans_ceil_s_over_chunk_steps_of_chunk_keys(chunk):
     jax.make_jaxpr(run)(q, kv, kv),
     jax.make_jaxpr(jax.grad(lambda *a: run(*a).sum(), argnums=(0, 1, 2)))(q, kv, kv),
   ):
-    eqns = list(jaxprs.equations(jaxpr.jaxpr))
-    lengths = [e.params["length"] for e in eqns if e.primitive.name == "scan"]
-    assert lengths and set(lengths) == {steps}, lengths
-    logits = [
-      tuple(v.aval.shape)
-      for e in eqns
-      if e.primitive.name == "dot_general"
-      for v in e.outvars
-      if v.aval.ndim == 5 and v.aval.shape[3] == t
+    lengths = [
+      e.params["length"] for e in jaxprs.equations(jaxpr.jaxpr) if e.primitive.name == "scan"
     ]
-    assert (b, kh, n // kh, t, size) in logits, logits
+    assert lengths and set(lengths) == {steps}, lengths
+    shapes = _dot_general_shapes(jaxpr)
+    assert (b, kh, n // kh, t, size) in shapes, shapes
 
 
 POSITIONAL_CASES = [c for c in CASES if c.is_causal or c.window is not None]

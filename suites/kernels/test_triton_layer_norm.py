@@ -369,6 +369,12 @@ def test_interpreted_kernels_use_the_callers_epsilon(subtract_mean):
       assert compare.relative_error(grads[name], rg) <= 1e-5, (fwd, name)
 
 
+def _normalized64(x) -> np.ndarray:
+  """Rows of `x` in float64, standardised over the last axis (epsilon 1e-6)."""
+  x64 = np.asarray(x, np.float64)
+  return (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-6)
+
+
 @pytest.mark.host_only
 @pytest.mark.parametrize("programs", [264, 257])
 def test_interpreted_partial_sums_of_many_programs(programs):
@@ -382,8 +388,7 @@ def test_interpreted_partial_sums_of_many_programs(programs):
   with triton_call.interpret():
     out, residuals = OP._fwd(args, config)
     grads = OP._bwd(args, config, out, residuals, dy)
-  x64, dy64 = np.asarray(x, np.float64), np.asarray(dy, np.float64)
-  xhat = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-6)
+  dy64, xhat = np.asarray(dy, np.float64), _normalized64(x)
   np.testing.assert_allclose(grads["scale"], (dy64 * xhat).sum(0), rtol=1e-5, atol=1e-4)
   np.testing.assert_allclose(grads["offset"], dy64.sum(0), rtol=1e-5, atol=1e-4)
 
@@ -740,8 +745,7 @@ def test_interpreted_backward_programs_take_contiguous_runs_of_rows(
   with triton_call.interpret():
     out, residuals = OP._fwd(args, config)
     OP._bwd(args, config, out, residuals, dy)
-  x64, dy64 = np.asarray(x, np.float64), np.asarray(dy, np.float64)
-  xhat = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-6)
+  dy64, xhat = np.asarray(dy, np.float64), _normalized64(x)
   want_scale = np.stack([(dy64 * xhat)[a:b].sum(0) for a, b in runs])
   want_offset = np.stack([dy64[a:b].sum(0) for a, b in runs])
   np.testing.assert_allclose(partials["scale"], want_scale, rtol=1e-5, atol=1e-5)
