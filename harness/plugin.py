@@ -141,6 +141,8 @@ def pytest_configure(config):
     "op(name, implementation): the op and implementation a test checks (for the summary)",
   ):
     config.addinivalue_line("markers", line)
+  if not config.pluginmanager.hasplugin("timeout"):  # pytest-timeout's marker, a no-op without it.
+    config.addinivalue_line("markers", "timeout(seconds): per-test limit (needs pytest-timeout)")
   _load_hypothesis_profile(config)
   config.pluginmanager.register(summary.Collector(config), "tokamax-summary")
 

@@ -16765,6 +16765,34 @@ MUTATIONS: tuple[Mutation, ...] = (
     "xla_chunked scans S x C key chunks instead of ceil(S / C), padding the keys to S x C^2:"
     " same values, but memory and time no longer linear in the sequence length.",
   ),
+  # --- Kernels that hang in their interpreters (a per-test timeout fails them) ----------
+  Mutation(
+    "loss.mosaic_cotangent_prologue_one_fetch_short",
+    _LOSS + "mosaic_kernel.py",
+    "      for step in range(stages - 1):",
+    "      for step in range(stages - 2):",
+    (_MOSAIC_LOSS, "-k", "softmax_term_less_the_label"),
+    "Mosaic loss cotangent kernel: the prologue fetches one block too few, so the kernel waits"
+    " forever on a block no one loads.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_bwd_tile_lo_of_the_later_consumer",
+    _ATTENTION + "mosaic_bwd.py",
+    "    tile_lo = jnp.minimum(ranges[0][0], ranges[1][0])",
+    "    tile_lo = jnp.maximum(ranges[0][0], ranges[1][0])",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[h256_bwd_blocks_32_gqa_causal]",),
+    "Mosaic attention backward: a causal key tile streams from the later consumer's first query"
+    " block, so the earlier one waits forever for blocks before it.",
+  ),
+  Mutation(
+    "kernels.mosaic_attention_bwd_producer_span_from_zero",
+    _ATTENTION + "mosaic_bwd.py",
+    "  span = hi - lo\n",
+    "  span = hi\n",
+    (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[lengths_causal_padded]",),
+    "Mosaic attention backward: the producer loads blocks past the consumers' range and waits"
+    " forever for slots no one releases.",
+  ),
 )
 
 

@@ -22,6 +22,10 @@ from tokamax._src.ops.linear_softmax_cross_entropy_loss import spec as loss_spec
 from tokamax._src.ops.normalization import spec as norm_spec
 from tokamax._src.ops.ragged_dot import spec as ragged_spec
 
+# The first test waits for the module fixture, which runs every case in one subprocess (~160 s
+# on CI; its own limit 900 s), over the suite's per-test timeout.
+pytestmark = pytest.mark.timeout(960)
+
 MESH = {"data": 4, "model": 2}
 NAMES = [*kernel_sharding_checks.cases(), *kernel_sharding_checks.lowerings()]
 _SPECS = {
