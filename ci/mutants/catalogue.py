@@ -3847,8 +3847,8 @@ MUTATIONS: tuple[Mutation, ...] = (
   Mutation(
     "loss.gradient_in_forward_labels_outside_finite",
     _LOSS + "mosaic.py",
-    "      dout = jnp.where(jnp.all(spec.valid_labels(args)), dout, jnp.nan)\n",
-    "",
+    "  weights = jnp.where(spec.valid_labels(args), weight, jnp.nan).astype(jnp.float32)",
+    "  weights = jnp.full((b,), weight, jnp.float32)",
     ("suites/kernels/test_mosaic_loss.py", "-k", "traced_label"),
     "Mosaic loss (gradient in the forward pass): finite gradients with a traced label"
     " outside the vocabulary.",
@@ -16792,6 +16792,26 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_MOSAIC_ATTENTION + "::test_interpret_matches_xla[lengths_causal_padded]",),
     "Mosaic attention backward: the producer loads blocks past the consumers' range and waits"
     " forever for slots no one releases.",
+  ),
+  # --- Mosaic loss gradient_in_forward: labels outside V, and the unit cotangent -------
+  Mutation(
+    "loss.mosaic_in_forward_one_bad_label_poisons_every_row",
+    _LOSS + "mosaic.py",
+    "  weights = jnp.where(spec.valid_labels(args), weight, jnp.nan).astype(jnp.float32)",
+    "  weights = jnp.where(jnp.all(spec.valid_labels(args)), weight, jnp.nan) * jnp.ones((b,))",
+    (_MOSAIC_LOSS, "-k", "nan_for_a_traced_label"),
+    "Mosaic loss gradient_in_forward: one label past V makes every row of dx NaN, not only its"
+    " own (the other implementations keep the rest finite).",
+  ),
+  Mutation(
+    "loss.mosaic_in_forward_scale_kept_under_grad",
+    _LOSS + "mosaic.py",
+    "      scale = lambda g: (g.astype(jnp.float32) * dout).astype(g.dtype)",
+    "      dout = jnp.where(jnp.all(spec.valid_labels(args)), dout, jnp.nan)\n"
+    "      scale = lambda g: (g.astype(jnp.float32) * dout).astype(g.dtype)",
+    (_MOSAIC_LOSS, "-k", "not_rescaled_under_grad"),
+    "Mosaic loss gradient_in_forward: under jax.grad a data-dependent scale keeps a pass over"
+    " dweights (read and written once more) that a unit cotangent should fold away.",
   ),
 )
 

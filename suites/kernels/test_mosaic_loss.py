@@ -5,6 +5,7 @@ and timings: the h100 matrix and `python -m bench.run --ops linear_softmax_cross
 """
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -504,8 +505,8 @@ def test_gradient_in_forward_falls_back_for_reduction_none(capfd):
 @pytest.mark.host_only
 def test_gradient_in_forward_is_nan_for_a_traced_label_outside_the_vocabulary():
   """The gradients formed in the forward pass do not know the output's cotangent: a label
-  past V (only a trace holds it) makes the loss and every gradient NaN, as the recomputing
-  backward's do."""
+  past V (only a trace holds it) makes the loss, its row of dx and all of dweights NaN, as
+  the recomputing backward's do; the other rows of dx stay finite."""
   x, labels, w = _inputs(16, 128, 256, seed=4)
   config = mosaic.MosaicLossConfig(
     block_n=128, num_stages=2, grid_tile_m=2, gradient_in_forward=True, row_chunks=2
@@ -519,7 +520,41 @@ def test_gradient_in_forward_is_nan_for_a_traced_label_outside_the_vocabulary():
   assert np.isfinite(float(valid_loss)) and np.isfinite(np.asarray(valid_dx)).all()
   loss, (dx, dw) = jax.jit(jax.value_and_grad(fn, argnums=(0, 1)))(x, w, labels.at[3].set(256))
   assert np.isnan(float(loss))
-  assert np.isnan(np.asarray(dx)).all() and np.isnan(np.asarray(dw)).all()
+  np.testing.assert_array_equal(np.isnan(np.asarray(dx)).any(axis=1), np.arange(16) == 3)
+  assert np.isnan(np.asarray(dx)[3]).all() and np.isnan(np.asarray(dw)).all()
+
+
+def _producer_body(hlo: str, name: str) -> str:
+  """The line that defines `name` in compiled HLO text, with the body of the computation it
+  calls (a fusion's), if any."""
+  line = next(ln for ln in hlo.splitlines() if ln.strip().startswith(f"{name} = "))
+  called = re.search(r"calls=(%[\w.-]+)", line)
+  if called is None:
+    return line
+  body = re.search(rf"\n{re.escape(called.group(1))} .*?\n}}", hlo, re.S)
+  return line + body.group(0)
+
+
+@pytest.mark.host_only
+def test_gradient_in_forward_gradients_are_not_rescaled_under_grad():
+  """Under jax.grad (a unit cotangent) the gradients formed in the forward pass are the
+  output as they are: no pass over dweights multiplies them, even with traced labels (whose
+  check would otherwise keep a data-dependent scale)."""
+  x, labels, w = _inputs(256, 128, 256, seed=5)
+  config = mosaic.MosaicLossConfig(
+    block_n=128, num_stages=2, grid_tile_m=2, gradient_in_forward=True, row_chunks=2
+  )
+  impl = mosaic.MosaicLoss(interpret=True, config=config)
+
+  def fn(x, w, labels):
+    return api.linear_softmax_cross_entropy_loss(x, labels, w, implementation=impl)
+
+  hlo = jax.jit(jax.grad(fn, argnums=(0, 1))).lower(x, w, labels).compile().as_text()
+  entry = re.search(r"\nENTRY .*?\n}", hlo, re.S).group(0)
+  root = next(ln for ln in entry.splitlines() if ln.strip().startswith("ROOT"))
+  dw_name = root.rsplit("(", 1)[1].rstrip(")").split(", ")[-1]
+  producer = _producer_body(hlo, dw_name)
+  assert "multiply(" not in producer, producer
 
 
 def test_gradient_in_forward_leaves_the_primal_one_kernel_pass():

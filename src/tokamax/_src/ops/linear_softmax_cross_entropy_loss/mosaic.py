@@ -154,7 +154,10 @@ def gradient_in_forward(
   xs = jnp.pad(x, ((0, pad), (0, 0)))
   labels = jnp.pad(args.labels, (0, pad), constant_values=-1)
   weight = 1.0 if args.reduction == "sum" else 1.0 / b
-  row_weights = jnp.pad(jnp.full((b,), weight, jnp.float32), (0, pad))
+  # A row whose label lies outside the vocabulary has a NaN cotangent, as `row_cotangents`
+  # gives: its dx row and all of dweights are NaN, and the backward is a plain scale.
+  weights = jnp.where(spec.valid_labels(args), weight, jnp.nan).astype(jnp.float32)
+  row_weights = jnp.pad(weights, (0, pad))
   n_tiles = v // bn
   main = n_tiles * bn
   num_sms = gemm.num_sms(interpret is not None)
@@ -275,8 +278,7 @@ class MosaicLoss(kernel_ops.MosaicGpuOp):
   def _bwd(self, args, config, out, residuals, dout):
     del out
     if isinstance(residuals, UnitGradients):
-      # NaN where a label lies outside the vocabulary, as `row_cotangents` gives.
-      dout = jnp.where(jnp.all(spec.valid_labels(args)), dout, jnp.nan)
+      # Under jax.grad (a unit cotangent) XLA folds this scale away.
       scale = lambda g: (g.astype(jnp.float32) * dout).astype(g.dtype)
       return {"x": scale(residuals.x), "weights": scale(residuals.weights)}
     chunks = chunked_xla.ChunkedLossConfig(min(config.vocab_chunk_size, args.weights.shape[1]))
