@@ -16793,6 +16793,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Mosaic attention backward: the producer loads blocks past the consumers' range and waits"
     " forever for slots no one releases.",
   ),
+  Mutation(
+    "norm_triton.candidate_warps_not_a_power_of_two",
+    "src/tokamax/_src/ops/normalization/triton.py",
+    "      for num_warps in (4, 8, 16, 32):",
+    "      for num_warps in (4, 8, 17, 32):",
+    (_TRITON_NORM, "-k", "power_of_two_rows_and_warps"),
+    "Triton norms: autotuning offers backward candidates of 17 warps, which Triton refuses to"
+    " compile.",
+  ),
+  Mutation(
+    "norm_triton.heuristic_backward_rows_not_a_power_of_two",
+    "src/tokamax/_src/ops/normalization/triton.py",
+    "    bwd_block_m = int(np.clip(2048 // block_d, 1, 8))",
+    "    bwd_block_m = int(np.clip(2047 // block_d, 1, 8))",
+    (_TRITON_NORM, "-k", "power_of_two_rows_and_warps"),
+    "Triton norms: rows of 257-512 get a backward block of 3 rows, whose `tl.arange` Triton"
+    " refuses to compile.",
+  ),
 )
 
 
