@@ -16813,6 +16813,33 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Mosaic loss gradient_in_forward: under jax.grad a data-dependent scale keeps a pass over"
     " dweights (read and written once more) that a unit cotangent should fold away.",
   ),
+  Mutation(
+    "norm_triton.candidate_warps_not_a_power_of_two",
+    "src/tokamax/_src/ops/normalization/triton.py",
+    "      for num_warps in (4, 8, 16, 32):",
+    "      for num_warps in (4, 8, 17, 32):",
+    (_TRITON_NORM, "-k", "power_of_two_rows_and_warps"),
+    "Triton norms: autotuning offers backward candidates of 17 warps, which Triton refuses to"
+    " compile.",
+  ),
+  Mutation(
+    "norm_triton.heuristic_backward_rows_not_a_power_of_two",
+    "src/tokamax/_src/ops/normalization/triton.py",
+    "    bwd_block_m = int(np.clip(2048 // block_d, 1, 8))",
+    "    bwd_block_m = int(np.clip(2047 // block_d, 1, 8))",
+    (_TRITON_NORM, "-k", "power_of_two_rows_and_warps"),
+    "Triton norms: rows of 257-512 get a backward block of 3 rows, whose `tl.arange` Triton"
+    " refuses to compile.",
+  ),
+  Mutation(
+    "ragged_triton.float32_candidate_stage_bytes_overcounted",
+    _RAGGED + "triton.py",
+    "            stage_bytes = (bm * bk + bk * bn) * (4 if wide else 2)",
+    "            stage_bytes = (bm * bk + bk * bn) * (5 if wide else 2)",
+    (_TRITON_RAGGED, "-k", "largest_tile_that_fits"),
+    "Triton ragged_dot: float32 autotuning never tries the 128x256 tile at four stages on"
+    " sm_90, though it fits shared memory.",
+  ),
 )
 
 

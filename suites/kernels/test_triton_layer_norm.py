@@ -750,3 +750,21 @@ def test_interpreted_backward_programs_take_contiguous_runs_of_rows(
   want_offset = np.stack([dy64[a:b].sum(0) for a, b in runs])
   np.testing.assert_allclose(partials["scale"], want_scale, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(partials["offset"], want_offset, rtol=1e-5, atol=1e-5)
+
+
+def _power_of_two(v: int) -> bool:
+  return v >= 1 and v & (v - 1) == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("subtract_mean", [False, True], ids=["rms", "layer"])
+def test_heuristic_and_autotuning_configs_have_power_of_two_rows_and_warps(dtype, subtract_mean):
+  """Triton only builds `tl.arange(0, BLOCK_M)` over a power of two and only launches a power
+  of two of warps (at most 32): every candidate, forward and backward, at every row width up to
+  the longest supported, has power-of-two rows per block and warps, or it fails to compile."""
+  for d in (1, 16, 40, 100, 256, 500, 512, 1000, 2048, 4096, 8192, 16384, norm_triton._MAX_D):
+    args = _record((4, d), -1, dtype, subtract_mean, True, True, 0.0)
+    for c in {OP._get_heuristics_config(args), *OP._get_autotuning_configs(args)}:
+      for field in ("block_m", "bwd_block_m", "num_warps", "bwd_num_warps"):
+        assert _power_of_two(getattr(c, field)), (d, field, c)
+      assert max(c.num_warps, c.bwd_num_warps) <= 32, (d, c)

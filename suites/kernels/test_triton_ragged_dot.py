@@ -16,7 +16,7 @@ from suites import opdb
 from suites.kernels import interpreted
 from suites.kernels.gpu_limits import SMEM_LIMIT
 from suites.opdb import kernel_cases
-from tokamax._src import triton_call
+from tokamax._src import device, triton_call
 from tokamax._src.ops.ragged_dot import api, spec
 from tokamax._src.ops.ragged_dot import triton as rd_triton
 from tokamax_harness import compare, references
@@ -198,6 +198,20 @@ def test_float32_autotuning_candidates_step_32_of_k():
   # Both pipeline depths are candidates, also for tiles that fit four stages.
   for stages in (3, 4):
     assert rd_triton.TritonRaggedDotConfig(64, 64, 32, 4, stages) in bf16_configs, stages
+
+
+def test_float32_candidates_include_the_largest_tile_that_fits_sm90(monkeypatch):
+  """Built for sm_90 (227 KiB a block), float32's largest tile, 128x256 stepping 32 of K,
+  holds four stages of (128 + 256) x 32 x 4 bytes = 48 KiB: it is a candidate at four stages,
+  and the compiler agrees that it fits (stage bytes counted with float32's 4-byte elements)."""
+  monkeypatch.setattr(device, "target_compute_capability", lambda: (9, 0))
+  case = kernel_cases.RaggedDotKernelCase(spec.DEFAULT, 512, 256, 512, 4, "float32", None)
+  args = _record(case)
+  largest = rd_triton.TritonRaggedDotConfig(128, 256, 32, num_warps=8, num_stages=4)
+  assert largest in OP._get_autotuning_configs(args)
+  with triton_call.capture() as launches:
+    OP._fwd(args, largest)
+  assert triton_call.compile_launch(launches[0], 90).metadata.shared <= SMEM_LIMIT[90]
 
 
 def test_autotuning_candidates_warps_by_tile_size():
