@@ -16793,6 +16793,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Mosaic attention backward: the producer loads blocks past the consumers' range and waits"
     " forever for slots no one releases.",
   ),
+  Mutation(
+    "kernels.mosaic_attention_causal_kv_hi_one_row_short",
+    _ATTENTION + "mosaic_common.py",
+    "    hi = jnp.minimum(hi, _cdiv(r_last + 1, block_kv))",
+    "    hi = jnp.minimum(hi, _cdiv(r_last, block_kv))",
+    (_MOSAIC_ATTENTION, "-k", "odd_blocks"),
+    "Mosaic attention: a causal query block whose last row starts a key block skips that key"
+    " block, so that row misses the key at its own position.",
+  ),
 )
 
 
