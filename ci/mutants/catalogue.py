@@ -16802,6 +16802,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Mosaic attention: a causal query block whose last row starts a key block skips that key"
     " block, so that row misses the key at its own position.",
   ),
+  Mutation(
+    "numerics.two_passes_row_max_over_axis_one",
+    "src/tokamax/_src/numerics.py",
+    "  row_max = jnp.max(logits, axis=-1)\n",
+    "  row_max = jnp.max(logits, axis=1)\n",
+    ("suites/core/test_loss.py", "-k", "last_axis_of_three"),
+    "Cross-entropy statistics of logits with more than two dims take each row's max over the"
+    " wrong axis, which gives wrong shapes or overflowing sums.",
+  ),
 )
 
 
