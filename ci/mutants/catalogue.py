@@ -16840,6 +16840,33 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton ragged_dot: float32 autotuning never tries the 128x256 tile at four stages on"
     " sm_90, though it fits shared memory.",
   ),
+  Mutation(
+    "kernels.mosaic_attention_causal_kv_hi_one_row_short",
+    _ATTENTION + "mosaic_common.py",
+    "    hi = jnp.minimum(hi, _cdiv(r_last + 1, block_kv))",
+    "    hi = jnp.minimum(hi, _cdiv(r_last, block_kv))",
+    (_MOSAIC_ATTENTION, "-k", "odd_blocks"),
+    "Mosaic attention: a causal query block whose last row starts a key block skips that key"
+    " block, so that row misses the key at its own position.",
+  ),
+  Mutation(
+    "numerics.two_passes_row_max_over_axis_one",
+    "src/tokamax/_src/numerics.py",
+    "  row_max = jnp.max(logits, axis=-1)\n",
+    "  row_max = jnp.max(logits, axis=1)\n",
+    ("suites/core/test_loss.py", "-k", "last_axis_of_three"),
+    "Cross-entropy statistics of logits with more than two dims take each row's max over the"
+    " wrong axis, which gives wrong shapes or overflowing sums.",
+  ),
+  Mutation(
+    "attention.xla_unfused_row_max_starts_at_plus_inf",
+    _ATTENTION + "xla.py",
+    "    row_max = jnp.max(logits, axis=-1, keepdims=True, initial=-jnp.inf)",
+    "    row_max = jnp.max(logits, axis=-1, keepdims=True, initial=jnp.inf)",
+    ("suites/core/test_attention.py", "-k", "far_above_zero"),
+    "XLA causal or windowed attention without a bias or mask subtracts 0 instead of the row max,"
+    " so logits above about 88 overflow and the output is nan.",
+  ),
 )
 
 

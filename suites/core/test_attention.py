@@ -330,6 +330,25 @@ def test_timing_inputs_take_every_sequence_at_its_full_length():
   assert q_lengths.dtype == kv_lengths.dtype == np.int32
 
 
+@pytest.mark.parametrize("blocked", (False, True), ids=("one_block", "query_blocks"))
+def test_xla_causal_logits_far_above_zero(blocked, inputs, monkeypatch):
+  """Causal logits in the hundreds, with no bias or mask array (XLA's unfused row max):
+  exp overflows float32 past 88, so the row max must be the row's own, not 0; the output
+  matches float64 numpy, in one block and in query blocks of 4 rows."""
+  if blocked:
+    monkeypatch.setattr(xla, "QUERY_BLOCK_ROWS", 4)
+  q, k, v = (inputs.normal((1, 11, 2, 8)) for _ in range(3))
+  args = spec.canonicalize(q, k, v, scale=80.0, is_causal=True)
+  out = np.asarray(xla.attend(args, blocked=blocked)[0], np.float64)
+  qd, kd, vd = (np.asarray(x, np.float64) for x in (q, k, v))
+  logits = 80.0 * np.einsum("btnh,bsnh->bnts", qd, kd)
+  logits = np.where(np.tril(np.ones((11, 11), bool)), logits, -np.inf)
+  assert np.nanmax(np.abs(logits[np.isfinite(logits)])) > 100
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  expected = np.einsum("bnts,bsnh->btnh", probs / probs.sum(-1, keepdims=True), vd)
+  np.testing.assert_allclose(out, expected, rtol=2e-4, atol=2e-4)
+
+
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_no_keys_gives_zero_rows_and_zero_gradients(impl, inputs):
   """S = 0: every query row sees no key, so (by the op's definition) outputs zeros and gets a

@@ -68,6 +68,23 @@ def test_row_max_and_sum_give_the_log_sum_exp(form):
 
 
 @pytest.mark.parametrize("form", (numerics._one_pass, numerics._two_passes), ids=("one", "two"))
+def test_row_max_and_sum_reduce_the_last_axis_of_three(form):
+  """Logits [2, 3, 40] (the documented [..., C]): each row's max and log-sum-exp over the
+  last axis, [2, 3], against float64 numpy, with rows of different scales so that a
+  reduction over another axis gives other numbers."""
+  rng = np.random.default_rng(12)
+  rows = (rng.normal(size=(2, 3, 40)) * np.array([0.5, 4.0, 20.0])[:, None]).astype(np.float32)
+  row_max, total = jax.jit(form)(jnp.asarray(rows))
+  assert row_max.shape == total.shape == (2, 3)
+  np.testing.assert_array_equal(np.asarray(row_max), rows.max(-1))
+  wide = rows.astype(np.float64)
+  top = wide.max(-1, keepdims=True)
+  expected = np.log(np.exp(wide - top).sum(-1)) + top[..., 0]
+  lse = np.asarray(row_max, np.float64) + np.log(np.asarray(total, np.float64))
+  np.testing.assert_allclose(lse, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("form", (numerics._one_pass, numerics._two_passes), ids=("one", "two"))
 def test_row_max_and_sum_of_rows_far_below_zero(form):
   """Rows whose every logit is about -1000: the max is the row's own (not 0, where every
   exp would underflow) and the log-sum-exp matches float64 numpy."""
