@@ -502,20 +502,24 @@ def test_gradient_in_forward_falls_back_for_reduction_none(capfd):
   assert "RACE DETECTED" not in capfd.readouterr().out
 
 
+def _in_forward_loss():
+  """The loss of (x, w, labels) through the interpreted kernel with `gradient_in_forward`."""
+  config = mosaic.MosaicLossConfig(
+    block_n=128, num_stages=2, grid_tile_m=2, gradient_in_forward=True, row_chunks=2
+  )
+  impl = mosaic.MosaicLoss(interpret=True, config=config)
+  return lambda x, w, labels: api.linear_softmax_cross_entropy_loss(
+    x, labels, w, implementation=impl
+  )
+
+
 @pytest.mark.host_only
 def test_gradient_in_forward_is_nan_for_a_traced_label_outside_the_vocabulary():
   """The gradients formed in the forward pass do not know the output's cotangent: a label
   past V (only a trace holds it) makes the loss, its row of dx and all of dweights NaN, as
   the recomputing backward's do; the other rows of dx stay finite."""
   x, labels, w = _inputs(16, 128, 256, seed=4)
-  config = mosaic.MosaicLossConfig(
-    block_n=128, num_stages=2, grid_tile_m=2, gradient_in_forward=True, row_chunks=2
-  )
-  impl = mosaic.MosaicLoss(interpret=True, config=config)
-
-  def fn(x, w, labels):
-    return api.linear_softmax_cross_entropy_loss(x, labels, w, implementation=impl)
-
+  fn = _in_forward_loss()
   valid_loss, (valid_dx, _) = jax.jit(jax.value_and_grad(fn, argnums=(0, 1)))(x, w, labels)
   assert np.isfinite(float(valid_loss)) and np.isfinite(np.asarray(valid_dx)).all()
   loss, (dx, dw) = jax.jit(jax.value_and_grad(fn, argnums=(0, 1)))(x, w, labels.at[3].set(256))
@@ -541,14 +545,7 @@ def test_gradient_in_forward_gradients_are_not_rescaled_under_grad():
   output as they are: no pass over dweights multiplies them, even with traced labels (whose
   check would otherwise keep a data-dependent scale)."""
   x, labels, w = _inputs(256, 128, 256, seed=5)
-  config = mosaic.MosaicLossConfig(
-    block_n=128, num_stages=2, grid_tile_m=2, gradient_in_forward=True, row_chunks=2
-  )
-  impl = mosaic.MosaicLoss(interpret=True, config=config)
-
-  def fn(x, w, labels):
-    return api.linear_softmax_cross_entropy_loss(x, labels, w, implementation=impl)
-
+  fn = _in_forward_loss()
   hlo = jax.jit(jax.grad(fn, argnums=(0, 1))).lower(x, w, labels).compile().as_text()
   entry = re.search(r"\nENTRY .*?\n}", hlo, re.S).group(0)
   root = next(ln for ln in entry.splitlines() if ln.strip().startswith("ROOT"))
