@@ -752,10 +752,6 @@ def test_interpreted_backward_programs_take_contiguous_runs_of_rows(
   np.testing.assert_allclose(partials["offset"], want_offset, rtol=1e-5, atol=1e-5)
 
 
-def _power_of_two(v: int) -> bool:
-  return v >= 1 and v & (v - 1) == 0
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("subtract_mean", [False, True], ids=["rms", "layer"])
 def test_heuristic_and_autotuning_configs_have_power_of_two_rows_and_warps(dtype, subtract_mean):
@@ -766,5 +762,6 @@ def test_heuristic_and_autotuning_configs_have_power_of_two_rows_and_warps(dtype
     args = _record((4, d), -1, dtype, subtract_mean, True, True, 0.0)
     for c in {OP._get_heuristics_config(args), *OP._get_autotuning_configs(args)}:
       for field in ("block_m", "bwd_block_m", "num_warps", "bwd_num_warps"):
-        assert _power_of_two(getattr(c, field)), (d, field, c)
+        value = getattr(c, field)
+        assert value > 0 and value & (value - 1) == 0, (d, field, c)
       assert max(c.num_warps, c.bwd_num_warps) <= 32, (d, c)
