@@ -564,26 +564,24 @@ def test_interpret_drhs_counts_a_chunk_for_one_row_past_whole_chunks(capfd):
   np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.xfail(
-  strict=True,
-  reason="Known bug: the drhs kernel zeroes the lhs rows outside a group in a partial chunk but"
-  " not the rhs rows, so 0 * NaN poisons the group (rhs rows outside it are not masked).",
-)
 @pytest.mark.host_only
-def test_interpret_drhs_ignores_non_finite_rhs_rows_outside_the_group():
-  """A NaN in an rhs row past the last group (row 110; groups [0, 61) and [61, 101)) lies in
-  that group's last 64-row chunk [56, 120), but is no row of it: as in XLA's ragged_dot, both
-  groups' products stay finite and equal the float64 ones."""
-  m, k, n = 128, 128, 64
+def test_interpret_drhs_ignores_non_finite_rows_outside_the_group(capfd):
+  """A NaN in an rhs row and an inf in an lhs row past the last group (rows 110 and 115;
+  groups [0, 61) and [61, 101)) lie in that group's last 64-row chunk [56, 120), but are no
+  rows of it: as in XLA's ragged_dot, both groups' products stay finite and equal the float64
+  ones. Two 64-column rhs tiles, one masked by each compute warpgroup."""
+  m, k, n = 128, 128, 128
   rng = np.random.default_rng(7)
   sizes = jnp.array([61, 40], jnp.int32)
-  lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+  lhs_np = np.asarray(jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16), np.float32)
   rhs_np = np.asarray(jnp.asarray(rng.standard_normal((m, n)), jnp.bfloat16), np.float32)
+  lhs_np[115] = np.inf
   rhs_np[110] = np.nan
-  rhs = jnp.asarray(rhs_np, jnp.bfloat16)
-  config = mosaic_drhs.MosaicRaggedDotDrhsConfig(block_n=64, block_m=64, num_stages=2, epi_n=64)
+  lhs, rhs = jnp.asarray(lhs_np, jnp.bfloat16), jnp.asarray(rhs_np, jnp.bfloat16)
+  config = mosaic_drhs.MosaicRaggedDotDrhsConfig(block_n=128, block_m=64, num_stages=2, epi_n=64)
   out = _interpreted_drhs(lhs, rhs, sizes, config)
-  a, b = np.asarray(lhs, np.float64), rhs_np.astype(np.float64)
+  assert "RACE DETECTED" not in capfd.readouterr().out
+  a, b = lhs_np.astype(np.float64), rhs_np.astype(np.float64)
   want = np.stack([a[s:e].T @ b[s:e] for s, e in ((0, 61), (61, 101))])
   np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=1e-5, atol=1e-4)
 

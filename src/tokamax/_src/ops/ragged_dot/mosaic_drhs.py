@@ -10,9 +10,11 @@ for an empty group, which then just writes zeros. (`chunk_align=block_m` gives
 chunks at multiples of `block_m`, up to one more per group.) The first and last
 chunk of a group may hold rows of its neighbours, and the last one may run past
 the last row, which TMA reads as zeros: the compute warpgroups zero the rows
-outside the group of the lhs tile in shared memory before their wgmma. Two
-compute warpgroups each own 64 rows of the K tile; a third warpgroup issues the
-TMA loads.
+outside the group in shared memory before their wgmma: each its own 64 columns
+of the lhs tile and alternate 64-column tiles of the shared rhs tile, then a
+barrier, so that a non-finite value in a row outside the group (0 * inf) cannot
+reach the group's product. Two compute warpgroups each own 64 rows of the K
+tile; a third warpgroup issues the TMA loads.
 """
 
 import dataclasses
@@ -152,9 +154,10 @@ def ragged_contracting_dot(
         lhs_ref, rhs_ref
       ),
       o_smem=plgpu.SMEM((NUM_COMPUTE_WGS, WG_ROWS, epi_n), out_dtype, transforms=out_tf),
+      masked=plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS),
       collective_axes="wg",
     )
-    def scope(allocs, o_smem):
+    def scope(allocs, o_smem, masked):
       wg = lax.axis_index("wg")
 
       @plgpu.nd_loop((g * k_tiles * n_tiles,), collective_axes="sm")
@@ -188,8 +191,19 @@ def ragged_contracting_dot(
               )
             )
             keep = (row >= start) & (row < end)
-            a_wg[...] = jnp.where(keep, a_wg[...], jnp.zeros((), a_wg.dtype))
+            zero = jnp.zeros((), a_wg.dtype)
+            a_wg[...] = jnp.where(keep, a_wg[...], zero)
+            for c in range(bn // WG_ROWS):
+
+              @pl.when(wg == c % NUM_COMPUTE_WGS)
+              def _mask_rhs_tile(c=c):
+                b_tile = b_smem.at[:, pl.ds(c * WG_ROWS, WG_ROWS)]
+                b_tile[...] = jnp.where(keep, b_tile[...], zero)
+
             plgpu.commit_smem()
+            # The other warpgroup's wgmma reads the rhs tiles this one masked.
+            plgpu.barrier_arrive(masked)
+            plgpu.barrier_wait(masked)
 
           plgpu.wgmma(acc, a_wg.T, b_smem)
           plgpu.wgmma_wait(0)
