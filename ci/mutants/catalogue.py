@@ -1183,6 +1183,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     " group's rows add to its gradient).",
   ),
   Mutation(
+    "kernels.mosaic_ragged_drhs_rhs_rows_unmasked",
+    _RAGGED + "mosaic_drhs.py",
+    "                b_tile[...] = jnp.where(keep, b_tile[...], zero)",
+    "                pass",
+    (_MOSAIC_RAGGED + "::test_interpret_drhs_ignores_non_finite_rows_outside_the_group",),
+    "Mosaic ragged dot drhs: only the lhs rows outside a group are zeroed, so 0 * NaN from an"
+    " rhs row outside it poisons the group's gradient.",
+  ),
+  Mutation(
+    "kernels.mosaic_ragged_drhs_rhs_tiles_of_one_warpgroup",
+    _RAGGED + "mosaic_drhs.py",
+    "              @pl.when(wg == c % NUM_COMPUTE_WGS)",
+    "              @pl.when((wg == 0) & (c == 0))",
+    (_MOSAIC_RAGGED + "::test_interpret_drhs_ignores_non_finite_rows_outside_the_group",),
+    "Mosaic ragged dot drhs: only the first 64-column rhs tile is masked, so a non-finite row"
+    " outside the group reaches the other column tiles.",
+  ),
+  Mutation(
     "kernels.mosaic_ragged_drhs_overshoot_under_a_chunk_unmasked",
     _RAGGED + "mosaic_drhs.py",
     "          last_partial = (s == steps - 1) & (row0 + steps * bm > end)",
