@@ -2927,6 +2927,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     " dims are never compared).",
   ),
   Mutation(
+    "validation.broadcast_equal_rank_refused",
+    "src/tokamax/_src/validation.py",
+    "  if len(shape) > len(target) or any(",
+    "  if len(shape) >= len(target) or any(",
+    (_BAD_INPUT, "-k", "broadcastable"),
+    "An array of the target's full rank is refused even where it broadcasts.",
+  ),
+  Mutation(
+    "validation.broadcast_skips_target_dims",
+    "src/tokamax/_src/validation.py",
+    "zip(shape[::-1], target[::-1], strict=False)",
+    "zip(shape[::-1], target[::-2], strict=False)",
+    (_BAD_INPUT, "-k", "broadcastable"),
+    "The broadcast check compares the shape's dims with every other dim of the target.",
+  ),
+  Mutation(
     "layer_norm.axis_minus_ndim_rejected",
     "src/tokamax/_src/ops/normalization/spec.py",
     "  if not isinstance(axis, int | np.integer) or not -x.ndim <= axis < x.ndim:",
