@@ -317,6 +317,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Loading an autotuning result drops its failed candidates.",
   ),
   Mutation(
+    "tooling.dumps_layout_drifts",
+    _RESULT,
+    '    return json.dumps(self.to_json(), indent=1, sort_keys=True) + "\\n"',
+    '    return json.dumps(self.to_json(), indent=2, sort_keys=True) + "\\n"',
+    ("suites/tooling/test_autotuning.py", "-k", "shipped_default_caches_load"),
+    "Results are written in another layout than the stored ones: a re-tune rewrites every line.",
+  ),
+  Mutation(
     "tooling.stale_default_entry_wins",
     "src/tokamax/_src/autotuning/cache.py",
     "  return data.heuristic == configs.encode(op._get_heuristics_config(args))",
