@@ -12540,6 +12540,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     "random_like: 16-bit leaves get float32 draws (a cotangent the reference sees unrounded).",
   ),
   Mutation(
+    "grads.random_like_strict_zip",
+    _GRADS,
+    "    for k, x in zip(keys, leaves, strict=False)",
+    "    for k, x in zip(keys, leaves, strict=True)",
+    (_EDGES, "-k", "without_leaves"),
+    "random_like raises on a tree without leaves (one key is split for it).",
+  ),
+  Mutation(
+    "grads.widen_to_bfloat16",
+    _GRADS,
+    "      return jnp.asarray(x, jnp.float32)",
+    "      return jnp.asarray(x, jnp.bfloat16)",
+    (_EDGES, "-k", "widen"),
+    "widen rounds float16 leaves to bfloat16: the reference sees other inputs than the op.",
+  ),
+  Mutation(
     "references.int_window_left_only",
     _REFERENCES,
     "      (local_window_size,) * 2 if isinstance(local_window_size, int) else local_window_size",
