@@ -3935,6 +3935,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "A negative epsilon is accepted (only NaN is refused).",
   ),
   Mutation(
+    "layer_norm.epsilon_bound_misreported",
+    _NORM + "spec.py",
+    '    raise ValueError(f"`epsilon` must be >= 0, got {epsilon!r}.")',
+    '    raise ValueError(f"`epsilon` must be >= 1, got {epsilon!r}.")',
+    (_BAD_INPUT, "-k", "norm_negative_epsilon"),
+    "A negative epsilon is refused with another bound than the one it is held to.",
+  ),
+  Mutation(
     "glu.x_rank_unchecked",
     _GLU + "spec.py",
     '  validation.min_rank("x", x, 2, "x [*B, M, K]")\n',

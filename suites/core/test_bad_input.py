@@ -255,7 +255,7 @@ CASES = {
   "norm_negative_epsilon": (
     lambda: tokamax.layer_norm(jnp.ones((4, 8)), None, None, epsilon=-1e-6),
     ValueError,
-    "`epsilon`",
+    "`epsilon` must be >= 0",  # The bound it is held to: epsilon=0 is accepted.
   ),
   "norm_axis": (
     lambda: tokamax.layer_norm(jnp.ones((4, 8)), None, None, axis=2),
