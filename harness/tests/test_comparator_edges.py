@@ -7,9 +7,9 @@ floor above the tiny one guarding a zero reference; the relative rule's floor
 is in ulps of the reference's magnitude (not the result's); a result of the
 wrong sign and NaN against an infinity fail; `assert_finite` and
 `assert_bitwise_equal` look at every leaf (a leaf missing in one run fails);
-`random_like` keeps each leaf's dtype; the VJP check passes the matmul
-flag, the reduction length and the plain computation to the value and to every
-gradient it compares.
+`random_like` keeps each leaf's dtype (and a tree without leaves); `widen` is
+lossless; the VJP check passes the matmul flag, the reduction length and the
+plain computation to the value and to every gradient it compares.
 """
 
 import jax
@@ -126,6 +126,25 @@ def test_random_like_keeps_each_leafs_dtype():
   tree = {"b": jnp.zeros((8,), jnp.bfloat16), "h": jnp.zeros((8,), jnp.float16)}
   out = grads.random_like(jax.random.key(0), tree)
   assert out["b"].dtype == jnp.bfloat16 and out["h"].dtype == jnp.float16
+
+
+def test_random_like_of_a_tree_without_leaves_is_that_tree():
+  for tree in ((), {}, {"a": None}):
+    assert grads.random_like(jax.random.key(0), tree) == tree
+
+
+def test_widen_turns_16_bit_floats_into_float32_losslessly():
+  """float16 and bfloat16 leaves become float32 holding the same numbers; others are kept."""
+  h = np.array([1 + 2**-10, 65504.0, 2**-24], np.float16)  # The first two do not fit a bfloat16.
+  b = np.array([1 + 2**-7, 3e38, -(2**-133)], jnp.bfloat16)  # The last two do not fit a float16.
+  f = np.array([1 + 2**-23, 0.1], np.float32)
+  i = np.array([3, -4], np.int32)
+  out = grads.widen({"h": jnp.asarray(h), "b": jnp.asarray(b), "f": jnp.asarray(f), "i": i})
+  for name, x in (("h", h), ("b", b), ("f", f)):
+    assert out[name].dtype == np.float32, name
+    np.testing.assert_array_equal(np.asarray(out[name]), x.astype(np.float64), err_msg=name)
+  assert out["i"].dtype == np.int32
+  np.testing.assert_array_equal(out["i"], i)
 
 
 def _plus(offset, gradient_offset):

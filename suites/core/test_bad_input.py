@@ -1,5 +1,6 @@
 """Bad input raises ValueError/TypeError naming the argument."""
 
+import itertools
 import re
 
 import jax
@@ -254,7 +255,7 @@ CASES = {
   "norm_negative_epsilon": (
     lambda: tokamax.layer_norm(jnp.ones((4, 8)), None, None, epsilon=-1e-6),
     ValueError,
-    "`epsilon`",
+    "`epsilon` must be >= 0",  # The bound it is held to: epsilon=0 is accepted.
   ),
   "norm_axis": (
     lambda: tokamax.layer_norm(jnp.ones((4, 8)), None, None, axis=2),
@@ -633,6 +634,26 @@ def test_precision_is_none_one_precision_or_a_pair():
   for bad in ((P.HIGH,) * 3, (P.HIGH,), [P.HIGH, P.HIGH], 3):
     with pytest.raises(ValueError, match="or a pair"):
       validation.precision(bad)
+
+
+def test_broadcastable_accepts_exactly_what_numpy_broadcasts_to_the_target():
+  """Every shape of rank <= 5 built from 1, the target's dim or another size is accepted iff
+  NumPy broadcasts it to the target unchanged (so its rank may not grow past the target's)."""
+  from tokamax._src import validation
+
+  target = (2, 3, 5, 7)
+  for r in range(6):
+    right = (1, *target)[-r:] if r else ()
+    for shape in itertools.product(*[(1, d, d + 2) for d in right]):
+      try:
+        want = np.broadcast_shapes(shape, target) == target
+      except ValueError:
+        want = False
+      if want:
+        validation.broadcastable("mask", shape, target, "[*B, N, T, S]")
+      else:
+        with pytest.raises(ValueError, match=re.escape(f"`mask` of shape {shape}")):
+          validation.broadcastable("mask", shape, target, "[*B, N, T, S]")
 
 
 def test_a_bool_option_takes_bools_only():

@@ -443,6 +443,8 @@ def test_shipped_default_caches_load():
     assert path.name == cache.file_name(result.device_kind)
     assert all(d.config is not None for d in result.data)
     assert all(d.heuristic is not None for d in result.data), "written before heuristics were"
+    # Stable JSON: today's writer reproduces the stored file byte for byte (no churn on a re-tune).
+    assert result.dumps() == path.read_text(), f"{path.name} is not stored as dumps() writes it"
 
 
 def test_signature_keys_name_functions_not_their_addresses():
