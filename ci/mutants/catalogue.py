@@ -16867,6 +16867,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "XLA causal or windowed attention without a bias or mask subtracts 0 instead of the row max,"
     " so logits above about 88 overflow and the output is nan.",
   ),
+  Mutation(
+    "loss.vocab_shards_combine_around_min_lse",
+    _LOSS + "spec.py",
+    "  top = jax.lax.pmax(jax.lax.stop_gradient(lse), shard.axes)",
+    "  top = jax.lax.pmin(jax.lax.stop_gradient(lse), shard.axes)",
+    (_KERNEL_SHARDING, "-k", "vocabulary_sum_large_logits"),
+    "Vocabulary-sharded loss: the shards' log-sum-exps combine around the smallest, so shards"
+    " more than about 88 apart overflow to an infinite loss.",
+  ),
 )
 
 
