@@ -16915,6 +16915,32 @@ MUTATIONS: tuple[Mutation, ...] = (
     "XLA causal or windowed attention without a bias or mask subtracts 0 instead of the row max,"
     " so logits above about 88 overflow and the output is nan.",
   ),
+  Mutation(
+    "loss.vocab_shards_combine_around_min_lse",
+    _LOSS + "spec.py",
+    "  top = jax.lax.pmax(jax.lax.stop_gradient(lse), shard.axes)",
+    "  top = jax.lax.pmin(jax.lax.stop_gradient(lse), shard.axes)",
+    (_KERNEL_SHARDING, "-k", "vocabulary_sum_large_logits"),
+    "Vocabulary-sharded loss: the shards' log-sum-exps combine around the smallest, so shards"
+    " more than about 88 apart overflow to an infinite loss.",
+  ),
+  Mutation(
+    "glu.fused_gate_weights_are_the_up_weights",
+    _GLU + "spec.py",
+    "    return self.weights[:, 0], self.weights[:, 1]",
+    "    return self.weights[:, 1], self.weights[:, 1]",
+    ("suites/core/test_gated_linear_unit.py", "-k", "gate_and_up_weights_put_the_gate_first"),
+    "GluArgs.gate_and_up_weights of fused [K, 2, N] weights returns the up half as the gate.",
+  ),
+  Mutation(
+    "glu.triton_forward_rows_one_short",
+    _GLU + "spec.py",
+    "TRITON_FORWARD_ROWS = 128",
+    "TRITON_FORWARD_ROWS = 127",
+    ("suites/core/test_dispatch.py", "-k", "few_rows_tries_triton_first"),
+    "A GPU call of 128 rows (the M128 whose timings put Triton's forward first) tries Mosaic"
+    " first.",
+  ),
 )
 
 
