@@ -16915,6 +16915,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     "XLA causal or windowed attention without a bias or mask subtracts 0 instead of the row max,"
     " so logits above about 88 overflow and the output is nan.",
   ),
+  Mutation(
+    "attention.chunked_autotuning_largest_chunk_not_a_power_of_two",
+    _ATTENTION + "xla_chunked.py",
+    "for c in (128, 256, 512, 1024, 2048)}",
+    "for c in (128, 256, 512, 1024, 2047)}",
+    ("suites/core/test_attention.py", "-k", "autotuning_candidates_are_powers_of_two"),
+    "Chunked attention autotuning: the largest key chunk candidate is 2047, which pads the keys"
+    " of a power-of-two sequence.",
+  ),
+  Mutation(
+    "harness.assert_close_assumes_a_matmul",
+    _COMPARE,
+    "  has_matmul: bool = False,\n",
+    "  has_matmul: bool = True,\n",
+    (_EDGES, "-k", "plain_float32_row_unless_told_of_a_matmul"),
+    "assert_close gives every float32 result on a GPU or TPU the loose matmul bound unless the"
+    " caller says there is no matmul.",
+  ),
 )
 
 
