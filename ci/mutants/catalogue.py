@@ -16933,6 +16933,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "assert_close gives every float32 result on a GPU or TPU the loose matmul bound unless the"
     " caller says there is no matmul.",
   ),
+  Mutation(
+    "ragged_dot.xla_one_hot_for_every_dtype_but_float64",
+    _RAGGED + "xla.py",
+    "  if args.lhs.dtype == jnp.float64:\n",
+    "  if args.lhs.dtype != jnp.float64:\n",
+    ("suites/core/test_ragged_dot.py", "-k", "only_float64_takes_the_dense_one_hot_matmuls"),
+    "XLA ragged dot: float32 takes the dense one-hot matmuls (G times the work) and float64 the"
+    " grouped GEMM that XLA:GPU lacks.",
+  ),
 )
 
 
