@@ -16941,6 +16941,33 @@ MUTATIONS: tuple[Mutation, ...] = (
     "A GPU call of 128 rows (the M128 whose timings put Triton's forward first) tries Mosaic"
     " first.",
   ),
+  Mutation(
+    "attention.chunked_autotuning_largest_chunk_not_a_power_of_two",
+    _ATTENTION + "xla_chunked.py",
+    "for c in (128, 256, 512, 1024, 2048)}",
+    "for c in (128, 256, 512, 1024, 2047)}",
+    ("suites/core/test_attention.py", "-k", "autotuning_candidates_are_powers_of_two"),
+    "Chunked attention autotuning: the largest key chunk candidate is 2047, which pads the keys"
+    " of a power-of-two sequence.",
+  ),
+  Mutation(
+    "harness.assert_close_assumes_a_matmul",
+    _COMPARE,
+    "  has_matmul: bool = False,\n",
+    "  has_matmul: bool = True,\n",
+    (_EDGES, "-k", "plain_float32_row_unless_told_of_a_matmul"),
+    "assert_close gives every float32 result on a GPU or TPU the loose matmul bound unless the"
+    " caller says there is no matmul.",
+  ),
+  Mutation(
+    "ragged_dot.xla_one_hot_for_every_dtype_but_float64",
+    _RAGGED + "xla.py",
+    "  if args.lhs.dtype == jnp.float64:\n",
+    "  if args.lhs.dtype != jnp.float64:\n",
+    ("suites/core/test_ragged_dot.py", "-k", "only_float64_takes_the_dense_one_hot_matmuls"),
+    "XLA ragged dot: float32 takes the dense one-hot matmuls (G times the work) and float64 the"
+    " grouped GEMM that XLA:GPU lacks.",
+  ),
 )
 
 
