@@ -284,6 +284,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "`implementation=None` differentiates through the forward's pick, not the gradient's.",
   ),
   Mutation(
+    "dispatch.platform_names_ignored",
+    _OP,
+    "    if not isinstance(implementation, str):\n      return implementation",
+    "    if isinstance(implementation, str):\n      return implementation",
+    ("suites/kernels/test_tpu_attention.py", "-k", "names_the_platforms_kernel"),
+    '`platform_name` returns names as they are: "mosaic" is not the Mosaic TPU kernel on a TPU.',
+  ),
+  Mutation(
     "loss.materialized_logits_limit",
     _LOSS + "spec.py",
     "  logits_bytes = 4 * args.x.shape[0] * args.weights.shape[1]",
