@@ -12236,6 +12236,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Abstract records (what autotuning records and tunes) turn every array float32.",
   ),
   Mutation(
+    "autotune.argument_records_mutable",
+    _ARGUMENTS,
+    "  cls = dataclasses.dataclass(frozen=True)(cls)",
+    "  cls = dataclasses.dataclass(frozen=False)(cls)",
+    ("suites/tooling/test_autotuning_rules.py", "-k", "records_are_frozen"),
+    "op_arguments records are plain dataclasses: a field of a record can be reassigned.",
+  ),
+  Mutation(
     "bench.aliased_bytes_added",
     _BENCHMARKING_SRC,
     "    - stats.alias_size_in_bytes",

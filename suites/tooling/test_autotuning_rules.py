@@ -999,6 +999,14 @@ def test_static_fields_with_a_default_stay_static():
   assert arguments.signature_key(record) == "_Record(x=(float32[2, 3]), blocks=4, mode='plain')"
 
 
+def test_argument_records_are_frozen():
+  """`op_arguments` makes a frozen dataclass: a field of a record cannot be reassigned."""
+  record = _Record(x=jnp.ones((2, 3)), blocks=4)
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    record.blocks = 5
+  assert record.blocks == 4
+
+
 def test_abstract_records_keep_shapes_dtypes_and_static_fields():
   """What autotuning records and tunes: the call's own shapes and dtypes (a bfloat16 call is
   tuned in bfloat16), so its key is the concrete call's."""
