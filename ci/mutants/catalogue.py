@@ -11599,6 +11599,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "A timed-out candidate never advances the progress bar (it never reaches its total).",
   ),
   Mutation(
+    "autotune.timed_out_compile_awaited",
+    _AUTOTUNER_SRC,
+    "    pool.shutdown(wait=False, cancel_futures=True)",
+    "    pool.shutdown(wait=True, cancel_futures=True)",
+    (_AUTOTUNING_RULES, "-k", "abandoned_not_awaited"),
+    "Autotuning waits for a timed-out candidate's compilation to end instead of abandoning it.",
+  ),
+  Mutation(
     "autotune.progress_carriage_return_off_terminal",
     _AUTOTUNER_SRC,
     '    end = "\\n" if not sys.stderr.isatty() or self.done >= self.total else ""',

@@ -823,6 +823,27 @@ def test_a_timed_out_candidate_advances_the_progress_once():
   assert bar.done == 2
 
 
+def test_a_timed_out_candidate_is_abandoned_not_awaited():
+  """Candidate 1 traces until the test releases it (at most 20 s) against a 1 s timeout:
+  `_compile_all` returns without waiting for it."""
+  release = threading.Event()
+
+  def stuck(x):
+    release.wait(20.0)
+    return x
+
+  arg = jax.ShapeDtypeStruct((4,), jnp.float32)
+  bar = autotuner.Progress(False, 2)
+  start = time.monotonic()
+  try:
+    compiled, errors = autotuner._compile_all([(lambda x: x + 1, arg), (stuck, arg)], 1.0, 2, bar)
+    elapsed = time.monotonic() - start
+  finally:
+    release.set()
+  assert list(compiled) == [0] and list(errors) == [1]
+  assert elapsed < 15.0
+
+
 def test_progress_writes_one_line_per_update_off_a_terminal(capsys):
   """Captured stderr is not a terminal: every update is a line of its own, no carriage return."""
   bar = autotuner.Progress(True, 3, label="t")
