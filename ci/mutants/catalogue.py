@@ -12452,6 +12452,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     "standardize_function bakes NumPy arguments in as constants instead of inputs.",
   ),
   Mutation(
+    "bench.cupti_missing_profiler_said_loaded",
+    _BENCHMARKING_SRC,
+    "(which carries the CUPTI hooks) did not load",
+    "(which carries the CUPTI hooks) did load",
+    (_BENCHMARKING, "-k", "unavailable_reasons_say"),
+    "On an NVIDIA GPU without jaxlib's Mosaic GPU extension, the CUPTI reason says it loaded.",
+  ),
+  Mutation(
+    "bench.unknown_method_message_and_none",
+    _BENCHMARKING_SRC,
+    "{sorted(_TIMERS)} or None, got",
+    "{sorted(_TIMERS)} and None, got",
+    (_BENCHMARKING, "-k", "rejects_what_it_cannot_do"),
+    "An unknown timing method is refused with a message that asks for the methods and None.",
+  ),
+  Mutation(
     "wrappers.gemm_approx_math_dropped",
     _GEMM,
     "lowering_semantics=plgpu.LoweringSemantics.Warpgroup, approx_math=approx_math",
