@@ -284,6 +284,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "`implementation=None` differentiates through the forward's pick, not the gradient's.",
   ),
   Mutation(
+    "dispatch.platform_names_ignored",
+    _OP,
+    "    if not isinstance(implementation, str):\n      return implementation",
+    "    if isinstance(implementation, str):\n      return implementation",
+    ("suites/kernels/test_tpu_attention.py", "-k", "names_the_platforms_kernel"),
+    '`platform_name` returns names as they are: "mosaic" is not the Mosaic TPU kernel on a TPU.',
+  ),
+  Mutation(
     "loss.materialized_logits_limit",
     _LOSS + "spec.py",
     "  logits_bytes = 4 * args.x.shape[0] * args.weights.shape[1]",
@@ -11591,6 +11599,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "A timed-out candidate never advances the progress bar (it never reaches its total).",
   ),
   Mutation(
+    "autotune.timed_out_compile_awaited",
+    _AUTOTUNER_SRC,
+    "    pool.shutdown(wait=False, cancel_futures=True)",
+    "    pool.shutdown(wait=True, cancel_futures=True)",
+    (_AUTOTUNING_RULES, "-k", "abandoned_not_awaited"),
+    "Autotuning waits for a timed-out candidate's compilation to end instead of abandoning it.",
+  ),
+  Mutation(
     "autotune.progress_carriage_return_off_terminal",
     _AUTOTUNER_SRC,
     '    end = "\\n" if not sys.stderr.isatty() or self.done >= self.total else ""',
@@ -12228,6 +12244,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Abstract records (what autotuning records and tunes) turn every array float32.",
   ),
   Mutation(
+    "autotune.argument_records_mutable",
+    _ARGUMENTS,
+    "  cls = dataclasses.dataclass(frozen=True)(cls)",
+    "  cls = dataclasses.dataclass(frozen=False)(cls)",
+    ("suites/tooling/test_autotuning_rules.py", "-k", "records_are_frozen"),
+    "op_arguments records are plain dataclasses: a field of a record can be reassigned.",
+  ),
+  Mutation(
     "bench.aliased_bytes_added",
     _BENCHMARKING_SRC,
     "    - stats.alias_size_in_bytes",
@@ -12426,6 +12450,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     "isinstance(x, jax.Array | jax.ShapeDtypeStruct)",
     (_BENCHMARKING, "-k", "numpy_arrays_are_inputs"),
     "standardize_function bakes NumPy arguments in as constants instead of inputs.",
+  ),
+  Mutation(
+    "bench.cupti_missing_profiler_said_loaded",
+    _BENCHMARKING_SRC,
+    "(which carries the CUPTI hooks) did not load",
+    "(which carries the CUPTI hooks) did load",
+    (_BENCHMARKING, "-k", "unavailable_reasons_say"),
+    "On an NVIDIA GPU without jaxlib's Mosaic GPU extension, the CUPTI reason says it loaded.",
+  ),
+  Mutation(
+    "bench.unknown_method_message_and_none",
+    _BENCHMARKING_SRC,
+    "{sorted(_TIMERS)} or None, got",
+    "{sorted(_TIMERS)} and None, got",
+    (_BENCHMARKING, "-k", "rejects_what_it_cannot_do"),
+    "An unknown timing method is refused with a message that asks for the methods and None.",
   ),
   Mutation(
     "wrappers.gemm_approx_math_dropped",
