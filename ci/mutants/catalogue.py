@@ -284,6 +284,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "`implementation=None` differentiates through the forward's pick, not the gradient's.",
   ),
   Mutation(
+    "dispatch.platform_names_ignored",
+    _OP,
+    "    if not isinstance(implementation, str):\n      return implementation",
+    "    if isinstance(implementation, str):\n      return implementation",
+    ("suites/kernels/test_tpu_attention.py", "-k", "names_the_platforms_kernel"),
+    '`platform_name` returns names as they are: "mosaic" is not the Mosaic TPU kernel on a TPU.',
+  ),
+  Mutation(
     "loss.materialized_logits_limit",
     _LOSS + "spec.py",
     "  logits_bytes = 4 * args.x.shape[0] * args.weights.shape[1]",
@@ -11609,6 +11617,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "A timed-out candidate never advances the progress bar (it never reaches its total).",
   ),
   Mutation(
+    "autotune.timed_out_compile_awaited",
+    _AUTOTUNER_SRC,
+    "    pool.shutdown(wait=False, cancel_futures=True)",
+    "    pool.shutdown(wait=True, cancel_futures=True)",
+    (_AUTOTUNING_RULES, "-k", "abandoned_not_awaited"),
+    "Autotuning waits for a timed-out candidate's compilation to end instead of abandoning it.",
+  ),
+  Mutation(
     "autotune.progress_carriage_return_off_terminal",
     _AUTOTUNER_SRC,
     '    end = "\\n" if not sys.stderr.isatty() or self.done >= self.total else ""',
@@ -12246,6 +12262,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Abstract records (what autotuning records and tunes) turn every array float32.",
   ),
   Mutation(
+    "autotune.argument_records_mutable",
+    _ARGUMENTS,
+    "  cls = dataclasses.dataclass(frozen=True)(cls)",
+    "  cls = dataclasses.dataclass(frozen=False)(cls)",
+    ("suites/tooling/test_autotuning_rules.py", "-k", "records_are_frozen"),
+    "op_arguments records are plain dataclasses: a field of a record can be reassigned.",
+  ),
+  Mutation(
     "bench.aliased_bytes_added",
     _BENCHMARKING_SRC,
     "    - stats.alias_size_in_bytes",
@@ -12444,6 +12468,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     "isinstance(x, jax.Array | jax.ShapeDtypeStruct)",
     (_BENCHMARKING, "-k", "numpy_arrays_are_inputs"),
     "standardize_function bakes NumPy arguments in as constants instead of inputs.",
+  ),
+  Mutation(
+    "bench.cupti_missing_profiler_said_loaded",
+    _BENCHMARKING_SRC,
+    "(which carries the CUPTI hooks) did not load",
+    "(which carries the CUPTI hooks) did load",
+    (_BENCHMARKING, "-k", "unavailable_reasons_say"),
+    "On an NVIDIA GPU without jaxlib's Mosaic GPU extension, the CUPTI reason says it loaded.",
+  ),
+  Mutation(
+    "bench.unknown_method_message_and_none",
+    _BENCHMARKING_SRC,
+    "{sorted(_TIMERS)} or None, got",
+    "{sorted(_TIMERS)} and None, got",
+    (_BENCHMARKING, "-k", "rejects_what_it_cannot_do"),
+    "An unknown timing method is refused with a message that asks for the methods and None.",
   ),
   Mutation(
     "wrappers.gemm_approx_math_dropped",
@@ -16932,6 +16972,59 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/core/test_attention.py", "-k", "far_above_zero"),
     "XLA causal or windowed attention without a bias or mask subtracts 0 instead of the row max,"
     " so logits above about 88 overflow and the output is nan.",
+  ),
+  Mutation(
+    "loss.vocab_shards_combine_around_min_lse",
+    _LOSS + "spec.py",
+    "  top = jax.lax.pmax(jax.lax.stop_gradient(lse), shard.axes)",
+    "  top = jax.lax.pmin(jax.lax.stop_gradient(lse), shard.axes)",
+    (_KERNEL_SHARDING, "-k", "vocabulary_sum_large_logits"),
+    "Vocabulary-sharded loss: the shards' log-sum-exps combine around the smallest, so shards"
+    " more than about 88 apart overflow to an infinite loss.",
+  ),
+  Mutation(
+    "glu.fused_gate_weights_are_the_up_weights",
+    _GLU + "spec.py",
+    "    return self.weights[:, 0], self.weights[:, 1]",
+    "    return self.weights[:, 1], self.weights[:, 1]",
+    ("suites/core/test_gated_linear_unit.py", "-k", "gate_and_up_weights_put_the_gate_first"),
+    "GluArgs.gate_and_up_weights of fused [K, 2, N] weights returns the up half as the gate.",
+  ),
+  Mutation(
+    "glu.triton_forward_rows_one_short",
+    _GLU + "spec.py",
+    "TRITON_FORWARD_ROWS = 128",
+    "TRITON_FORWARD_ROWS = 127",
+    ("suites/core/test_dispatch.py", "-k", "few_rows_tries_triton_first"),
+    "A GPU call of 128 rows (the M128 whose timings put Triton's forward first) tries Mosaic"
+    " first.",
+  ),
+  Mutation(
+    "attention.chunked_autotuning_largest_chunk_not_a_power_of_two",
+    _ATTENTION + "xla_chunked.py",
+    "for c in (128, 256, 512, 1024, 2048)}",
+    "for c in (128, 256, 512, 1024, 2047)}",
+    ("suites/core/test_attention.py", "-k", "autotuning_candidates_are_powers_of_two"),
+    "Chunked attention autotuning: the largest key chunk candidate is 2047, which pads the keys"
+    " of a power-of-two sequence.",
+  ),
+  Mutation(
+    "harness.assert_close_assumes_a_matmul",
+    _COMPARE,
+    "  has_matmul: bool = False,\n",
+    "  has_matmul: bool = True,\n",
+    (_EDGES, "-k", "plain_float32_row_unless_told_of_a_matmul"),
+    "assert_close gives every float32 result on a GPU or TPU the loose matmul bound unless the"
+    " caller says there is no matmul.",
+  ),
+  Mutation(
+    "ragged_dot.xla_one_hot_for_every_dtype_but_float64",
+    _RAGGED + "xla.py",
+    "  if args.lhs.dtype == jnp.float64:\n",
+    "  if args.lhs.dtype != jnp.float64:\n",
+    ("suites/core/test_ragged_dot.py", "-k", "only_float64_takes_the_dense_one_hot_matmuls"),
+    "XLA ragged dot: float32 takes the dense one-hot matmuls (G times the work) and float64 the"
+    " grouped GEMM that XLA:GPU lacks.",
   ),
 )
 

@@ -181,6 +181,16 @@ def test_vjp_check_gives_value_and_gradients_the_gpu_matmul_bound(monkeypatch):
     grads.assert_vjp_close(_plus(0.0, 2e-4), _plus(0.0, 0.0), (x,), key=key, names=("x",))
 
 
+def test_assert_close_takes_the_plain_float32_row_unless_told_of_a_matmul():
+  """On a GPU a float32 result 2e-4 off (of values within 1) exceeds the plain float32 row
+  (atol 2e-6, rtol 1e-5) but not the matmul row (atol 5e-4): `has_matmul` defaults to False."""
+  e = np.linspace(-1.0, 1.0, 128, dtype=np.float32)
+  a = e + np.float32(2e-4)
+  compare.assert_close(a, e, platform="gpu", has_matmul=True)
+  with pytest.raises(AssertionError, match="exceed the bound"):
+    compare.assert_close(a, e, platform="gpu")
+
+
 def test_vjp_check_scales_the_gradient_bound_by_the_reduction_length():
   """Gradients of 1e-6 x (rtol negligible) 2e-5 off: within 2 x atol 2e-6 x sqrt(100) = 4e-5,
   past 4x the bound at length 1 (1.6e-5)."""

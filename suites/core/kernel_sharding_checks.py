@@ -226,8 +226,9 @@ def _ragged(impl, dtype, m, k, n, sizes):
   )
 
 
-def _loss(impl, b, h, v, reduction, dtype=jnp.float32, outside=()):
-  """The loss call and its arrays; the rows in `outside` get labels outside [0, v)."""
+def _loss(impl, b, h, v, reduction, dtype=jnp.float32, outside=(), logit_scale=1.0):
+  """The loss call and its arrays; the rows in `outside` get labels outside [0, v); the logits
+  have about `logit_scale`'s standard deviation."""
   labels = jax.random.randint(jax.random.key(11), (b,), 0, v)
   for i, row in enumerate(outside):
     labels = labels.at[row].set(v + i if i % 2 else -1 - i)
@@ -235,7 +236,7 @@ def _loss(impl, b, h, v, reduction, dtype=jnp.float32, outside=()):
     lambda x, w, labels: tokamax.linear_softmax_cross_entropy_loss(
       x, labels, w, reduction=reduction, implementation=impl
     ),
-    (_normal(12, (b, h), dtype), _normal(13, (h, v), dtype, h**-0.5), labels),
+    (_normal(12, (b, h), dtype), _normal(13, (h, v), dtype, logit_scale * h**-0.5), labels),
   )
 
 
@@ -433,6 +434,11 @@ def cases() -> dict[str, Case]:
     ),
     "loss/xla/vocabulary_sum": _case(
       _loss(_partitioned(loss_xla.XlaLoss), 16, 32, 24, "sum"), [P(), VOCAB, P()]
+    ),
+    # Logits of about 100: the shards' log-sum-exps differ by more than float32's exp reaches
+    # (88), so they must combine around the largest of them.
+    "loss/xla/vocabulary_sum_large_logits": _case(
+      _loss(_partitioned(loss_xla.XlaLoss), 16, 32, 24, "sum", logit_scale=100.0), [P(), VOCAB, P()]
     ),
     "loss/xla/rows_and_vocabulary_mean": _case(
       _loss(_partitioned(loss_xla.XlaLoss), 16, 32, 24, "mean"), [ROWS, VOCAB, ROWS]

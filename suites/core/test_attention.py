@@ -244,6 +244,18 @@ def test_chunked_scans_ceil_s_over_chunk_steps_of_chunk_keys(chunk):
     assert (b, kh, n // kh, t, size) in shapes, shapes
 
 
+@pytest.mark.parametrize(
+  ("s", "expected"), [(4096, (128, 256, 512, 1024, 2048)), (300, (128, 256, 300))]
+)
+def test_chunked_autotuning_candidates_are_powers_of_two_capped_at_s(s, expected):
+  """The key chunks autotuning times: the powers of two from 128 to 2048 (each divides a
+  power-of-two S, so no chunk is padded), any above S cut to S (one chunk of every key)."""
+  structs = [jax.ShapeDtypeStruct(x, jnp.float32) for x in ((1, 8, 2, 16), (1, s, 2, 16))]
+  record = jax.eval_shape(lambda q, k: spec.canonicalize(q, k, k), *structs)
+  configs = xla_chunked.XlaChunkedAttention()._get_autotuning_configs(record)
+  assert sorted(c.kv_chunk_size for c in configs) == list(expected)
+
+
 POSITIONAL_CASES = [c for c in CASES if c.is_causal or c.window is not None]
 
 

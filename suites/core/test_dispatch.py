@@ -283,6 +283,8 @@ def test_gated_linear_unit_with_few_rows_tries_triton_first_on_a_gpu(inputs):
   spec = glu_spec.SPEC
   assert spec.default_order("gpu", few) == ("triton", "mosaic", "xla")
   assert spec.default_order("gpu", many) == ("mosaic", "triton", "xla")
+  # M128, the decode-sized call whose timings `reorder` cites: Triton's forward first.
+  assert spec.default_order("gpu", record(128))[0] == "triton"
   assert glu_spec.gradient_preference(few, "gpu")[0] == "mosaic"
   assert glu_spec.gradient_preference(many, "gpu") == ()
   assert glu_spec.gradient_preference(few, "tpu") == ()

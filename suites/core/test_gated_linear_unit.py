@@ -111,6 +111,17 @@ def test_weights_as_a_list_pair_are_the_gate_and_up_weights(inputs):
   assert_matches(out, ref)
 
 
+def test_gate_and_up_weights_put_the_gate_first(inputs):
+  """Fused [K, 2, N] weights hold the gate at index 0 and the up projection at 1 (as the pair
+  holds them in order): `gate_and_up_weights` returns them so, as numpy slices them."""
+  w = inputs.normal((24, 2, 19))
+  fused = glu_spec.canonicalize(inputs.normal((7, 24)), w).gate_and_up_weights()
+  pair = glu_spec.canonicalize(inputs.normal((7, 24)), (w[:, 0], w[:, 1])).gate_and_up_weights()
+  for got in (fused, pair):
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(w)[:, 0])
+    np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(w)[:, 1])
+
+
 @pytest.mark.parametrize("impl", ("xla", None))
 @pytest.mark.parametrize(("k", "n"), [(0, 5), (6, 0)], ids=("no_k", "no_n"))
 def test_gradient_of_an_empty_contraction_or_output(k, n, impl, inputs):

@@ -9,6 +9,7 @@ import pytest
 
 import tokamax
 from suites.core.conftest import assert_matches, references
+from tokamax._src import jaxprs
 from tokamax._src.ops.ragged_dot import spec
 
 M, K, N = 45, 24, 13
@@ -231,6 +232,20 @@ def test_float64_matches_the_reference(layout, offset):
     for g, r in zip(vjp(dout), ref_grads, strict=True):
       assert g.dtype == jnp.float64
       np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("x64", (False, True), ids=("float32", "float64"))
+def test_only_float64_takes_the_dense_one_hot_matmuls(x64):
+  """XLA's grouped GEMM (`ragged_dot_general`) for float32, whose dense one-hot form costs G
+  times the work; float64, which XLA:GPU has no grouped GEMM for, takes the one-hot form."""
+  sizes = jnp.array([6, 0, 11, 1, 9], jnp.int32)
+  with jax.enable_x64(x64):
+    dtype = jnp.float64 if x64 else jnp.float32
+    lhs, rhs = jax.ShapeDtypeStruct((M, K), dtype), jax.ShapeDtypeStruct((5, K, N), dtype)
+    run = lambda a, b: tokamax.ragged_dot(a, b, sizes, implementation="xla")
+    jaxpr = jax.make_jaxpr(run)(lhs, rhs)
+  names = {e.primitive.name for e in jaxprs.equations(jaxpr.jaxpr)}
+  assert ("ragged_dot_general" in names) != x64, names
 
 
 def test_positional_arguments_are_those_of_jax_lax(inputs):

@@ -823,6 +823,27 @@ def test_a_timed_out_candidate_advances_the_progress_once():
   assert bar.done == 2
 
 
+def test_a_timed_out_candidate_is_abandoned_not_awaited():
+  """Candidate 1 traces until the test releases it (at most 20 s) against a 1 s timeout:
+  `_compile_all` returns without waiting for it."""
+  release = threading.Event()
+
+  def stuck(x):
+    release.wait(20.0)
+    return x
+
+  arg = jax.ShapeDtypeStruct((4,), jnp.float32)
+  bar = autotuner.Progress(False, 2)
+  start = time.monotonic()
+  try:
+    compiled, errors = autotuner._compile_all([(lambda x: x + 1, arg), (stuck, arg)], 1.0, 2, bar)
+    elapsed = time.monotonic() - start
+  finally:
+    release.set()
+  assert list(compiled) == [0] and list(errors) == [1]
+  assert elapsed < 15.0
+
+
 def test_progress_writes_one_line_per_update_off_a_terminal(capsys):
   """Captured stderr is not a terminal: every update is a line of its own, no carriage return."""
   bar = autotuner.Progress(True, 3, label="t")
@@ -997,6 +1018,14 @@ def test_static_fields_with_a_default_stay_static():
   assert len(leaves) == 1 and leaves[0] is record.x
   assert jax.tree.unflatten(tree, [jnp.zeros((2, 3))]).mode == "plain"
   assert arguments.signature_key(record) == "_Record(x=(float32[2, 3]), blocks=4, mode='plain')"
+
+
+def test_argument_records_are_frozen():
+  """`op_arguments` makes a frozen dataclass: a field of a record cannot be reassigned."""
+  record = _Record(x=jnp.ones((2, 3)), blocks=4)
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    record.blocks = 5
+  assert record.blocks == 4
 
 
 def test_abstract_records_keep_shapes_dtypes_and_static_fields():

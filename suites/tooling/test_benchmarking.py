@@ -146,7 +146,8 @@ def test_benchmark_rejects_what_it_cannot_do():
     assert benchmarking.default_method() == "wallclock"
     with pytest.raises(ValueError, match=r"cupti.*NVIDIA GPU"):
       tokamax.benchmark(jnp.sin, x, method="cupti")
-  with pytest.raises(ValueError, match="method"):
+  # The methods `benchmark` documents: "wallclock", "cupti" or None.
+  with pytest.raises(ValueError, match=r"one of \['cupti', 'wallclock'\] or None, got 'xprof'"):
     tokamax.benchmark(jnp.sin, x, method="xprof")
   with pytest.raises(ValueError, match="iterations"):
     tokamax.benchmark(jnp.sin, x, iterations=0)
@@ -293,6 +294,19 @@ def test_cupti_times_one_per_iteration(monkeypatch, iterations, timings, expecte
   monkeypatch.setattr(benchmarking, "_cupti_profiler", lambda: _FakeCupti)
   assert benchmarking.default_method() == "cupti"
   assert benchmarking.cupti_times(jnp.sin, (jnp.ones(4),), iterations) == expected
+
+
+def test_cupti_unavailable_reasons_say_what_is_missing(monkeypatch):
+  """Off an NVIDIA GPU the reason is the GPU; on one, a profiler that did not load."""
+  monkeypatch.setattr(benchmarking.device, "is_nvidia_gpu", lambda: False)
+  assert "needs an NVIDIA GPU" in benchmarking.cupti_unavailable_reason()
+  monkeypatch.setattr(benchmarking.device, "is_nvidia_gpu", lambda: True)
+  monkeypatch.setattr(benchmarking, "_cupti_profiler", lambda: None)
+  assert "did not load" in benchmarking.cupti_unavailable_reason()
+  with pytest.raises(ValueError, match=r"method='cupti' is unavailable: .*did not load"):
+    benchmarking.cupti_times(jnp.sin, (jnp.ones(4),), 1)
+  monkeypatch.setattr(benchmarking, "_cupti_profiler", lambda: _FakeCupti)
+  assert benchmarking.cupti_unavailable_reason() is None
 
 
 def test_numpy_arrays_are_inputs_not_constants():
