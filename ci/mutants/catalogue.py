@@ -16828,6 +16828,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     " weights=(w_gate, w_up)) in float32, so the reference loses precision.",
   ),
   Mutation(
+    "references.layer_norm_count_of_second_axis",
+    _REFERENCES,
+    "  d = x.shape[-1]",
+    "  d = x.shape[1]",
+    (_REFERENCE_TESTS, "-k", "last_axis_of_three"),
+    "The reference layer norm divides its sums by the second axis's size, not the normalised one.",
+  ),
+  Mutation(
+    "references.gated_linear_unit_divides",
+    _REFERENCES,
+    "  return (gate if activation is None else activation(gate)) * up",
+    "  return (gate if activation is None else activation(gate)) / up",
+    (_REFERENCE_TESTS, "-k", "gated_linear_unit_by_hand"),
+    "The reference gated linear unit divides the gate by the up projection.",
+  ),
+  Mutation(
     "partitioning.traced_input_not_resharded_to_the_plan",
     _PARTITIONING,
     "      x if _spec_axes(current, ndim) == _spec_axes(spec, ndim) else",

@@ -86,6 +86,27 @@ def test_reference_layer_norm_scale_offset_without_scale():
   np.testing.assert_allclose(out, want, rtol=1e-10)
 
 
+def test_reference_layer_norm_normalises_the_last_axis_of_three():
+  """Statistics over the last axis of a [2, 3, 8] input, not its second (numpy, float64)."""
+  x = np.random.default_rng(2).standard_normal((2, 3, 8))
+  out = references.high_precision(references.layer_norm)(x, None, None)
+  centred = x - x.mean(-1, keepdims=True)
+  want = centred / np.sqrt((centred**2).mean(-1, keepdims=True) + 1e-6)
+  np.testing.assert_allclose(out, want, rtol=1e-10)
+
+
+def test_reference_gated_linear_unit_by_hand():
+  """activation(x @ w_gate) * (x @ w_up), for both weight layouts (numpy, float64)."""
+  rng = np.random.default_rng(3)
+  x, w = rng.standard_normal((4, 6)), rng.standard_normal((6, 2, 5))
+  want = np.tanh(x @ w[:, 0, :]) * (x @ w[:, 1, :])
+  glu = references.high_precision(references.gated_linear_unit)
+  np.testing.assert_allclose(glu(x, w, activation=jnp.tanh), want, rtol=1e-10)
+  np.testing.assert_allclose(
+    glu(x, (w[:, 0, :], w[:, 1, :]), activation=jnp.tanh), want, rtol=1e-10
+  )
+
+
 def test_positional_visibility_by_hand():
   causal = references.positional_visibility(np.arange(3), np.arange(3), is_causal=True)
   np.testing.assert_array_equal(causal, [[1, 0, 0], [1, 1, 0], [1, 1, 1]])
