@@ -12774,6 +12774,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "device_time: a bare (non-tuple) argument is unpacked into several arguments.",
   ),
   Mutation(
+    "timing.default_warmup_two",
+    _TIMING_SRC,
+    "  warmup: int = 3,",
+    "  warmup: int = 2,",
+    (_TIMING, "-k", "defaults_to_three_warmup"),
+    "device_time: the default warmup is two untimed runs, not the three its signature promises.",
+  ),
+  Mutation(
     "plugin.hypothesis_profile_env_ignored",
     "harness/plugin.py",
     '  name = os.environ.get("TOKAMAX_HYPOTHESIS_PROFILE") or config.getini("harness_hypothesis_profile")',

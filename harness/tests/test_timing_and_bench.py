@@ -202,6 +202,13 @@ def test_warmup_runs_are_run_and_not_timed(warmup, runs):
   assert len(calls) == runs + 4 and len(out.times_s) == 4
 
 
+def test_device_time_defaults_to_three_warmup_runs_and_thirty_timed():
+  """The signature's defaults: warmup=3 untimed runs, then iterations=30 timed ones."""
+  calls = []
+  out = timing.device_time(lambda: calls.append(1), [()], method=timing.WALLCLOCK)
+  assert len(calls) == 3 + 30 and len(out.times_s) == 30
+
+
 def test_auto_is_wallclock_off_gpu_and_cupti_on_gpu(monkeypatch):
   monkeypatch.setattr(timing.jax, "default_backend", lambda: "cpu")
   with warnings.catch_warnings():
