@@ -4739,6 +4739,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "q_sharding gives every shard all heads of a per-head bias or mask.",
   ),
   Mutation(
+    "attention.q_sharding_headed_bias_without_batch_whole",
+    _ATTENTION + "api.py",
+    "    if x is None or x.ndim < trailing:",
+    "    if x is None or x.ndim <= trailing:",
+    (_SHARDED, "-k", "sharded_over_eight"),
+    "q_sharding gives every shard the whole of a per-head bias [N, T, S] with no batch dims.",
+  ),
+  Mutation(
     "attention.q_sharding_lengths_swapped",
     _ATTENTION + "api.py",
     "  def local(q, k, v, b, m, ql, kl):\n    return spec.SPEC(q, k, v, b, m, query_seq_lengths=ql, key_value_seq_lengths=kl, **kwargs)",

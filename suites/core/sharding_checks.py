@@ -74,6 +74,17 @@ def main() -> None:
       tokamax.dot_product_attention(q, k1, v1, bias, mask, implementation="xla", **features),
       f"attention[{impl}] q_sharding with bias, mask, lengths and one K/V head",
     )
+    # A per-head bias [N, T, S] with no batch dims: each shard gets its own heads' rows.
+    bias3 = jax.random.normal(jax.random.key(2), (4, 16, 16))
+    _close(
+      jax.jit(
+        lambda q, k, v, b: tokamax.dot_product_attention(
+          q, k, v, b, implementation=impl, q_sharding=q_sharding
+        )
+      )(put(q, "data", None, "model"), k, v, bias3),
+      references.attention(q, k, v, bias3),
+      f"attention[{impl}] q_sharding with a per-head bias of no batch dims",
+    )
 
   # Two batch dims, each split, and a bias and lengths with one batch dim (the query's last,
   # as numpy aligns them): each shard gets the bias rows and lengths of its own last batch
