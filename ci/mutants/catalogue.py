@@ -2431,6 +2431,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     " neighbouring groups' rows add to its gradient).",
   ),
   Mutation(
+    "kernels.mosaic_tpu_ragged_drhs_matmul_on_empty_rows",
+    _TPU_RAGGED_KERNEL,
+    "  pl.when((start < end) & ~whole)(functools.partial(accumulate, True))",
+    "  pl.when((start <= end) & ~whole)(functools.partial(accumulate, True))",
+    (_TPU_RAGGED, "-k", "transposed_matmuls_only"),
+    "Mosaic TPU ragged dot drhs: dead items and empty groups' items run a masked matmul of"
+    " zeros (wasted MXU work, against the documented 'do nothing').",
+  ),
+  Mutation(
     "kernels.mosaic_tpu_ragged_drhs_output_untyped",
     _TPU_RAGGED_KERNEL,
     "    out_shape=partitioning.kernel_output((num_groups, k, n), out_dtype, *prefetch, lhs, rhs),",

@@ -767,3 +767,45 @@ def test_transposed_dead_items_do_nothing(monkeypatch):
   assert not np.any(whole | (start[dead] < end[dead])), (start, end)  # No matmul.
   assert np.all(last[dead] == 0) and np.all(first[dead] == 0)  # No store, no zeroing.
   assert np.all(tile[dead] == tile[1]) and np.all(group[dead] == group[1])
+
+
+def test_transposed_matmuls_only_where_a_group_has_rows(monkeypatch):
+  """The module docstring: dead items do nothing, and an empty group's item only stores zeros.
+  Groups [0, 30), [30, 80) and an empty one at 80 in 300 rows of 128-row tiles: five items
+  (three real, two dead), of which only the two nonempty groups' items may run the kernel's
+  matmul. Each matmul the interpreter runs is counted through a host callback."""
+  runs = []
+
+  class CountingLax:  # jax.lax, with each dot_general's runs counted.
+    def __getattr__(self, name):
+      return getattr(jax.lax, name)
+
+    def dot_general(self, *args, **kwargs):
+      jax.debug.callback(lambda: runs.append(1))
+      return jax.lax.dot_general(*args, **kwargs)
+
+  monkeypatch.setattr(mosaic_tpu_kernel, "lax", CountingLax())
+  m, k, n = 300, 128, 128
+  rng = np.random.default_rng(43)
+  lhs = rng.standard_normal((m, k)).astype(np.float32)
+  rhs = rng.standard_normal((m, n)).astype(np.float32)
+  starts, ends = np.array([0, 30, 80], np.int32), np.array([30, 80, 80], np.int32)
+  out = mosaic_tpu_kernel.transposed_grouped_matmul(
+    jnp.asarray(lhs),
+    jnp.asarray(rhs),
+    jnp.asarray(starts),
+    jnp.asarray(ends),
+    out_dtype=jnp.float32,
+    precision=jax.lax.Precision.HIGHEST,
+    block_m=128,
+    block_k=128,
+    block_n=128,
+    vmem_limit_bytes=tpu.V5E.vmem_limit_bytes,
+    interpret=pltpu.InterpretParams(),
+  )
+  jax.effects_barrier()
+  want = np.stack(
+    [lhs[a:b].astype(np.float64).T @ rhs[a:b] for a, b in zip(starts, ends, strict=True)]
+  )
+  np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)
+  assert len(runs) == 2
