@@ -16844,6 +16844,25 @@ MUTATIONS: tuple[Mutation, ...] = (
     " @reproduce_failure line, so a failing nightly example cannot be replayed.",
   ),
   Mutation(
+    "plugin.timeout_marker_only_beside_pytest_timeout",
+    "harness/plugin.py",
+    '  if not config.pluginmanager.hasplugin("timeout"):',
+    '  if config.pluginmanager.hasplugin("timeout"):',
+    ("harness/tests/test_foreign_project.py", "-k", "timeout_marker_is_known"),
+    "The harness registers the `timeout` marker only where pytest-timeout already does, so a"
+    " project without that plugin fails --strict-markers on its timeout-marked tests.",
+  ),
+  Mutation(
+    # Without --bench the mutant skips every test, its own checks too (a run that passes).
+    "plugin.bench_skips_every_test",
+    "harness/plugin.py",
+    '  if item.get_closest_marker("bench") and not item.config.getoption("--bench"):',
+    '  if item.get_closest_marker("bench") or not item.config.getoption("--bench"):',
+    (_HARDWARE, "--bench", "-k", "bench_tests"),
+    "Every test not marked `bench` skips unless --bench is given, and with --bench the bench"
+    " tests skip.",
+  ),
+  Mutation(
     "references.high_precision_skips_keyword_containers",
     "harness/references.py",
     "kwargs = {k: jax.tree.map(_upcast, v, is_leaf=lambda x: x is None) for k, v",

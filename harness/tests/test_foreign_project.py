@@ -110,6 +110,28 @@ def test_ini_options_set_title_and_bench_hint(foreign):
   result.stdout.fnmatch_lines(["*= proj summary =*", "*benchmark; run with --bench (make bench)*"])
 
 
+_TIMEOUT_MARKED = """
+import pytest
+
+@pytest.mark.timeout(60)
+def test_marked():
+  pass
+"""
+
+
+def test_timeout_marker_is_known_without_pytest_timeout(pytester):
+  """A project without pytest-timeout may still mark tests `timeout` under --strict-markers:
+  the harness registers the marker (a no-op) where that plugin is absent."""
+  pytester.makepyfile(test_marked=_TIMEOUT_MARKED)
+  args = ("-p", "no:cacheprovider", "-p", "no:timeout")
+  harness = pytester.runpytest_subprocess("-p", "tokamax_harness", *args, "--markers")
+  plain = pytester.runpytest_subprocess(*args, "--markers")  # Not registered without it.
+  registered = lambda r: any(line.startswith("@pytest.mark.timeout(") for line in r.stdout.lines)
+  assert registered(harness) and not registered(plain)
+  result = pytester.runpytest_subprocess("-p", "tokamax_harness", *args, "--strict-markers")
+  result.assert_outcomes(passed=1)
+
+
 _STANDALONE = """
 import importlib
 import pkgutil
