@@ -85,3 +85,48 @@ def pytest_generate_tests(metafunc):
   kind = marker.args[0]
   first = "bench_case" if kind == "bench" else "case"
   metafunc.parametrize((first, "impl"), _pairs(kind, hardware.detect().family, metafunc.config))
+
+
+# A whole CPU run skips about 8% of its tests (hardware and missing-dependency reasons); far
+# more means a skip that swallows tests which should run.
+MAX_SKIPPED_FRACTION = 0.2
+
+
+def skipped_too_many(passed: int, skipped: int) -> str | None:
+  """Why a whole run's outcome counts are implausible, or None.
+
+  Args:
+    passed: Tests that passed.
+    skipped: Tests that were skipped.
+
+  Returns:
+    A reason when nothing passed or more than `MAX_SKIPPED_FRACTION` of the run was skipped.
+  """
+  if passed == 0:
+    return "no test passed"
+  if skipped > MAX_SKIPPED_FRACTION * (passed + skipped):
+    return f"{skipped} of {passed + skipped} tests skipped (at most {MAX_SKIPPED_FRACTION:.0%})"
+  return None
+
+
+def _whole_run(config) -> bool:
+  """Whether this is the README's unfiltered run over the testpaths (xdist's controller too)."""
+  return (
+    config.args_source == pytest.Config.ArgsSource.TESTPATHS
+    and not config.option.keyword
+    and not config.option.markexpr
+    and not config.option.collectonly
+    and not hasattr(config, "workerinput")
+  )
+
+
+def pytest_sessionfinish(session, exitstatus):
+  if exitstatus != pytest.ExitCode.OK or not _whole_run(session.config):
+    return
+  reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+  reason = skipped_too_many(
+    len(reporter.stats.get("passed", [])), len(reporter.stats.get("skipped", []))
+  )
+  if reason is not None:
+    reporter.write_sep("=", f"FAILED: implausible whole run: {reason}", red=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

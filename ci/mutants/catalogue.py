@@ -17086,6 +17086,30 @@ MUTATIONS: tuple[Mutation, ...] = (
     "XLA ragged dot: float32 takes the dense one-hot matmuls (G times the work) and float64 the"
     " grouped GEMM that XLA:GPU lacks.",
   ),
+  Mutation(
+    "suites.whole_run_guard_passes_when_nothing_passed",
+    "suites/conftest.py",
+    "  if passed == 0:",
+    "  if passed < 0:",
+    ("suites/tooling/test_whole_run_guard.py",),
+    "A whole run in which every test was skipped (or none ran) counts as green.",
+  ),
+  Mutation(
+    "suites.whole_run_guard_ignores_filtered_runs_wrongly",
+    "suites/conftest.py",
+    "    and not config.option.keyword\n",
+    "    and config.option.keyword\n",
+    ("suites/tooling/test_whole_run_guard.py",),
+    "The skip guard judges runs filtered by -k (which may skip anything) and not whole runs.",
+  ),
+  Mutation(
+    "suites.whole_run_guard_fraction_inclusive",
+    "suites/conftest.py",
+    "  if skipped > MAX_SKIPPED_FRACTION * (passed + skipped):",
+    "  if skipped >= MAX_SKIPPED_FRACTION * (passed + skipped):",
+    ("suites/tooling/test_whole_run_guard.py",),
+    "A whole run that skips exactly the allowed fraction fails.",
+  ),
 )
 
 
