@@ -8395,6 +8395,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton attention: head dims that are powers of two pad to twice their size.",
   ),
   Mutation(
+    "wrappers.attention_triton_pow2_short_past_powers_of_two",
+    _ATTENTION + "triton.py",
+    "  return max(16, 1 << (int(x) - 1).bit_length())",
+    "  return max(16, 1 << (int(x) - 2).bit_length())",
+    (_TRITON_ATTENTION, "-k", "next_powers_of_two_of_the_head_dims"),
+    "Triton attention: a head dim one past a power of two (33) pads to that power (32), so"
+    " the kernels drop its last column.",
+  ),
+  Mutation(
     "kernels.triton_attention_fwd_head_planes_32bit",
     _ATTENTION + "triton_flash.py",
     "  bias_base = bias_ptr + b64 * BIAS_SB + n.to(tl.int64) * BIAS_SN\n"
