@@ -6032,6 +6032,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     "CPU series do not name their host.",
   ),
   Mutation(
+    "dashboard.cudnn_ratio_to_itself",
+    "bench/dashboard.py",
+    '        if (impls.has("cudnn") && impls.size > 1) {',
+    '        if (impls.has("cudnn") && impls.size >= 1) {',
+    ("suites/history/test_dashboard.py", "-k", "ratio_plots_only_beside"),
+    "A benchmark with cuDNN alone draws a time / cuDNN plot (its ratio to itself; needs node).",
+  ),
+  Mutation(
+    "dashboard.xla_ratio_to_itself",
+    "bench/dashboard.py",
+    '        if (impls.has("xla") && impls.size > 1) {',
+    '        if (impls.has("xla") && impls.size >= 1) {',
+    ("suites/history/test_dashboard.py", "-k", "ratio_plots_only_beside"),
+    "A benchmark with XLA alone draws a time / XLA plot (its ratio to itself; needs node).",
+  ),
+  Mutation(
     "golden.shape_mismatch_compared",
     _GOLDEN_SRC,
     "  if list(golden.shape) != list(out.shape) or str(golden.dtype) != str(out.dtype):",
