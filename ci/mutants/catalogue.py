@@ -6032,6 +6032,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     "CPU series do not name their host.",
   ),
   Mutation(
+    "dashboard.cudnn_ratio_to_itself",
+    "bench/dashboard.py",
+    '        if (impls.has("cudnn") && impls.size > 1) {',
+    '        if (impls.has("cudnn") && impls.size >= 1) {',
+    ("suites/history/test_dashboard.py", "-k", "ratio_plots_only_beside"),
+    "A benchmark with cuDNN alone draws a time / cuDNN plot (its ratio to itself; needs node).",
+  ),
+  Mutation(
+    "dashboard.xla_ratio_to_itself",
+    "bench/dashboard.py",
+    '        if (impls.has("xla") && impls.size > 1) {',
+    '        if (impls.has("xla") && impls.size >= 1) {',
+    ("suites/history/test_dashboard.py", "-k", "ratio_plots_only_beside"),
+    "A benchmark with XLA alone draws a time / XLA plot (its ratio to itself; needs node).",
+  ),
+  Mutation(
     "golden.shape_mismatch_compared",
     _GOLDEN_SRC,
     "  if list(golden.shape) != list(out.shape) or str(golden.dtype) != str(out.dtype):",
@@ -8393,6 +8409,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     "  return max(16, 1 << int(x).bit_length())",
     ("suites/kernels/test_attention_triton.py", "-k", "counted_by_hand"),
     "Triton attention: head dims that are powers of two pad to twice their size.",
+  ),
+  Mutation(
+    "wrappers.attention_triton_pow2_short_past_powers_of_two",
+    _ATTENTION + "triton.py",
+    "  return max(16, 1 << (int(x) - 1).bit_length())",
+    "  return max(16, 1 << (int(x) - 2).bit_length())",
+    (_TRITON_ATTENTION, "-k", "next_powers_of_two_of_the_head_dims"),
+    "Triton attention: a head dim one past a power of two (33) pads to that power (32), so"
+    " the kernels drop its last column.",
   ),
   Mutation(
     "kernels.triton_attention_fwd_head_planes_32bit",

@@ -293,6 +293,25 @@ def test_table_flags_a_planted_regression(tmp_path):
   ], page["rows"]
 
 
+@pytest.mark.skipif(NODE is None, reason="node is absent: the page's script is not run")
+def test_ratio_plots_only_beside_another_implementation(tmp_path):
+  """A benchmark with XLA alone or cuDNN alone draws no time / XLA or time / cuDNN plot (a
+  ratio to itself, 1 throughout); one with both draws each."""
+  time_title, drift_title = "median device time (ms)", "numerics drift"
+  for impls, ratio_plots in (
+    (("xla",), []),
+    (("cudnn",), []),
+    (("xla", "cudnn"), ["time / XLA", "time / cuDNN"]),
+  ):
+    records = [_timed("aaaaaaa1", 1, 1.0, "cupti", impl=impl) for impl in impls]
+    page = _run_page_script(tmp_path, records)
+    titles = [p["title"] for p in page["plots"]]
+    assert len(titles) == 2 + len(ratio_plots) == int(page["body"]["plots"]), (impls, titles)
+    assert titles[0] == time_title and titles[-1].startswith(drift_title), (impls, titles)
+    for title, prefix in zip(titles[1:-1], ratio_plots, strict=True):
+      assert title.startswith(prefix), (impls, titles)
+
+
 def test_page_data_keeps_what_the_script_plots():
   """Each record reaches the page with every field its script reads (listed here by hand), in
   date order; an older record without shape_key gets one from its shapes."""

@@ -365,6 +365,27 @@ def test_grids_and_constants():
   assert grads["bias"].shape == (1, 6, 1, 70) and grads["bias"].dtype == jnp.bfloat16
 
 
+@pytest.mark.parametrize(("h", "hv"), [(17, 33), (65, 129), (16, 32)])
+def test_head_blocks_are_the_next_powers_of_two_of_the_head_dims(h, hv):
+  """A head dim just past a power of two (17, 33, 65, 129) pads to the next one (a block
+  narrower than the head dim would drop its last columns); 16 and 32 stay as they are."""
+  args = _args(b=1, t=20, s=24, n=2, k=1, h=h, hv=hv)
+  config = attention_triton.TritonAttentionConfig(16, 16, 4, 2, 16, 16, 4, 2)
+  with triton_call.capture() as launches:
+    attention_triton.forward(args, config)
+
+  def next_pow2(x):
+    p = 16
+    while p < x:
+      p *= 2
+    return p
+
+  meta = launches[0].meta
+  assert (meta["BLOCK_H"], meta["BLOCK_HV"]) == (next_pow2(h), next_pow2(hv)), meta
+  fp = attention_triton.Footprint.of(args)
+  assert (fp.h, fp.hv) == (next_pow2(h), next_pow2(hv))
+
+
 def test_scalar_constants_and_cotangent_dtype():
   """The kernels' scalar constants, by hand, with only query lengths (the key-length flag
   stays off), 6 query heads over 2 key/value heads, and a soft cap; a float32 output
