@@ -10332,6 +10332,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     " without naming the field.",
   ),
   Mutation(
+    "partitioning.unnamed_field_labels_broken",
+    _PARTITIONING,
+    "        labels = [(None,) * np.ndim(x) for x in leaves]",
+    "        labels = [(None,) / np.ndim(x) for x in leaves]",
+    (_KERNEL_SHARDING, "-k", "does_not_name"),
+    "An array field that the rule leaves out (documented: never split) fails the call"
+    " instead of taking unsplit labels.",
+  ),
+  Mutation(
     "tooling.use_default_cache_env_misnamed",
     "src/tokamax/_src/config.py",
     '    default_factory=lambda: _env_flag("TOKAMAX_USE_DEFAULT_CACHE", default=True)',

@@ -125,6 +125,20 @@ def test_rules_that_do_not_fit_the_arrays_are_refused():
   assert rule(("r0", "d")).leaf_labels(args) == [("x", ("r0", "d")), ("scale", ("d",))]
 
 
+def test_a_field_the_rule_does_not_name_never_splits():
+  """`Rule.inputs` leaves out `scale`: its axis takes the label None (never split), so
+  a scale sharded over "model" is replicated (with the warning) while the rows split."""
+  args = norm_spec.canonicalize(jnp.ones((8, 4)), jnp.ones(4), None)
+  rule = partitioning.Rule(inputs={"x": ("r0", "d")}, output=("r0", "d"), split=frozenset({"r0"}))
+  labels = rule.leaf_labels(args)
+  assert labels == [("x", ("r0", "d")), ("scale", (None,))]
+  with pytest.warns(UserWarning, match=r"axis 0 \(unnamed\) of `scale`"):
+    plan = partitioning.plan(
+      "test_unnamed_field", rule, labels, [(8, 4), (4,)], [P("data"), P("model")], MESH
+    )
+  assert plan.in_specs == (P(("data",), None), P(None))
+
+
 def test_kv_heads_split_with_their_query_groups():
   q, kv = jnp.ones((4, 8, 4, 16)), jnp.ones((4, 8, 2, 16))
   args = attention_spec.canonicalize(q, kv, kv)
