@@ -717,6 +717,27 @@ def test_a_fixed_config_that_fits_every_gradient_is_theirs():
     assert impl._gradient_config(record) == config, record.layout
 
 
+def _check_transposed(lhs, rhs, starts, ends, block_m):
+  """The interpreted transposed grouped matmul against float64 per-group products."""
+  out = mosaic_tpu_kernel.transposed_grouped_matmul(
+    jnp.asarray(lhs),
+    jnp.asarray(rhs),
+    jnp.asarray(starts),
+    jnp.asarray(ends),
+    out_dtype=jnp.float32,
+    precision=jax.lax.Precision.HIGHEST,
+    block_m=block_m,
+    block_k=128,
+    block_n=128,
+    vmem_limit_bytes=tpu.V5E.vmem_limit_bytes,
+    interpret=pltpu.InterpretParams(),
+  )
+  want = np.stack(
+    [lhs[a:b].astype(np.float64).T @ rhs[a:b] for a, b in zip(starts, ends, strict=True)]
+  )
+  np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)
+
+
 def test_transposed_dead_items_do_nothing(monkeypatch):
   """The module docstring: work items past the real ones are dead and do nothing. With 300
   rows in three 128-row tiles and two groups inside the first tile (rows 0-80), the list has
@@ -741,23 +762,7 @@ def test_transposed_dead_items_do_nothing(monkeypatch):
   lhs = rng.standard_normal((m, k)).astype(np.float32)
   rhs = rng.standard_normal((m, n)).astype(np.float32)
   starts, ends = np.array([0, 30], np.int32), np.array([30, 80], np.int32)
-  out = mosaic_tpu_kernel.transposed_grouped_matmul(
-    jnp.asarray(lhs),
-    jnp.asarray(rhs),
-    jnp.asarray(starts),
-    jnp.asarray(ends),
-    out_dtype=jnp.float32,
-    precision=jax.lax.Precision.HIGHEST,
-    block_m=block_m,
-    block_k=128,
-    block_n=128,
-    vmem_limit_bytes=tpu.V5E.vmem_limit_bytes,
-    interpret=pltpu.InterpretParams(),
-  )
-  want = np.stack(
-    [lhs[a:b].astype(np.float64).T @ rhs[a:b] for a, b in zip(starts, ends, strict=True)]
-  )
-  np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)
+  _check_transposed(lhs, rhs, starts, ends, block_m)
   ((tile, group, start, end, first, last),) = calls
   assert len(tile) == 3 + 2 - 1  # Row tiles + groups - 1.
   assert tile[:2].tolist() == [0, 0] and group[:2].tolist() == [0, 1]
@@ -790,22 +795,6 @@ def test_transposed_matmuls_only_where_a_group_has_rows(monkeypatch):
   lhs = rng.standard_normal((m, k)).astype(np.float32)
   rhs = rng.standard_normal((m, n)).astype(np.float32)
   starts, ends = np.array([0, 30, 80], np.int32), np.array([30, 80, 80], np.int32)
-  out = mosaic_tpu_kernel.transposed_grouped_matmul(
-    jnp.asarray(lhs),
-    jnp.asarray(rhs),
-    jnp.asarray(starts),
-    jnp.asarray(ends),
-    out_dtype=jnp.float32,
-    precision=jax.lax.Precision.HIGHEST,
-    block_m=128,
-    block_k=128,
-    block_n=128,
-    vmem_limit_bytes=tpu.V5E.vmem_limit_bytes,
-    interpret=pltpu.InterpretParams(),
-  )
+  _check_transposed(lhs, rhs, starts, ends, 128)
   jax.effects_barrier()
-  want = np.stack(
-    [lhs[a:b].astype(np.float64).T @ rhs[a:b] for a, b in zip(starts, ends, strict=True)]
-  )
-  np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)
   assert len(runs) == 2
