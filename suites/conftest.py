@@ -110,7 +110,7 @@ def skipped_too_many(passed: int, skipped: int) -> str | None:
 
 
 def _whole_run(config) -> bool:
-  """Whether this is the README's unfiltered run over the testpaths (xdist's controller too)."""
+  """Whether this is the README's unfiltered run over the testpaths, judged on xdist's controller."""
   return (
     config.args_source == pytest.Config.ArgsSource.TESTPATHS
     and not config.option.keyword
