@@ -8,10 +8,12 @@ small ones of `--dry`.
 
 import json
 import math
+import sys
 
 import jax
 import pytest
 
+import tokamax
 from ci.gpu import tooling
 from suites import opdb
 
@@ -80,3 +82,49 @@ def test_the_dry_timers_time_both_kernels_on_a_cpu(monkeypatch):
   for name, row in rows.items():
     assert row["benchmark_method"] == "wallclock" and len(row["rounds"]) == 3, name
     assert all(r["benchmark_ms"] > 0 and r["harness_ms"] > 0 for r in row["rounds"]), name
+
+
+def test_main_runs_the_sections_not_skipped(tmp_path, monkeypatch):
+  """`--skip` leaves out the sections it names and runs the others, in their order; an
+  existing `--out` folder is reused."""
+  monkeypatch.setattr(tooling, "RESULTS", {"sections": {}, "errors": []})
+  ran = []
+  for fn in ("timers", "autotune_step", "export_kernels", "default_cache"):
+    monkeypatch.setattr(tooling, fn, lambda *a, fn=fn: ran.append(fn) or {"ran": fn})
+  argv = ["tooling.py", "--out", str(tmp_path), "--dry", "--skip", "timers,export"]
+  monkeypatch.setattr(sys, "argv", argv)
+  tooling.main()
+  assert ran == ["autotune_step", "default_cache"]
+  saved = json.loads((tmp_path / "tooling.json").read_text())
+  assert list(saved["sections"]) == ["autotune", "default_cache"] and saved["errors"] == []
+
+
+def test_the_default_cache_tunes_with_the_time_left(tmp_path, monkeypatch):
+  """Each function is tuned with the time left before the deadline less 25 s of margin; with
+  under 30 s left, nothing more is tuned."""
+  monkeypatch.setattr(tooling, "elapsed", lambda: 100.0)
+  budgets = []
+
+  def autotune(f, *args, time_budget_s, **kwargs):
+    budgets.append(time_budget_s)
+    return tokamax.AutotuningResult("cpu")
+
+  monkeypatch.setattr(tokamax, "autotune", autotune)
+  out = tooling.default_cache(str(tmp_path), True, 300.0, only={"swiglu_fwd"})
+  assert budgets == [300.0 - 100.0 - 25.0]
+  assert [d["function"] for d in out["done"]] == ["swiglu_fwd"]
+  out = tooling.default_cache(str(tmp_path), True, 129.0, only={"swiglu"})
+  assert budgets == [175.0] and out["done"] == []
+
+
+def test_the_dry_export_round_trips_the_chunked_attention():
+  """`--dry`'s export section on a CPU exports, serializes, restores and calls the chunked XLA
+  attention's forward and gradient, bitwise equal to the jitted function; the kernels, which
+  cannot run on a CPU, are skipped with a reason."""
+  rows = tooling.export_kernels(True)["rows"]
+  chunked = [r for r in rows if r["implementation"] == "xla_chunked"]
+  assert [r["op"] for r in chunked] == ["dot_product_attention"]
+  for what in ("forward", "gradient"):
+    assert chunked[0].get(what, {}).get("bitwise_equal") is True, chunked[0]
+  kernels = [r for r in rows if r["implementation"] != "xla_chunked"]
+  assert kernels and all(r.get("skipped") for r in kernels), kernels
