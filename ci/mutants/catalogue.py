@@ -16651,6 +16651,51 @@ MUTATIONS: tuple[Mutation, ...] = (
     " over 65536 columns against an rhs of 256.",
   ),
   Mutation(
+    "tooling.skip_timers_runs_only_timers",
+    "ci/gpu/tooling.py",
+    '  if "timers" not in skip:',
+    '  if "timers" in skip:',
+    ("suites/tooling/test_gpu_tooling.py", "-k", "main_runs"),
+    "The GPU check script runs its timers section only when --skip names it, and skips it"
+    " otherwise.",
+  ),
+  Mutation(
+    "tooling.skip_export_runs_only_export",
+    "ci/gpu/tooling.py",
+    '  if "export" not in skip:',
+    '  if "export" in skip:',
+    ("suites/tooling/test_gpu_tooling.py", "-k", "main_runs"),
+    "The GPU check script runs its export section only when --skip names it, and skips it"
+    " otherwise.",
+  ),
+  Mutation(
+    "tooling.existing_out_dir_refused",
+    "ci/gpu/tooling.py",
+    "  os.makedirs(opts.out, exist_ok=True)",
+    "  os.makedirs(opts.out, exist_ok=False)",
+    ("suites/tooling/test_gpu_tooling.py", "-k", "main_runs"),
+    "The GPU check script fails at once with FileExistsError when --out names an existing"
+    " folder (such as $OUT).",
+  ),
+  Mutation(
+    "tooling.default_cache_time_left_adds_elapsed",
+    "ci/gpu/tooling.py",
+    "    left = deadline_s - elapsed()",
+    "    left = deadline_s + elapsed()",
+    ("suites/tooling/test_gpu_tooling.py", "-k", "time_left"),
+    "The GPU check script's default-cache section adds the time already spent to the time"
+    " left, so it tunes past its budget instead of stopping.",
+  ),
+  Mutation(
+    "tooling.export_runs_the_unsupported_skips_the_supported",
+    "ci/gpu/tooling.py",
+    "        if reason is not None:",
+    "        if reason is None:",
+    ("suites/tooling/test_gpu_tooling.py", "-k", "dry_export"),
+    "The GPU check script's export section skips every implementation that supports the"
+    " example and exports those that do not, so no round trip is ever checked.",
+  ),
+  Mutation(
     "opdb.layer_norm_bench_rows_off_the_perf_doc",
     "suites/opdb/layer_norm.py",
     '  base.BenchCall(dict(rows=(16384,), d=4096), "bfloat16", "plain"),',
