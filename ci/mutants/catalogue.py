@@ -16293,6 +16293,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The check raises ZeroDivisionError on a record whose anchor has a round timed at 0 ms.",
   ),
   Mutation(
+    "history.compiles_on_the_second_rotation",
+    _HISTORY_SRC,
+    "  compiled = jax.jit(lambda a: f(*a)).lower(*first[0]).compile()",
+    "  compiled = jax.jit(lambda a: f(*a)).lower(*first[1]).compile()",
+    ("suites/history/test_history.py", "-k", "each_round_times_every_rotation"),
+    "A measurement compiles on its second input set: with rotations=1 every case is an ERROR.",
+  ),
+  Mutation(
     "bench_run.kernels_off_on_gpu",
     "bench/run.py",
     '  if kernels and jax.default_backend() == "gpu":',

@@ -87,6 +87,29 @@ def test_records_have_every_field():
   json.dumps(recs)  # Serialisable.
 
 
+@pytest.mark.parametrize("rotations", [1, 3])
+def test_each_round_times_every_rotation(rotations):
+  """`rotations` distinct input sets per round, one of them too: every case gets its record."""
+  seen = []
+
+  def timer(fn, args_list):
+    seen.append(len(args_list))
+    return fixed_timer(1.0)(fn, args_list)
+
+  recs = history.run(
+    "cpu",
+    ops=["layer_norm"],
+    implementations=["xla"],
+    modes=["fwd"],
+    timer=timer,
+    rotations=rotations,
+    rounds=2,
+    with_anchors=False,
+  )
+  cases = len({c.case for c in bench_cases.bench_cases("cpu", op="layer_norm")})
+  assert len(recs) == cases and seen == [rotations] * (2 * cases)
+
+
 def test_planted_10_percent_slowdown_is_caught(baseline_history, capsys, tmp_path):
   slow = _run(1.10)
   rows = history.check(slow, history.load(baseline_history))
