@@ -32,3 +32,29 @@ def test_suite_record_is_a_whole_green_run(path):
   }
   assert not failed, f"failures: {failed}"
   assert sum(r["passed"] for r in record["rows"]) > 0
+
+
+def test_suite_record_writes_the_summary_under_the_device_and_commit(tmp_path, monkeypatch, capsys):
+  """ci/gpu/suite_record.py writes the summary and the run's facts to
+  suites/records/<last word of the device, lower case>/suite_<7-digit commit>.json."""
+  from ci.gpu import suite_record
+
+  summary = {
+    "hardware": {"device_kind": "NVIDIA H200"},
+    "collected": 3,
+    "ran": 3,
+    "rows": [{"op": "x", "implementation": "xla", "passed": 3, "failed": 0}],
+  }
+  src = tmp_path / "summary.json"
+  src.write_text(json.dumps(summary))
+  monkeypatch.setattr(suite_record, "ROOT", str(tmp_path))
+  commit = "0123456789abcdef0123456789abcdef01234567"
+  argv = [str(src), "--commit", commit, "--wall-s", "12.5", "--workers", "4"]
+  assert suite_record.main([*argv, "--command", "bash ci/gpu_suite.sh"]) == 0
+  want = tmp_path / "suites" / "records" / "h200" / "suite_0123456.json"
+  assert capsys.readouterr().out.strip() == str(want)
+  assert [str(p) for p in tmp_path.rglob("suite_*.json")] == [str(want)]
+  record = json.loads(want.read_text())
+  facts = {"commit": commit, "device": "NVIDIA H200", "wall_s": 12.5, "workers": 4}
+  assert record == {**facts, "command": "bash ci/gpu_suite.sh", **summary}
+  assert want.read_text().endswith("}\n")
