@@ -21,8 +21,9 @@ pytestmark = pytest.mark.host_only
 _FUNCTIONS = ("swiglu", "layer_norm_wide")
 
 
-def _run(tmp_path, monkeypatch, rounds):
-  """Runs the script's main on `_FUNCTIONS`; returns its records and the timer's calls."""
+def _run(tmp_path, monkeypatch, rounds, functions=_FUNCTIONS):
+  """Runs the script's main on `functions` with `rounds` (None: the default); returns its
+  records and the timer's calls."""
   labels = {}  # id(compiled program) -> "cached" or "heuristic"
   real_compiled = cache_ab._compiled
 
@@ -42,8 +43,8 @@ def _run(tmp_path, monkeypatch, rounds):
   monkeypatch.setattr(cache_ab, "_compiled", compiled)
   monkeypatch.setattr(benchmarking, "time_compiled", time_compiled)
   out = tmp_path / "ab.json"
-  argv = ["cache_ab.py", "--out", str(out), "--dry", "--functions", ",".join(_FUNCTIONS)]
-  argv += ["--rounds", str(rounds), "--iterations", "3"]
+  argv = ["cache_ab.py", "--out", str(out), "--dry", "--functions", ",".join(functions)]
+  argv += ["--iterations", "3"] + ([] if rounds is None else ["--rounds", str(rounds)])
   monkeypatch.setattr(sys, "argv", argv)
   cache_ab.main()
   return records.load(str(out)), calls
@@ -89,3 +90,11 @@ def test_an_even_number_of_rounds_takes_the_median_between_two(tmp_path, monkeyp
   assert r.extra["rounds_ms"] == [101.0, 104.0]
   assert r.extra["anchor_rounds_ms"] == [102.0, 103.0]
   assert r.median_ms == pytest.approx(102.5) and r.anchor_ms == pytest.approx(102.5)
+
+
+def test_the_rounds_default_to_five(tmp_path, monkeypatch):
+  """Without --rounds each program is timed 5 times (the usage line's default)."""
+  recs, calls = _run(tmp_path, monkeypatch, None, functions=("layer_norm_wide",))
+  pair = ["cached", "heuristic"]
+  assert [c[0] for c in calls] == (pair + pair[::-1]) * 2 + pair
+  assert len(recs[0].extra["rounds_ms"]) == len(recs[0].extra["anchor_rounds_ms"]) == 5
