@@ -16704,6 +16704,32 @@ MUTATIONS: tuple[Mutation, ...] = (
     " example and exports those that do not, so no round trip is ever checked.",
   ),
   Mutation(
+    "tooling.cache_ab_rounds_default_four",
+    "ci/gpu/cache_ab.py",
+    '  parser.add_argument("--rounds", type=int, default=5)',
+    '  parser.add_argument("--rounds", type=int, default=4)',
+    ("suites/tooling/test_cache_ab.py", "-k", "default_to_five"),
+    "The cache A/B script times each program 4 rounds by default, not the usage line's 5, so"
+    " its median is taken between two rounds.",
+  ),
+  Mutation(
+    "tooling.suite_record_folder_second_word",
+    "ci/gpu/suite_record.py",
+    '  folder = os.path.join(ROOT, "suites", "records", device.split()[-1].lower())',
+    '  folder = os.path.join(ROOT, "suites", "records", device.split()[1].lower())',
+    ("suites/core/test_suite_records.py", "-k", "writes_the_summary"),
+    "A GPU suite record of a device kind of more than two words goes to the folder of its"
+    " second word, not its last.",
+  ),
+  Mutation(
+    "tooling.suite_record_wall_time_optional",
+    "ci/gpu/suite_record.py",
+    """  parser.add_argument("--wall-s", type=float, required=True, help="the suite's wall time")""",
+    """  parser.add_argument("--wall-s", type=float, required=False, help="the suite's wall time")""",
+    ("suites/core/test_suite_records.py", "-k", "without_its_facts"),
+    "A GPU suite record is written without the suite's wall time when --wall-s is left out.",
+  ),
+  Mutation(
     "opdb.layer_norm_bench_rows_off_the_perf_doc",
     "suites/opdb/layer_norm.py",
     '  base.BenchCall(dict(rows=(16384,), d=4096), "bfloat16", "plain"),',

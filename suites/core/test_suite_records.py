@@ -32,3 +32,49 @@ def test_suite_record_is_a_whole_green_run(path):
   }
   assert not failed, f"failures: {failed}"
   assert sum(r["passed"] for r in record["rows"]) > 0
+
+
+@pytest.mark.parametrize(
+  "device, folder", [("NVIDIA H200", "h200"), ("NVIDIA GeForce RTX 4090", "4090")]
+)
+def test_suite_record_writes_the_summary_under_the_device_and_commit(
+  tmp_path, monkeypatch, capsys, device, folder
+):
+  """ci/gpu/suite_record.py writes the summary and the run's facts to
+  suites/records/<last word of the device, lower case>/suite_<7-digit commit>.json."""
+  from ci.gpu import suite_record
+
+  summary = {
+    "hardware": {"device_kind": device},
+    "collected": 3,
+    "ran": 3,
+    "rows": [{"op": "x", "implementation": "xla", "passed": 3, "failed": 0}],
+  }
+  src = tmp_path / "summary.json"
+  src.write_text(json.dumps(summary))
+  monkeypatch.setattr(suite_record, "ROOT", str(tmp_path))
+  commit = "0123456789abcdef0123456789abcdef01234567"
+  argv = [str(src), "--commit", commit, "--wall-s", "12.5", "--workers", "4"]
+  assert suite_record.main([*argv, "--command", "bash ci/gpu_suite.sh"]) == 0
+  want = tmp_path / "suites" / "records" / folder / "suite_0123456.json"
+  assert capsys.readouterr().out.strip() == str(want)
+  assert [str(p) for p in tmp_path.rglob("suite_*.json")] == [str(want)]
+  record = json.loads(want.read_text())
+  facts = {"commit": commit, "device": device, "wall_s": 12.5, "workers": 4}
+  assert record == {**facts, "command": "bash ci/gpu_suite.sh", **summary}
+  assert want.read_text().endswith("}\n")
+
+
+@pytest.mark.parametrize("flag", ["--wall-s", "--workers", "--command"])
+def test_suite_record_refuses_a_run_without_its_facts(tmp_path, monkeypatch, flag):
+  """The run's wall time, workers and command are required: a record never lacks them."""
+  from ci.gpu import suite_record
+
+  src = tmp_path / "summary.json"
+  src.write_text(json.dumps({"hardware": {"device_kind": "NVIDIA H200"}}))
+  monkeypatch.setattr(suite_record, "ROOT", str(tmp_path))
+  given = {"--commit": "0123456", "--wall-s": "1", "--workers": "1", "--command": "c"}
+  argv = [str(src)] + [a for k, v in given.items() if k != flag for a in (k, v)]
+  with pytest.raises(SystemExit):
+    suite_record.main(argv)
+  assert not list(tmp_path.rglob("suite_*.json"))
