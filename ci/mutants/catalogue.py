@@ -16713,6 +16713,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     " its median is taken between two rounds.",
   ),
   Mutation(
+    "tooling.cache_ab_out_optional",
+    "ci/gpu/cache_ab.py",
+    '  parser.add_argument("--out", required=True)',
+    '  parser.add_argument("--out", required=False)',
+    ("suites/tooling/test_cache_ab.py", "-k", "without_out"),
+    "The cache A/B script without --out compiles and times its first function before it fails"
+    " to write, instead of stopping at once with a usage error.",
+  ),
+  Mutation(
     "tooling.suite_record_folder_second_word",
     "ci/gpu/suite_record.py",
     '  folder = os.path.join(ROOT, "suites", "records", device.split()[-1].lower())',

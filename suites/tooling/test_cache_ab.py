@@ -98,3 +98,14 @@ def test_the_rounds_default_to_five(tmp_path, monkeypatch):
   pair = ["cached", "heuristic"]
   assert [c[0] for c in calls] == (pair + pair[::-1]) * 2 + pair
   assert len(recs[0].extra["rounds_ms"]) == len(recs[0].extra["anchor_rounds_ms"]) == 5
+
+
+def test_a_run_without_out_stops_before_compiling(monkeypatch, capsys):
+  """--out is required: argparse's usage error comes before anything is compiled or timed."""
+  compiled = []
+  monkeypatch.setattr(cache_ab, "_compiled", lambda *a: compiled.append(a))
+  monkeypatch.setattr(sys, "argv", ["cache_ab.py", "--dry", "--functions", "layer_norm_wide"])
+  with pytest.raises(SystemExit) as exit_info:
+    cache_ab.main()
+  assert exit_info.value.code == 2 and not compiled
+  assert "--out" in capsys.readouterr().err
