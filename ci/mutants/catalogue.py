@@ -17144,6 +17144,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("suites/tooling/test_whole_run_guard.py",),
     "A whole run that skips exactly the allowed fraction fails.",
   ),
+  Mutation(
+    "mutants.all_skipped_counts_as_survived",
+    "ci/mutants/runner.py",
+    '  if proc.returncode == 0 and not re.search(r"\\b\\d+ passed\\b", summary):',
+    '  if proc.returncode == 0 and not re.search(r"\\b\\d+ (?:passed|skipped)\\b", summary):',
+    ("ci/mutants/test_catalogue.py", "-k", "runs_a_selection_and_classifies"),
+    "A selection whose every test skipped scores SURVIVED though the mutant never ran.",
+  ),
 )
 
 

@@ -62,6 +62,11 @@ def test_runs_a_selection_and_classifies(tmp_path: pathlib.Path):
   assert runner.run_selection(tmp_path, ("test_it.py",), 120)[0] == runner.ERROR
   (tmp_path / "test_it.py").write_text("def test_ok():\n  pass\n")
   assert runner.run_selection(tmp_path, ("test_it.py", "-k", "nothing"), 120)[0] == runner.ERROR
+  # Every test skipped: the mutant was never exercised, so neither a kill nor a survival.
+  (tmp_path / "test_it.py").write_text(
+    "import pytest\n\n\n@pytest.mark.skip\ndef test_ok():\n  pass\n"
+  )
+  assert runner.run_selection(tmp_path, ("test_it.py",), 120)[0] == runner.ERROR
 
 
 def test_preflight_stops_a_tree_that_does_not_collect(tmp_path: pathlib.Path):
