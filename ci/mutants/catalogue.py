@@ -17152,6 +17152,38 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("ci/mutants/test_catalogue.py", "-k", "runs_a_selection_and_classifies"),
     "A selection whose every test skipped scores SURVIVED though the mutant never ran.",
   ),
+  Mutation(
+    "mutants.mutant_planted_in_original",
+    "ci/mutants/runner.py",
+    "  path = copy / mutation.file\n",
+    "  path = ROOT / mutation.file\n",
+    ("ci/mutants/test_catalogue.py", "-k", "run_mutates_a_copy"),
+    "The mutant is written into the original tree, not the copy whose tests run.",
+  ),
+  Mutation(
+    "mutants.decided_outcomes_dropped",
+    "ci/mutants/runner.py",
+    "        outcomes[o.id] = o\n",
+    "        pass\n",
+    ("ci/mutants/test_catalogue.py", "-k", "run_mutates_a_copy"),
+    "The outcomes of the mutants that ran are not recorded (only the stale ones are).",
+  ),
+  Mutation(
+    "mutants.one_copy_per_mutation",
+    "ci/mutants/runner.py",
+    "for i in range(max(1, min(jobs, len(mutations)))):",
+    "for i in range(max(1, max(jobs, len(mutations)))):",
+    ("ci/mutants/test_catalogue.py", "-k", "run_mutates_a_copy"),
+    "One copy (and worker) per mutation instead of per job: --jobs is ignored.",
+  ),
+  Mutation(
+    "mutants.help_description_blank",
+    "ci/mutants/runner.py",
+    'description=__doc__.split("\\n")[0]',
+    'description=__doc__.split("\\n")[1]',
+    ("ci/mutants/test_catalogue.py", "-k", "help_describes"),
+    "--help shows the docstring's blank second line instead of its summary.",
+  ),
 )
 
 

@@ -6,6 +6,7 @@ testpaths: it runs no mutant).
 
 import dataclasses
 import pathlib
+import subprocess
 
 import pytest
 
@@ -75,3 +76,37 @@ def test_preflight_stops_a_tree_that_does_not_collect(tmp_path: pathlib.Path):
   assert runner.preflight(tmp_path, [m], 120) is None
   (tmp_path / "test_it.py").write_text("def test_ok(:\n")
   assert "SyntaxError" in runner.preflight(tmp_path, [m], 120)
+
+
+def test_run_mutates_a_copy_and_reports_in_catalogue_order(tmp_path, monkeypatch):
+  root = tmp_path / "repo"
+  root.mkdir()
+  subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+  (root / "f.py").write_text("X = 1\nY = 2\n")
+  (root / "test_f.py").write_text("import f\n\n\ndef test_x():\n  assert f.X == 1\n")
+  monkeypatch.setattr(runner, "ROOT", root)
+  m = catalogue.Mutation("t.x", "f.py", "X = 1", "X = 3", ("test_f.py",), "")
+  mutations = [
+    dataclasses.replace(m, id="t.survives", old="Y = 2", new="Y = 5"),
+    m,
+    dataclasses.replace(m, id="t.stale", old="Z = 1"),
+  ]
+  work = tmp_path / "work"
+  work.mkdir()
+  outcomes = runner.run(mutations, jobs=1, workdir=work, keep=True, progress=lambda _: None)
+  assert [(o.id, o.status) for o in outcomes] == [
+    ("t.survives", runner.SURVIVED),
+    ("t.x", runner.KILLED),
+    ("t.stale", runner.STALE),
+  ]
+  assert "1 passed" in outcomes[0].summary and "1 failed" in outcomes[1].summary
+  # One copy for one job; the mutants were planted there, and undone; the original is untouched.
+  (base,) = work.iterdir()
+  assert sorted(c.name for c in base.iterdir()) == ["w0"]
+  assert (base / "w0" / "f.py").read_text() == (root / "f.py").read_text() == "X = 1\nY = 2\n"
+
+
+def test_help_describes_the_runner(capsys):
+  with pytest.raises(SystemExit):
+    runner.main(["--help"])
+  assert "Runs the mutation catalogue" in capsys.readouterr().out
