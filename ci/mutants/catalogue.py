@@ -17184,6 +17184,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("ci/mutants/test_catalogue.py", "-k", "help_describes"),
     "--help shows the docstring's blank second line instead of its summary.",
   ),
+  Mutation(
+    "mutants.copy_ignores_git_failure",
+    "ci/mutants/runner.py",
+    '    ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],\n    cwd=root,\n    check=True,',
+    '    ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],\n    cwd=root,\n    check=False,',
+    ("ci/mutants/test_catalogue.py", "-k", "git_does_not_know"),
+    "A tree git cannot list is copied as an empty tree instead of failing.",
+  ),
 )
 
 

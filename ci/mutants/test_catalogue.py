@@ -110,3 +110,11 @@ def test_help_describes_the_runner(capsys):
   with pytest.raises(SystemExit):
     runner.main(["--help"])
   assert "Runs the mutation catalogue" in capsys.readouterr().out
+
+
+def test_copy_of_a_tree_git_does_not_know_fails(tmp_path):
+  (tmp_path / "tree").mkdir()
+  (tmp_path / "tree" / "f.py").write_text("X = 1\n")
+  # Not an empty copy (whose every mutant would then be an ERROR of a missing file).
+  with pytest.raises(subprocess.CalledProcessError):
+    runner.make_copy(tmp_path / "tree", tmp_path / "copy", "worktree")
