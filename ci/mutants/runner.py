@@ -8,7 +8,8 @@ selection there and restores the file. A mutant is
   KILLED    when the selection fails (a test failed, or crashed the interpreter),
   SURVIVED  when it passes,
   ERROR     when pytest could not run it (collection or import error of the
-            test module, usage error, nothing selected): not a kill,
+            test module, usage error, nothing selected, every test skipped):
+            not a kill,
   TIMEOUT   when it ran past `--timeout`: not a kill,
   STALE     when `old` does not occur exactly once in its file (checked for
             every mutation before anything runs).
@@ -160,7 +161,10 @@ def run_selection(
     return TIMEOUT, None, f"over {timeout:g} s", out[-2000:]
   output = proc.stdout + proc.stderr
   summary = _summary_line(output)
-  if proc.returncode == 0:
+  if proc.returncode == 0 and not re.search(r"\b\d+ passed\b", summary):
+    # Everything skipped (or the summary is unreadable): the mutant was not exercised.
+    status, summary = ERROR, f"no test passed; {summary}"
+  elif proc.returncode == 0:
     status = SURVIVED
   elif proc.returncode == 1 and not _collection_failed(output):
     status = KILLED

@@ -6,6 +6,7 @@ testpaths: it runs no mutant).
 
 import dataclasses
 import pathlib
+import subprocess
 
 import pytest
 
@@ -62,6 +63,11 @@ def test_runs_a_selection_and_classifies(tmp_path: pathlib.Path):
   assert runner.run_selection(tmp_path, ("test_it.py",), 120)[0] == runner.ERROR
   (tmp_path / "test_it.py").write_text("def test_ok():\n  pass\n")
   assert runner.run_selection(tmp_path, ("test_it.py", "-k", "nothing"), 120)[0] == runner.ERROR
+  # Every test skipped: the mutant was never exercised, so neither a kill nor a survival.
+  (tmp_path / "test_it.py").write_text(
+    "import pytest\n\n\n@pytest.mark.skip\ndef test_ok():\n  pass\n"
+  )
+  assert runner.run_selection(tmp_path, ("test_it.py",), 120)[0] == runner.ERROR
 
 
 def test_preflight_stops_a_tree_that_does_not_collect(tmp_path: pathlib.Path):
@@ -70,3 +76,45 @@ def test_preflight_stops_a_tree_that_does_not_collect(tmp_path: pathlib.Path):
   assert runner.preflight(tmp_path, [m], 120) is None
   (tmp_path / "test_it.py").write_text("def test_ok(:\n")
   assert "SyntaxError" in runner.preflight(tmp_path, [m], 120)
+
+
+def test_run_mutates_a_copy_and_reports_in_catalogue_order(tmp_path, monkeypatch):
+  root = tmp_path / "repo"
+  root.mkdir()
+  subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+  (root / "f.py").write_text("X = 1\nY = 2\n")
+  (root / "test_f.py").write_text("import f\n\n\ndef test_x():\n  assert f.X == 1\n")
+  monkeypatch.setattr(runner, "ROOT", root)
+  m = catalogue.Mutation("t.x", "f.py", "X = 1", "X = 3", ("test_f.py",), "")
+  mutations = [
+    dataclasses.replace(m, id="t.survives", old="Y = 2", new="Y = 5"),
+    m,
+    dataclasses.replace(m, id="t.stale", old="Z = 1"),
+  ]
+  work = tmp_path / "work"
+  work.mkdir()
+  outcomes = runner.run(mutations, jobs=1, workdir=work, keep=True, progress=lambda _: None)
+  assert [(o.id, o.status) for o in outcomes] == [
+    ("t.survives", runner.SURVIVED),
+    ("t.x", runner.KILLED),
+    ("t.stale", runner.STALE),
+  ]
+  assert "1 passed" in outcomes[0].summary and "1 failed" in outcomes[1].summary
+  # One copy for one job; the mutants were planted there, and undone; the original is untouched.
+  (base,) = work.iterdir()
+  assert sorted(c.name for c in base.iterdir()) == ["w0"]
+  assert (base / "w0" / "f.py").read_text() == (root / "f.py").read_text() == "X = 1\nY = 2\n"
+
+
+def test_help_describes_the_runner(capsys):
+  with pytest.raises(SystemExit):
+    runner.main(["--help"])
+  assert "Runs the mutation catalogue" in capsys.readouterr().out
+
+
+def test_copy_of_a_tree_git_does_not_know_fails(tmp_path):
+  (tmp_path / "tree").mkdir()
+  (tmp_path / "tree" / "f.py").write_text("X = 1\n")
+  # Not an empty copy (whose every mutant would then be an ERROR of a missing file).
+  with pytest.raises(subprocess.CalledProcessError):
+    runner.make_copy(tmp_path / "tree", tmp_path / "copy", "worktree")
