@@ -89,3 +89,40 @@ def test_the_records_carry_each_time_and_the_jnp_anchor(tmp_path, monkeypatch):
   assert all(r["anchor"] == "jnp" and r["anchor_ms"] == 4.0 for r in recs.values())
   assert all(r["shape"] == {"b": 2, "t": 32, "n": 4, "h": 8} for r in recs.values())
   assert all(r["method"] == "wallclock" and r["dtype"] == "float32" for r in recs.values())
+
+
+def test_the_plain_layer_norm_takes_epsilon_1e_minus_6():
+  # Inputs of variance 1e-6, as small as epsilon: a different epsilon moves the normalization.
+  b, t, n, h = 1, 8, 2, 8
+  keys = jax.random.split(jax.random.key(3), 2)
+  x = 1e-3 * jax.random.normal(keys[0], (b, t, n * h), jnp.float32)
+  scale = 1.0 + 0.3 * jax.random.normal(keys[1], (n * h,))
+  mean = jnp.mean(x, axis=-1, keepdims=True)
+  var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+  want = (x - mean) / jnp.sqrt(var + 1e-6) * scale
+  compare.assert_close(step._plain_layer_norm(x, scale), want, dtype=jnp.float32)
+
+
+def test_main_times_the_value_and_both_gradients_over_distinct_inputs(tmp_path, monkeypatch):
+  # Each formulation is timed as value_and_grad in (x, scales), rotating over distinct inputs.
+  b, t, n, h = 1, 16, 2, 8
+  timed = []
+
+  def device_time(fn, args_list, **kw):
+    timed.append((fn, args_list))
+    return step.timing.Timing((0.001,), "wallclock")
+
+  monkeypatch.setattr(step.timing, "device_time", device_time)
+  assert step.main(["--shape", f"{b},{t},{n},{h}", "--dtype", "float32"]) == 0
+  assert len(timed) == 3
+  close = dict(dtype=jnp.float32, has_matmul=True, reduction_length=t * h)
+  for fn, args_list in timed:
+    assert len(args_list) >= 2
+    assert not jnp.array_equal(args_list[0][0], args_list[1][0])
+    x, scales = args_list[0]
+    want_value, want_grads = jax.value_and_grad(_reference_loss, argnums=(0, 1))(x, scales, n)
+    value, grads = fn(x, scales)
+    compare.assert_close(value, want_value, name="value", **close)
+    assert len(grads) == 2
+    for got, want in zip(grads, want_grads, strict=True):
+      compare.assert_close(got, want, name="gradient", gradient=True, **close)

@@ -186,3 +186,34 @@ def test_a_measuring_trial_warns_of_cpu_timings_only_without_the_nightly_flags(m
     out = capsys.readouterr().out
     assert ("multi-threaded CPU timings" in out) == warned, (backend, flags, out)
     assert "0 of 2 measurements flagged" in out
+
+
+def test_replay_defaults_to_five_baseline_runs_and_ten_judged_runs(tmp_path):
+  # The documented defaults (`[--baseline 5] [--runs 10]`): of 16 recorded runs, the first five
+  # are the history and ten of the other eleven are judged.
+  path = tmp_path / "records.jsonl"
+  with open(path, "w") as f:
+    for i in range(16):
+      for r in _records({"layer_norm": 1.0, "ragged_dot": 2.0}, i):
+        f.write(json.dumps(r) + "\n")
+  out = tmp_path / "trial.json"
+  assert trial.main(["--replay", str(path), "--out", str(out)]) == 0
+  result = json.loads(out.read_text())
+  assert result["baseline_runs"] == 5
+  assert [r["run"] for r in result["runs"]] == list(range(10))
+  (s, _) = result["series"].values()
+  assert len(s["baseline_medians_ms"]) == 5
+
+
+def test_the_planted_slowdown_is_one_plus_slow():
+  # Baseline runs at 0.8, 1.2, 0.8, 1.2: median 1.0 and spread 1.4826 x 0.2 / 1.0 = 0.30, so the
+  # limit is 3 x 0.30 = 89%. The judged run at 1.0 slowed by 20% (1.2) passes; by 100% (2.0)
+  # it is flagged.
+  noisy = (0.8, 1.2, 0.8, 1.2, 1.0)
+  for slow, caught in ((0.2, 0), (1.0, 1)):
+    result = trial.trial(
+      _measure(noisy), baseline=4, runs=1, op="layer_norm", slow=slow, small=0.03
+    )
+    (run,) = result["runs"]
+    assert run["false_alarms"] == 0
+    assert run["layer_norm_slowed_flagged"] == caught, slow
