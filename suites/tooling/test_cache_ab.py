@@ -66,11 +66,10 @@ def test_the_dry_run_records_each_chosen_function_against_the_heuristics(tmp_pat
     assert r.case == base and r.mode == "fwd_bwd" and r.method == "wallclock"
     assert r.implementation == "None (shipped cache)" and r.anchor == "None (heuristics)"
     assert r.device == jax.devices()[0].device_kind
-    want_shape = {}
-    for i, s in enumerate(shapes[base + "_fwd_bwd"]):
-      for j, d in enumerate(s.shape):
-        want_shape[f"arg{i}_dim{j}"] = d
-    assert r.shape == want_shape
+    sds = shapes[base + "_fwd_bwd"]
+    assert r.shape == {
+      f"arg{i}_dim{j}": d for i, s in enumerate(sds) for j, d in enumerate(s.shape)
+    }
     # The timer's call n (1-based) has median n + 100.
     first = 2 * rounds * k
     medians = {"cached": [], "heuristic": []}
