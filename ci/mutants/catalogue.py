@@ -7845,6 +7845,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton layer_norm one-pass statistics: the shift is not added back to the mean.",
   ),
   Mutation(
+    "kernels.triton_layer_norm_fwd_two_stages_unpipelined",
+    _NORM + "triton_layer_norm.py",
+    "  if STAGES > 1:\n",
+    "  if STAGES > 2:\n",
+    (_TRITON_NORM, "-k", "two_stages"),
+    "Triton layer_norm persistent forward: fwd_stages=2 prefetches into registers, not through"
+    " shared memory.",
+  ),
+  Mutation(
+    "kernels.triton_layer_norm_bwd_two_stages_unpipelined",
+    _NORM + "triton_layer_norm.py",
+    "num_stages=STAGES if STAGES > 1 else None",
+    "num_stages=STAGES if STAGES > 2 else None",
+    (_TRITON_NORM, "-k", "two_stages"),
+    "Triton layer_norm backward: bwd_stages=2 runs a plain loop, not pipelined through shared"
+    " memory.",
+  ),
+  Mutation(
     "layer_norm.triton_prefetch_overrides_stages",
     _NORM + "triton.py",
     "    PREFETCH=config.bwd_prefetch and config.bwd_stages <= 1,",

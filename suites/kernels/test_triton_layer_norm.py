@@ -178,6 +178,25 @@ def test_pipelined_configs_compile_to_async_copies(sm):
     assert compiled.metadata.num_warps == warps
 
 
+def test_two_stages_pipeline_one_row_block_through_shared_memory():
+  """Stages > 1 pipeline, 2 included (the module docstring's rule): one row block of x ahead
+  in the persistent forward, one of x and one of dy in the backward, copied by cp.async."""
+  args = _record((4096, 8192), -1, "bfloat16", False, True, False, 0.0)
+  config = norm_triton.TritonNormConfig(
+    block_m=1, num_warps=8, bwd_num_warps=16, fwd_programs=264, fwd_stages=2, bwd_stages=2
+  )
+  launches, _, _ = _launches(args, config)
+  assert [launch.kernel.__name__ for launch in launches[:2]] == [
+    "layer_norm_fwd_persistent",
+    "layer_norm_bwd",
+  ]
+  row_bytes = 8192 * 2
+  for launch, buffers in zip(launches[:2], (1, 2), strict=True):
+    compiled = triton_call.compile_launch(launch, 90)
+    assert "cp.async" in compiled.asm["ptx"], launch.kernel.__name__
+    assert buffers * row_bytes <= compiled.metadata.shared <= SMEM_LIMIT[90]
+
+
 @pytest.mark.parametrize("subtract_mean", [False, True], ids=["rms", "layer"])
 def test_autotuning_configs_compile_for_sm90(subtract_mean):
   args = _record((2048, 4096), -1, "bfloat16", subtract_mean, True, False, 1.0)
