@@ -17339,6 +17339,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("ci/mutants/test_catalogue.py", "-k", "git_does_not_know"),
     "A tree git cannot list is copied as an empty tree instead of failing.",
   ),
+  Mutation(
+    "mutants.selection_quiet_hides_summary",
+    "ci/mutants/runner.py",
+    '*flags, *selection, "--verbosity=-1"]',
+    '"-q", *flags, *selection]',
+    ("ci/mutants/test_catalogue.py", "-k", "runs_a_selection_and_classifies"),
+    "A selection with its own -q hides pytest's summary line: a survivor scores ERROR.",
+  ),
 )
 
 

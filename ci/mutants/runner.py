@@ -115,7 +115,9 @@ def make_copy(root: pathlib.Path, dest: pathlib.Path, source: str) -> None:
 
 
 def _pytest_command(selection: tuple[str, ...]) -> list[str]:
-  return [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *selection]
+  # The verbosity is set last, so a selection's own -q cannot hide the summary line it is scored by.
+  flags = ("-x", "-p", "no:cacheprovider")
+  return [sys.executable, "-m", "pytest", *flags, *selection, "--verbosity=-1"]
 
 
 def _environment(copy: pathlib.Path) -> dict[str, str]:
@@ -163,7 +165,7 @@ def run_selection(
   summary = _summary_line(output)
   if proc.returncode == 0 and not re.search(r"\b\d+ passed\b", summary):
     # Everything skipped (or the summary is unreadable): the mutant was not exercised.
-    status, summary = ERROR, f"no test passed; {summary}"
+    status, summary = ERROR, f"no test passed; {summary or 'no summary line'}"
   elif proc.returncode == 0:
     status = SURVIVED
   elif proc.returncode == 1 and not _collection_failed(output):

@@ -57,6 +57,8 @@ def test_kill_rate_and_table():
 def test_runs_a_selection_and_classifies(tmp_path: pathlib.Path):
   (tmp_path / "test_it.py").write_text("def test_ok():\n  assert 1 + 1 == 2\n")
   assert runner.run_selection(tmp_path, ("test_it.py",), 120)[0] == runner.SURVIVED
+  # A selection's own -q (pytest's -qq prints no summary line) still scores the run.
+  assert runner.run_selection(tmp_path, ("-q", "test_it.py"), 120)[0] == runner.SURVIVED
   (tmp_path / "test_it.py").write_text("def test_ok():\n  assert 1 + 1 == 3\n")
   assert runner.run_selection(tmp_path, ("test_it.py",), 120)[0] == runner.KILLED
   (tmp_path / "test_it.py").write_text("import no_such_module\n")
