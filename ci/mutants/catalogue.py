@@ -219,6 +219,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The 16-bit relative rule never applies.",
   ),
   Mutation(
+    "harness.report_share_off_wrong",
+    _COMPARE,
+    "({100.0 * num_off / size:.3g}%)",
+    "({100.0 / num_off / size:.3g}%)",
+    (_RULES, "-k", "share"),
+    "The failure report gives a wrong percentage of elements off.",
+  ),
+  Mutation(
     "harness.sqrt_length_dropped",
     _TOLERANCE,
     "    return self.atol * math.sqrt(max(reduction_length, 1)) + self.rtol * np.abs(expected)",

@@ -227,6 +227,16 @@ def test_report_of_known_errors():
   assert "first indices [(0, 0), (0, 3), (0, 4)" in report.message
 
 
+def test_report_of_too_many_elements_off_gives_their_share():
+  """3 of 8 elements off by 0.5 against a bound of 0.25: 37.5% off, 10% allowed."""
+  e = np.zeros(8)
+  a = np.array([0.5, 0.0, 0.5, 0.0, 0.0, 0.5, 0.0, 0.0])
+  tol = tolerance.Tolerance(atol=0.25, rtol=0.0, fraction=0.9, outlier_factor=np.inf)
+  report = compare.compare(a, e, tol=tol, name="out")
+  assert not report.ok
+  assert "3 of 8 elements (37.5%) exceed the bound; at most 10% may" in report.message
+
+
 def test_mean_error_is_over_the_finite_errors():
   e = np.zeros(4)
   a = np.array([0.2, 0.4, np.inf, 0.0])
