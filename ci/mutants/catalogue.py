@@ -7857,7 +7857,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     _NORM + "triton_layer_norm.py",
     "  if STAGES > 1:\n",
     "  if STAGES > 2:\n",
-    (_TRITON_NORM, "-k", "two_stages"),
+    (_TRITON_NORM, "-k", "compile_to_async_copies and two_stages"),
     "Triton layer_norm persistent forward: fwd_stages=2 prefetches into registers, not through"
     " shared memory.",
   ),
@@ -7866,7 +7866,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     _NORM + "triton_layer_norm.py",
     "num_stages=STAGES if STAGES > 1 else None",
     "num_stages=STAGES if STAGES > 2 else None",
-    (_TRITON_NORM, "-k", "two_stages"),
+    (_TRITON_NORM, "-k", "compile_to_async_copies and two_stages"),
     "Triton layer_norm backward: bwd_stages=2 runs a plain loop, not pipelined through shared"
     " memory.",
   ),

@@ -149,17 +149,23 @@ def test_heuristic_backward_of_wide_rows_fits_shared_memory_on_sm80(dtype):
   assert triton_call.compile_launch(bwd, 80).metadata.shared <= SMEM_LIMIT[80]
 
 
-@pytest.mark.parametrize("sm", [80, 90])
-def test_pipelined_configs_compile_to_async_copies(sm):
-  """Loops with stages copy rows into shared memory (cp.async), STAGES - 1 deep."""
+@pytest.mark.parametrize(
+  "sm, fwd_stages, bwd_stages",
+  [(80, 3, 4), (90, 3, 4), (90, 2, 2)],
+  ids=["sm80", "sm90", "sm90_two_stages"],
+)
+def test_pipelined_configs_compile_to_async_copies(sm, fwd_stages, bwd_stages):
+  """Loops with stages (2 included) copy rows into shared memory (cp.async), STAGES - 1 deep:
+  one row block of x per stage in flight in the persistent forward, one of x and one of dy in
+  the backward."""
   args = _record((4096, 8192), -1, "bfloat16", False, True, False, 0.0)
   config = dataclasses.replace(
     OP._get_heuristics_config(args),
     bwd_num_warps=16,
     bwd_prefetch=True,  # Stages override the register prefetch.
-    bwd_stages=4,
+    bwd_stages=bwd_stages,
     fwd_programs=264,
-    fwd_stages=3,
+    fwd_stages=fwd_stages,
   )
   assert config.num_warps != config.bwd_num_warps
   launches, _, _ = _launches(args, config)
@@ -169,32 +175,13 @@ def test_pipelined_configs_compile_to_async_copies(sm):
     "sum_partials",
   ]
   row_bytes = 8192 * 2
-  for launch, buffers, warps in zip(
-    launches[:2], (2 * 1, 3 * 2), (config.num_warps, config.bwd_num_warps), strict=True
-  ):
+  buffers = ((fwd_stages - 1) * 1, (bwd_stages - 1) * 2)
+  warps = (config.num_warps, config.bwd_num_warps)
+  for launch, n, w in zip(launches[:2], buffers, warps, strict=True):
     compiled = triton_call.compile_launch(launch, sm)
-    assert "cp.async" in compiled.asm["ptx"]
-    assert buffers * row_bytes <= compiled.metadata.shared <= SMEM_LIMIT[sm]
-    assert compiled.metadata.num_warps == warps
-
-
-def test_two_stages_pipeline_one_row_block_through_shared_memory():
-  """Stages > 1 pipeline, 2 included (the module docstring's rule): one row block of x ahead
-  in the persistent forward, one of x and one of dy in the backward, copied by cp.async."""
-  args = _record((4096, 8192), -1, "bfloat16", False, True, False, 0.0)
-  config = norm_triton.TritonNormConfig(
-    block_m=1, num_warps=8, bwd_num_warps=16, fwd_programs=264, fwd_stages=2, bwd_stages=2
-  )
-  launches, _, _ = _launches(args, config)
-  assert [launch.kernel.__name__ for launch in launches[:2]] == [
-    "layer_norm_fwd_persistent",
-    "layer_norm_bwd",
-  ]
-  row_bytes = 8192 * 2
-  for launch, buffers in zip(launches[:2], (1, 2), strict=True):
-    compiled = triton_call.compile_launch(launch, 90)
     assert "cp.async" in compiled.asm["ptx"], launch.kernel.__name__
-    assert buffers * row_bytes <= compiled.metadata.shared <= SMEM_LIMIT[90]
+    assert n * row_bytes <= compiled.metadata.shared <= SMEM_LIMIT[sm]
+    assert compiled.metadata.num_warps == w
 
 
 @pytest.mark.parametrize("subtract_mean", [False, True], ids=["rms", "layer"])
