@@ -308,6 +308,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "The loss's logits counted as 2-byte values: XLA chosen where float32 logits exceed the limit.",
   ),
   Mutation(
+    "loss.materialized_logits_limit_halved",
+    _LOSS + "spec.py",
+    "MATERIALIZED_LOGITS_LIMIT = 8 * 2**30",
+    "MATERIALIZED_LOGITS_LIMIT = 8 * 2**29",
+    ("suites/core/test_dispatch.py", "-k", "logits_fit"),
+    "The loss's limit on materialized logits is 4 GiB, not the README's 8 GiB.",
+  ),
+  Mutation(
     "dispatch.unknown_name_unchecked",
     _OP,
     "      if isinstance(c, str):\n        self.implementation_class_or_reason(c)",
