@@ -3180,6 +3180,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Fewer labels than rows of x are not rejected by name.",
   ),
   Mutation(
+    "loss.labels_length_message_names_features",
+    _LOSS + "spec.py",
+    "must equal `x` rows {x.shape[0]}.",
+    "must equal `x` rows {x.shape[1]}.",
+    (_BAD_INPUT, "-k", "label_count"),
+    "A labels count that does not match x's rows is reported against x's feature count.",
+  ),
+  Mutation(
     "loss.negative_labels_accepted",
     _LOSS + "spec.py",
     '  validation.concrete_within("labels", labels, 0, weights.shape[1])',

@@ -535,12 +535,13 @@ CASES = {
     ValueError,
     "weights",
   ),
+  # The message names x's row count (4), not its feature count (8).
   "loss_label_count": (
     lambda: tokamax.linear_softmax_cross_entropy_loss(
       jnp.ones((4, 8)), jnp.zeros(3, jnp.int32), jnp.ones((8, 5))
     ),
     ValueError,
-    "`labels`",
+    re.escape("`labels` length 3 must equal `x` rows 4"),
   ),
   "loss_negative_label": (
     lambda: tokamax.linear_softmax_cross_entropy_loss(
