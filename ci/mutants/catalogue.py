@@ -7762,6 +7762,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "triton_call: Ampere (sm_80) is refused as too old.",
   ),
   Mutation(
+    "triton_call.compile_for_default_target_not_sm90",
+    _TRITON_CALL,
+    "  sm: int = 90,\n  *,",
+    "  sm: int = 91,\n  *,",
+    (_TRITON_CALL_TESTS, "-k", "sm90_by_default"),
+    "triton_call: compile_for without `sm` builds for sm_91, not the documented sm_90.",
+  ),
+  Mutation(
     "kernels.triton_layer_norm_persistent_epsilon_outside_sqrt",
     _NORM + "triton_layer_norm.py",
     "  rstd = 1.0 / tl.sqrt(var + EPS)\n  y = (x - mean[:, None]) * rstd[:, None] * w[None, :]",

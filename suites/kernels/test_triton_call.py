@@ -274,6 +274,20 @@ def test_compile_for_targets_the_compute_capability_warps_and_stages_asked_for(s
   assert re.search(rf"^\.target sm_{sm}a?\b", compiled.asm["ptx"], re.M), sm
 
 
+def test_compile_for_and_compile_launch_target_sm90_by_default():
+  """The documented default target: sm_90 (H100/H200)."""
+  x = jnp.zeros(32, jnp.float32)
+  shape = jax.ShapeDtypeStruct((32,), jnp.float32)
+  with triton_call.capture() as launches:
+    triton_call.call(_scaled_copy, x, 32, np.float32(2.0), out_shape=shape, grid=(1,), BLOCK=32)
+  for compiled in (
+    triton_call.compile_for(_scaled_copy, _SCALED_COPY_SIGNATURE, {"BLOCK": 32}),
+    triton_call.compile_launch(launches[0]),
+  ):
+    assert compiled.metadata.target.arch == 90
+    assert re.search(r"^\.target sm_90a?\b", compiled.asm["ptx"], re.M)
+
+
 def test_compile_for_alignment_hints_only_where_asked():
   """`aligned=()` marks no pointer aligned; a list marks exactly the arguments it names."""
   for aligned, expected in (((), set()), (["x_ptr"], {"x_ptr"}), (None, {"x_ptr", "y_ptr"})):
