@@ -12272,6 +12272,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Mosaic GPU accepts a gpu platform that is not an NVIDIA GPU.",
   ),
   Mutation(
+    "dispatch.mosaic_gpu_platform_reason_drops_not",
+    _KERNEL_OPS,
+    '      return f"runs on gpu, not on {platform}"',
+    '      return f"runs on gpu, on {platform}"',
+    ("suites/core/test_kernel_ops.py", "-k", "refuses_other_platforms"),
+    "Mosaic GPU off a GPU says it 'runs on gpu, on cpu' (the 'not' is lost).",
+  ),
+  Mutation(
     "dispatch.mosaic_gpu_interpreter_cpu_only",
     _KERNEL_OPS,
     'None if platform in ("cpu", "gpu") else f"interpret mode runs on cpu/gpu, not {platform}"\n'

@@ -20,6 +20,13 @@ def test_mosaic_gpu_refuses_a_gpu_without_a_cuda_compute_capability(monkeypatch)
   assert reason is not None and "NVIDIA GPU" in reason, reason
 
 
+def test_compiled_mosaic_gpu_refuses_other_platforms_naming_them():
+  impl = mosaic.MosaicRaggedDot()
+  for platform in ("cpu", "tpu"):
+    reason = impl._platform_reason(platform, None)
+    assert reason is not None and f"gpu, not on {platform}" in reason, reason
+
+
 def test_interpreted_mosaic_gpu_runs_on_cpu_and_gpu_hosts():
   impl = mosaic.MosaicRaggedDot(interpret=True)
   assert impl._platform_reason("cpu", None) is None
