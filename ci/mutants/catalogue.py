@@ -17388,6 +17388,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     (_TRITON_ATTENTION, "-k", "test_unsupported_reasons"),
     "Triton attention accepts head dim 257, past the documented limit of 256.",
   ),
+  Mutation(
+    "ragged_dot.mosaic_tpu_transposed_whole_tile_at_group_end_masked",
+    _TPU_RAGGED_KERNEL,
+    "  whole = (start <= row0) & (row0 + block_m <= end)",
+    "  whole = (start <= row0) & (row0 + block_m < end)",
+    (_TPU_RAGGED, "-k", "masks_only_tiles_a_group_covers_in_part"),
+    "TPU ragged_dot rhs gradient: a tile whose last row ends its group is masked as if the"
+    " group covered it in part (wasted masking, contrary to the documented tile rule).",
+  ),
 )
 
 
