@@ -17387,6 +17387,32 @@ MUTATIONS: tuple[Mutation, ...] = (
     ("ci/mutants/test_catalogue.py", "-k", "runs_a_selection_and_classifies"),
     "A selection with its own -q hides pytest's summary line: a survivor scores ERROR.",
   ),
+  Mutation(
+    "triton_attention.op_without_spec",
+    _ATTENTION + "triton.py",
+    "  spec = spec.SPEC\n  config_cls = TritonAttentionConfig\n",
+    "  config_cls = TritonAttentionConfig\n",
+    (_TRITON_ATTENTION, "-k", "platform_reason_without_gpu"),
+    "TritonAttention loses its spec: calling the op raises AttributeError, not"
+    " NotImplementedError naming dot_product_attention[triton].",
+  ),
+  Mutation(
+    "triton_attention.max_head_dim_257",
+    _ATTENTION + "triton.py",
+    "MAX_HEAD_DIM = 256\n",
+    "MAX_HEAD_DIM = 257\n",
+    (_TRITON_ATTENTION, "-k", "test_unsupported_reasons"),
+    "Triton attention accepts head dim 257, past the documented limit of 256.",
+  ),
+  Mutation(
+    "ragged_dot.mosaic_tpu_transposed_whole_tile_at_group_end_masked",
+    _TPU_RAGGED_KERNEL,
+    "  whole = (start <= row0) & (row0 + block_m <= end)",
+    "  whole = (start <= row0) & (row0 + block_m < end)",
+    (_TPU_RAGGED, "-k", "masks_only_tiles_a_group_covers_in_part"),
+    "TPU ragged_dot rhs gradient: a tile whose last row ends its group is masked as if the"
+    " group covered it in part (wasted masking, contrary to the documented tile rule).",
+  ),
 )
 
 

@@ -133,6 +133,9 @@ def test_platform_reason_without_gpu():
   (q, k, v, _, _), _ = _inputs()
   with pytest.raises(NotImplementedError, match="NVIDIA GPU"):
     tokamax.dot_product_attention(q, k, v, implementation="triton")
+  # Called directly, the op raises under its spec's name too.
+  with pytest.raises(NotImplementedError, match=r"^dot_product_attention\[triton\]: .*NVIDIA GPU"):
+    op(q, k, v)
   # `None` falls back to XLA.
   np.testing.assert_array_equal(
     tokamax.dot_product_attention(q, k, v, implementation=None),
@@ -144,6 +147,7 @@ def test_platform_reason_without_gpu():
   "kw, words",
   [
     (dict(h=512), "head dims 512"),
+    (dict(h=257), "head dims 257"),
     (dict(h=64, hv=320), "head dims 64 and 320"),
     (dict(dtype=jnp.float8_e4m3fn), "float8_e4m3fn"),
     (dict(t=0), "empty"),

@@ -798,3 +798,29 @@ def test_transposed_matmuls_only_where_a_group_has_rows(monkeypatch):
   _check_transposed(lhs, rhs, starts, ends, 128)
   jax.effects_barrier()
   assert len(runs) == 2
+
+
+def test_transposed_masks_only_tiles_a_group_covers_in_part(monkeypatch):
+  """The module docstring: a tile inside the group is used as it is. Groups [0, 128),
+  [128, 256) and [256, 300) in 300 rows of 128-row tiles: the first two items hold whole
+  tiles (a group ending on a tile's last row included); only the third masks its rows. The
+  item of each masking run (its row iota) is recorded through a host callback."""
+  masked = set()
+
+  class RecordingLax:  # jax.lax, with the work item of each row iota's run recorded.
+    def __getattr__(self, name):
+      return getattr(jax.lax, name)
+
+    def broadcasted_iota(self, *args, **kwargs):
+      jax.debug.callback(lambda i: masked.add(int(i)), mosaic_tpu_kernel.pl.program_id(2))
+      return jax.lax.broadcasted_iota(*args, **kwargs)
+
+  monkeypatch.setattr(mosaic_tpu_kernel, "lax", RecordingLax())
+  m, k, n = 300, 128, 128
+  rng = np.random.default_rng(47)
+  lhs = rng.standard_normal((m, k)).astype(np.float32)
+  rhs = rng.standard_normal((m, n)).astype(np.float32)
+  starts, ends = np.array([0, 128, 256], np.int32), np.array([128, 256, 300], np.int32)
+  _check_transposed(lhs, rhs, starts, ends, 128)
+  jax.effects_barrier()
+  assert masked == {2}
