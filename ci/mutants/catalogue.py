@@ -1003,6 +1003,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     "Triton GLU: relu computed as a leaky relu (negative gates pass through scaled).",
   ),
   Mutation(
+    "kernels.triton_glu_config_cls_dropped",
+    _GLU + "triton.py",
+    "  config_cls = TritonGluConfig",
+    "  pass",
+    ("suites/kernels/test_triton_gated_linear_unit.py", "-k", "tuned_configs_decode"),
+    "Triton GLU: no config_cls, so a tuned config loaded from JSON cannot be decoded.",
+  ),
+  Mutation(
     "kernels.triton_ragged_row_mask",
     "src/tokamax/_src/ops/ragged_dot/triton_ragged_dot.py",
     "  row_ok = rows < row1",
