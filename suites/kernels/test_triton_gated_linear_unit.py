@@ -18,7 +18,6 @@ from suites import opdb
 from suites.kernels import interpreted
 from suites.kernels.gpu_limits import SMEM_LIMIT
 from tokamax._src import jaxprs, triton_call
-from tokamax._src.autotuning import configs
 from tokamax._src.ops.gated_linear_unit import api, spec
 from tokamax._src.ops.gated_linear_unit import triton as glu_triton
 from tokamax_harness import compare, references
@@ -396,14 +395,3 @@ def test_interpreted_config_of_the_defaults_runs():
   x64, w64 = np.asarray(x, np.float64), np.asarray(w, np.float64)
   gate, up = x64 @ w64[:, 0], x64 @ w64[:, 1]
   np.testing.assert_allclose(out, gate / (1 + np.exp(-gate)) * up, rtol=1e-5, atol=1e-5)
-
-
-def test_tuned_configs_decode_to_the_ops_config_class():
-  """A tuned config is stored as JSON and decoded through `config_cls` on load: every autotuning
-  candidate comes back equal, a TritonGluConfig."""
-  args = _case_record(CASES[0])
-  candidates = OP._get_autotuning_configs(args)
-  assert candidates
-  for config in candidates:
-    decoded = configs.decode(OP.config_cls, configs.encode(config))
-    assert isinstance(decoded, glu_triton.TritonGluConfig) and decoded == config, decoded
