@@ -774,29 +774,37 @@ def test_transposed_dead_items_do_nothing(monkeypatch):
   assert np.all(tile[dead] == tile[1]) and np.all(group[dead] == group[1])
 
 
+def _check_transposed_spying(monkeypatch, lax_name, on_run, starts, ends, seed):
+  """`_check_transposed` on 300 random rows of 128-row tiles, with the kernel's
+  `lax.<lax_name>` calling `on_run()` (which adds a host callback) where it runs."""
+
+  class SpyingLax:
+    def __getattr__(self, name):
+      return getattr(jax.lax, name)
+
+  def spied(*args, **kwargs):
+    on_run()
+    return getattr(jax.lax, lax_name)(*args, **kwargs)
+
+  spying = SpyingLax()
+  setattr(spying, lax_name, spied)
+  monkeypatch.setattr(mosaic_tpu_kernel, "lax", spying)
+  m, k, n = 300, 128, 128
+  rng = np.random.default_rng(seed)
+  lhs = rng.standard_normal((m, k)).astype(np.float32)
+  rhs = rng.standard_normal((m, n)).astype(np.float32)
+  _check_transposed(lhs, rhs, np.array(starts, np.int32), np.array(ends, np.int32), 128)
+  jax.effects_barrier()
+
+
 def test_transposed_matmuls_only_where_a_group_has_rows(monkeypatch):
   """The module docstring: dead items do nothing, and an empty group's item only stores zeros.
   Groups [0, 30), [30, 80) and an empty one at 80 in 300 rows of 128-row tiles: five items
   (three real, two dead), of which only the two nonempty groups' items may run the kernel's
-  matmul. Each matmul the interpreter runs is counted through a host callback."""
+  matmul. Each matmul the interpreter runs is counted."""
   runs = []
-
-  class CountingLax:  # jax.lax, with each dot_general's runs counted.
-    def __getattr__(self, name):
-      return getattr(jax.lax, name)
-
-    def dot_general(self, *args, **kwargs):
-      jax.debug.callback(lambda: runs.append(1))
-      return jax.lax.dot_general(*args, **kwargs)
-
-  monkeypatch.setattr(mosaic_tpu_kernel, "lax", CountingLax())
-  m, k, n = 300, 128, 128
-  rng = np.random.default_rng(43)
-  lhs = rng.standard_normal((m, k)).astype(np.float32)
-  rhs = rng.standard_normal((m, n)).astype(np.float32)
-  starts, ends = np.array([0, 30, 80], np.int32), np.array([30, 80, 80], np.int32)
-  _check_transposed(lhs, rhs, starts, ends, 128)
-  jax.effects_barrier()
+  on_run = lambda: jax.debug.callback(lambda: runs.append(1))
+  _check_transposed_spying(monkeypatch, "dot_general", on_run, [0, 30, 80], [30, 80, 80], 43)
   assert len(runs) == 2
 
 
@@ -804,23 +812,10 @@ def test_transposed_masks_only_tiles_a_group_covers_in_part(monkeypatch):
   """The module docstring: a tile inside the group is used as it is. Groups [0, 128),
   [128, 256) and [256, 300) in 300 rows of 128-row tiles: the first two items hold whole
   tiles (a group ending on a tile's last row included); only the third masks its rows. The
-  item of each masking run (its row iota) is recorded through a host callback."""
+  item of each masking run (its row iota) is recorded."""
   masked = set()
-
-  class RecordingLax:  # jax.lax, with the work item of each row iota's run recorded.
-    def __getattr__(self, name):
-      return getattr(jax.lax, name)
-
-    def broadcasted_iota(self, *args, **kwargs):
-      jax.debug.callback(lambda i: masked.add(int(i)), mosaic_tpu_kernel.pl.program_id(2))
-      return jax.lax.broadcasted_iota(*args, **kwargs)
-
-  monkeypatch.setattr(mosaic_tpu_kernel, "lax", RecordingLax())
-  m, k, n = 300, 128, 128
-  rng = np.random.default_rng(47)
-  lhs = rng.standard_normal((m, k)).astype(np.float32)
-  rhs = rng.standard_normal((m, n)).astype(np.float32)
-  starts, ends = np.array([0, 128, 256], np.int32), np.array([128, 256, 300], np.int32)
-  _check_transposed(lhs, rhs, starts, ends, 128)
-  jax.effects_barrier()
+  item = mosaic_tpu_kernel.pl.program_id
+  on_run = lambda: jax.debug.callback(lambda i: masked.add(int(i)), item(2))
+  starts, ends = [0, 128, 256], [128, 256, 300]
+  _check_transposed_spying(monkeypatch, "broadcasted_iota", on_run, starts, ends, 47)
   assert masked == {2}
