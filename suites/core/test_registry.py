@@ -4,11 +4,10 @@ import dataclasses
 import importlib
 import typing
 
-import jax
-import jax.numpy as jnp
 import pytest
 
 import tokamax
+from suites import opdb
 from tokamax._src.autotuning import configs
 from tokamax._src.ops import registry
 
@@ -76,26 +75,6 @@ def test_canonical_records_are_frozen(name):
     setattr(record, dataclasses.fields(cls)[0].name, None)
 
 
-_SDS = jax.ShapeDtypeStruct
-_BF16 = jnp.bfloat16
-# Abstract inputs of one small call per op, which every implementation's heuristics can serve.
-_SMALL_CALLS = {
-  "dot_product_attention": (_SDS((1, 256, 2, 128), _BF16),) * 3,
-  "layer_norm": (_SDS((16, 1024), _BF16), _SDS((1024,), _BF16), _SDS((1024,), _BF16)),
-  "gated_linear_unit": (_SDS((256, 512), _BF16), _SDS((512, 2, 512), _BF16)),
-  "ragged_dot": (_SDS((512, 256), _BF16), _SDS((4, 256, 256), _BF16), _SDS((4,), jnp.int32)),
-  "linear_softmax_cross_entropy_loss": (
-    _SDS((128, 256), _BF16),
-    _SDS((128,), jnp.int32),
-    _SDS((256, 1024), _BF16),
-  ),
-}
-
-
-def test_every_op_has_a_small_call():
-  assert set(_SMALL_CALLS) == set(registry.SPECS)
-
-
 @pytest.mark.parametrize(("name", "implementation"), _IMPLEMENTATIONS)
 def test_configs_decode_through_the_declared_config_class(name, implementation):
   """Cached configs are JSON decoded through `config_cls`: the heuristics' config and every
@@ -104,7 +83,7 @@ def test_configs_decode_through_the_declared_config_class(name, implementation):
   cls = spec.implementation_class_or_reason(implementation)
   if isinstance(cls, str):
     pytest.skip(f"{name}[{implementation}] does not import here: {cls}")
-  record = jax.eval_shape(spec.canonicalize, *_SMALL_CALLS[name])
+  record = opdb.get(name).abstract_record()
   op = cls()
   for config in (op._get_heuristics_config(record), *op._get_autotuning_configs(record)):
     assert isinstance(config, cls.config_cls), f"{type(config).__name__} from {cls.__qualname__}"

@@ -12,16 +12,13 @@ comparison, conversion, formatting) raises. The forward rule under differentiati
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import pytest
 
+from suites import opdb
 from tokamax._src import triton_call
 from tokamax._src.ops.attention import spec as attention_spec
 from tokamax._src.ops.linear_softmax_cross_entropy_loss import spec as loss_spec
 from tokamax._src.ops.normalization import spec as norm_spec
-
-SDS = jax.ShapeDtypeStruct
-BF16 = jnp.bfloat16
 
 
 class PoisonUsedError(Exception):
@@ -44,22 +41,12 @@ class Poison:
     return id(self)
 
 
-# Small shapes that every kernel of the op supports (the forward is traced, never run).
-_RECORDS = {
-  attention_spec.SPEC: lambda: jax.eval_shape(
-    attention_spec.canonicalize, *[SDS((1, 256, 2, 128), BF16)] * 3
-  ),
-  norm_spec.SPEC: lambda: jax.eval_shape(
-    norm_spec.canonicalize, SDS((16, 1024), BF16), SDS((1024,), BF16), SDS((1024,), BF16)
-  ),
-  loss_spec.SPEC: lambda: jax.eval_shape(
-    loss_spec.canonicalize, SDS((128, 256), BF16), SDS((128,), jnp.int32), SDS((256, 1024), BF16)
-  ),
-}
+# Ops with configs that declare backward fields (their `opdb` abstract calls are traced).
+_SPECS = (attention_spec.SPEC, norm_spec.SPEC, loss_spec.SPEC)
 
 
 def _implementations_with_backward_fields():
-  for spec in _RECORDS:
+  for spec in _SPECS:
     for name in spec.implementation_names:
       cls = spec.implementation_class_or_reason(name)
       if isinstance(cls, str) or cls.config_cls is None:
@@ -97,7 +84,7 @@ def test_every_config_with_backward_fields_is_checked():
 
 @pytest.mark.parametrize(("spec", "cls"), CASES)
 def test_forward_never_reads_backward_fields(spec, cls):
-  record = _RECORDS[spec]()
+  record = opdb.get(spec.name).abstract_record()
   op = cls()
   config = op._get_heuristics_config(record)
   backward = cls.config_cls.BACKWARD_FIELDS

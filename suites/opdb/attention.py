@@ -1,6 +1,7 @@
 """dot_product_attention in the op database."""
 
 import jax
+import jax.numpy as jnp
 from hypothesis import strategies as st
 
 from suites.opdb import base
@@ -802,6 +803,7 @@ INFO = base.OpInfo(
     base.TPU_V5: _TPU,
   },
   golden_shape=dict(b=1, t=128, s=128, n=2, k=1, h=64),
+  abstract_call=(jax.ShapeDtypeStruct((1, 256, 2, 128), jnp.bfloat16),) * 3,
   bench={
     base.CPU: (base.BenchCall(dict(b=1, t=256, s=256, n=4, k=4, h=64), "float32", "causal"),),
     base.H100: _GPU_BENCH,

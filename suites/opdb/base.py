@@ -104,6 +104,8 @@ class OpInfo:
     golden_shape: The small shape of goldens and finite-difference checks.
     bench: Family -> the benchmarked calls.
     sizes: () -> a Hypothesis strategy of shape dicts for property tests.
+    abstract_call: Abstract inputs (`jax.ShapeDtypeStruct`s) of one small call that every
+      implementation's heuristics and autotuning serve: traced, never run.
     config_variants: Implementation -> {label: config fields}: extra configs the
       matrix checks beside the default one (partial chunks, small blocks).
     anchors: Functions outside the library timed beside it by the benchmark
@@ -123,6 +125,7 @@ class OpInfo:
   golden_shape: dict
   bench: Mapping[str, tuple[BenchCall, ...]]
   sizes: Callable[[], Any]
+  abstract_call: tuple[jax.ShapeDtypeStruct, ...]
   config_variants: Mapping[str, Mapping[str, dict]] = dataclasses.field(default_factory=dict)
   anchors: Mapping[str, Callable[[tuple, dict], Any]] = dataclasses.field(default_factory=dict)
   kernel_cases: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
@@ -134,3 +137,7 @@ class OpInfo:
     from tokamax._src.ops import registry
 
     return registry.spec(self.name)
+
+  def abstract_record(self):
+    """The spec's validated record of `abstract_call`, of abstract arrays."""
+    return jax.eval_shape(self.spec.canonicalize, *self.abstract_call)

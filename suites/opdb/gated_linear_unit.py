@@ -191,6 +191,7 @@ INFO = base.OpInfo(
     base.TPU_V5: _GPU,
   },
   golden_shape=dict(m=128, k=128, n=128),
+  abstract_call=tuple(jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((256, 512), (512, 2, 512))),
   bench={
     base.CPU: (base.BenchCall(dict(m=256, k=512, n=1024), "float32", "swiglu"),),
     base.H100: _GPU_BENCH,

@@ -134,6 +134,9 @@ INFO = base.OpInfo(
     base.TPU_V5: _GPU,
   },
   golden_shape=dict(rows=(64,), d=256),
+  abstract_call=tuple(
+    jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((16, 1024), (1024,), (1024,))
+  ),
   bench={
     base.CPU: (base.BenchCall(dict(rows=(512,), d=1024), "float32", "plain"),),
     base.H100: _GPU_BENCH,

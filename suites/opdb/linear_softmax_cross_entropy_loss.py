@@ -106,6 +106,11 @@ INFO = base.OpInfo(
     base.TPU_V5: _TPU,
   },
   golden_shape=dict(b=128, h=128, v=512),
+  abstract_call=(
+    jax.ShapeDtypeStruct((128, 256), jnp.bfloat16),
+    jax.ShapeDtypeStruct((128,), jnp.int32),
+    jax.ShapeDtypeStruct((256, 1024), jnp.bfloat16),
+  ),
   bench={
     base.CPU: (base.BenchCall(dict(b=256, h=256, v=8192), "float32", "sum"),),
     base.H100: _GPU_BENCH,

@@ -195,6 +195,11 @@ INFO = base.OpInfo(
     base.TPU_V5: _TPU,
   },
   golden_shape=dict(m=128, k=128, n=128, g=4),
+  abstract_call=(
+    jax.ShapeDtypeStruct((512, 256), jnp.bfloat16),
+    jax.ShapeDtypeStruct((4, 256, 256), jnp.bfloat16),
+    jax.ShapeDtypeStruct((4,), jnp.int32),
+  ),
   bench={
     base.CPU: (base.BenchCall(dict(m=512, k=256, n=256, g=8), "float32", "default"),),
     base.H100: _GPU_BENCH,
